@@ -1,0 +1,144 @@
+//! Posterior samples on disk: one safetensors file per sample (tensor names are the
+//! model's parameter names; the metadata says where the sample comes from), and the run
+//! manifest `run.json`. Every file is written through a temporary name and a rename, so a
+//! run cut off at any moment leaves only complete samples behind.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::data::fetch::write_atomic;
+use crate::error::{Error, Result};
+use crate::model::{Mlp, ModelSpec};
+use crate::potential::PriorSpec;
+use crate::sampler::SamplerConfig;
+
+/// `run.json`: everything needed to rebuild the model and reread the data of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunManifest {
+    pub bnn_version: String,
+    pub dataset: String,
+    /// Folder the data came from, or `built-in`.
+    pub data_source: String,
+    pub valid: usize,
+    pub train_examples: usize,
+    pub input_dim: usize,
+    pub num_classes: usize,
+    pub model: ModelSpec,
+    pub num_params: usize,
+    pub sampler: SamplerConfig,
+    pub prior: PriorSpec,
+    pub temperature: f64,
+    pub batch_size: usize,
+    pub epochs: usize,
+    pub burnin: usize,
+    pub thin: usize,
+    pub seed: u64,
+}
+
+impl RunManifest {
+    pub fn write(&self, run_dir: &Path) -> Result<()> {
+        let json = serde_json::to_string_pretty(self)
+            .map_err(|e| Error::Checkpoint(format!("serialising run.json: {e}")))?;
+        write_atomic(&run_dir.join("run.json"), json.as_bytes())
+    }
+
+    pub fn read(run_dir: &Path) -> Result<Self> {
+        let path = run_dir.join("run.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            Error::Checkpoint(format!(
+                "{}: cannot read the run manifest ({e}); is {} a folder made by `bnn train`?",
+                path.display(),
+                run_dir.display()
+            ))
+        })?;
+        serde_json::from_str(&text)
+            .map_err(|e| Error::Checkpoint(format!("{}: corrupt run manifest: {e}", path.display())))
+    }
+}
+
+/// The folder holding the samples of a run.
+pub fn samples_dir(run_dir: &Path) -> PathBuf {
+    run_dir.join("samples")
+}
+
+/// File name of the sample taken after `step` updates.
+pub fn sample_path(run_dir: &Path, step: u64) -> PathBuf {
+    samples_dir(run_dir).join(format!("sample-{step:08}.safetensors"))
+}
+
+/// Writes the model's parameters as one sample with `metadata`.
+pub fn save_sample(
+    run_dir: &Path,
+    step: u64,
+    model: &Mlp,
+    metadata: HashMap<String, String>,
+) -> Result<PathBuf> {
+    let tensors: Vec<(String, Tensor)> = model
+        .params
+        .iter()
+        .map(|p| (p.name.clone(), p.var.as_tensor().clone()))
+        .collect();
+    let bytes = safetensors::serialize(tensors.iter().map(|(n, t)| (n.as_str(), t)), Some(metadata))
+        .map_err(|e| Error::Checkpoint(format!("serialising sample at step {step}: {e}")))?;
+    let path = sample_path(run_dir, step);
+    write_atomic(&path, &bytes)?;
+    Ok(path)
+}
+
+/// A sample read back: its tensors by name and its metadata.
+pub struct Sample {
+    pub path: PathBuf,
+    pub tensors: HashMap<String, Tensor>,
+    pub metadata: HashMap<String, String>,
+}
+
+/// Reads one sample file.
+pub fn load_sample(path: &Path, device: &Device) -> Result<Sample> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let corrupt = |e: String| Error::Checkpoint(format!("{}: corrupt sample: {e}", path.display()));
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    let (_, header) =
+        safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    let mut tensors = HashMap::new();
+    for (name, view) in st.tensors() {
+        if view.dtype() != safetensors::Dtype::F32 {
+            return Err(corrupt(format!("tensor `{name}` is {:?}, not F32", view.dtype())));
+        }
+        let data: Vec<f32> = view
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        tensors.insert(name, Tensor::from_vec(data, view.shape(), device)?);
+    }
+    Ok(Sample {
+        path: path.to_path_buf(),
+        tensors,
+        metadata: header.metadata().clone().unwrap_or_default(),
+    })
+}
+
+/// The sample files of a run, ordered by step.
+pub fn list_samples(run_dir: &Path) -> Result<Vec<PathBuf>> {
+    let dir = samples_dir(run_dir);
+    let entries = std::fs::read_dir(&dir).map_err(|e| {
+        Error::Checkpoint(format!("{}: cannot list samples ({e})", dir.display()))
+    })?;
+    let mut found: Vec<(u64, PathBuf)> = Vec::new();
+    for entry in entries {
+        let path = entry.map_err(|e| Error::io(&dir, e))?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if let Some(step) = name
+            .strip_prefix("sample-")
+            .and_then(|s| s.strip_suffix(".safetensors"))
+            .and_then(|s| s.parse::<u64>().ok())
+        {
+            found.push((step, path));
+        }
+    }
+    found.sort();
+    Ok(found.into_iter().map(|(_, p)| p).collect())
+}

@@ -1,0 +1,169 @@
+//! Command-line definitions (clap). Nothing here does work: `commands` runs them.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::model::Activation;
+use crate::sampler::SamplerKind;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "bnn",
+    version,
+    about = "Bayesian neural networks trained by stochastic-gradient MCMC",
+    long_about = "Trains Bayesian neural networks by stochastic-gradient MCMC (SGLD, SGHMC, SGNHT), \
+keeps posterior samples as safetensors checkpoints and evaluates the Bayesian model average."
+)]
+pub struct Cli {
+    /// More logging (-v: debug, -vv: trace).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Only errors and the final JSON.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Train a Bayesian neural network and keep posterior samples.
+    Train(Box<TrainArgs>),
+    /// Evaluate the Bayesian ensemble of a finished run's samples.
+    Eval(EvalArgs),
+    /// Download or verify datasets.
+    #[command(subcommand)]
+    Data(DataCommand),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PriorKind {
+    /// N(0, σ²) on every parameter, σ = --prior-std.
+    Gaussian,
+    /// Gamma hyper-prior on each tensor's precision, resampled by Gibbs every epoch.
+    Gamma,
+}
+
+#[derive(Debug, Args)]
+pub struct DataArgs {
+    /// Dataset: mnist, fashion-mnist or mnist-mini (the built-in subset).
+    #[arg(long, default_value = "mnist")]
+    pub dataset: String,
+    /// Folder holding the dataset's four IDX files (else $BNN_DATA_DIR/<dataset>,
+    /// ./data/<dataset>, and system folders are searched).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    #[command(flatten)]
+    pub data: DataArgs,
+    /// Never download; fail (or use the built-in subset for mnist) when data is missing.
+    #[arg(long)]
+    pub offline: bool,
+    /// Base URL to download the dataset from instead of the canonical mirrors.
+    #[arg(long)]
+    pub mirror: Option<String>,
+    /// Hold out the last N training images as a validation set (the papers use 10000).
+    #[arg(long, default_value_t = 0)]
+    pub valid: usize,
+
+    /// Architecture preset (TOML), e.g. models/mlp-400-400.toml.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Hidden layer widths, e.g. 100 or 400,400 (overrides the preset).
+    #[arg(long, value_delimiter = ',')]
+    pub hidden: Option<Vec<usize>>,
+    /// Activation (overrides the preset).
+    #[arg(long, value_enum)]
+    pub activation: Option<Activation>,
+
+    /// Prior on the weights.
+    #[arg(long, value_enum, default_value_t = PriorKind::Gaussian)]
+    pub prior: PriorKind,
+    /// σ of the Gaussian prior N(0, σ²).
+    #[arg(long, default_value_t = 1.0)]
+    pub prior_std: f64,
+    /// Shape of the Gamma hyper-prior on precisions (--prior gamma).
+    #[arg(long, default_value_t = 1.0)]
+    pub gamma_shape: f64,
+    /// Rate of the Gamma hyper-prior on precisions (--prior gamma).
+    #[arg(long, default_value_t = 1.0)]
+    pub gamma_rate: f64,
+    /// Posterior temperature T: samples exp(−U/T).
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f64,
+
+    /// Sampler (or MAP baseline).
+    #[arg(long, value_enum, default_value_t = SamplerKind::Sghmc)]
+    pub sampler: SamplerKind,
+    /// η: step size multiplying ∇U (default depends on the sampler).
+    #[arg(long)]
+    pub step_size: Option<f64>,
+    /// α: friction of sghmc and momentum (momentum coefficient = 1 − α).
+    #[arg(long)]
+    pub friction: Option<f64>,
+    /// β̂: gradient-noise estimate of sghmc.
+    #[arg(long)]
+    pub noise_estimate: Option<f64>,
+    /// a: diffusion of sgnht (also its initial thermostat).
+    #[arg(long)]
+    pub diffusion: Option<f64>,
+
+    /// Minibatch size |S|.
+    #[arg(long, default_value_t = 100)]
+    pub batch_size: usize,
+    /// Passes over the training set.
+    #[arg(long, default_value_t = 50)]
+    pub epochs: usize,
+    /// Epochs before the first sample is kept.
+    #[arg(long, default_value_t = 10)]
+    pub burnin: usize,
+    /// Keep one sample every THIN updates after burn-in.
+    #[arg(long, default_value_t = 200)]
+    pub thin: usize,
+    /// Seed of initialisation, minibatch order and injected noise.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Folder that holds runs.
+    #[arg(long, default_value = "checkpoints")]
+    pub out: PathBuf,
+    /// Name of this run's folder (default: <dataset>-<model>-<sampler>-seed<seed>).
+    #[arg(long)]
+    pub run_name: Option<String>,
+    /// No progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// The run folder, e.g. checkpoints/mnist-mlp-100-relu-sghmc-seed0.
+    #[arg(long)]
+    pub run: PathBuf,
+    /// Read the data from this folder instead of the one recorded in run.json.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Never download.
+    #[arg(long)]
+    pub offline: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DataCommand {
+    /// Download a dataset's four IDX files and verify their content.
+    Fetch {
+        #[command(flatten)]
+        data: DataArgs,
+        /// Base URL to download from instead of the canonical mirrors.
+        #[arg(long)]
+        mirror: Option<String>,
+    },
+    /// Check a dataset folder's files against the canonical checksums.
+    Verify {
+        #[command(flatten)]
+        data: DataArgs,
+    },
+}

@@ -1,0 +1,132 @@
+//! What each CLI command does, in terms of the library.
+
+use std::path::PathBuf;
+
+use crate::checkpoint::RunManifest;
+use crate::cli::{Command, DataCommand, PriorKind, TrainArgs};
+use crate::data::{self, registry, LoadOptions};
+use crate::error::{Error, Result};
+use crate::model::ModelSpec;
+use crate::potential::PriorSpec;
+use crate::sampler::SamplerConfig;
+use crate::train::{self, TrainConfig};
+
+/// Runs a parsed command; returns the JSON document to print last on stdout.
+pub fn run(command: Command, quiet: bool) -> Result<String> {
+    match command {
+        Command::Train(args) => train_command(*args, quiet),
+        Command::Eval(args) => {
+            let manifest = RunManifest::read(&args.run)?;
+            let ds = crate::eval::load_run_data(&manifest, args.data_dir, args.offline)?;
+            let report = crate::eval::evaluate_run(&args.run, &manifest, &ds)?;
+            json(&report)
+        }
+        Command::Data(DataCommand::Fetch { data, mirror }) => {
+            let spec = spec_of(&data.dataset)?;
+            let dir = data::download_dir(&spec, data.data_dir.as_deref());
+            let mirrors: Vec<String> = match mirror {
+                Some(m) => vec![m],
+                None => spec.mirrors.iter().map(|s| s.to_string()).collect(),
+            };
+            let downloaded = data::fetch::fetch(&spec, &mirrors, &dir)?;
+            data::fetch::verify(&spec, &dir)?;
+            json(&serde_json::json!({
+                "dataset": spec.name, "dir": dir.display().to_string(),
+                "downloaded": downloaded, "verified": true
+            }))
+        }
+        Command::Data(DataCommand::Verify { data }) => {
+            let spec = spec_of(&data.dataset)?;
+            let dirs = data::candidate_dirs(&spec, data.data_dir.as_deref());
+            let dir = dirs
+                .iter()
+                .find(|d| data::is_complete(&spec, d))
+                .ok_or_else(|| Error::Data(data::missing_message(&spec, &dirs, "")))?;
+            let files = data::fetch::verify(&spec, dir)?;
+            json(&serde_json::json!({
+                "dataset": spec.name, "dir": dir.display().to_string(), "verified": true,
+                "files": files.iter().map(|p| p.display().to_string()).collect::<Vec<_>>()
+            }))
+        }
+    }
+}
+
+fn json<T: serde::Serialize>(v: &T) -> Result<String> {
+    serde_json::to_string(v).map_err(|e| Error::Config(format!("serialising output: {e}")))
+}
+
+fn spec_of(name: &str) -> Result<registry::DatasetSpec> {
+    registry::lookup(name).ok_or_else(|| {
+        let known: Vec<_> = registry::ALL.iter().map(|d| d.name).collect();
+        Error::Config(format!("unknown dataset `{name}`; known datasets: {}", known.join(", ")))
+    })
+}
+
+/// Builds the model spec: the preset of `--config` (or the default MLP-100), then
+/// `--hidden` and `--activation` on top.
+fn model_spec(args: &TrainArgs) -> Result<ModelSpec> {
+    let mut spec = match &args.config {
+        Some(path) => ModelSpec::from_toml_file(path)?,
+        None => ModelSpec::default(),
+    };
+    if let Some(h) = &args.hidden {
+        spec.hidden = h.clone();
+    }
+    if let Some(a) = args.activation {
+        spec.activation = a;
+    }
+    spec.validate()?;
+    Ok(spec)
+}
+
+fn sampler_config(args: &TrainArgs) -> SamplerConfig {
+    let d = args.sampler.defaults();
+    SamplerConfig {
+        kind: args.sampler,
+        step_size: args.step_size.unwrap_or(d.step_size),
+        friction: args.friction.unwrap_or(d.friction),
+        noise_estimate: args.noise_estimate.unwrap_or(d.noise_estimate),
+        diffusion: args.diffusion.unwrap_or(d.diffusion),
+    }
+}
+
+fn train_command(args: TrainArgs, quiet: bool) -> Result<String> {
+    let model = model_spec(&args)?;
+    let sampler = sampler_config(&args);
+    sampler.validate()?;
+    let prior = match args.prior {
+        PriorKind::Gaussian => PriorSpec::Gaussian { std: args.prior_std },
+        PriorKind::Gamma => PriorSpec::Gamma {
+            shape: args.gamma_shape,
+            rate: args.gamma_rate,
+        },
+    };
+    crate::potential::Prior::new(prior, 1)?;
+    let opts = LoadOptions {
+        data_dir: args.data.data_dir.clone(),
+        offline: args.offline,
+        mirror: args.mirror.clone(),
+        valid: args.valid,
+        builtin_fallback: true,
+    };
+    let ds = data::load(&args.data.dataset, &opts)?;
+    let run_name = args.run_name.clone().unwrap_or_else(|| {
+        format!("{}-{}-{}-seed{}", ds.name, model.label(), sampler.kind.name(), args.seed)
+    });
+    let run_dir: PathBuf = args.out.join(run_name);
+    let cfg = TrainConfig {
+        model,
+        sampler,
+        prior,
+        temperature: args.temperature,
+        batch_size: args.batch_size,
+        epochs: args.epochs,
+        burnin: args.burnin,
+        thin: args.thin,
+        seed: args.seed,
+        run_dir,
+        progress: !args.no_progress && !quiet && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    };
+    let summary = train::train(&cfg, &ds)?;
+    json(&summary)
+}

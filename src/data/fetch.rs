@@ -1,0 +1,165 @@
+//! Downloading and verifying dataset files.
+//!
+//! A download is decompressed and its content checked against the SHA-256 constant of the
+//! registry before anything is written; the file is written to a temporary name in the
+//! destination folder and renamed, so a folder never holds a half-written file.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use super::idx::maybe_gunzip;
+use super::registry::{DatasetSpec, FileSpec};
+use crate::error::{Error, Result};
+
+/// Largest download accepted (the biggest canonical file is ~26 MB gzipped).
+const MAX_DOWNLOAD: u64 = 256 << 20;
+
+/// Hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The path of `file` in `dir`: `name.gz` if present, else the raw `name`, else `None`.
+pub fn locate(dir: &Path, file: &FileSpec) -> Option<PathBuf> {
+    let gz = dir.join(format!("{}.gz", file.name));
+    if gz.is_file() {
+        return Some(gz);
+    }
+    let raw = dir.join(file.name);
+    raw.is_file().then_some(raw)
+}
+
+/// Checks that every file of `spec` is in `dir` with the right decompressed content.
+/// Returns the checked paths.
+pub fn verify(spec: &DatasetSpec, dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut checked = Vec::new();
+    for file in &spec.files {
+        let path = locate(dir, file).ok_or_else(|| {
+            Error::Data(format!(
+                "{}: missing {}(.gz) for dataset {}",
+                dir.display(),
+                file.name,
+                spec.name
+            ))
+        })?;
+        let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        let raw = maybe_gunzip(&bytes, &path.display().to_string())?;
+        let got = sha256_hex(&raw);
+        if got != file.raw_sha256 {
+            return Err(Error::Data(format!(
+                "{}: content SHA-256 {got} does not match the canonical {}; delete it and run `bnn data fetch --dataset {}`",
+                path.display(),
+                file.raw_sha256,
+                spec.name
+            )));
+        }
+        checked.push(path);
+    }
+    Ok(checked)
+}
+
+fn download(agent: &ureq::Agent, url: &str) -> std::result::Result<Vec<u8>, String> {
+    let resp = agent.get(url).call().map_err(|e| e.to_string())?;
+    let mut body = Vec::new();
+    resp.into_reader()
+        .take(MAX_DOWNLOAD)
+        .read_to_end(&mut body)
+        .map_err(|e| format!("reading {url}: {e}"))?;
+    Ok(body)
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same folder and a rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::io(path, e)
+    })
+}
+
+/// Downloads every file of `spec` that `dir` lacks (or holds with the wrong content) from
+/// the first of `mirrors` that serves the right content. Returns the number of files
+/// downloaded.
+pub fn fetch(spec: &DatasetSpec, mirrors: &[String], dir: &Path) -> Result<usize> {
+    if mirrors.is_empty() {
+        return Err(Error::Fetch(format!(
+            "dataset {} has no download mirror",
+            spec.name
+        )));
+    }
+    let agent = ureq::AgentBuilder::new()
+        .timeout_connect(Duration::from_secs(15))
+        .timeout_read(Duration::from_secs(120))
+        .build();
+    let mut downloaded = 0;
+    for file in &spec.files {
+        if let Some(existing) = locate(dir, file) {
+            let ok = std::fs::read(&existing)
+                .ok()
+                .and_then(|b| maybe_gunzip(&b, "").ok())
+                .is_some_and(|raw| sha256_hex(&raw) == file.raw_sha256);
+            if ok {
+                continue;
+            }
+        }
+        let mut errors = Vec::new();
+        let mut done = false;
+        for base in mirrors {
+            let url = format!("{}/{}.gz", base.trim_end_matches('/'), file.name);
+            tracing::info!(%url, "downloading");
+            let body = match download(&agent, &url) {
+                Ok(b) => b,
+                Err(e) => {
+                    errors.push(e);
+                    continue;
+                }
+            };
+            let raw = match maybe_gunzip(&body, &url) {
+                Ok(r) => r,
+                Err(e) => {
+                    errors.push(e.to_string());
+                    continue;
+                }
+            };
+            let got = sha256_hex(&raw);
+            if got != file.raw_sha256 {
+                errors.push(format!(
+                    "{url}: content SHA-256 {got} is not the canonical {}",
+                    file.raw_sha256
+                ));
+                continue;
+            }
+            write_atomic(&dir.join(format!("{}.gz", file.name)), &body)?;
+            downloaded += 1;
+            done = true;
+            break;
+        }
+        if !done {
+            return Err(Error::Fetch(format!(
+                "could not download {}.gz of {}: {}",
+                file.name,
+                spec.name,
+                errors.join("; ")
+            )));
+        }
+    }
+    Ok(downloaded)
+}

@@ -1,0 +1,267 @@
+//! Datasets: IDX reading, the registry of known datasets, finding the data folder,
+//! fetching, and minibatch assembly without copying the dataset.
+
+pub mod fetch;
+pub mod idx;
+pub mod registry;
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+pub use registry::{DatasetSpec, FileSpec};
+use registry::{TEST_IMAGES, TEST_LABELS, TRAIN_IMAGES, TRAIN_LABELS};
+
+/// Number of classes of every supported dataset.
+pub const NUM_CLASSES: usize = 10;
+
+/// Images (`u8`, row-major, `n × dim`) and labels of one split, kept as bytes: a minibatch
+/// is scaled to `[0, 1]` as it is gathered, so the dataset is never copied as floats.
+#[derive(Debug, Clone)]
+pub struct Split {
+    pub images: Vec<u8>,
+    pub labels: Vec<u8>,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl Split {
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// Pixels per image.
+    pub fn dim(&self) -> usize {
+        self.rows * self.cols
+    }
+
+    /// Writes the images at `indices`, scaled to `[0, 1]`, into `x` and their labels into `y`.
+    pub fn gather(&self, indices: &[usize], x: &mut Vec<f32>, y: &mut Vec<u32>) {
+        let d = self.dim();
+        x.clear();
+        y.clear();
+        for &i in indices {
+            x.extend(self.images[i * d..(i + 1) * d].iter().map(|&p| p as f32 / 255.0));
+            y.push(self.labels[i] as u32);
+        }
+    }
+
+    /// Splits off the last `n` examples.
+    fn split_off_last(&mut self, n: usize) -> Split {
+        let keep = self.len() - n;
+        Split {
+            images: self.images.split_off(keep * self.dim()),
+            labels: self.labels.split_off(keep),
+            rows: self.rows,
+            cols: self.cols,
+        }
+    }
+}
+
+/// A dataset in memory.
+#[derive(Debug, Clone)]
+pub struct Dataset {
+    /// Registry name (`mnist`, `fashion-mnist`, `mnist-mini`).
+    pub name: String,
+    /// Where it was read from: a folder, or `built-in`.
+    pub source: String,
+    pub train: Split,
+    pub valid: Option<Split>,
+    pub test: Split,
+}
+
+fn split_from_idx(images: idx::IdxArray, labels: idx::IdxArray, origin: &str) -> Result<Split> {
+    let bad = |m: String| Error::Data(format!("{origin}: {m}"));
+    if images.dims.len() != 3 {
+        return Err(bad(format!(
+            "images must have 3 dimensions, found {:?}",
+            images.dims
+        )));
+    }
+    if labels.dims.len() != 1 {
+        return Err(bad(format!(
+            "labels must have 1 dimension, found {:?}",
+            labels.dims
+        )));
+    }
+    if images.dims[0] != labels.dims[0] {
+        return Err(bad(format!(
+            "{} images but {} labels",
+            images.dims[0], labels.dims[0]
+        )));
+    }
+    if let Some(l) = labels.data.iter().find(|&&l| l as usize >= NUM_CLASSES) {
+        return Err(bad(format!("label {l} is not in 0..{NUM_CLASSES}")));
+    }
+    Ok(Split {
+        rows: images.dims[1],
+        cols: images.dims[2],
+        images: images.data,
+        labels: labels.data,
+    })
+}
+
+fn parse_all(spec: &DatasetSpec, bytes: [(&[u8], String); 4], source: String) -> Result<Dataset> {
+    let arrays = bytes
+        .into_iter()
+        .map(|(b, origin)| idx::parse(&idx::maybe_gunzip(b, &origin)?, &origin))
+        .collect::<Result<Vec<_>>>()?;
+    let [ti, tl, si, sl]: [idx::IdxArray; 4] = arrays
+        .try_into()
+        .map_err(|_| Error::Data("internal: expected four IDX files".into()))?;
+    let train = split_from_idx(ti, tl, &format!("{source} (train)"))?;
+    let test = split_from_idx(si, sl, &format!("{source} (test)"))?;
+    if (train.rows, train.cols) != (test.rows, test.cols) {
+        return Err(Error::Data(format!(
+            "{source}: train images are {}×{} but test images {}×{}",
+            train.rows, train.cols, test.rows, test.cols
+        )));
+    }
+    Ok(Dataset {
+        name: spec.name.to_string(),
+        source,
+        train,
+        valid: None,
+        test,
+    })
+}
+
+/// Reads a dataset from a folder holding its four IDX files (gzipped or raw).
+pub fn load_dir(spec: &DatasetSpec, dir: &Path) -> Result<Dataset> {
+    let mut contents: Vec<(Vec<u8>, String)> = Vec::new();
+    for file in &spec.files {
+        let path = fetch::locate(dir, file).ok_or_else(|| {
+            Error::Data(format!("{}: missing {}(.gz)", dir.display(), file.name))
+        })?;
+        let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        contents.push((bytes, path.display().to_string()));
+    }
+    let refs = [0, 1, 2, 3].map(|i| (contents[i].0.as_slice(), contents[i].1.clone()));
+    parse_all(spec, refs, dir.display().to_string())
+}
+
+/// The built-in quick-start subset of MNIST, from the bytes embedded in the binary.
+pub fn load_builtin() -> Result<Dataset> {
+    let spec = registry::MNIST_MINI;
+    let b = registry::mini_bytes();
+    let names = [TRAIN_IMAGES, TRAIN_LABELS, TEST_IMAGES, TEST_LABELS]
+        .map(|i| (b[i], format!("built-in {}", spec.files[i].name)));
+    parse_all(&spec, names, "built-in".to_string())
+}
+
+/// Folders searched for `spec`, in order: `--data-dir`, `$BNN_DATA_DIR/<dataset>`,
+/// `./data/<dataset>`, then the system folders of the dataset.
+pub fn candidate_dirs(spec: &DatasetSpec, data_dir: Option<&Path>) -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(d) = data_dir {
+        dirs.push(d.to_path_buf());
+    }
+    if let Some(env) = std::env::var_os("BNN_DATA_DIR") {
+        dirs.push(PathBuf::from(env).join(spec.name));
+    }
+    dirs.push(PathBuf::from("data").join(spec.name));
+    dirs.extend(spec.system_dirs.iter().map(PathBuf::from));
+    dirs
+}
+
+/// Whether `dir` holds all four files of `spec`.
+pub fn is_complete(spec: &DatasetSpec, dir: &Path) -> bool {
+    spec.files.iter().all(|f| fetch::locate(dir, f).is_some())
+}
+
+/// The folder a download goes to: `--data-dir` if given, else the first candidate.
+pub fn download_dir(spec: &DatasetSpec, data_dir: Option<&Path>) -> PathBuf {
+    candidate_dirs(spec, data_dir).remove(0)
+}
+
+/// How to find or obtain a dataset.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    pub data_dir: Option<PathBuf>,
+    /// Never touch the network.
+    pub offline: bool,
+    /// Overrides the registry's mirrors.
+    pub mirror: Option<String>,
+    /// Hold out the last `valid` training examples as a validation set.
+    pub valid: usize,
+    /// For `mnist` without `--data-dir`: use the built-in subset when the full set can be
+    /// neither found nor fetched.
+    pub builtin_fallback: bool,
+}
+
+/// The message that tells a user how to get a missing dataset.
+pub fn missing_message(spec: &DatasetSpec, searched: &[PathBuf], why: &str) -> String {
+    let list = searched
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut msg = format!(
+        "dataset {} not found (searched {list}){why}; run `bnn data fetch --dataset {}` on a machine with network, \
+         or set BNN_DATA_DIR to a folder holding {}/ with the four IDX files",
+        spec.name, spec.name, spec.name
+    );
+    if let Some(pkg) = spec.apt_package {
+        msg.push_str(&format!(", or `apt install {pkg}`"));
+    }
+    msg
+}
+
+/// Finds (or fetches) and reads a dataset by name.
+pub fn load(name: &str, opts: &LoadOptions) -> Result<Dataset> {
+    let spec = registry::lookup(name).ok_or_else(|| {
+        let known: Vec<_> = registry::ALL.iter().map(|d| d.name).collect();
+        Error::Config(format!(
+            "unknown dataset `{name}`; known datasets: {}",
+            known.join(", ")
+        ))
+    })?;
+    let mut ds = if spec.name == registry::MNIST_MINI.name {
+        load_builtin()?
+    } else {
+        locate_or_fetch(&spec, opts)?
+    };
+    if opts.valid > 0 {
+        if opts.valid >= ds.train.len() {
+            return Err(Error::Config(format!(
+                "--valid {} leaves no training data ({} training examples)",
+                opts.valid,
+                ds.train.len()
+            )));
+        }
+        ds.valid = Some(ds.train.split_off_last(opts.valid));
+    }
+    Ok(ds)
+}
+
+fn locate_or_fetch(spec: &DatasetSpec, opts: &LoadOptions) -> Result<Dataset> {
+    let dirs = candidate_dirs(spec, opts.data_dir.as_deref());
+    if let Some(dir) = dirs.iter().find(|d| is_complete(spec, d)) {
+        return load_dir(spec, dir);
+    }
+    let why = if opts.offline {
+        " and --offline forbids downloading".to_string()
+    } else {
+        let target = download_dir(spec, opts.data_dir.as_deref());
+        let mirrors: Vec<String> = match &opts.mirror {
+            Some(m) => vec![m.clone()],
+            None => spec.mirrors.iter().map(|s| s.to_string()).collect(),
+        };
+        tracing::info!(dataset = spec.name, dir = %target.display(), "dataset not found, downloading");
+        match fetch::fetch(spec, &mirrors, &target) {
+            Ok(_) => return load_dir(spec, &target),
+            Err(e) => format!(" and downloading failed ({e})"),
+        }
+    };
+    if opts.builtin_fallback && spec.name == registry::MNIST.name && opts.data_dir.is_none() {
+        tracing::warn!("{}", missing_message(spec, &dirs, &why));
+        eprintln!(
+            "bnn: full MNIST not available; training on the built-in subset (10,000 training and 10,000 test images of MNIST)"
+        );
+        return load_builtin();
+    }
+    Err(Error::Data(missing_message(spec, &dirs, &why)))
+}

@@ -1,0 +1,56 @@
+//! The library's error type: every failure a user can cause maps to one clear line.
+
+use std::path::PathBuf;
+
+/// Errors of the `bnn` library. Each message is meant to be printed as the single line a
+/// user sees, so it says what went wrong and, where possible, what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Candle(#[from] candle_core::Error),
+
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("{path}: not a valid IDX file: {reason}")]
+    Idx { path: String, reason: String },
+
+    #[error("{0}")]
+    Data(String),
+
+    #[error("{0}")]
+    Fetch(String),
+
+    #[error("{0}")]
+    Config(String),
+
+    #[error("{0}")]
+    Checkpoint(String),
+
+    #[error(
+        "the loss became non-finite ({loss}) at step {step} (epoch {epoch}); \
+         try a smaller step size, e.g. --step-size {suggestion:e}; samples saved so far are valid"
+    )]
+    Diverged {
+        step: u64,
+        epoch: usize,
+        loss: f64,
+        suggestion: f64,
+    },
+}
+
+impl Error {
+    /// Wraps an I/O error with the path it concerns.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,23 @@
+//! `bnn`: Bayesian neural networks trained by stochastic-gradient MCMC on candle.
+//!
+//! Data flow of one training step: a minibatch gathered from the in-memory dataset
+//! ([`data`]) goes through the network ([`model`]); the gradient of the scaled negative
+//! log-posterior ([`potential`]) drives one update of a [`sampler`]; after burn-in, every
+//! `thin` updates the parameters are saved as a posterior sample ([`checkpoint`]) and
+//! folded into the Bayesian model average ([`ensemble`], [`metrics`]).
+
+pub mod checkpoint;
+pub mod cli;
+pub mod commands;
+pub mod data;
+pub mod ensemble;
+pub mod error;
+pub mod eval;
+pub mod metrics;
+pub mod model;
+pub mod potential;
+pub mod rng;
+pub mod sampler;
+pub mod train;
+
+pub use error::{Error, Result};

@@ -1,0 +1,25 @@
+use clap::Parser;
+
+fn main() {
+    let cli = bnn::cli::Cli::parse();
+    let level = match (cli.quiet, cli.verbose) {
+        (true, _) => "error",
+        (false, 0) => "info",
+        (false, 1) => "debug",
+        (false, _) => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BNN_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("bnn={level}")));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+    match bnn::commands::run(cli.command, cli.quiet) {
+        Ok(json) => println!("{json}"),
+        Err(e) => {
+            eprintln!("bnn: error: {e}");
+            std::process::exit(1);
+        }
+    }
+}

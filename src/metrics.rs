@@ -1,0 +1,120 @@
+//! Classification metrics of predictive probabilities: accuracy, negative log-likelihood,
+//! expected calibration error and Brier score.
+
+use serde::{Deserialize, Serialize};
+
+/// Number of equal-width confidence bins of the ECE.
+pub const ECE_BINS: usize = 15;
+
+/// Metrics of a predictive distribution on a labelled set.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Metrics {
+    pub accuracy: f64,
+    /// Mean of −log p(yᵢ).
+    pub nll: f64,
+    /// Σ_b (|B_b|/n)·|acc(B_b) − conf(B_b)| over 15 equal-width bins of the top-class
+    /// probability; bin b holds confidences in (b/15, (b+1)/15].
+    pub ece: f64,
+    /// Mean over examples of Σ_k (p_k − 1[y = k])².
+    pub brier: f64,
+}
+
+/// Probabilities below this are clamped before the log, so a confident mistake costs a
+/// large but finite NLL.
+const MIN_PROB: f64 = 1e-12;
+
+/// Metrics of `probs` (row-major n × classes) against `labels`.
+pub fn evaluate(probs: &[f64], labels: &[u8], classes: usize) -> Metrics {
+    let n = labels.len();
+    assert_eq!(probs.len(), n * classes, "probabilities and labels disagree");
+    let mut correct = 0usize;
+    let mut nll = 0f64;
+    let mut brier = 0f64;
+    let mut bin_count = [0usize; ECE_BINS];
+    let mut bin_conf = [0f64; ECE_BINS];
+    let mut bin_correct = [0usize; ECE_BINS];
+    for (row, &y) in probs.chunks_exact(classes).zip(labels) {
+        let y = y as usize;
+        // First maximum wins ties, like argmax.
+        let (pred, conf) = row
+            .iter()
+            .enumerate()
+            .fold((0, f64::NEG_INFINITY), |(bi, bp), (i, &p)| {
+                if p > bp {
+                    (i, p)
+                } else {
+                    (bi, bp)
+                }
+            });
+        let hit = pred == y;
+        correct += hit as usize;
+        nll -= row[y].max(MIN_PROB).ln();
+        brier += row
+            .iter()
+            .enumerate()
+            .map(|(k, &p)| {
+                let t = if k == y { 1.0 } else { 0.0 };
+                (p - t) * (p - t)
+            })
+            .sum::<f64>();
+        let b = ((conf * ECE_BINS as f64).ceil() as usize).clamp(1, ECE_BINS) - 1;
+        bin_count[b] += 1;
+        bin_conf[b] += conf;
+        bin_correct[b] += hit as usize;
+    }
+    let nf = n as f64;
+    let ece = (0..ECE_BINS)
+        .filter(|&b| bin_count[b] > 0)
+        .map(|b| {
+            let c = bin_count[b] as f64;
+            (c / nf) * (bin_correct[b] as f64 / c - bin_conf[b] / c).abs()
+        })
+        .sum();
+    Metrics {
+        accuracy: correct as f64 / nf,
+        nll: nll / nf,
+        ece,
+        brier: brier / nf,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hand_computed_example() {
+        // Three examples, two classes.
+        let probs = [0.9, 0.1, 0.3, 0.7, 0.6, 0.4];
+        let labels = [0u8, 0, 0];
+        let m = evaluate(&probs, &labels, 2);
+        assert!((m.accuracy - 2.0 / 3.0).abs() < 1e-12);
+        let nll = -(0.9f64.ln() + 0.3f64.ln() + 0.6f64.ln()) / 3.0;
+        assert!((m.nll - nll).abs() < 1e-12);
+        let brier = (2.0 * 0.01 + 2.0 * 0.49 + 2.0 * 0.16) / 3.0;
+        assert!((m.brier - brier).abs() < 1e-12);
+        // Confidences 0.9 (bin 13: (13/15, 14/15]), 0.7 (bin 10), 0.6 (bin 8): one each.
+        let ece = (1.0 / 3.0) * ((1.0f64 - 0.9).abs() + (0.0f64 - 0.7).abs() + (1.0f64 - 0.6).abs());
+        assert!((m.ece - ece).abs() < 1e-12, "{} vs {ece}", m.ece);
+    }
+
+    #[test]
+    fn shared_bin_and_bin_edges() {
+        // 0.8 and 0.75 share bin 11 ((11/15, 12/15]); 12/15 exactly stays in bin 11.
+        let probs = [0.8, 0.2, 0.25, 0.75, 12.0 / 15.0, 3.0 / 15.0];
+        let labels = [0u8, 0, 0];
+        let m = evaluate(&probs, &labels, 2);
+        let conf = (0.8 + 0.75 + 12.0 / 15.0) / 3.0;
+        let acc = 2.0 / 3.0;
+        assert!((m.ece - (acc - conf as f64).abs()).abs() < 1e-12);
+    }
+
+    #[test]
+    fn perfect_predictions() {
+        let m = evaluate(&[1.0, 0.0, 0.0, 1.0], &[0, 1], 2);
+        assert_eq!(m.accuracy, 1.0);
+        assert_eq!(m.nll, 0.0);
+        assert_eq!(m.ece, 0.0);
+        assert_eq!(m.brier, 0.0);
+    }
+}

@@ -1,0 +1,131 @@
+//! The potential energy U(θ) that the samplers explore: the scaled negative log-posterior
+//!
+//! U(θ) = −(N/|S|) Σ_{i∈S} log p(yᵢ | xᵢ, θ) − log p(θ),
+//!
+//! the minibatch estimate Ũ of Chen et al. 2014 (reproduction report, "The Core
+//! Algorithms"; tutorial eq. 7), optionally tempered: the samplers target exp(−U/T), so
+//! the gradient they receive is ∇Ũ/T.
+
+use candle_core::{Tensor, Var};
+use rand::SeedableRng;
+use rand_distr::Distribution;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::model::Mlp;
+
+/// The prior on the weights.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum PriorSpec {
+    /// θ ~ N(0, std²) for every parameter.
+    Gaussian { std: f64 },
+    /// θ ~ N(0, 1/λ_l) with a precision λ_l per parameter tensor and λ_l ~ Gamma(shape, rate),
+    /// resampled by a Gibbs step (as in Chen et al.'s reference code).
+    Gamma { shape: f64, rate: f64 },
+}
+
+/// The prior's current state: one precision λ per parameter tensor.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Prior {
+    pub spec: PriorSpec,
+    pub precisions: Vec<f64>,
+}
+
+impl Prior {
+    /// Initial precisions: 1/std² for the Gaussian prior; the Gamma prior's mean for the
+    /// hierarchical one.
+    pub fn new(spec: PriorSpec, num_tensors: usize) -> Result<Self> {
+        let lambda = match spec {
+            PriorSpec::Gaussian { std } if std > 0.0 && std.is_finite() => 1.0 / (std * std),
+            PriorSpec::Gamma { shape, rate } if shape > 0.0 && rate > 0.0 => shape / rate,
+            _ => {
+                return Err(Error::Config(format!(
+                    "invalid prior {spec:?}: its parameters must be positive"
+                )))
+            }
+        };
+        Ok(Prior {
+            spec,
+            precisions: vec![lambda; num_tensors],
+        })
+    }
+
+    /// Gibbs step for the Gamma hyper-prior at temperature T: the conditional of λ given
+    /// θ (n elements, Σθ² = s) under [p(θ|λ) p(λ)]^{1/T} is
+    /// Gamma(shape = (a − 1 + n/2)/T + 1, rate = (b + s/2)/T), the usual
+    /// Gamma(a + n/2, b + s/2) at T = 1. A no-op for the Gaussian prior.
+    pub fn gibbs_step(&mut self, params: &[Var], temperature: f64, seed: u64) -> Result<()> {
+        let PriorSpec::Gamma { shape, rate } = self.spec else {
+            return Ok(());
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        for (lambda, p) in self.precisions.iter_mut().zip(params) {
+            let n = p.elem_count() as f64;
+            let s = p.as_tensor().sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
+            let k = (shape - 1.0 + n / 2.0) / temperature + 1.0;
+            let r = (rate + s / 2.0) / temperature;
+            let g = rand_distr::Gamma::new(k, 1.0 / r)
+                .map_err(|e| Error::Config(format!("Gibbs step for the prior: {e}")))?;
+            *lambda = g.sample(&mut rng);
+        }
+        Ok(())
+    }
+}
+
+/// The tempered potential of a network on a dataset of `n_data` examples.
+#[derive(Debug, Clone)]
+pub struct Potential {
+    pub n_data: usize,
+    pub temperature: f64,
+    pub prior: Prior,
+}
+
+/// What one gradient evaluation on a minibatch returns.
+#[derive(Debug)]
+pub struct Evaluation {
+    /// Mean negative log-likelihood over the minibatch.
+    pub nll: f64,
+    /// The minibatch logits (for running accuracy).
+    pub logits: Tensor,
+    /// ∇Ũ(θ)/T for every parameter tensor, in the model's order.
+    pub grads: Vec<Tensor>,
+}
+
+impl Potential {
+    pub fn new(n_data: usize, temperature: f64, prior: Prior) -> Result<Self> {
+        if !(temperature > 0.0 && temperature.is_finite()) {
+            return Err(Error::Config(format!(
+                "--temperature must be positive, got {temperature}"
+            )));
+        }
+        Ok(Potential {
+            n_data,
+            temperature,
+            prior,
+        })
+    }
+
+    /// Gradient of the tempered minibatch potential: autograd on the likelihood term
+    /// (N/|S|)·Σ −log p(y|x,θ) = N · mean, plus the prior's λθ, all divided by T.
+    pub fn evaluate(&self, model: &Mlp, x: &Tensor, y: &Tensor) -> Result<Evaluation> {
+        let logits = model.forward(x)?;
+        let nll = candle_nn::loss::cross_entropy(&logits, y)?;
+        let scaled = (&nll * self.n_data as f64)?;
+        let store = scaled.backward()?;
+        let inv_t = 1.0 / self.temperature;
+        let mut grads = Vec::with_capacity(model.params.len());
+        for (p, &lambda) in model.params.iter().zip(&self.prior.precisions) {
+            let g = store.get(&p.var).ok_or_else(|| {
+                Error::Config(format!("no gradient for parameter `{}`", p.name))
+            })?;
+            let g = (g + (p.var.as_tensor() * lambda)?)?;
+            grads.push((g * inv_t)?);
+        }
+        Ok(Evaluation {
+            nll: nll.to_scalar::<f32>()? as f64,
+            logits: logits.detach(),
+            grads,
+        })
+    }
+}

@@ -1,0 +1,66 @@
+//! MAP baselines: SGD, θ ← θ − η∇Ũ(θ), and SGD with momentum in the same v-form as SGHMC
+//! without noise (Chen et al. 2014, §3.3): v ← (1 − α) v − η∇Ũ(θ), θ ← θ + v.
+
+use candle_core::{Tensor, Var};
+
+use super::{check_lengths, Diagnostics, SamplerConfig, SamplerKind};
+use crate::error::Result;
+
+#[derive(Debug, Clone)]
+pub struct Sgd {
+    pub config: SamplerConfig,
+    pub step: u64,
+    /// Present for `momentum`, starting at zero.
+    pub momentum: Option<Vec<Tensor>>,
+}
+
+impl Sgd {
+    pub fn init(config: SamplerConfig, params: &[Var]) -> Result<Self> {
+        let momentum = if config.kind == SamplerKind::Momentum {
+            Some(
+                params
+                    .iter()
+                    .map(|p| p.as_tensor().zeros_like())
+                    .collect::<candle_core::Result<Vec<_>>>()?,
+            )
+        } else {
+            None
+        };
+        Ok(Sgd {
+            config,
+            step: 0,
+            momentum,
+        })
+    }
+}
+
+impl super::Sampler for Sgd {
+    fn config(&self) -> SamplerConfig {
+        self.config
+    }
+
+    fn step(&mut self, params: &[Var], grads: &[Tensor]) -> Result<()> {
+        check_lengths(params, grads)?;
+        let eta = self.config.step_size;
+        for (i, (p, g)) in params.iter().zip(grads).enumerate() {
+            let delta = match &mut self.momentum {
+                Some(m) => {
+                    m[i] = ((&m[i] * (1.0 - self.config.friction))? - (g * eta)?)?;
+                    m[i].clone()
+                }
+                None => (g * -eta)?,
+            };
+            p.set(&(p.as_tensor() + delta)?)?;
+        }
+        self.step += 1;
+        Ok(())
+    }
+
+    fn diagnostics(&self) -> Diagnostics {
+        Diagnostics::default()
+    }
+
+    fn steps(&self) -> u64 {
+        self.step
+    }
+}

@@ -1,0 +1,79 @@
+//! Stochastic gradient Hamiltonian Monte Carlo with friction (Chen et al. 2014), in the
+//! v-form of their eq. (15) (reproduction report, "The Core Algorithms"):
+//!
+//! v ← v − η ∇Ũ(θ) − α v + N(0, 2(α − β̂)η),
+//! θ ← θ + v,
+//!
+//! with step size η, friction α and gradient-noise estimate β̂ (β̂ = 0 by default, the
+//! usual choice). Without the noise term this is SGD with momentum 1 − α.
+
+use candle_core::{Tensor, Var};
+
+use super::{
+    check_lengths, init_momentum, kinetic_energy, noise_like, Diagnostics, Sampler,
+    SamplerConfig,
+};
+use crate::error::Result;
+
+#[derive(Debug, Clone)]
+pub struct Sghmc {
+    pub config: SamplerConfig,
+    pub seed: u64,
+    pub step: u64,
+    /// v = p·h, one tensor per parameter tensor.
+    pub momentum: Vec<Tensor>,
+    kinetic: f64,
+}
+
+impl Sghmc {
+    /// Momenta start at v ~ N(0, η).
+    pub fn init(config: SamplerConfig, params: &[Var], seed: u64) -> Result<Self> {
+        let momentum = init_momentum(params, config.step_size, seed)?;
+        let kinetic = kinetic_energy(&momentum, config.step_size)?;
+        Ok(Sghmc {
+            config,
+            seed,
+            step: 0,
+            momentum,
+            kinetic,
+        })
+    }
+}
+
+impl Sampler for Sghmc {
+    fn config(&self) -> SamplerConfig {
+        self.config
+    }
+
+    fn step(&mut self, params: &[Var], grads: &[Tensor]) -> Result<()> {
+        check_lengths(params, grads)?;
+        let SamplerConfig {
+            step_size: eta,
+            friction: alpha,
+            noise_estimate: beta,
+            ..
+        } = self.config;
+        let sigma = (2.0 * (alpha - beta) * eta).sqrt();
+        for (i, (p, g)) in params.iter().zip(grads).enumerate() {
+            let z = noise_like(g, self.seed, self.step, i)?;
+            let v = &self.momentum[i];
+            let v = (((v * (1.0 - alpha))? - (g * eta)?)? + (z * sigma)?)?;
+            p.set(&(p.as_tensor() + &v)?)?;
+            self.momentum[i] = v;
+        }
+        self.kinetic = kinetic_energy(&self.momentum, eta)?;
+        self.step += 1;
+        Ok(())
+    }
+
+    fn diagnostics(&self) -> Diagnostics {
+        Diagnostics {
+            kinetic_energy: Some(self.kinetic),
+            thermostat: None,
+        }
+    }
+
+    fn steps(&self) -> u64 {
+        self.step
+    }
+}

@@ -1,0 +1,53 @@
+//! Stochastic gradient Langevin dynamics (Welling & Teh 2011), the Euler discretisation of
+//! dθ = −∇Ũ(θ) dt + N(0, 2 dt) (Ding et al. 2014, §2):
+//!
+//! θ ← θ − η ∇Ũ(θ) + N(0, 2η).
+
+use candle_core::{Tensor, Var};
+
+use super::{check_lengths, noise_like, Diagnostics, Sampler, SamplerConfig};
+use crate::error::Result;
+
+#[derive(Debug, Clone)]
+pub struct Sgld {
+    pub config: SamplerConfig,
+    pub seed: u64,
+    pub step: u64,
+}
+
+impl Sgld {
+    pub fn init(config: SamplerConfig, seed: u64) -> Self {
+        Sgld {
+            config,
+            seed,
+            step: 0,
+        }
+    }
+}
+
+impl Sampler for Sgld {
+    fn config(&self) -> SamplerConfig {
+        self.config
+    }
+
+    fn step(&mut self, params: &[Var], grads: &[Tensor]) -> Result<()> {
+        check_lengths(params, grads)?;
+        let eta = self.config.step_size;
+        let sigma = (2.0 * eta).sqrt();
+        for (i, (p, g)) in params.iter().zip(grads).enumerate() {
+            let z = noise_like(g, self.seed, self.step, i)?;
+            let theta = ((p.as_tensor() - (g * eta)?)? + (z * sigma)?)?;
+            p.set(&theta)?;
+        }
+        self.step += 1;
+        Ok(())
+    }
+
+    fn diagnostics(&self) -> Diagnostics {
+        Diagnostics::default()
+    }
+
+    fn steps(&self) -> u64 {
+        self.step
+    }
+}

@@ -1,0 +1,349 @@
+//! The training loop: seeded shuffled minibatches, one sampler update per minibatch,
+//! burn-in and thinning, samples to disk and into the streaming ensemble, per-epoch
+//! metrics, and a summary.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use candle_core::{Device, Tensor};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::{self, RunManifest};
+use crate::data::{Dataset, NUM_CLASSES};
+use crate::ensemble::{self, Accumulator};
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::model::{Mlp, ModelSpec};
+use crate::potential::{Potential, Prior, PriorSpec};
+use crate::sampler::{self, SamplerConfig};
+
+/// Everything a training run needs besides the data.
+#[derive(Debug, Clone)]
+pub struct TrainConfig {
+    pub model: ModelSpec,
+    pub sampler: SamplerConfig,
+    pub prior: PriorSpec,
+    pub temperature: f64,
+    pub batch_size: usize,
+    pub epochs: usize,
+    /// Epochs before the first sample is kept.
+    pub burnin: usize,
+    /// Keep one sample every `thin` updates after burn-in.
+    pub thin: usize,
+    pub seed: u64,
+    /// Folder of this run (`checkpoints/<run>`).
+    pub run_dir: PathBuf,
+    /// Show a progress bar.
+    pub progress: bool,
+}
+
+impl TrainConfig {
+    pub fn validate(&self, train_examples: usize) -> Result<()> {
+        let bad = |m: String| Err(Error::Config(m));
+        if self.batch_size == 0 || self.batch_size > train_examples {
+            return bad(format!(
+                "--batch-size must be in 1..={train_examples}, got {}",
+                self.batch_size
+            ));
+        }
+        if self.epochs == 0 {
+            return bad("--epochs must be at least 1".into());
+        }
+        if self.burnin >= self.epochs {
+            return bad(format!(
+                "--burnin {} leaves no epoch to sample in (--epochs {})",
+                self.burnin, self.epochs
+            ));
+        }
+        if self.thin == 0 {
+            return bad("--thin must be at least 1".into());
+        }
+        self.model.validate()?;
+        self.sampler.validate()
+    }
+}
+
+/// One line of `metrics.jsonl`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EpochRecord {
+    pub epoch: usize,
+    pub steps: u64,
+    /// Mean minibatch negative log-likelihood per example.
+    pub train_nll: f64,
+    /// Accuracy on the minibatches as they were seen.
+    pub train_accuracy: f64,
+    pub kinetic_energy: Option<f64>,
+    pub thermostat: Option<f64>,
+    pub prior_precisions: Vec<f64>,
+    pub samples: usize,
+    pub test_ensemble: Option<Metrics>,
+    pub test_last_sample: Option<Metrics>,
+    pub valid_ensemble: Option<Metrics>,
+    pub seconds: f64,
+}
+
+/// `summary.json`, also the last line `bnn train` prints.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Summary {
+    pub dataset: String,
+    pub data_source: String,
+    pub model: String,
+    pub num_params: usize,
+    pub sampler: SamplerConfig,
+    pub prior: PriorSpec,
+    pub temperature: f64,
+    pub batch_size: usize,
+    pub epochs: usize,
+    pub burnin: usize,
+    pub thin: usize,
+    pub seed: u64,
+    pub samples: usize,
+    /// Bayesian model average over the kept samples, on the test set.
+    pub ensemble: Option<Metrics>,
+    /// The last kept sample alone, on the test set.
+    pub last_sample: Option<Metrics>,
+    pub valid_ensemble: Option<Metrics>,
+    pub steps: u64,
+    /// Wall time of the whole loop, evaluation and checkpoints included.
+    pub train_seconds: f64,
+    /// Updates per second of the training step alone (gather, forward, backward, update).
+    pub steps_per_second: f64,
+    pub run_dir: String,
+}
+
+fn append_line(path: &Path, line: &str) -> Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    writeln!(f, "{line}").map_err(|e| Error::io(path, e))
+}
+
+fn to_json<T: Serialize>(v: &T) -> Result<String> {
+    serde_json::to_string(v).map_err(|e| Error::Checkpoint(format!("serialising JSON: {e}")))
+}
+
+/// The metadata stored in each sample file.
+fn sample_metadata(cfg: &TrainConfig, ds: &Dataset, step: u64, epoch: usize) -> Result<HashMap<String, String>> {
+    Ok(HashMap::from([
+        ("step".to_string(), step.to_string()),
+        ("epoch".to_string(), epoch.to_string()),
+        ("sampler".to_string(), cfg.sampler.kind.name().to_string()),
+        ("hyperparameters".to_string(), to_json(&cfg.sampler)?),
+        ("prior".to_string(), to_json(&cfg.prior)?),
+        ("temperature".to_string(), cfg.temperature.to_string()),
+        ("dataset".to_string(), ds.name.clone()),
+        ("architecture".to_string(), to_json(&cfg.model)?),
+        ("seed".to_string(), cfg.seed.to_string()),
+        ("bnn_version".to_string(), env!("CARGO_PKG_VERSION").to_string()),
+    ]))
+}
+
+/// Seed of the shuffling stream, apart from the noise and initialisation streams.
+const SHUFFLE_STREAM: u64 = 0x5348_5546_464c_4500;
+/// Seed of the prior's Gibbs steps.
+const GIBBS_STREAM: u64 = 0x4749_4242_5300_0000;
+
+/// Trains on `ds` and returns the summary (also written to `summary.json`).
+pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
+    cfg.validate(ds.train.len())?;
+    let device = Device::Cpu;
+    let run_dir = &cfg.run_dir;
+    std::fs::create_dir_all(checkpoint::samples_dir(run_dir))
+        .map_err(|e| Error::io(run_dir, e))?;
+    let dim = ds.train.dim();
+    let model = Mlp::new(&cfg.model, dim, NUM_CLASSES, cfg.seed, &device)?;
+    let vars = model.vars();
+    let manifest = RunManifest {
+        bnn_version: env!("CARGO_PKG_VERSION").to_string(),
+        dataset: ds.name.clone(),
+        data_source: ds.source.clone(),
+        valid: ds.valid.as_ref().map_or(0, |v| v.len()),
+        train_examples: ds.train.len(),
+        input_dim: dim,
+        num_classes: NUM_CLASSES,
+        model: cfg.model.clone(),
+        num_params: model.num_params(),
+        sampler: cfg.sampler,
+        prior: cfg.prior,
+        temperature: cfg.temperature,
+        batch_size: cfg.batch_size,
+        epochs: cfg.epochs,
+        burnin: cfg.burnin,
+        thin: cfg.thin,
+        seed: cfg.seed,
+    };
+    manifest.write(run_dir)?;
+    let metrics_path = run_dir.join("metrics.jsonl");
+    if metrics_path.exists() {
+        std::fs::remove_file(&metrics_path).map_err(|e| Error::io(&metrics_path, e))?;
+    }
+
+    let prior = Prior::new(cfg.prior, model.params.len())?;
+    let mut potential = Potential::new(ds.train.len(), cfg.temperature, prior)?;
+    let mut sampler = sampler::build(cfg.sampler, &vars, cfg.seed)?;
+    let mut test_acc = Accumulator::new(&ds.test.labels);
+    let mut valid_acc = ds.valid.as_ref().map(|v| Accumulator::new(&v.labels));
+    let mut shuffle_rng = rand::rngs::StdRng::seed_from_u64(cfg.seed ^ SHUFFLE_STREAM);
+
+    let n = ds.train.len();
+    let batches_per_epoch = n / cfg.batch_size;
+    let mut order: Vec<usize> = (0..n).collect();
+    let (mut xbuf, mut ybuf) = (Vec::new(), Vec::new());
+    let started = Instant::now();
+    let mut step_seconds = 0f64;
+    let mut step: u64 = 0;
+    tracing::info!(
+        run = %run_dir.display(),
+        params = model.num_params(),
+        train = n,
+        "training {} with {}",
+        cfg.model.label(),
+        cfg.sampler.kind.name()
+    );
+
+    for epoch in 0..cfg.epochs {
+        let epoch_start = Instant::now();
+        order.shuffle(&mut shuffle_rng);
+        let bar = progress_bar(cfg.progress, batches_per_epoch as u64, epoch, cfg.epochs);
+        let (mut nll_sum, mut correct, mut seen) = (0f64, 0usize, 0usize);
+        let (mut ke_sum, mut ke_count) = (0f64, 0usize);
+        for (b, idx) in order.chunks_exact(cfg.batch_size).enumerate() {
+            let t0 = Instant::now();
+            ds.train.gather(idx, &mut xbuf, &mut ybuf);
+            let x = Tensor::from_slice(&xbuf, (idx.len(), dim), &device)?;
+            let y = Tensor::from_slice(&ybuf, idx.len(), &device)?;
+            let eval = potential.evaluate(&model, &x, &y)?;
+            if !eval.nll.is_finite() {
+                return Err(diverged(step, epoch, eval.nll, cfg.sampler.step_size));
+            }
+            sampler.step(&vars, &eval.grads)?;
+            step += 1;
+            step_seconds += t0.elapsed().as_secs_f64();
+
+            let pred = eval.logits.argmax(1)?.to_vec1::<u32>()?;
+            correct += pred.iter().zip(&ybuf).filter(|(p, y)| p == y).count();
+            seen += idx.len();
+            nll_sum += eval.nll * idx.len() as f64;
+            let diag = sampler.diagnostics();
+            if let Some(ke) = diag.kinetic_energy {
+                if !ke.is_finite() {
+                    return Err(diverged(step, epoch, ke, cfg.sampler.step_size));
+                }
+                ke_sum += ke;
+                ke_count += 1;
+            }
+
+            if epoch >= cfg.burnin && step % cfg.thin as u64 == 0 {
+                let meta = sample_metadata(cfg, ds, step, epoch)?;
+                checkpoint::save_sample(run_dir, step, &model, meta)?;
+                test_acc.add(&ensemble::predict(&model, &ds.test, &device)?);
+                if let (Some(acc), Some(v)) = (valid_acc.as_mut(), ds.valid.as_ref()) {
+                    acc.add(&ensemble::predict(&model, v, &device)?);
+                }
+            }
+            if b % 20 == 0 {
+                bar.set_position(b as u64);
+                bar.set_message(progress_message(nll_sum / seen as f64, correct as f64 / seen as f64, diag));
+            }
+        }
+        bar.finish_and_clear();
+        potential
+            .prior
+            .gibbs_step(&vars, cfg.temperature, cfg.seed ^ GIBBS_STREAM ^ epoch as u64)?;
+        let diag = sampler.diagnostics();
+        let record = EpochRecord {
+            epoch: epoch + 1,
+            steps: step,
+            train_nll: nll_sum / seen as f64,
+            train_accuracy: correct as f64 / seen as f64,
+            kinetic_energy: (ke_count > 0).then(|| ke_sum / ke_count as f64),
+            thermostat: diag.thermostat,
+            prior_precisions: potential.prior.precisions.clone(),
+            samples: test_acc.samples(),
+            test_ensemble: test_acc.metrics(),
+            test_last_sample: test_acc.last_sample,
+            valid_ensemble: valid_acc.as_ref().and_then(|a| a.metrics()),
+            seconds: epoch_start.elapsed().as_secs_f64(),
+        };
+        append_line(&metrics_path, &to_json(&record)?)?;
+        tracing::info!(
+            epoch = epoch + 1,
+            nll = format!("{:.4}", record.train_nll),
+            acc = format!("{:.4}", record.train_accuracy),
+            ke = record.kinetic_energy.map(|k| format!("{k:.3}")),
+            thermostat = record.thermostat.map(|t| format!("{t:.3e}")),
+            samples = record.samples,
+            test_ens_acc = record.test_ensemble.map(|m| format!("{:.4}", m.accuracy)),
+            secs = format!("{:.1}", record.seconds),
+            "epoch done"
+        );
+    }
+
+    let summary = Summary {
+        dataset: ds.name.clone(),
+        data_source: ds.source.clone(),
+        model: cfg.model.label(),
+        num_params: model.num_params(),
+        sampler: cfg.sampler,
+        prior: cfg.prior,
+        temperature: cfg.temperature,
+        batch_size: cfg.batch_size,
+        epochs: cfg.epochs,
+        burnin: cfg.burnin,
+        thin: cfg.thin,
+        seed: cfg.seed,
+        samples: test_acc.samples(),
+        ensemble: test_acc.metrics(),
+        last_sample: test_acc.last_sample,
+        valid_ensemble: valid_acc.as_ref().and_then(|a| a.metrics()),
+        steps: step,
+        train_seconds: started.elapsed().as_secs_f64(),
+        steps_per_second: step as f64 / step_seconds.max(1e-9),
+        run_dir: run_dir.display().to_string(),
+    };
+    let json = serde_json::to_string_pretty(&summary)
+        .map_err(|e| Error::Checkpoint(format!("serialising summary: {e}")))?;
+    crate::data::fetch::write_atomic(&run_dir.join("summary.json"), json.as_bytes())?;
+    Ok(summary)
+}
+
+fn diverged(step: u64, epoch: usize, loss: f64, step_size: f64) -> Error {
+    Error::Diverged {
+        step,
+        epoch: epoch + 1,
+        loss,
+        suggestion: step_size / 4.0,
+    }
+}
+
+fn progress_bar(show: bool, len: u64, epoch: usize, epochs: usize) -> indicatif::ProgressBar {
+    if !show {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    let style = indicatif::ProgressStyle::with_template(
+        "epoch {prefix} [{bar:30}] {pos}/{len} {per_sec} {msg}",
+    )
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+    .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_prefix(format!("{}/{}", epoch + 1, epochs));
+    bar
+}
+
+fn progress_message(nll: f64, acc: f64, diag: sampler::Diagnostics) -> String {
+    let mut m = format!("nll {nll:.4} acc {acc:.4}");
+    if let Some(ke) = diag.kinetic_energy {
+        m.push_str(&format!(" ke/param {ke:.3}"));
+    }
+    if let Some(t) = diag.thermostat {
+        m.push_str(&format!(" thermostat {t:.3e}"));
+    }
+    m
+}
