@@ -39,10 +39,10 @@ pub enum Command {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum PriorKind {
-    /// N(0, σ²) on every parameter, σ = --prior-std.
-    Gaussian,
     /// Gamma hyper-prior on each tensor's precision, resampled by Gibbs every epoch.
     Gamma,
+    /// N(0, σ²) on every parameter, σ = --prior-std.
+    Gaussian,
 }
 
 #[derive(Debug, Args)]
@@ -81,7 +81,7 @@ pub struct TrainArgs {
     pub activation: Option<Activation>,
 
     /// Prior on the weights.
-    #[arg(long, value_enum, default_value_t = PriorKind::Gaussian)]
+    #[arg(long, value_enum, default_value_t = PriorKind::Gamma)]
     pub prior: PriorKind,
     /// σ of the Gaussian prior N(0, σ²).
     #[arg(long, default_value_t = 1.0)]

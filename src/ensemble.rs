@@ -130,7 +130,7 @@ mod tests {
         assert_eq!(direct.accuracy, 1.0);
         assert!((direct.nll - -(0.4f64.ln() + 0.6f64.ln()) / 2.0).abs() < 1e-6);
         assert_eq!(a.history.len(), 2);
-        assert_eq!(a.last_sample.unwrap().accuracy, 1.0);
+        assert_eq!(a.last_sample.unwrap().accuracy, 0.5); // p2 alone: class 5 for example 0
         assert_eq!(a.history[0].accuracy, 0.5);
     }
 }

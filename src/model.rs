@@ -175,6 +175,17 @@ impl Mlp {
         self.params.iter().map(|p| p.var.elem_count()).sum()
     }
 
+    /// Whether every parameter is finite (a diverged sampler makes them inf or NaN).
+    pub fn all_finite(&self) -> Result<bool> {
+        for p in &self.params {
+            let s = p.var.as_detached_tensor().abs()?.sum_all()?.to_scalar::<f32>()?;
+            if !s.is_finite() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     /// Overwrites the parameters with `tensors` (by name), checking every name and shape.
     pub fn load(&self, tensors: &std::collections::HashMap<String, Tensor>) -> Result<()> {
         for p in &self.params {

@@ -119,7 +119,9 @@ impl Potential {
             let g = store.get(&p.var).ok_or_else(|| {
                 Error::Config(format!("no gradient for parameter `{}`", p.name))
             })?;
-            let g = (g + (p.var.as_tensor() * lambda)?)?;
+            // Detached: the gradient must not carry the autograd graph into the sampler
+            // state, or every step's graph stays alive through the momentum.
+            let g = (g.detach() + (p.var.as_detached_tensor() * lambda)?)?;
             grads.push((g * inv_t)?);
         }
         Ok(Evaluation {

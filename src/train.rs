@@ -179,6 +179,10 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
         seed: cfg.seed,
     };
     manifest.write(run_dir)?;
+    // A rerun under the same name starts afresh: old samples must not join the ensemble.
+    for old in checkpoint::list_samples(run_dir)? {
+        std::fs::remove_file(&old).map_err(|e| Error::io(&old, e))?;
+    }
     let metrics_path = run_dir.join("metrics.jsonl");
     if metrics_path.exists() {
         std::fs::remove_file(&metrics_path).map_err(|e| Error::io(&metrics_path, e))?;
@@ -240,6 +244,10 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
             }
 
             if epoch >= cfg.burnin && step % cfg.thin as u64 == 0 {
+                // Never write a sample from a diverging chain.
+                if !model.all_finite()? {
+                    return Err(diverged(step, epoch, f64::NAN, cfg.sampler.step_size));
+                }
                 let meta = sample_metadata(cfg, ds, step, epoch)?;
                 checkpoint::save_sample(run_dir, step, &model, meta)?;
                 test_acc.add(&ensemble::predict(&model, &ds.test, &device)?);

@@ -72,17 +72,17 @@ impl SamplerKind {
         };
         match self {
             SamplerKind::Sgld => SamplerConfig {
-                step_size: 1e-7,
+                step_size: 5e-6,
                 ..base
             },
             SamplerKind::Sghmc => SamplerConfig {
                 step_size: 2e-6,
-                friction: 0.01,
+                friction: 0.1,
                 ..base
             },
             SamplerKind::Sgnht => SamplerConfig {
                 step_size: 2e-6,
-                diffusion: 0.01,
+                diffusion: 0.1,
                 ..base
             },
             SamplerKind::Sgd => base,

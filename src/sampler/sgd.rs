@@ -20,7 +20,7 @@ impl Sgd {
             Some(
                 params
                     .iter()
-                    .map(|p| p.as_tensor().zeros_like())
+                    .map(|p| p.as_detached_tensor().zeros_like())
                     .collect::<candle_core::Result<Vec<_>>>()?,
             )
         } else {
@@ -43,6 +43,7 @@ impl super::Sampler for Sgd {
         check_lengths(params, grads)?;
         let eta = self.config.step_size;
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
+            let g = &g.detach(); // keep autograd history out of the sampler state
             let delta = match &mut self.momentum {
                 Some(m) => {
                     m[i] = ((&m[i] * (1.0 - self.config.friction))? - (g * eta)?)?;
@@ -50,7 +51,7 @@ impl super::Sampler for Sgd {
                 }
                 None => (g * -eta)?,
             };
-            p.set(&(p.as_tensor() + delta)?)?;
+            p.set(&(p.as_detached_tensor() + delta)?)?;
         }
         self.step += 1;
         Ok(())

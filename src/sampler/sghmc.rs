@@ -55,10 +55,11 @@ impl Sampler for Sghmc {
         } = self.config;
         let sigma = (2.0 * (alpha - beta) * eta).sqrt();
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
+            let g = &g.detach(); // keep autograd history out of the sampler state
             let z = noise_like(g, self.seed, self.step, i)?;
             let v = &self.momentum[i];
             let v = (((v * (1.0 - alpha))? - (g * eta)?)? + (z * sigma)?)?;
-            p.set(&(p.as_tensor() + &v)?)?;
+            p.set(&(p.as_detached_tensor() + &v)?)?;
             self.momentum[i] = v;
         }
         self.kinetic = kinetic_energy(&self.momentum, eta)?;

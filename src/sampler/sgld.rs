@@ -35,8 +35,9 @@ impl Sampler for Sgld {
         let eta = self.config.step_size;
         let sigma = (2.0 * eta).sqrt();
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
+            let g = &g.detach(); // keep autograd history out of the sampler state
             let z = noise_like(g, self.seed, self.step, i)?;
-            let theta = ((p.as_tensor() - (g * eta)?)? + (z * sigma)?)?;
+            let theta = ((p.as_detached_tensor() - (g * eta)?)? + (z * sigma)?)?;
             p.set(&theta)?;
         }
         self.step += 1;

@@ -56,10 +56,11 @@ impl Sampler for Sgnht {
         let alpha = self.thermostat;
         let sigma = (2.0 * self.config.diffusion * eta).sqrt();
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
+            let g = &g.detach(); // keep autograd history out of the sampler state
             let z = noise_like(g, self.seed, self.step, i)?;
             let u = &self.momentum[i];
             let u = (((u * (1.0 - alpha))? - (g * eta)?)? + (z * sigma)?)?;
-            p.set(&(p.as_tensor() + &u)?)?;
+            p.set(&(p.as_detached_tensor() + &u)?)?;
             self.momentum[i] = u;
         }
         // uᵀu/n = 2η·K, with K the kinetic energy per parameter.

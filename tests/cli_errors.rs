@@ -1,0 +1,162 @@
+//! Bad input gets one clear line on stderr and a non-zero exit, never a panic.
+
+mod common;
+
+use common::{bnn, mini_dir, stderr};
+
+fn one_line_error(out: &std::process::Output, needle: &str) {
+    assert_eq!(out.status.code(), Some(1), "stderr: {}", stderr(out));
+    let err = stderr(out);
+    assert!(err.starts_with("bnn: error: "), "{err}");
+    assert!(err.contains(needle), "expected `{needle}` in: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "more than one line: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn unknown_dataset() {
+    let d = tempfile::tempdir().unwrap();
+    one_line_error(&bnn(d.path(), &["train", "--dataset", "imagenet"]), "unknown dataset `imagenet`");
+}
+
+#[test]
+fn unknown_sampler_and_bad_numbers_are_usage_errors() {
+    let d = tempfile::tempdir().unwrap();
+    for args in [
+        &["train", "--sampler", "nuts"][..],
+        &["train", "--epochs", "many"],
+        &["train", "--hidden", "10,x"],
+        &["train", "--activation", "tanh"],
+    ] {
+        let out = bnn(d.path(), args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = stderr(&out);
+        assert!(err.starts_with("error: invalid value"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn bad_flag_values() {
+    let d = tempfile::tempdir().unwrap();
+    let cases: [(&[&str], &str); 7] = [
+        (&["--step-size=-1"], "--step-size must be positive"),
+        (&["--friction", "0"], "--friction must be in (0, 1]"),
+        (&["--sampler", "sgnht", "--diffusion", "0"], "--diffusion must be positive"),
+        (&["--epochs", "2", "--burnin", "2"], "--burnin 2 leaves no epoch"),
+        (&["--batch-size", "0"], "--batch-size must be in"),
+        (&["--temperature", "0"], "--temperature must be positive"),
+        (&["--hidden", "0"], "hidden widths must be positive"),
+    ];
+    for (extra, needle) in cases {
+        let mut args = vec!["train", "--dataset", "mnist-mini"];
+        args.extend_from_slice(extra);
+        one_line_error(&bnn(d.path(), &args), needle);
+    }
+    one_line_error(
+        &bnn(d.path(), &["train", "--dataset", "mnist-mini", "--valid", "10000"]),
+        "--valid 10000 leaves no training data",
+    );
+    one_line_error(
+        &bnn(d.path(), &["train", "--config", "nope.toml"]),
+        "nope.toml",
+    );
+}
+
+#[test]
+fn missing_data_says_what_to_do() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::create_dir(d.path().join("empty")).unwrap();
+    let out = bnn(d.path(), &["train", "--dataset", "fashion-mnist", "--data-dir", "empty", "--offline"]);
+    one_line_error(&out, "dataset fashion-mnist not found");
+    let err = stderr(&out);
+    for hint in ["bnn data fetch --dataset fashion-mnist", "BNN_DATA_DIR", "apt install dataset-fashion-mnist", "--offline"] {
+        assert!(err.contains(hint), "missing hint `{hint}`: {err}");
+    }
+}
+
+fn copy_mini(to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(mini_dir()).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, to.join(p.file_name().unwrap())).unwrap();
+    }
+}
+
+#[test]
+fn corrupt_and_truncated_idx_files() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("mm");
+    copy_mini(&dir);
+    // Not gzip and not IDX.
+    std::fs::write(dir.join("train-labels-idx1-ubyte.gz"), b"hello world, not idx").unwrap();
+    let out = bnn(d.path(), &["train", "--dataset", "mnist", "--data-dir", "mm", "--offline"]);
+    one_line_error(&out, "not a valid IDX file: bad magic number");
+
+    // A gzip stream cut in half.
+    copy_mini(&dir);
+    let p = dir.join("t10k-images-idx3-ubyte.gz");
+    let bytes = std::fs::read(&p).unwrap();
+    std::fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
+    let out = bnn(d.path(), &["train", "--dataset", "mnist", "--data-dir", "mm", "--offline"]);
+    one_line_error(&out, "corrupt gzip stream");
+
+    // A raw IDX file missing its last bytes.
+    copy_mini(&dir);
+    let raw = bnn::data::idx::maybe_gunzip(&std::fs::read(dir.join("train-labels-idx1-ubyte.gz")).unwrap(), "x").unwrap();
+    std::fs::remove_file(dir.join("train-labels-idx1-ubyte.gz")).unwrap();
+    std::fs::write(dir.join("train-labels-idx1-ubyte"), &raw[..raw.len() - 7]).unwrap();
+    let out = bnn(d.path(), &["train", "--dataset", "mnist", "--data-dir", "mm", "--offline"]);
+    one_line_error(&out, "truncated: 9993 data bytes, the header [10000] says 10000");
+
+    // `bnn data verify` catches content that parses but is not the canonical file.
+    let out = bnn(d.path(), &["data", "verify", "--dataset", "mnist-mini", "--data-dir", "mm"]);
+    one_line_error(&out, "does not match the canonical");
+}
+
+#[test]
+fn missing_and_corrupt_checkpoints() {
+    let d = tempfile::tempdir().unwrap();
+    one_line_error(&bnn(d.path(), &["eval", "--run", "nowhere"]), "cannot read the run manifest");
+
+    let out = bnn(
+        d.path(),
+        &[
+            "train", "--dataset", "mnist-mini", "--hidden", "8", "--epochs", "2", "--burnin", "1",
+            "--batch-size", "500", "--thin", "10", "--run-name", "r",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = d.path().join("checkpoints/r");
+    let samples = bnn::checkpoint::list_samples(&run).unwrap();
+    assert_eq!(samples.len(), 2);
+    std::fs::write(&samples[1], b"\x08\x00\x00\x00\x00\x00\x00\x00{garbage").unwrap();
+    one_line_error(&bnn(d.path(), &["eval", "--run", "checkpoints/r"]), "corrupt sample");
+
+    std::fs::write(run.join("run.json"), "{ not json").unwrap();
+    one_line_error(&bnn(d.path(), &["eval", "--run", "checkpoints/r"]), "corrupt run manifest");
+}
+
+#[test]
+fn divergence_stops_at_once_and_keeps_valid_samples() {
+    let d = tempfile::tempdir().unwrap();
+    // SGD with η = 5 under the N(0, 1) prior multiplies θ by (1 − ηλ) = −4 every step
+    // through the prior term alone: the parameters overflow f32 within ~60 steps.
+    let out = bnn(
+        d.path(),
+        &[
+            "train", "--dataset", "mnist-mini", "--sampler", "sgd", "--step-size", "5", "--prior", "gaussian", "--hidden", "8",
+            "--epochs", "2", "--burnin", "0", "--thin", "1", "--run-name", "div",
+        ],
+    );
+    one_line_error(&out, "became non-finite");
+    let err = stderr(&out);
+    assert!(err.contains("at step") && err.contains("--step-size 1.25e0"), "{err}");
+    let run = d.path().join("checkpoints/div");
+    for path in bnn::checkpoint::list_samples(&run).unwrap() {
+        let s = bnn::checkpoint::load_sample(&path, &candle_core::Device::Cpu).unwrap();
+        for (name, t) in s.tensors {
+            let sum = t.abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(sum.is_finite(), "{}: {name} is not finite", path.display());
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::{Arc, Mutex};
+
+/// A minimal HTTP/1.1 server on 127.0.0.1 serving fixed bodies by path; other paths get 404.
+/// Records the paths requested.
+pub struct Server {
+    pub base: String,
+    pub requests: Arc<Mutex<Vec<String>>>,
+}
+
+pub fn serve(files: HashMap<String, Vec<u8>>) -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let requests = Arc::new(Mutex::new(Vec::new()));
+    let log = requests.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut line = String::new();
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            if reader.read_line(&mut line).is_err() {
+                continue;
+            }
+            // Drain the headers.
+            loop {
+                let mut h = String::new();
+                if reader.read_line(&mut h).is_err() || h == "\r\n" || h.is_empty() {
+                    break;
+                }
+            }
+            let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+            log.lock().unwrap().push(path.clone());
+            let _ = match files.get(&path) {
+                Some(body) => stream
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                            body.len()
+                        )
+                        .as_bytes(),
+                    )
+                    .and_then(|_| stream.write_all(body)),
+                None => stream.write_all(
+                    b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                ),
+            };
+        }
+    });
+    Server { base, requests }
+}
+
+/// The repository's built-in subset folder.
+pub fn mini_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/mnist-mini")
+}
+
+/// The shared data folder (`$BNN_DATA_DIR`), if any. Fails the test when
+/// `BNN_REQUIRE_DATA=1` and the folder or the dataset is missing; otherwise says loudly
+/// that the real-data part is not run.
+pub fn real_data(dataset: &str) -> Option<PathBuf> {
+    let required = std::env::var("BNN_REQUIRE_DATA").is_ok_and(|v| v == "1");
+    let dir = std::env::var_os("BNN_DATA_DIR").map(|d| PathBuf::from(d).join(dataset));
+    match dir {
+        Some(d) if d.join("train-images-idx3-ubyte.gz").is_file() || d.join("train-images-idx3-ubyte").is_file() => {
+            Some(d)
+        }
+        other => {
+            assert!(
+                !required,
+                "BNN_REQUIRE_DATA=1 but {dataset} is not under BNN_DATA_DIR ({other:?})"
+            );
+            eprintln!("NOTE: {dataset} not found under BNN_DATA_DIR; the real-data part of this test did not run");
+            None
+        }
+    }
+}
+
+/// Runs the `bnn` binary in `cwd` with a clean data environment.
+pub fn bnn(cwd: &std::path::Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_bnn"))
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("BNN_DATA_DIR")
+        .env("BNN_LOG", "warn")
+        .output()
+        .expect("run bnn")
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The last line of stdout, parsed as JSON.
+pub fn last_json(o: &Output) -> serde_json::Value {
+    let out = stdout(o);
+    let line = out.lines().last().unwrap_or_else(|| panic!("no stdout; stderr: {}", stderr(o)));
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("last line is not JSON ({e}): {line}"))
+}

@@ -1,0 +1,165 @@
+//! Each sampler's update on a tiny example, against the paper's update written out by hand.
+
+use bnn::rng::NoiseKey;
+use bnn::sampler::{self, sghmc::Sghmc, sgnht::Sgnht, Sampler, SamplerConfig, SamplerKind};
+use candle_core::{Device, Tensor, Var};
+
+fn var(v: &[f32]) -> Var {
+    Var::from_tensor(&Tensor::new(v, &Device::Cpu).unwrap()).unwrap()
+}
+
+fn t(v: &[f32]) -> Tensor {
+    Tensor::new(v, &Device::Cpu).unwrap()
+}
+
+fn values(v: &Var) -> Vec<f32> {
+    v.as_tensor().to_vec1::<f32>().unwrap()
+}
+
+fn z(seed: u64, step: u64, param: u32, i: usize) -> f64 {
+    NoiseKey { seed, step, param }.normal(i) as f64
+}
+
+fn close(a: f32, b: f64) {
+    assert!(
+        (a as f64 - b).abs() <= 1e-6 * b.abs().max(1e-3),
+        "{a} vs expected {b}"
+    );
+}
+
+fn config(kind: SamplerKind, eta: f64, alpha: f64, beta: f64, a: f64) -> SamplerConfig {
+    SamplerConfig {
+        kind,
+        step_size: eta,
+        friction: alpha,
+        noise_estimate: beta,
+        diffusion: a,
+    }
+}
+
+#[test]
+fn sghmc_without_injected_noise_is_literal() {
+    // α = β̂ switches the injected noise off: v' = (1−α)v − ηg, θ' = θ + v'.
+    // θ = (1, −2), v = (0.5, 0), g = (2, −4), η = 0.1, α = β̂ = 0.5:
+    // v' = (0.25 − 0.2, 0 + 0.4) = (0.05, 0.4); θ' = (1.05, −1.6).
+    let p = var(&[1.0, -2.0]);
+    let mut s = Sghmc::init(config(SamplerKind::Sghmc, 0.1, 0.5, 0.5, 0.0), &[p.clone()], 3).unwrap();
+    s.momentum = vec![t(&[0.5, 0.0])];
+    s.step(&[p.clone()], &[t(&[2.0, -4.0])]).unwrap();
+    let th = values(&p);
+    close(th[0], 1.05);
+    close(th[1], -1.6);
+    let v = s.momentum[0].to_vec1::<f32>().unwrap();
+    close(v[0], 0.05);
+    close(v[1], 0.4);
+}
+
+#[test]
+fn sghmc_step_with_noise() {
+    // v' = (1−α)v − ηg + √(2(α−β̂)η)·z, with z from the (seed, step, param, element) stream.
+    let (eta, alpha, beta, seed) = (0.01, 0.2, 0.05, 11);
+    let p0 = [0.3f32, -0.7, 1.1];
+    let v0 = [0.02f32, -0.01, 0.0];
+    let g = [1.5f32, -0.5, 0.25];
+    let p = var(&p0);
+    let mut s = Sghmc::init(config(SamplerKind::Sghmc, eta, alpha, beta, 0.0), &[p.clone()], seed).unwrap();
+    s.momentum = vec![t(&v0)];
+    s.step(&[p.clone()], &[t(&g)]).unwrap();
+    let sigma = (2.0 * (alpha - beta) * eta).sqrt();
+    let th = values(&p);
+    for i in 0..3 {
+        let v = (1.0 - alpha) * v0[i] as f64 - eta * g[i] as f64 + sigma * z(seed, 0, 0, i);
+        close(th[i], p0[i] as f64 + v);
+    }
+    assert_eq!(s.steps(), 1);
+    let ke = s.diagnostics().kinetic_energy.unwrap();
+    let v = s.momentum[0].to_vec1::<f32>().unwrap();
+    let expect = 0.5 * v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / (3.0 * eta);
+    assert!((ke - expect).abs() < 1e-9 * expect.max(1.0));
+}
+
+#[test]
+fn sgnht_step_and_thermostat() {
+    // Ding et al. Alg. 2: u' = u − αu − ηg + √(2aη)z; θ' = θ + u'; α' = α + u'ᵀu'/n − η,
+    // over two parameter tensors sharing one thermostat (n = 3).
+    let (eta, a, seed) = (0.04, 0.1, 5);
+    let pa0 = [1.0f32, 2.0];
+    let pb0 = [-1.0f32];
+    let ua = [0.1f32, -0.2];
+    let ub = [0.3f32];
+    let ga = [0.5f32, 1.0];
+    let gb = [-2.0f32];
+    let (pa, pb) = (var(&pa0), var(&pb0));
+    let params = [pa.clone(), pb.clone()];
+    let mut s = Sgnht::init(config(SamplerKind::Sgnht, eta, 0.0, 0.0, a), &params, seed).unwrap();
+    assert_eq!(s.thermostat, a, "α₀ = a");
+    s.momentum = vec![t(&ua), t(&ub)];
+    s.step(&params, &[t(&ga), t(&gb)]).unwrap();
+    let sigma = (2.0 * a * eta).sqrt();
+    let mut sumsq = 0.0;
+    let tha = values(&pa);
+    for i in 0..2 {
+        let u = ua[i] as f64 * (1.0 - a) - eta * ga[i] as f64 + sigma * z(seed, 0, 0, i);
+        sumsq += u * u;
+        close(tha[i], pa0[i] as f64 + u);
+    }
+    let u = ub[0] as f64 * (1.0 - a) - eta * gb[0] as f64 + sigma * z(seed, 0, 1, 0);
+    sumsq += u * u;
+    close(values(&pb)[0], pb0[0] as f64 + u);
+    let alpha = a + sumsq / 3.0 - eta;
+    assert!((s.thermostat - alpha).abs() < 1e-7, "{} vs {alpha}", s.thermostat);
+    assert_eq!(s.diagnostics().thermostat, Some(s.thermostat));
+}
+
+#[test]
+fn sgld_step() {
+    // θ' = θ − ηg + √(2η)z.
+    let (eta, seed) = (0.005, 9);
+    let p0 = [0.5f32, -0.25];
+    let g = [4.0f32, 2.0];
+    let p = var(&p0);
+    let mut s = sampler::build(config(SamplerKind::Sgld, eta, 0.0, 0.0, 0.0), &[p.clone()], seed).unwrap();
+    s.step(&[p.clone()], &[t(&g)]).unwrap();
+    let th = values(&p);
+    for i in 0..2 {
+        close(th[i], p0[i] as f64 - eta * g[i] as f64 + (2.0 * eta).sqrt() * z(seed, 0, 0, i));
+    }
+    // The second step uses the next stream.
+    s.step(&[p.clone()], &[t(&[0.0, 0.0])]).unwrap();
+    let th2 = values(&p);
+    close(th2[0], th[0] as f64 + (2.0 * eta).sqrt() * z(seed, 1, 0, 0));
+}
+
+#[test]
+fn sgd_and_momentum_steps() {
+    // SGD: θ' = θ − ηg: (1, 2) − 0.1·(10, −10) = (0, 3).
+    let p = var(&[1.0, 2.0]);
+    let mut s = sampler::build(config(SamplerKind::Sgd, 0.1, 0.0, 0.0, 0.0), &[p.clone()], 0).unwrap();
+    s.step(&[p.clone()], &[t(&[10.0, -10.0])]).unwrap();
+    let th = values(&p);
+    close(th[0], 0.0);
+    close(th[1], 3.0);
+    // Momentum, α = 0.1: v₁ = −ηg = (−1, 1), θ₁ = (0, 3); v₂ = 0.9·v₁ − ηg = (−1.9, 1.9),
+    // θ₂ = (−1.9, 4.9).
+    let p = var(&[1.0, 2.0]);
+    let mut s = sampler::build(config(SamplerKind::Momentum, 0.1, 0.1, 0.0, 0.0), &[p.clone()], 0).unwrap();
+    s.step(&[p.clone()], &[t(&[10.0, -10.0])]).unwrap();
+    s.step(&[p.clone()], &[t(&[10.0, -10.0])]).unwrap();
+    let th = values(&p);
+    close(th[0], -1.9);
+    close(th[1], 4.9);
+}
+
+#[test]
+fn invalid_hyperparameters_are_rejected() {
+    let p = var(&[0.0]);
+    for (cfg, needle) in [
+        (config(SamplerKind::Sghmc, -1.0, 0.1, 0.0, 0.0), "--step-size"),
+        (config(SamplerKind::Sghmc, 1e-6, 0.0, 0.0, 0.0), "--friction"),
+        (config(SamplerKind::Sghmc, 1e-6, 0.1, 0.2, 0.0), "--noise-estimate"),
+        (config(SamplerKind::Sgnht, 1e-6, 0.0, 0.0, 0.0), "--diffusion"),
+    ] {
+        let e = sampler::build(cfg, &[p.clone()], 0).err().expect("must fail").to_string();
+        assert!(e.contains(needle), "{e}");
+    }
+}

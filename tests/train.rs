@@ -1,0 +1,133 @@
+//! Short real-data runs: accuracy, reproducibility, and `bnn eval` against the in-training
+//! ensemble.
+
+mod common;
+
+use common::{bnn, last_json, real_data, stderr};
+use serde_json::Value;
+
+const METRICS: [&str; 4] = ["accuracy", "nll", "ece", "brier"];
+
+fn train(cwd: &std::path::Path, extra: &[&str]) -> Value {
+    let mut args = vec!["train", "--no-progress"];
+    args.extend_from_slice(extra);
+    let out = bnn(cwd, &args);
+    assert!(out.status.success(), "bnn {args:?} failed: {}", stderr(&out));
+    last_json(&out)
+}
+
+/// The built-in subset (10,000 real MNIST training images): SGHMC with the default
+/// hyper-parameters, 4 epochs. Measured: ensemble 95.8% (seed 0); an MLP that learned
+/// nothing scores ~10%, a broken sampler far below 90%.
+#[test]
+fn builtin_subset_run_is_accurate_reproducible_and_evaluable() {
+    let d = tempfile::tempdir().unwrap();
+    let args = [
+        "--dataset", "mnist-mini", "--epochs", "4", "--burnin", "2", "--thin", "25", "--valid", "1000",
+        "--seed", "3",
+    ];
+    let mut a = args.to_vec();
+    a.extend(["--run-name", "a"]);
+    let s1 = train(d.path(), &a);
+    assert_eq!(s1["dataset"], "mnist-mini");
+    assert_eq!(s1["samples"], 2 * 90 / 25);
+    let ens = s1["ensemble"]["accuracy"].as_f64().unwrap();
+    assert!(ens >= 0.94, "ensemble accuracy {ens}");
+    assert!(s1["valid_ensemble"]["accuracy"].as_f64().unwrap() >= 0.93);
+    let run = d.path().join("checkpoints/a");
+    for f in ["run.json", "metrics.jsonl", "summary.json"] {
+        assert!(run.join(f).is_file(), "{f} missing");
+    }
+    let lines = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert_eq!(lines.lines().count(), 4);
+
+    // Same seed, another folder: the same metrics and the same sample files, bit for bit.
+    let mut b = args.to_vec();
+    b.extend(["--run-name", "b"]);
+    let s2 = train(d.path(), &b);
+    for m in METRICS {
+        assert_eq!(s1["ensemble"][m], s2["ensemble"][m], "{m}");
+        assert_eq!(s1["last_sample"][m], s2["last_sample"][m], "{m}");
+    }
+    let files_a = bnn::checkpoint::list_samples(&run).unwrap();
+    let files_b = bnn::checkpoint::list_samples(&d.path().join("checkpoints/b")).unwrap();
+    assert_eq!(files_a.len(), files_b.len());
+    for (x, y) in files_a.iter().zip(&files_b) {
+        assert_eq!(std::fs::read(x).unwrap(), std::fs::read(y).unwrap(), "{}", x.display());
+    }
+
+    // `bnn eval` on the saved samples gives exactly the in-training ensemble.
+    let out = bnn(d.path(), &["eval", "--run", "checkpoints/a"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let e = last_json(&out);
+    assert_eq!(e["samples"], s1["samples"]);
+    for m in METRICS {
+        assert_eq!(e["ensemble"][m], s1["ensemble"][m], "{m}");
+        assert_eq!(e["last_sample"][m], s1["last_sample"][m], "{m}");
+        assert_eq!(e["valid_ensemble"][m], s1["valid_ensemble"][m], "{m}");
+    }
+    let progress = e["progress"].as_array().unwrap();
+    assert_eq!(progress.len(), 7);
+    assert_eq!(progress.last().unwrap()["accuracy"], s1["ensemble"]["accuracy"]);
+
+    // A different seed gives a different chain.
+    let mut c = args.to_vec();
+    c.extend(["--run-name", "c", "--seed", "4"]);
+    let s3 = train(d.path(), &c[..]);
+    assert_ne!(s1["ensemble"]["nll"], s3["ensemble"]["nll"]);
+}
+
+/// Every sampler runs on real data and beats chance by far after two short epochs.
+#[test]
+fn every_sampler_learns() {
+    let d = tempfile::tempdir().unwrap();
+    for sampler in ["sgld", "sghmc", "sgnht", "sgd", "momentum"] {
+        let s = train(
+            d.path(),
+            &[
+                "--dataset", "mnist-mini", "--sampler", sampler, "--epochs", "2", "--burnin", "1", "--thin", "50",
+                "--hidden", "50", "--run-name", sampler,
+            ],
+        );
+        let acc = s["ensemble"]["accuracy"].as_f64().unwrap();
+        assert!(acc >= 0.85, "{sampler}: ensemble accuracy {acc}");
+    }
+}
+
+/// Full MNIST from the shared data folder, 50k/10k split: two epochs of the default SGHMC.
+#[test]
+fn full_mnist_short_run() {
+    let Some(dir) = real_data("mnist") else { return };
+    let d = tempfile::tempdir().unwrap();
+    let s = train(
+        d.path(),
+        &[
+            "--dataset", "mnist", "--data-dir", dir.to_str().unwrap(), "--valid", "10000", "--epochs", "2",
+            "--burnin", "1",
+        ],
+    );
+    assert_eq!(s["dataset"], "mnist");
+    let ens = s["ensemble"]["accuracy"].as_f64().unwrap();
+    assert!(ens >= 0.96, "ensemble accuracy {ens}");
+    assert!(s["valid_ensemble"]["accuracy"].as_f64().unwrap() >= 0.96);
+}
+
+/// With no data anywhere and no network, `bnn train` falls back to the built-in subset and
+/// says so in one line.
+#[test]
+fn no_data_falls_back_to_builtin_subset() {
+    let d = tempfile::tempdir().unwrap();
+    let out = bnn(
+        d.path(),
+        &[
+            "train", "--offline", "--epochs", "2", "--burnin", "1", "--hidden", "16", "--batch-size", "500",
+            "--thin", "10",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("training on the built-in subset"), "{err}");
+    let s = last_json(&out);
+    assert_eq!(s["dataset"], "mnist-mini");
+    assert_eq!(s["data_source"], "built-in");
+}
