@@ -35,6 +35,10 @@ pub struct RunManifest {
     pub epochs: usize,
     pub burnin: usize,
     pub thin: usize,
+    pub decay_at: Vec<usize>,
+    pub decay_factor: f64,
+    pub cycles: usize,
+    pub sample_fraction: f64,
     pub seed: u64,
 }
 
@@ -54,8 +58,9 @@ impl RunManifest {
                 run_dir.display()
             ))
         })?;
-        serde_json::from_str(&text)
-            .map_err(|e| Error::Checkpoint(format!("{}: corrupt run manifest: {e}", path.display())))
+        serde_json::from_str(&text).map_err(|e| {
+            Error::Checkpoint(format!("{}: corrupt run manifest: {e}", path.display()))
+        })
     }
 }
 
@@ -81,8 +86,9 @@ pub fn save_sample(
         .iter()
         .map(|p| (p.name.clone(), p.var.as_tensor().clone()))
         .collect();
-    let bytes = safetensors::serialize(tensors.iter().map(|(n, t)| (n.as_str(), t)), Some(metadata))
-        .map_err(|e| Error::Checkpoint(format!("serialising sample at step {step}: {e}")))?;
+    let bytes =
+        safetensors::serialize(tensors.iter().map(|(n, t)| (n.as_str(), t)), Some(metadata))
+            .map_err(|e| Error::Checkpoint(format!("serialising sample at step {step}: {e}")))?;
     let path = sample_path(run_dir, step);
     write_atomic(&path, &bytes)?;
     Ok(path)
@@ -105,7 +111,10 @@ pub fn load_sample(path: &Path, device: &Device) -> Result<Sample> {
     let mut tensors = HashMap::new();
     for (name, view) in st.tensors() {
         if view.dtype() != safetensors::Dtype::F32 {
-            return Err(corrupt(format!("tensor `{name}` is {:?}, not F32", view.dtype())));
+            return Err(corrupt(format!(
+                "tensor `{name}` is {:?}, not F32",
+                view.dtype()
+            )));
         }
         let data: Vec<f32> = view
             .data()
@@ -124,9 +133,8 @@ pub fn load_sample(path: &Path, device: &Device) -> Result<Sample> {
 /// The sample files of a run, ordered by step.
 pub fn list_samples(run_dir: &Path) -> Result<Vec<PathBuf>> {
     let dir = samples_dir(run_dir);
-    let entries = std::fs::read_dir(&dir).map_err(|e| {
-        Error::Checkpoint(format!("{}: cannot list samples ({e})", dir.display()))
-    })?;
+    let entries = std::fs::read_dir(&dir)
+        .map_err(|e| Error::Checkpoint(format!("{}: cannot list samples ({e})", dir.display())))?;
     let mut found: Vec<(u64, PathBuf)> = Vec::new();
     for entry in entries {
         let path = entry.map_err(|e| Error::io(&dir, e))?.path();

@@ -124,6 +124,18 @@ pub struct TrainArgs {
     /// Keep one sample every THIN updates after burn-in.
     #[arg(long, default_value_t = 200)]
     pub thin: usize,
+    /// Step decay: multiply η by --decay-factor from these epochs on (e.g. 20 or 20,40).
+    #[arg(long, value_delimiter = ',')]
+    pub decay_at: Vec<usize>,
+    /// Factor of each step decay.
+    #[arg(long, default_value_t = 0.5)]
+    pub decay_factor: f64,
+    /// Cyclical step size: this many cosine cycles over the run (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub cycles: usize,
+    /// With --cycles: keep samples only in this last fraction of each cycle.
+    #[arg(long, default_value_t = 0.25)]
+    pub sample_fraction: f64,
     /// Seed of initialisation, minibatch order and injected noise.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

@@ -58,7 +58,10 @@ fn json<T: serde::Serialize>(v: &T) -> Result<String> {
 fn spec_of(name: &str) -> Result<registry::DatasetSpec> {
     registry::lookup(name).ok_or_else(|| {
         let known: Vec<_> = registry::ALL.iter().map(|d| d.name).collect();
-        Error::Config(format!("unknown dataset `{name}`; known datasets: {}", known.join(", ")))
+        Error::Config(format!(
+            "unknown dataset `{name}`; known datasets: {}",
+            known.join(", ")
+        ))
     })
 }
 
@@ -95,7 +98,9 @@ fn train_command(args: TrainArgs, quiet: bool) -> Result<String> {
     let sampler = sampler_config(&args);
     sampler.validate()?;
     let prior = match args.prior {
-        PriorKind::Gaussian => PriorSpec::Gaussian { std: args.prior_std },
+        PriorKind::Gaussian => PriorSpec::Gaussian {
+            std: args.prior_std,
+        },
         PriorKind::Gamma => PriorSpec::Gamma {
             shape: args.gamma_shape,
             rate: args.gamma_rate,
@@ -111,7 +116,13 @@ fn train_command(args: TrainArgs, quiet: bool) -> Result<String> {
     };
     let ds = data::load(&args.data.dataset, &opts)?;
     let run_name = args.run_name.clone().unwrap_or_else(|| {
-        format!("{}-{}-{}-seed{}", ds.name, model.label(), sampler.kind.name(), args.seed)
+        format!(
+            "{}-{}-{}-seed{}",
+            ds.name,
+            model.label(),
+            sampler.kind.name(),
+            args.seed
+        )
     });
     let run_dir: PathBuf = args.out.join(run_name);
     let cfg = TrainConfig {
@@ -123,9 +134,15 @@ fn train_command(args: TrainArgs, quiet: bool) -> Result<String> {
         epochs: args.epochs,
         burnin: args.burnin,
         thin: args.thin,
+        decay_at: args.decay_at.clone(),
+        decay_factor: args.decay_factor,
+        cycles: args.cycles,
+        sample_fraction: args.sample_fraction,
         seed: args.seed,
         run_dir,
-        progress: !args.no_progress && !quiet && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        progress: !args.no_progress
+            && !quiet
+            && std::io::IsTerminal::is_terminal(&std::io::stderr()),
     };
     let summary = train::train(&cfg, &ds)?;
     json(&summary)

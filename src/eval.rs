@@ -28,11 +28,14 @@ pub struct EvalReport {
 
 /// Reloads the data a run was trained on: the folder recorded in `run.json` unless
 /// `data_dir` overrides it.
-pub fn load_run_data(manifest: &RunManifest, data_dir: Option<PathBuf>, offline: bool) -> Result<Dataset> {
+pub fn load_run_data(
+    manifest: &RunManifest,
+    data_dir: Option<PathBuf>,
+    offline: bool,
+) -> Result<Dataset> {
     let recorded = PathBuf::from(&manifest.data_source);
-    let data_dir = data_dir.or_else(|| {
-        (manifest.data_source != "built-in" && recorded.is_dir()).then_some(recorded)
-    });
+    let data_dir = data_dir
+        .or_else(|| (manifest.data_source != "built-in" && recorded.is_dir()).then_some(recorded));
     let opts = LoadOptions {
         data_dir,
         offline,

@@ -26,7 +26,11 @@ const MIN_PROB: f64 = 1e-12;
 /// Metrics of `probs` (row-major n × classes) against `labels`.
 pub fn evaluate(probs: &[f64], labels: &[u8], classes: usize) -> Metrics {
     let n = labels.len();
-    assert_eq!(probs.len(), n * classes, "probabilities and labels disagree");
+    assert_eq!(
+        probs.len(),
+        n * classes,
+        "probabilities and labels disagree"
+    );
     let mut correct = 0usize;
     let mut nll = 0f64;
     let mut brier = 0f64;
@@ -36,16 +40,16 @@ pub fn evaluate(probs: &[f64], labels: &[u8], classes: usize) -> Metrics {
     for (row, &y) in probs.chunks_exact(classes).zip(labels) {
         let y = y as usize;
         // First maximum wins ties, like argmax.
-        let (pred, conf) = row
-            .iter()
-            .enumerate()
-            .fold((0, f64::NEG_INFINITY), |(bi, bp), (i, &p)| {
-                if p > bp {
-                    (i, p)
-                } else {
-                    (bi, bp)
-                }
-            });
+        let (pred, conf) =
+            row.iter()
+                .enumerate()
+                .fold((0, f64::NEG_INFINITY), |(bi, bp), (i, &p)| {
+                    if p > bp {
+                        (i, p)
+                    } else {
+                        (bi, bp)
+                    }
+                });
         let hit = pred == y;
         correct += hit as usize;
         nll -= row[y].max(MIN_PROB).ln();
@@ -94,7 +98,8 @@ mod tests {
         let brier = (2.0 * 0.01 + 2.0 * 0.49 + 2.0 * 0.16) / 3.0;
         assert!((m.brier - brier).abs() < 1e-12);
         // Confidences 0.9 (bin 13: (13/15, 14/15]), 0.7 (bin 10), 0.6 (bin 8): one each.
-        let ece = (1.0 / 3.0) * ((1.0f64 - 0.9).abs() + (0.0f64 - 0.7).abs() + (1.0f64 - 0.6).abs());
+        let ece =
+            (1.0 / 3.0) * ((1.0f64 - 0.9).abs() + (0.0f64 - 0.7).abs() + (1.0f64 - 0.6).abs());
         assert!((m.ece - ece).abs() < 1e-12, "{} vs {ece}", m.ece);
     }
 
@@ -104,9 +109,9 @@ mod tests {
         let probs = [0.8, 0.2, 0.25, 0.75, 12.0 / 15.0, 3.0 / 15.0];
         let labels = [0u8, 0, 0];
         let m = evaluate(&probs, &labels, 2);
-        let conf = (0.8 + 0.75 + 12.0 / 15.0) / 3.0;
-        let acc = 2.0 / 3.0;
-        assert!((m.ece - (acc - conf as f64).abs()).abs() < 1e-12);
+        let conf: f64 = (0.8 + 0.75 + 12.0 / 15.0) / 3.0;
+        let acc: f64 = 2.0 / 3.0;
+        assert!((m.ece - (acc - conf).abs()).abs() < 1e-12);
     }
 
     #[test]

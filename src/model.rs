@@ -178,7 +178,12 @@ impl Mlp {
     /// Whether every parameter is finite (a diverged sampler makes them inf or NaN).
     pub fn all_finite(&self) -> Result<bool> {
         for p in &self.params {
-            let s = p.var.as_detached_tensor().abs()?.sum_all()?.to_scalar::<f32>()?;
+            let s = p
+                .var
+                .as_detached_tensor()
+                .abs()?
+                .sum_all()?
+                .to_scalar::<f32>()?;
             if !s.is_finite() {
                 return Ok(false);
             }
@@ -222,7 +227,14 @@ mod tests {
         let names: Vec<_> = m.params.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(
             names,
-            ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"]
+            [
+                "fc1.weight",
+                "fc1.bias",
+                "fc2.weight",
+                "fc2.bias",
+                "fc3.weight",
+                "fc3.bias"
+            ]
         );
         assert_eq!(m.num_params(), 6 * 5 + 5 + 5 * 4 + 4 + 4 * 3 + 3);
         let x = Tensor::ones((2, 6), DType::F32, &Device::Cpu).unwrap();
@@ -234,10 +246,21 @@ mod tests {
     fn preset_parsing_rejects_unknown_keys() {
         let dir = tempfile::tempdir().unwrap();
         let good = dir.path().join("a.toml");
-        std::fs::write(&good, "[model]\nkind = \"mlp\"\nhidden = [400, 400]\nactivation = \"relu\"\n").unwrap();
-        assert_eq!(ModelSpec::from_toml_file(&good).unwrap().hidden, vec![400, 400]);
+        std::fs::write(
+            &good,
+            "[model]\nkind = \"mlp\"\nhidden = [400, 400]\nactivation = \"relu\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            ModelSpec::from_toml_file(&good).unwrap().hidden,
+            vec![400, 400]
+        );
         let bad = dir.path().join("b.toml");
-        std::fs::write(&bad, "[model]\nkind = \"mlp\"\nhiden = [4]\nactivation = \"relu\"\n").unwrap();
+        std::fs::write(
+            &bad,
+            "[model]\nkind = \"mlp\"\nhiden = [4]\nactivation = \"relu\"\n",
+        )
+        .unwrap();
         let e = ModelSpec::from_toml_file(&bad).unwrap_err().to_string();
         assert!(e.contains("not a model preset"), "{e}");
     }

@@ -116,9 +116,9 @@ impl Potential {
         let inv_t = 1.0 / self.temperature;
         let mut grads = Vec::with_capacity(model.params.len());
         for (p, &lambda) in model.params.iter().zip(&self.prior.precisions) {
-            let g = store.get(&p.var).ok_or_else(|| {
-                Error::Config(format!("no gradient for parameter `{}`", p.name))
-            })?;
+            let g = store
+                .get(&p.var)
+                .ok_or_else(|| Error::Config(format!("no gradient for parameter `{}`", p.name)))?;
             // Detached: the gradient must not carry the autograd graph into the sampler
             // state, or every step's graph stays alive through the momentum.
             let g = (g.detach() + (p.var.as_detached_tensor() * lambda)?)?;

@@ -62,7 +62,12 @@ impl NoiseKey {
     #[inline(always)]
     pub fn normals4(&self, block: u32) -> [f32; 4] {
         let r = philox4x32_10(
-            [block, self.param, self.step as u32, (self.step >> 32) as u32],
+            [
+                block,
+                self.param,
+                self.step as u32,
+                (self.step >> 32) as u32,
+            ],
             [self.seed as u32, (self.seed >> 32) as u32],
         );
         let (z0, z1) = box_muller(r[0], r[1]);
@@ -134,10 +139,30 @@ mod tests {
 
     #[test]
     fn streams_differ_by_step_param_and_seed() {
-        let a = NoiseKey { seed: 1, step: 0, param: 0 }.normals4(0);
-        let b = NoiseKey { seed: 1, step: 1, param: 0 }.normals4(0);
-        let c = NoiseKey { seed: 1, step: 0, param: 1 }.normals4(0);
-        let d = NoiseKey { seed: 2, step: 0, param: 0 }.normals4(0);
+        let a = NoiseKey {
+            seed: 1,
+            step: 0,
+            param: 0,
+        }
+        .normals4(0);
+        let b = NoiseKey {
+            seed: 1,
+            step: 1,
+            param: 0,
+        }
+        .normals4(0);
+        let c = NoiseKey {
+            seed: 1,
+            step: 0,
+            param: 1,
+        }
+        .normals4(0);
+        let d = NoiseKey {
+            seed: 2,
+            step: 0,
+            param: 0,
+        }
+        .normals4(0);
         assert_ne!(a, b);
         assert_ne!(a, c);
         assert_ne!(a, d);

@@ -34,6 +34,14 @@ pub struct TrainConfig {
     pub burnin: usize,
     /// Keep one sample every `thin` updates after burn-in.
     pub thin: usize,
+    /// Step decay: η is multiplied by `decay_factor` at the start of each of these epochs
+    /// (counted from 0, as `--decay-at 20` means "from the 21st epoch on").
+    pub decay_at: Vec<usize>,
+    pub decay_factor: f64,
+    /// Cyclical schedule (Zhang et al. 2020): this many cosine cycles over the run
+    /// (0: none); samples are kept only in the last `sample_fraction` of each cycle.
+    pub cycles: usize,
+    pub sample_fraction: f64,
     pub seed: u64,
     /// Folder of this run (`checkpoints/<run>`).
     pub run_dir: PathBuf,
@@ -59,11 +67,59 @@ impl TrainConfig {
                 self.burnin, self.epochs
             ));
         }
+        if !(self.decay_factor > 0.0 && self.decay_factor.is_finite()) {
+            return bad(format!(
+                "--decay-factor must be positive, got {}",
+                self.decay_factor
+            ));
+        }
+        if !(self.sample_fraction > 0.0 && self.sample_fraction <= 1.0) {
+            return bad(format!(
+                "--sample-fraction must be in (0, 1], got {}",
+                self.sample_fraction
+            ));
+        }
         if self.thin == 0 {
             return bad("--thin must be at least 1".into());
         }
         self.model.validate()?;
         self.sampler.validate()
+    }
+}
+
+impl TrainConfig {
+    /// η during `epoch` (0-based) under the step-decay schedule.
+    pub fn step_size_at(&self, epoch: usize) -> f64 {
+        let decays = self.decay_at.iter().filter(|&&e| e <= epoch).count();
+        self.sampler.step_size * self.decay_factor.powi(decays as i32)
+    }
+
+    /// Position in the current cycle, in [0, 1), of update `step` (0-based) out of
+    /// `total`; `None` without a cyclical schedule.
+    pub fn cycle_position(&self, step: u64, total: u64) -> Option<f64> {
+        if self.cycles == 0 {
+            return None;
+        }
+        let len = total.div_ceil(self.cycles as u64).max(1);
+        Some((step % len) as f64 / len as f64)
+    }
+
+    /// η of update `step` in `epoch`: the step decay, times the cosine factor
+    /// ½(1 + cos(π r)) of a cyclical schedule at cycle position r.
+    pub fn step_size_of(&self, step: u64, total: u64, epoch: usize) -> f64 {
+        let base = self.step_size_at(epoch);
+        match self.cycle_position(step, total) {
+            Some(r) => base * 0.5 * (1.0 + (std::f64::consts::PI * r).cos()),
+            None => base,
+        }
+    }
+
+    /// Whether the sample after update `step` (1-based count) may be kept.
+    fn keeps_sample(&self, step: u64, total: u64, epoch: usize) -> bool {
+        let in_window = self
+            .cycle_position(step - 1, total)
+            .is_none_or(|r| r >= 1.0 - self.sample_fraction);
+        epoch >= self.burnin && step % self.thin as u64 == 0 && in_window
     }
 }
 
@@ -76,6 +132,7 @@ pub struct EpochRecord {
     pub train_nll: f64,
     /// Accuracy on the minibatches as they were seen.
     pub train_accuracy: f64,
+    pub step_size: f64,
     pub kinetic_energy: Option<f64>,
     pub thermostat: Option<f64>,
     pub prior_precisions: Vec<f64>,
@@ -100,6 +157,10 @@ pub struct Summary {
     pub epochs: usize,
     pub burnin: usize,
     pub thin: usize,
+    pub decay_at: Vec<usize>,
+    pub decay_factor: f64,
+    pub cycles: usize,
+    pub sample_fraction: f64,
     pub seed: u64,
     pub samples: usize,
     /// Bayesian model average over the kept samples, on the test set.
@@ -129,7 +190,13 @@ fn to_json<T: Serialize>(v: &T) -> Result<String> {
 }
 
 /// The metadata stored in each sample file.
-fn sample_metadata(cfg: &TrainConfig, ds: &Dataset, step: u64, epoch: usize) -> Result<HashMap<String, String>> {
+fn sample_metadata(
+    cfg: &TrainConfig,
+    ds: &Dataset,
+    step: u64,
+    epoch: usize,
+    step_size: f64,
+) -> Result<HashMap<String, String>> {
     Ok(HashMap::from([
         ("step".to_string(), step.to_string()),
         ("epoch".to_string(), epoch.to_string()),
@@ -137,10 +204,14 @@ fn sample_metadata(cfg: &TrainConfig, ds: &Dataset, step: u64, epoch: usize) -> 
         ("hyperparameters".to_string(), to_json(&cfg.sampler)?),
         ("prior".to_string(), to_json(&cfg.prior)?),
         ("temperature".to_string(), cfg.temperature.to_string()),
+        ("step_size".to_string(), step_size.to_string()),
         ("dataset".to_string(), ds.name.clone()),
         ("architecture".to_string(), to_json(&cfg.model)?),
         ("seed".to_string(), cfg.seed.to_string()),
-        ("bnn_version".to_string(), env!("CARGO_PKG_VERSION").to_string()),
+        (
+            "bnn_version".to_string(),
+            env!("CARGO_PKG_VERSION").to_string(),
+        ),
     ]))
 }
 
@@ -154,8 +225,7 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
     cfg.validate(ds.train.len())?;
     let device = Device::Cpu;
     let run_dir = &cfg.run_dir;
-    std::fs::create_dir_all(checkpoint::samples_dir(run_dir))
-        .map_err(|e| Error::io(run_dir, e))?;
+    std::fs::create_dir_all(checkpoint::samples_dir(run_dir)).map_err(|e| Error::io(run_dir, e))?;
     let dim = ds.train.dim();
     let model = Mlp::new(&cfg.model, dim, NUM_CLASSES, cfg.seed, &device)?;
     let vars = model.vars();
@@ -176,6 +246,10 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
         epochs: cfg.epochs,
         burnin: cfg.burnin,
         thin: cfg.thin,
+        decay_at: cfg.decay_at.clone(),
+        decay_factor: cfg.decay_factor,
+        cycles: cfg.cycles,
+        sample_fraction: cfg.sample_fraction,
         seed: cfg.seed,
     };
     manifest.write(run_dir)?;
@@ -197,6 +271,7 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
 
     let n = ds.train.len();
     let batches_per_epoch = n / cfg.batch_size;
+    let total_steps = (batches_per_epoch * cfg.epochs) as u64;
     let mut order: Vec<usize> = (0..n).collect();
     let (mut xbuf, mut ybuf) = (Vec::new(), Vec::new());
     let started = Instant::now();
@@ -213,12 +288,17 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
 
     for epoch in 0..cfg.epochs {
         let epoch_start = Instant::now();
+        let step_size = cfg.step_size_at(epoch);
         order.shuffle(&mut shuffle_rng);
         let bar = progress_bar(cfg.progress, batches_per_epoch as u64, epoch, cfg.epochs);
         let (mut nll_sum, mut correct, mut seen) = (0f64, 0usize, 0usize);
         let (mut ke_sum, mut ke_count) = (0f64, 0usize);
         for (b, idx) in order.chunks_exact(cfg.batch_size).enumerate() {
             let t0 = Instant::now();
+            let eta = cfg.step_size_of(step, total_steps, epoch);
+            if eta != sampler.config().step_size {
+                sampler.set_step_size(eta)?;
+            }
             ds.train.gather(idx, &mut xbuf, &mut ybuf);
             let x = Tensor::from_slice(&xbuf, (idx.len(), dim), &device)?;
             let y = Tensor::from_slice(&ybuf, idx.len(), &device)?;
@@ -243,12 +323,12 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
                 ke_count += 1;
             }
 
-            if epoch >= cfg.burnin && step % cfg.thin as u64 == 0 {
+            if cfg.keeps_sample(step, total_steps, epoch) {
                 // Never write a sample from a diverging chain.
                 if !model.all_finite()? {
                     return Err(diverged(step, epoch, f64::NAN, cfg.sampler.step_size));
                 }
-                let meta = sample_metadata(cfg, ds, step, epoch)?;
+                let meta = sample_metadata(cfg, ds, step, epoch, eta)?;
                 checkpoint::save_sample(run_dir, step, &model, meta)?;
                 test_acc.add(&ensemble::predict(&model, &ds.test, &device)?);
                 if let (Some(acc), Some(v)) = (valid_acc.as_mut(), ds.valid.as_ref()) {
@@ -257,19 +337,26 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
             }
             if b % 20 == 0 {
                 bar.set_position(b as u64);
-                bar.set_message(progress_message(nll_sum / seen as f64, correct as f64 / seen as f64, diag));
+                bar.set_message(progress_message(
+                    nll_sum / seen as f64,
+                    correct as f64 / seen as f64,
+                    diag,
+                ));
             }
         }
         bar.finish_and_clear();
-        potential
-            .prior
-            .gibbs_step(&vars, cfg.temperature, cfg.seed ^ GIBBS_STREAM ^ epoch as u64)?;
+        potential.prior.gibbs_step(
+            &vars,
+            cfg.temperature,
+            cfg.seed ^ GIBBS_STREAM ^ epoch as u64,
+        )?;
         let diag = sampler.diagnostics();
         let record = EpochRecord {
             epoch: epoch + 1,
             steps: step,
             train_nll: nll_sum / seen as f64,
             train_accuracy: correct as f64 / seen as f64,
+            step_size,
             kinetic_energy: (ke_count > 0).then(|| ke_sum / ke_count as f64),
             thermostat: diag.thermostat,
             prior_precisions: potential.prior.precisions.clone(),
@@ -305,6 +392,10 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
         epochs: cfg.epochs,
         burnin: cfg.burnin,
         thin: cfg.thin,
+        decay_at: cfg.decay_at.clone(),
+        decay_factor: cfg.decay_factor,
+        cycles: cfg.cycles,
+        sample_fraction: cfg.sample_fraction,
         seed: cfg.seed,
         samples: test_acc.samples(),
         ensemble: test_acc.metrics(),

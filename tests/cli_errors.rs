@@ -9,14 +9,21 @@ fn one_line_error(out: &std::process::Output, needle: &str) {
     let err = stderr(out);
     assert!(err.starts_with("bnn: error: "), "{err}");
     assert!(err.contains(needle), "expected `{needle}` in: {err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "more than one line: {err}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "more than one line: {err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
 }
 
 #[test]
 fn unknown_dataset() {
     let d = tempfile::tempdir().unwrap();
-    one_line_error(&bnn(d.path(), &["train", "--dataset", "imagenet"]), "unknown dataset `imagenet`");
+    one_line_error(
+        &bnn(d.path(), &["train", "--dataset", "imagenet"]),
+        "unknown dataset `imagenet`",
+    );
 }
 
 #[test]
@@ -41,8 +48,14 @@ fn bad_flag_values() {
     let cases: [(&[&str], &str); 7] = [
         (&["--step-size=-1"], "--step-size must be positive"),
         (&["--friction", "0"], "--friction must be in (0, 1]"),
-        (&["--sampler", "sgnht", "--diffusion", "0"], "--diffusion must be positive"),
-        (&["--epochs", "2", "--burnin", "2"], "--burnin 2 leaves no epoch"),
+        (
+            &["--sampler", "sgnht", "--diffusion", "0"],
+            "--diffusion must be positive",
+        ),
+        (
+            &["--epochs", "2", "--burnin", "2"],
+            "--burnin 2 leaves no epoch",
+        ),
         (&["--batch-size", "0"], "--batch-size must be in"),
         (&["--temperature", "0"], "--temperature must be positive"),
         (&["--hidden", "0"], "hidden widths must be positive"),
@@ -53,7 +66,10 @@ fn bad_flag_values() {
         one_line_error(&bnn(d.path(), &args), needle);
     }
     one_line_error(
-        &bnn(d.path(), &["train", "--dataset", "mnist-mini", "--valid", "10000"]),
+        &bnn(
+            d.path(),
+            &["train", "--dataset", "mnist-mini", "--valid", "10000"],
+        ),
         "--valid 10000 leaves no training data",
     );
     one_line_error(
@@ -66,10 +82,25 @@ fn bad_flag_values() {
 fn missing_data_says_what_to_do() {
     let d = tempfile::tempdir().unwrap();
     std::fs::create_dir(d.path().join("empty")).unwrap();
-    let out = bnn(d.path(), &["train", "--dataset", "fashion-mnist", "--data-dir", "empty", "--offline"]);
+    let out = bnn(
+        d.path(),
+        &[
+            "train",
+            "--dataset",
+            "fashion-mnist",
+            "--data-dir",
+            "empty",
+            "--offline",
+        ],
+    );
     one_line_error(&out, "dataset fashion-mnist not found");
     let err = stderr(&out);
-    for hint in ["bnn data fetch --dataset fashion-mnist", "BNN_DATA_DIR", "apt install dataset-fashion-mnist", "--offline"] {
+    for hint in [
+        "bnn data fetch --dataset fashion-mnist",
+        "BNN_DATA_DIR",
+        "apt install dataset-fashion-mnist",
+        "--offline",
+    ] {
         assert!(err.contains(hint), "missing hint `{hint}`: {err}");
     }
 }
@@ -88,8 +119,22 @@ fn corrupt_and_truncated_idx_files() {
     let dir = d.path().join("mm");
     copy_mini(&dir);
     // Not gzip and not IDX.
-    std::fs::write(dir.join("train-labels-idx1-ubyte.gz"), b"hello world, not idx").unwrap();
-    let out = bnn(d.path(), &["train", "--dataset", "mnist", "--data-dir", "mm", "--offline"]);
+    std::fs::write(
+        dir.join("train-labels-idx1-ubyte.gz"),
+        b"hello world, not idx",
+    )
+    .unwrap();
+    let out = bnn(
+        d.path(),
+        &[
+            "train",
+            "--dataset",
+            "mnist",
+            "--data-dir",
+            "mm",
+            "--offline",
+        ],
+    );
     one_line_error(&out, "not a valid IDX file: bad magic number");
 
     // A gzip stream cut in half.
@@ -97,32 +142,85 @@ fn corrupt_and_truncated_idx_files() {
     let p = dir.join("t10k-images-idx3-ubyte.gz");
     let bytes = std::fs::read(&p).unwrap();
     std::fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
-    let out = bnn(d.path(), &["train", "--dataset", "mnist", "--data-dir", "mm", "--offline"]);
+    let out = bnn(
+        d.path(),
+        &[
+            "train",
+            "--dataset",
+            "mnist",
+            "--data-dir",
+            "mm",
+            "--offline",
+        ],
+    );
     one_line_error(&out, "corrupt gzip stream");
 
     // A raw IDX file missing its last bytes.
     copy_mini(&dir);
-    let raw = bnn::data::idx::maybe_gunzip(&std::fs::read(dir.join("train-labels-idx1-ubyte.gz")).unwrap(), "x").unwrap();
+    let raw = bnn::data::idx::maybe_gunzip(
+        &std::fs::read(dir.join("train-labels-idx1-ubyte.gz")).unwrap(),
+        "x",
+    )
+    .unwrap();
     std::fs::remove_file(dir.join("train-labels-idx1-ubyte.gz")).unwrap();
     std::fs::write(dir.join("train-labels-idx1-ubyte"), &raw[..raw.len() - 7]).unwrap();
-    let out = bnn(d.path(), &["train", "--dataset", "mnist", "--data-dir", "mm", "--offline"]);
-    one_line_error(&out, "truncated: 9993 data bytes, the header [10000] says 10000");
+    let out = bnn(
+        d.path(),
+        &[
+            "train",
+            "--dataset",
+            "mnist",
+            "--data-dir",
+            "mm",
+            "--offline",
+        ],
+    );
+    one_line_error(
+        &out,
+        "truncated: 9993 data bytes, the header [10000] says 10000",
+    );
 
     // `bnn data verify` catches content that parses but is not the canonical file.
-    let out = bnn(d.path(), &["data", "verify", "--dataset", "mnist-mini", "--data-dir", "mm"]);
+    let out = bnn(
+        d.path(),
+        &[
+            "data",
+            "verify",
+            "--dataset",
+            "mnist-mini",
+            "--data-dir",
+            "mm",
+        ],
+    );
     one_line_error(&out, "does not match the canonical");
 }
 
 #[test]
 fn missing_and_corrupt_checkpoints() {
     let d = tempfile::tempdir().unwrap();
-    one_line_error(&bnn(d.path(), &["eval", "--run", "nowhere"]), "cannot read the run manifest");
+    one_line_error(
+        &bnn(d.path(), &["eval", "--run", "nowhere"]),
+        "cannot read the run manifest",
+    );
 
     let out = bnn(
         d.path(),
         &[
-            "train", "--dataset", "mnist-mini", "--hidden", "8", "--epochs", "2", "--burnin", "1",
-            "--batch-size", "500", "--thin", "10", "--run-name", "r",
+            "train",
+            "--dataset",
+            "mnist-mini",
+            "--hidden",
+            "8",
+            "--epochs",
+            "2",
+            "--burnin",
+            "1",
+            "--batch-size",
+            "500",
+            "--thin",
+            "10",
+            "--run-name",
+            "r",
         ],
     );
     assert!(out.status.success(), "{}", stderr(&out));
@@ -130,10 +228,16 @@ fn missing_and_corrupt_checkpoints() {
     let samples = bnn::checkpoint::list_samples(&run).unwrap();
     assert_eq!(samples.len(), 2);
     std::fs::write(&samples[1], b"\x08\x00\x00\x00\x00\x00\x00\x00{garbage").unwrap();
-    one_line_error(&bnn(d.path(), &["eval", "--run", "checkpoints/r"]), "corrupt sample");
+    one_line_error(
+        &bnn(d.path(), &["eval", "--run", "checkpoints/r"]),
+        "corrupt sample",
+    );
 
     std::fs::write(run.join("run.json"), "{ not json").unwrap();
-    one_line_error(&bnn(d.path(), &["eval", "--run", "checkpoints/r"]), "corrupt run manifest");
+    one_line_error(
+        &bnn(d.path(), &["eval", "--run", "checkpoints/r"]),
+        "corrupt run manifest",
+    );
 }
 
 #[test]
@@ -144,18 +248,44 @@ fn divergence_stops_at_once_and_keeps_valid_samples() {
     let out = bnn(
         d.path(),
         &[
-            "train", "--dataset", "mnist-mini", "--sampler", "sgd", "--step-size", "5", "--prior", "gaussian", "--hidden", "8",
-            "--epochs", "2", "--burnin", "0", "--thin", "1", "--run-name", "div",
+            "train",
+            "--dataset",
+            "mnist-mini",
+            "--sampler",
+            "sgd",
+            "--step-size",
+            "5",
+            "--prior",
+            "gaussian",
+            "--hidden",
+            "8",
+            "--epochs",
+            "2",
+            "--burnin",
+            "0",
+            "--thin",
+            "1",
+            "--run-name",
+            "div",
         ],
     );
     one_line_error(&out, "became non-finite");
     let err = stderr(&out);
-    assert!(err.contains("at step") && err.contains("--step-size 1.25e0"), "{err}");
+    assert!(
+        err.contains("at step") && err.contains("--step-size 1.25e0"),
+        "{err}"
+    );
     let run = d.path().join("checkpoints/div");
     for path in bnn::checkpoint::list_samples(&run).unwrap() {
         let s = bnn::checkpoint::load_sample(&path, &candle_core::Device::Cpu).unwrap();
         for (name, t) in s.tensors {
-            let sum = t.abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
+            let sum = t
+                .abs()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
             assert!(sum.is_finite(), "{}: {name} is not finite", path.display());
         }
     }

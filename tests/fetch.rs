@@ -23,11 +23,24 @@ fn fetches_verifies_and_skips_present_files() {
     let server = serve(mini_files("/m"));
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("mnist-mini");
-    let n = fetch::fetch(&registry::MNIST_MINI, &[format!("{}/m", server.base)], &target).unwrap();
+    let n = fetch::fetch(
+        &registry::MNIST_MINI,
+        &[format!("{}/m", server.base)],
+        &target,
+    )
+    .unwrap();
     assert_eq!(n, 4);
-    assert_eq!(fetch::verify(&registry::MNIST_MINI, &target).unwrap().len(), 4);
+    assert_eq!(
+        fetch::verify(&registry::MNIST_MINI, &target).unwrap().len(),
+        4
+    );
     // Everything present and valid: nothing is downloaded again.
-    let n = fetch::fetch(&registry::MNIST_MINI, &[format!("{}/m", server.base)], &target).unwrap();
+    let n = fetch::fetch(
+        &registry::MNIST_MINI,
+        &[format!("{}/m", server.base)],
+        &target,
+    )
+    .unwrap();
     assert_eq!(n, 0);
     assert_eq!(server.requests.lock().unwrap().len(), 4);
 }
@@ -36,7 +49,10 @@ fn fetches_verifies_and_skips_present_files() {
 fn falls_back_to_the_next_mirror() {
     let server = serve(mini_files("/good"));
     let dir = tempfile::tempdir().unwrap();
-    let mirrors = [format!("{}/missing", server.base), format!("{}/good", server.base)];
+    let mirrors = [
+        format!("{}/missing", server.base),
+        format!("{}/good", server.base),
+    ];
     let n = fetch::fetch(&registry::MNIST_MINI, &mirrors, dir.path()).unwrap();
     assert_eq!(n, 4);
     let reqs = server.requests.lock().unwrap();
@@ -55,10 +71,17 @@ fn rejects_wrong_content_and_leaves_nothing_behind() {
     files.insert(key, enc.finish().unwrap());
     let server = serve(files);
     let dir = tempfile::tempdir().unwrap();
-    let e = fetch::fetch(&registry::MNIST_MINI, &[format!("{}/m", server.base)], dir.path())
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("train-labels-idx1-ubyte") && e.contains("SHA-256"), "{e}");
+    let e = fetch::fetch(
+        &registry::MNIST_MINI,
+        &[format!("{}/m", server.base)],
+        dir.path(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("train-labels-idx1-ubyte") && e.contains("SHA-256"),
+        "{e}"
+    );
     assert!(!dir.path().join("train-labels-idx1-ubyte.gz").exists());
     let leftovers: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
@@ -74,11 +97,25 @@ fn unreachable_mirror_is_a_clear_error() {
     // Port 9 (discard) on loopback: nothing listens there.
     let out = bnn(
         dir.path(),
-        &["data", "fetch", "--dataset", "fashion-mnist", "--data-dir", "d", "--mirror", "http://127.0.0.1:9"],
+        &[
+            "data",
+            "fetch",
+            "--dataset",
+            "fashion-mnist",
+            "--data-dir",
+            "d",
+            "--mirror",
+            "http://127.0.0.1:9",
+        ],
     );
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
-    assert!(err.starts_with("bnn: error: could not download train-images-idx3-ubyte.gz of fashion-mnist"), "{err}");
+    assert!(
+        err.starts_with(
+            "bnn: error: could not download train-images-idx3-ubyte.gz of fashion-mnist"
+        ),
+        "{err}"
+    );
     assert_eq!(err.lines().count(), 1, "{err}");
 }
 
@@ -86,16 +123,26 @@ fn unreachable_mirror_is_a_clear_error() {
 /// with `bnn data fetch --mirror`, verify them, and let `bnn train` fetch by itself.
 #[test]
 fn cli_fetch_of_the_real_dataset() {
-    let Some(src) = real_data("mnist") else { return };
+    let Some(src) = real_data("mnist") else {
+        return;
+    };
     let files: HashMap<String, Vec<u8>> = registry::MNIST
         .files
         .iter()
-        .map(|f| (format!("/mnist/{}.gz", f.name), std::fs::read(src.join(format!("{}.gz", f.name))).unwrap()))
+        .map(|f| {
+            (
+                format!("/mnist/{}.gz", f.name),
+                std::fs::read(src.join(format!("{}.gz", f.name))).unwrap(),
+            )
+        })
         .collect();
     let server = serve(files);
     let dir = tempfile::tempdir().unwrap();
     let mirror = format!("{}/mnist", server.base);
-    let out = bnn(dir.path(), &["data", "fetch", "--dataset", "mnist", "--mirror", &mirror]);
+    let out = bnn(
+        dir.path(),
+        &["data", "fetch", "--dataset", "mnist", "--mirror", &mirror],
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     let j = last_json(&out);
     assert_eq!(j["downloaded"], 4);
@@ -108,13 +155,31 @@ fn cli_fetch_of_the_real_dataset() {
     let out = bnn(
         dir.path(),
         &[
-            "train", "--dataset", "mnist", "--data-dir", "elsewhere", "--mirror", &mirror, "--epochs", "2",
-            "--burnin", "1", "--batch-size", "1000", "--hidden", "20", "--thin", "30",
+            "train",
+            "--dataset",
+            "mnist",
+            "--data-dir",
+            "elsewhere",
+            "--mirror",
+            &mirror,
+            "--epochs",
+            "2",
+            "--burnin",
+            "1",
+            "--batch-size",
+            "1000",
+            "--hidden",
+            "20",
+            "--thin",
+            "30",
         ],
     );
     assert!(out.status.success(), "{}", stderr(&out));
     let j = last_json(&out);
     assert_eq!(j["dataset"], "mnist");
     assert_eq!(j["data_source"], "elsewhere");
-    assert!(dir.path().join("elsewhere/t10k-labels-idx1-ubyte.gz").is_file());
+    assert!(dir
+        .path()
+        .join("elsewhere/t10k-labels-idx1-ubyte.gz")
+        .is_file());
 }

@@ -43,9 +43,15 @@ fn sghmc_without_injected_noise_is_literal() {
     // θ = (1, −2), v = (0.5, 0), g = (2, −4), η = 0.1, α = β̂ = 0.5:
     // v' = (0.25 − 0.2, 0 + 0.4) = (0.05, 0.4); θ' = (1.05, −1.6).
     let p = var(&[1.0, -2.0]);
-    let mut s = Sghmc::init(config(SamplerKind::Sghmc, 0.1, 0.5, 0.5, 0.0), &[p.clone()], 3).unwrap();
+    let mut s = Sghmc::init(
+        config(SamplerKind::Sghmc, 0.1, 0.5, 0.5, 0.0),
+        std::slice::from_ref(&p),
+        3,
+    )
+    .unwrap();
     s.momentum = vec![t(&[0.5, 0.0])];
-    s.step(&[p.clone()], &[t(&[2.0, -4.0])]).unwrap();
+    s.step(std::slice::from_ref(&p), &[t(&[2.0, -4.0])])
+        .unwrap();
     let th = values(&p);
     close(th[0], 1.05);
     close(th[1], -1.6);
@@ -62,9 +68,14 @@ fn sghmc_step_with_noise() {
     let v0 = [0.02f32, -0.01, 0.0];
     let g = [1.5f32, -0.5, 0.25];
     let p = var(&p0);
-    let mut s = Sghmc::init(config(SamplerKind::Sghmc, eta, alpha, beta, 0.0), &[p.clone()], seed).unwrap();
+    let mut s = Sghmc::init(
+        config(SamplerKind::Sghmc, eta, alpha, beta, 0.0),
+        std::slice::from_ref(&p),
+        seed,
+    )
+    .unwrap();
     s.momentum = vec![t(&v0)];
-    s.step(&[p.clone()], &[t(&g)]).unwrap();
+    s.step(std::slice::from_ref(&p), &[t(&g)]).unwrap();
     let sigma = (2.0 * (alpha - beta) * eta).sqrt();
     let th = values(&p);
     for i in 0..3 {
@@ -107,7 +118,11 @@ fn sgnht_step_and_thermostat() {
     sumsq += u * u;
     close(values(&pb)[0], pb0[0] as f64 + u);
     let alpha = a + sumsq / 3.0 - eta;
-    assert!((s.thermostat - alpha).abs() < 1e-7, "{} vs {alpha}", s.thermostat);
+    assert!(
+        (s.thermostat - alpha).abs() < 1e-7,
+        "{} vs {alpha}",
+        s.thermostat
+    );
     assert_eq!(s.diagnostics().thermostat, Some(s.thermostat));
 }
 
@@ -118,14 +133,22 @@ fn sgld_step() {
     let p0 = [0.5f32, -0.25];
     let g = [4.0f32, 2.0];
     let p = var(&p0);
-    let mut s = sampler::build(config(SamplerKind::Sgld, eta, 0.0, 0.0, 0.0), &[p.clone()], seed).unwrap();
-    s.step(&[p.clone()], &[t(&g)]).unwrap();
+    let mut s = sampler::build(
+        config(SamplerKind::Sgld, eta, 0.0, 0.0, 0.0),
+        std::slice::from_ref(&p),
+        seed,
+    )
+    .unwrap();
+    s.step(std::slice::from_ref(&p), &[t(&g)]).unwrap();
     let th = values(&p);
     for i in 0..2 {
-        close(th[i], p0[i] as f64 - eta * g[i] as f64 + (2.0 * eta).sqrt() * z(seed, 0, 0, i));
+        close(
+            th[i],
+            p0[i] as f64 - eta * g[i] as f64 + (2.0 * eta).sqrt() * z(seed, 0, 0, i),
+        );
     }
     // The second step uses the next stream.
-    s.step(&[p.clone()], &[t(&[0.0, 0.0])]).unwrap();
+    s.step(std::slice::from_ref(&p), &[t(&[0.0, 0.0])]).unwrap();
     let th2 = values(&p);
     close(th2[0], th[0] as f64 + (2.0 * eta).sqrt() * z(seed, 1, 0, 0));
 }
@@ -134,17 +157,30 @@ fn sgld_step() {
 fn sgd_and_momentum_steps() {
     // SGD: θ' = θ − ηg: (1, 2) − 0.1·(10, −10) = (0, 3).
     let p = var(&[1.0, 2.0]);
-    let mut s = sampler::build(config(SamplerKind::Sgd, 0.1, 0.0, 0.0, 0.0), &[p.clone()], 0).unwrap();
-    s.step(&[p.clone()], &[t(&[10.0, -10.0])]).unwrap();
+    let mut s = sampler::build(
+        config(SamplerKind::Sgd, 0.1, 0.0, 0.0, 0.0),
+        std::slice::from_ref(&p),
+        0,
+    )
+    .unwrap();
+    s.step(std::slice::from_ref(&p), &[t(&[10.0, -10.0])])
+        .unwrap();
     let th = values(&p);
     close(th[0], 0.0);
     close(th[1], 3.0);
     // Momentum, α = 0.1: v₁ = −ηg = (−1, 1), θ₁ = (0, 3); v₂ = 0.9·v₁ − ηg = (−1.9, 1.9),
     // θ₂ = (−1.9, 4.9).
     let p = var(&[1.0, 2.0]);
-    let mut s = sampler::build(config(SamplerKind::Momentum, 0.1, 0.1, 0.0, 0.0), &[p.clone()], 0).unwrap();
-    s.step(&[p.clone()], &[t(&[10.0, -10.0])]).unwrap();
-    s.step(&[p.clone()], &[t(&[10.0, -10.0])]).unwrap();
+    let mut s = sampler::build(
+        config(SamplerKind::Momentum, 0.1, 0.1, 0.0, 0.0),
+        std::slice::from_ref(&p),
+        0,
+    )
+    .unwrap();
+    s.step(std::slice::from_ref(&p), &[t(&[10.0, -10.0])])
+        .unwrap();
+    s.step(std::slice::from_ref(&p), &[t(&[10.0, -10.0])])
+        .unwrap();
     let th = values(&p);
     close(th[0], -1.9);
     close(th[1], 4.9);
@@ -154,12 +190,27 @@ fn sgd_and_momentum_steps() {
 fn invalid_hyperparameters_are_rejected() {
     let p = var(&[0.0]);
     for (cfg, needle) in [
-        (config(SamplerKind::Sghmc, -1.0, 0.1, 0.0, 0.0), "--step-size"),
-        (config(SamplerKind::Sghmc, 1e-6, 0.0, 0.0, 0.0), "--friction"),
-        (config(SamplerKind::Sghmc, 1e-6, 0.1, 0.2, 0.0), "--noise-estimate"),
-        (config(SamplerKind::Sgnht, 1e-6, 0.0, 0.0, 0.0), "--diffusion"),
+        (
+            config(SamplerKind::Sghmc, -1.0, 0.1, 0.0, 0.0),
+            "--step-size",
+        ),
+        (
+            config(SamplerKind::Sghmc, 1e-6, 0.0, 0.0, 0.0),
+            "--friction",
+        ),
+        (
+            config(SamplerKind::Sghmc, 1e-6, 0.1, 0.2, 0.0),
+            "--noise-estimate",
+        ),
+        (
+            config(SamplerKind::Sgnht, 1e-6, 0.0, 0.0, 0.0),
+            "--diffusion",
+        ),
     ] {
-        let e = sampler::build(cfg, &[p.clone()], 0).err().expect("must fail").to_string();
+        let e = sampler::build(cfg, std::slice::from_ref(&p), 0)
+            .err()
+            .expect("must fail")
+            .to_string();
         assert!(e.contains(needle), "{e}");
     }
 }

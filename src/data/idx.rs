@@ -153,13 +153,22 @@ mod tests {
     fn rejects_bad_magic_and_type() {
         let mut b = images(2);
         b[0] = 1;
-        assert!(parse(&b, "f").unwrap_err().to_string().contains("bad magic"));
+        assert!(parse(&b, "f")
+            .unwrap_err()
+            .to_string()
+            .contains("bad magic"));
         let mut b = images(2);
         b[2] = 0x0d; // float
-        assert!(parse(&b, "f").unwrap_err().to_string().contains("element type"));
+        assert!(parse(&b, "f")
+            .unwrap_err()
+            .to_string()
+            .contains("element type"));
         let mut b = images(2);
         b[3] = 0;
-        assert!(parse(&b, "f").unwrap_err().to_string().contains("zero dimensions"));
+        assert!(parse(&b, "f")
+            .unwrap_err()
+            .to_string()
+            .contains("zero dimensions"));
     }
 
     #[test]

@@ -44,7 +44,11 @@ impl Split {
         x.clear();
         y.clear();
         for &i in indices {
-            x.extend(self.images[i * d..(i + 1) * d].iter().map(|&p| p as f32 / 255.0));
+            x.extend(
+                self.images[i * d..(i + 1) * d]
+                    .iter()
+                    .map(|&p| p as f32 / 255.0),
+            );
             y.push(self.labels[i] as u32);
         }
     }
@@ -133,9 +137,8 @@ fn parse_all(spec: &DatasetSpec, bytes: [(&[u8], String); 4], source: String) ->
 pub fn load_dir(spec: &DatasetSpec, dir: &Path) -> Result<Dataset> {
     let mut contents: Vec<(Vec<u8>, String)> = Vec::new();
     for file in &spec.files {
-        let path = fetch::locate(dir, file).ok_or_else(|| {
-            Error::Data(format!("{}: missing {}(.gz)", dir.display(), file.name))
-        })?;
+        let path = fetch::locate(dir, file)
+            .ok_or_else(|| Error::Data(format!("{}: missing {}(.gz)", dir.display(), file.name)))?;
         let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
         contents.push((bytes, path.display().to_string()));
     }

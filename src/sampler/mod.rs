@@ -114,7 +114,10 @@ impl SamplerConfig {
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Config(m));
         if !(self.step_size > 0.0 && self.step_size.is_finite()) {
-            return bad(format!("--step-size must be positive, got {}", self.step_size));
+            return bad(format!(
+                "--step-size must be positive, got {}",
+                self.step_size
+            ));
         }
         match self.kind {
             SamplerKind::Sghmc | SamplerKind::Momentum => {
@@ -165,6 +168,9 @@ pub trait Sampler {
     fn diagnostics(&self) -> Diagnostics;
     /// Number of updates done so far.
     fn steps(&self) -> u64;
+    /// Changes the step size η (for a schedule). Momentum samplers rescale v = p·h by
+    /// √(η'/η), so that the momentum p of the continuous dynamics is unchanged.
+    fn set_step_size(&mut self, step_size: f64) -> Result<()>;
 }
 
 /// Builds the sampler of `config` for `params`, its noise keyed by `seed`.
@@ -212,6 +218,15 @@ pub fn kinetic_energy(momentum: &[Tensor], step_size: f64) -> Result<f64> {
         n += v.elem_count();
     }
     Ok(0.5 * sum / (n as f64 * step_size))
+}
+
+/// Rescales momenta v = p·h for a new step size, keeping p.
+fn rescale_momentum(momentum: &mut [Tensor], old: f64, new: f64) -> Result<()> {
+    let factor = (new / old).sqrt();
+    for v in momentum.iter_mut() {
+        *v = (&*v * factor)?;
+    }
+    Ok(())
 }
 
 fn check_lengths(params: &[Var], grads: &[Tensor]) -> Result<()> {

@@ -64,4 +64,9 @@ impl super::Sampler for Sgd {
     fn steps(&self) -> u64 {
         self.step
     }
+
+    fn set_step_size(&mut self, step_size: f64) -> Result<()> {
+        self.config.step_size = step_size;
+        Ok(())
+    }
 }

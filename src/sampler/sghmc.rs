@@ -10,8 +10,7 @@
 use candle_core::{Tensor, Var};
 
 use super::{
-    check_lengths, init_momentum, kinetic_energy, noise_like, Diagnostics, Sampler,
-    SamplerConfig,
+    check_lengths, init_momentum, kinetic_energy, noise_like, Diagnostics, Sampler, SamplerConfig,
 };
 use crate::error::Result;
 
@@ -76,5 +75,11 @@ impl Sampler for Sghmc {
 
     fn steps(&self) -> u64 {
         self.step
+    }
+
+    fn set_step_size(&mut self, step_size: f64) -> Result<()> {
+        super::rescale_momentum(&mut self.momentum, self.config.step_size, step_size)?;
+        self.config.step_size = step_size;
+        Ok(())
     }
 }

@@ -68,7 +68,10 @@ pub fn real_data(dataset: &str) -> Option<PathBuf> {
     let required = std::env::var("BNN_REQUIRE_DATA").is_ok_and(|v| v == "1");
     let dir = std::env::var_os("BNN_DATA_DIR").map(|d| PathBuf::from(d).join(dataset));
     match dir {
-        Some(d) if d.join("train-images-idx3-ubyte.gz").is_file() || d.join("train-images-idx3-ubyte").is_file() => {
+        Some(d)
+            if d.join("train-images-idx3-ubyte.gz").is_file()
+                || d.join("train-images-idx3-ubyte").is_file() =>
+        {
             Some(d)
         }
         other => {
@@ -104,6 +107,9 @@ pub fn stdout(o: &Output) -> String {
 /// The last line of stdout, parsed as JSON.
 pub fn last_json(o: &Output) -> serde_json::Value {
     let out = stdout(o);
-    let line = out.lines().last().unwrap_or_else(|| panic!("no stdout; stderr: {}", stderr(o)));
+    let line = out
+        .lines()
+        .last()
+        .unwrap_or_else(|| panic!("no stdout; stderr: {}", stderr(o)));
     serde_json::from_str(line).unwrap_or_else(|e| panic!("last line is not JSON ({e}): {line}"))
 }
