@@ -3,10 +3,10 @@
 //! manifest `run.json`. Every file is written through a temporary name and a rename, so a
 //! run cut off at any moment leaves only complete samples behind.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::data::fetch::write_atomic;
@@ -74,21 +74,51 @@ pub fn sample_path(run_dir: &Path, step: u64) -> PathBuf {
     samples_dir(run_dir).join(format!("sample-{step:08}.safetensors"))
 }
 
+/// Encodes f32 tensors in the safetensors format with a deterministic header: keys sorted
+/// (serde_json's map is ordered), data in the order given, header padded with spaces to
+/// a multiple of 8 bytes. The `safetensors` crate's writer takes the metadata as a
+/// `HashMap`, whose random order would make two identical samples differ byte-wise.
+pub fn encode_safetensors(
+    tensors: &[(String, Tensor)],
+    metadata: &BTreeMap<String, String>,
+) -> Result<Vec<u8>> {
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), serde_json::json!(metadata));
+    let mut data: Vec<u8> = Vec::new();
+    for (name, t) in tensors {
+        let values = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+        let start = data.len();
+        data.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": "F32", "shape": t.dims(), "data_offsets": [start, data.len()]}),
+        );
+    }
+    let mut json = serde_json::to_vec(&header)
+        .map_err(|e| Error::Checkpoint(format!("serialising header: {e}")))?;
+    while json.len() % 8 != 0 {
+        json.push(b' ');
+    }
+    let mut out = Vec::with_capacity(8 + json.len() + data.len());
+    out.extend((json.len() as u64).to_le_bytes());
+    out.extend(json);
+    out.extend(data);
+    Ok(out)
+}
+
 /// Writes the model's parameters as one sample with `metadata`.
 pub fn save_sample(
     run_dir: &Path,
     step: u64,
     model: &Mlp,
-    metadata: HashMap<String, String>,
+    metadata: BTreeMap<String, String>,
 ) -> Result<PathBuf> {
     let tensors: Vec<(String, Tensor)> = model
         .params
         .iter()
-        .map(|p| (p.name.clone(), p.var.as_tensor().clone()))
+        .map(|p| (p.name.clone(), p.var.as_detached_tensor()))
         .collect();
-    let bytes =
-        safetensors::serialize(tensors.iter().map(|(n, t)| (n.as_str(), t)), Some(metadata))
-            .map_err(|e| Error::Checkpoint(format!("serialising sample at step {step}: {e}")))?;
+    let bytes = encode_safetensors(&tensors, &metadata)?;
     let path = sample_path(run_dir, step);
     write_atomic(&path, &bytes)?;
     Ok(path)
@@ -149,4 +179,32 @@ pub fn list_samples(run_dir: &Path) -> Result<Vec<PathBuf>> {
     }
     found.sort();
     Ok(found.into_iter().map(|(_, p)| p).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encoded_samples_read_back_and_are_deterministic() {
+        let dev = Device::Cpu;
+        let a = Tensor::new(&[[1f32, 2.0, 3.0], [4.0, 5.0, 6.0]], &dev).unwrap();
+        let b = Tensor::new(&[-0.5f32], &dev).unwrap();
+        let tensors = vec![("w".to_string(), a), ("b".to_string(), b)];
+        let meta: BTreeMap<String, String> =
+            (0..20).map(|i| (format!("k{i}"), i.to_string())).collect();
+        let bytes = encode_safetensors(&tensors, &meta).unwrap();
+        assert_eq!(bytes, encode_safetensors(&tensors, &meta).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.safetensors");
+        std::fs::write(&path, &bytes).unwrap();
+        let s = load_sample(&path, &dev).unwrap();
+        assert_eq!(
+            s.tensors["w"].to_vec2::<f32>().unwrap(),
+            vec![vec![1., 2., 3.], vec![4., 5., 6.]]
+        );
+        assert_eq!(s.tensors["b"].to_vec1::<f32>().unwrap(), vec![-0.5]);
+        assert_eq!(s.metadata.len(), 20);
+        assert_eq!(s.metadata["k7"], "7");
+    }
 }

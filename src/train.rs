@@ -2,7 +2,7 @@
 //! burn-in and thinning, samples to disk and into the streaming ensemble, per-epoch
 //! metrics, and a summary.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -196,8 +196,8 @@ fn sample_metadata(
     step: u64,
     epoch: usize,
     step_size: f64,
-) -> Result<HashMap<String, String>> {
-    Ok(HashMap::from([
+) -> Result<BTreeMap<String, String>> {
+    Ok(BTreeMap::from([
         ("step".to_string(), step.to_string()),
         ("epoch".to_string(), epoch.to_string()),
         ("sampler".to_string(), cfg.sampler.kind.name().to_string()),
@@ -445,4 +445,61 @@ fn progress_message(nll: f64, acc: f64, diag: sampler::Diagnostics) -> String {
         m.push_str(&format!(" thermostat {t:.3e}"));
     }
     m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampler::SamplerKind;
+
+    fn config() -> TrainConfig {
+        TrainConfig {
+            model: ModelSpec::default(),
+            sampler: SamplerKind::Sghmc.defaults(),
+            prior: PriorSpec::Gaussian { std: 1.0 },
+            temperature: 1.0,
+            batch_size: 100,
+            epochs: 10,
+            burnin: 2,
+            thin: 5,
+            decay_at: vec![],
+            decay_factor: 0.5,
+            cycles: 0,
+            sample_fraction: 0.25,
+            seed: 0,
+            run_dir: PathBuf::from("unused"),
+            progress: false,
+        }
+    }
+
+    #[test]
+    fn step_decay() {
+        let mut c = config();
+        c.decay_at = vec![3, 6];
+        let eta = c.sampler.step_size;
+        assert_eq!(c.step_size_at(2), eta);
+        assert_eq!(c.step_size_at(3), eta * 0.5);
+        assert_eq!(c.step_size_at(9), eta * 0.25);
+    }
+
+    #[test]
+    fn cyclical_schedule_and_sampling_window() {
+        let mut c = config();
+        c.cycles = 2;
+        let eta = c.sampler.step_size;
+        // 100 updates in all: two cycles of 50.
+        assert_eq!(c.step_size_of(0, 100, 0), eta);
+        assert!((c.step_size_of(25, 100, 0) - eta / 2.0).abs() < 1e-18);
+        assert_eq!(c.step_size_of(50, 100, 0), eta);
+        assert!(c.step_size_of(49, 100, 0) < eta * 1e-2);
+        // Samples only in the last quarter of a cycle (positions ≥ 0.75), after burn-in,
+        // on multiples of thin: updates 40 and 45 (positions 0.78 and 0.88), not 35.
+        assert!(c.keeps_sample(40, 100, 3));
+        assert!(c.keeps_sample(45, 100, 3));
+        assert!(!c.keeps_sample(35, 100, 3));
+        assert!(!c.keeps_sample(41, 100, 3));
+        assert!(!c.keeps_sample(40, 100, 1), "burn-in");
+        c.cycles = 0;
+        assert!(c.keeps_sample(35, 100, 3));
+    }
 }

@@ -129,7 +129,7 @@ fn corrupt_and_truncated_idx_files() {
         &[
             "train",
             "--dataset",
-            "mnist",
+            "mnist-mini",
             "--data-dir",
             "mm",
             "--offline",
@@ -147,7 +147,7 @@ fn corrupt_and_truncated_idx_files() {
         &[
             "train",
             "--dataset",
-            "mnist",
+            "mnist-mini",
             "--data-dir",
             "mm",
             "--offline",
@@ -169,7 +169,7 @@ fn corrupt_and_truncated_idx_files() {
         &[
             "train",
             "--dataset",
-            "mnist",
+            "mnist-mini",
             "--data-dir",
             "mm",
             "--offline",
@@ -180,7 +180,27 @@ fn corrupt_and_truncated_idx_files() {
         "truncated: 9993 data bytes, the header [10000] says 10000",
     );
 
+    // Well-formed files of another dataset are named, not trained on under the wrong name.
+    copy_mini(&dir);
+    let out = bnn(
+        d.path(),
+        &[
+            "train",
+            "--dataset",
+            "mnist",
+            "--data-dir",
+            "mm",
+            "--offline",
+        ],
+    );
+    one_line_error(
+        &out,
+        "is not the canonical mnist train-images-idx3-ubyte (it is mnist-mini/train-images-idx3-ubyte)",
+    );
+
     // `bnn data verify` catches content that parses but is not the canonical file.
+    std::fs::remove_file(dir.join("train-labels-idx1-ubyte.gz")).unwrap();
+    std::fs::write(dir.join("train-labels-idx1-ubyte"), &raw[..raw.len() - 7]).unwrap();
     let out = bnn(
         d.path(),
         &[

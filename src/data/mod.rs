@@ -108,11 +108,35 @@ fn split_from_idx(images: idx::IdxArray, labels: idx::IdxArray, origin: &str) ->
     })
 }
 
+/// The name of the registry file whose canonical content has this SHA-256, if any.
+fn identify(sha: &str) -> Option<String> {
+    registry::ALL.iter().find_map(|d| {
+        d.files
+            .iter()
+            .find(|f| f.raw_sha256 == sha)
+            .map(|f| format!("{}/{}", d.name, f.name))
+    })
+}
+
 fn parse_all(spec: &DatasetSpec, bytes: [(&[u8], String); 4], source: String) -> Result<Dataset> {
-    let arrays = bytes
-        .into_iter()
-        .map(|(b, origin)| idx::parse(&idx::maybe_gunzip(b, &origin)?, &origin))
-        .collect::<Result<Vec<_>>>()?;
+    let mut arrays = Vec::with_capacity(4);
+    for ((b, origin), file) in bytes.into_iter().zip(&spec.files) {
+        let raw = idx::maybe_gunzip(b, &origin)?;
+        let array = idx::parse(&raw, &origin)?;
+        // Well-formed but not the canonical content: another dataset's file, or a
+        // modified copy. Training on it under this name would mislabel every result.
+        let sha = fetch::sha256_hex(&raw);
+        if sha != file.raw_sha256 {
+            let what = identify(&sha)
+                .map(|f| format!("it is {f}"))
+                .unwrap_or_else(|| "it matches no known dataset".to_string());
+            return Err(Error::Data(format!(
+                "{origin} is not the canonical {} {} ({what}); check --dataset and --data-dir, or run `bnn data verify --dataset {}`",
+                spec.name, file.name, spec.name
+            )));
+        }
+        arrays.push(array);
+    }
     let [ti, tl, si, sl]: [idx::IdxArray; 4] = arrays
         .try_into()
         .map_err(|_| Error::Data("internal: expected four IDX files".into()))?;
@@ -155,13 +179,14 @@ pub fn load_builtin() -> Result<Dataset> {
     parse_all(&spec, names, "built-in".to_string())
 }
 
-/// Folders searched for `spec`, in order: `--data-dir`, `$BNN_DATA_DIR/<dataset>`,
+/// Folders searched for `spec`: only `--data-dir` when given (an explicit folder must not
+/// be silently replaced by another copy); otherwise `$BNN_DATA_DIR/<dataset>`,
 /// `./data/<dataset>`, then the system folders of the dataset.
 pub fn candidate_dirs(spec: &DatasetSpec, data_dir: Option<&Path>) -> Vec<PathBuf> {
-    let mut dirs = Vec::new();
     if let Some(d) = data_dir {
-        dirs.push(d.to_path_buf());
+        return vec![d.to_path_buf()];
     }
+    let mut dirs = Vec::new();
     if let Some(env) = std::env::var_os("BNN_DATA_DIR") {
         dirs.push(PathBuf::from(env).join(spec.name));
     }
@@ -223,7 +248,10 @@ pub fn load(name: &str, opts: &LoadOptions) -> Result<Dataset> {
         ))
     })?;
     let mut ds = if spec.name == registry::MNIST_MINI.name {
-        load_builtin()?
+        match &opts.data_dir {
+            Some(dir) => load_dir(&spec, dir)?,
+            None => load_builtin()?,
+        }
     } else {
         locate_or_fetch(&spec, opts)?
     };

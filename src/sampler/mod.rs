@@ -85,8 +85,13 @@ impl SamplerKind {
                 diffusion: 0.1,
                 ..base
             },
-            SamplerKind::Sgd => base,
+            // Without momentum's 1/α amplification, SGD needs a larger η to move as far.
+            SamplerKind::Sgd => SamplerConfig {
+                step_size: 1e-5,
+                ..base
+            },
             SamplerKind::Momentum => SamplerConfig {
+                step_size: 2e-6,
                 friction: 0.1,
                 ..base
             },
