@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::model::Activation;
-use crate::sampler::SamplerKind;
+use crate::sampler::{Kernel, SamplerKind};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -35,6 +35,25 @@ pub enum Command {
     /// Download or verify datasets.
     #[command(subcommand)]
     Data(DataCommand),
+    /// Micro-benchmarks (JSON on stdout).
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Time one sampler update, fused versus composed, against a copy of the same bytes.
+    Step {
+        /// Sampler to time (sgld, sghmc or sgnht).
+        #[arg(long, value_enum, default_value_t = SamplerKind::Sghmc)]
+        sampler: SamplerKind,
+        /// Parameter counts.
+        #[arg(long, value_delimiter = ',', default_values_t = [100_000usize, 1_000_000, 10_000_000])]
+        sizes: Vec<usize>,
+        /// Timed repetitions per measurement (the median is reported).
+        #[arg(long, default_value_t = 15)]
+        repeats: usize,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -99,6 +118,9 @@ pub struct TrainArgs {
     /// Sampler (or MAP baseline).
     #[arg(long, value_enum, default_value_t = SamplerKind::Sghmc)]
     pub sampler: SamplerKind,
+    /// Update implementation: one fused pass (default) or composed candle ops (reference).
+    #[arg(long, value_enum, default_value_t = Kernel::Fused)]
+    pub kernel: Kernel,
     /// η: step size multiplying ∇U (default depends on the sampler).
     #[arg(long)]
     pub step_size: Option<f64>,

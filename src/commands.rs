@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use crate::checkpoint::RunManifest;
-use crate::cli::{Command, DataCommand, PriorKind, TrainArgs};
+use crate::cli::{BenchCommand, Command, DataCommand, PriorKind, TrainArgs};
 use crate::data::{self, registry, LoadOptions};
 use crate::error::{Error, Result};
 use crate::model::ModelSpec;
@@ -34,6 +34,18 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
                 "dataset": spec.name, "dir": dir.display().to_string(),
                 "downloaded": downloaded, "verified": true
             }))
+        }
+        Command::Bench(BenchCommand::Step {
+            sampler,
+            sizes,
+            repeats,
+        }) => {
+            if !sampler.is_sampler() || sizes.contains(&0) || repeats == 0 {
+                return Err(Error::Config(
+                    "bench step needs sgld, sghmc or sgnht, positive sizes and repeats".into(),
+                ));
+            }
+            json(&crate::bench::step(sampler, &sizes, repeats)?)
         }
         Command::Data(DataCommand::Verify { data }) => {
             let spec = spec_of(&data.dataset)?;
@@ -128,6 +140,7 @@ fn train_command(args: TrainArgs, quiet: bool) -> Result<String> {
     let cfg = TrainConfig {
         model,
         sampler,
+        kernel: args.kernel,
         prior,
         temperature: args.temperature,
         batch_size: args.batch_size,

@@ -6,6 +6,7 @@
 //! `thin` updates the parameters are saved as a posterior sample ([`checkpoint`]) and
 //! folded into the Bayesian model average ([`ensemble`], [`metrics`]).
 
+pub mod bench;
 pub mod checkpoint;
 pub mod cli;
 pub mod commands;
@@ -13,6 +14,7 @@ pub mod data;
 pub mod ensemble;
 pub mod error;
 pub mod eval;
+pub mod kernels;
 pub mod metrics;
 pub mod model;
 pub mod potential;

@@ -39,14 +39,65 @@ pub fn uniform_open0(x: u32) -> f32 {
     ((x >> 8) + 1) as f32 * (1.0 / 16_777_216.0)
 }
 
+/// Natural logarithm for x in (0, 1], in plain f32 additions and multiplications (Cephes'
+/// `logf` polynomial, within 2 ulp). Written out here, and identically in
+/// `kernels/sampler_math.h`, so that the CPU op, the host-compiled kernel header and the
+/// GPU kernels produce the same bits; a libm `logf` differs between platforms.
+#[allow(clippy::excessive_precision)] // Cephes' published digits, as in the C header
+#[inline(always)]
+pub fn log_unit(x: f32) -> f32 {
+    let bits = x.to_bits();
+    let mut e = ((bits >> 23) & 0xff) as i32 - 126;
+    let mut m = f32::from_bits((bits & 0x007f_ffff) | 0x3f00_0000); // in [0.5, 1)
+    if m < 0.707_106_77 {
+        e -= 1;
+        m = m + m;
+    }
+    let x = m - 1.0;
+    let z = x * x;
+    let mut y = 7.037_683_6e-2;
+    y = y * x - 1.151_461_03e-1;
+    y = y * x + 1.167_699_87e-1;
+    y = y * x - 1.242_014_08e-1;
+    y = y * x + 1.424_932_28e-1;
+    y = y * x - 1.666_805_77e-1;
+    y = y * x + 2.000_071_48e-1;
+    y = y * x - 2.499_999_4e-1;
+    y = y * x + 3.333_333_1e-1;
+    y = y * x * z;
+    let ef = e as f32;
+    y += ef * -2.121_944_4e-4;
+    y += -0.5 * z;
+    (x + y) + ef * 0.693_359_4
+}
+
+/// (sin 2πu, cos 2πu) for u in [0, 1], by reduction to the nearest quarter turn and
+/// Cephes' `sinf`/`cosf` polynomials on [−π/4, π/4]; same remark as [`log_unit`].
+#[allow(clippy::excessive_precision)] // Cephes' published digits, as in the C header
+#[inline(always)]
+pub fn sincos_turn(u: f32) -> (f32, f32) {
+    let q = (u * 4.0 + 0.5) as i32; // nearest quarter turn, 0..=4
+    let a = (u * 4.0 - q as f32) * std::f32::consts::FRAC_PI_2; // in [−π/4, π/4]
+    let a2 = a * a;
+    let s = a + a * a2 * (-1.666_665_5e-1 + a2 * (8.332_161e-3 + a2 * -1.951_529_6e-4));
+    let c =
+        1.0 - 0.5 * a2 + a2 * a2 * (4.166_664_6e-2 + a2 * (-1.388_731_6e-3 + a2 * 2.443_315_7e-5));
+    match q & 3 {
+        0 => (s, c),
+        1 => (c, -s),
+        2 => (-s, -c),
+        _ => (-c, s),
+    }
+}
+
 /// Two standard normals from two uniforms (Box–Muller).
 #[inline(always)]
 pub fn box_muller(a: u32, b: u32) -> (f32, f32) {
     let u1 = uniform_open0(a);
     let u2 = uniform_open0(b);
-    let r = (-2.0 * u1.ln()).sqrt();
-    let t = std::f32::consts::TAU * u2;
-    (r * t.cos(), r * t.sin())
+    let r = (-2.0 * log_unit(u1)).sqrt();
+    let (s, c) = sincos_turn(u2);
+    (r * c, r * s)
 }
 
 /// The noise stream of one parameter tensor at one step.
@@ -135,6 +186,26 @@ mod tests {
         assert!((kurt - 3.0).abs() < 2e-2, "kurtosis {kurt}");
         assert!((tail - 0.0026998).abs() < 1.5e-4, "tail {tail}");
         assert_eq!(key.normal(1234567), z[1234567]);
+    }
+
+    #[test]
+    fn polynomial_math_matches_libm() {
+        let mut worst_log = 0f32;
+        let mut worst_trig = 0f32;
+        for i in 1..=100_000u32 {
+            let u = i as f32 / 100_000.0;
+            worst_log = worst_log.max((log_unit(u) - u.ln()).abs() / u.ln().abs().max(1e-6));
+            let (s, c) = sincos_turn(u);
+            let t = std::f32::consts::TAU * u;
+            worst_trig = worst_trig.max((s - t.sin()).abs()).max((c - t.cos()).abs());
+        }
+        // The smallest uniform, 2⁻²⁴, and the edges of the reduction.
+        let tiny = 1.0 / 16_777_216.0f32;
+        assert!((log_unit(tiny) - tiny.ln()).abs() < 1e-5);
+        assert_eq!(log_unit(1.0), 0.0);
+        assert!(worst_log < 1e-6, "log relative error {worst_log}");
+        // libm's own sin(2πu) carries the rounding of 2πu (~3e-7·2π).
+        assert!(worst_trig < 2e-6, "sin/cos absolute error {worst_trig}");
     }
 
     #[test]

@@ -19,13 +19,15 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::model::{Mlp, ModelSpec};
 use crate::potential::{Potential, Prior, PriorSpec};
-use crate::sampler::{self, SamplerConfig};
+use crate::sampler::{self, Kernel, SamplerConfig};
 
 /// Everything a training run needs besides the data.
 #[derive(Debug, Clone)]
 pub struct TrainConfig {
     pub model: ModelSpec,
     pub sampler: SamplerConfig,
+    /// Fused kernels (default) or the composed reference.
+    pub kernel: Kernel,
     pub prior: PriorSpec,
     pub temperature: f64,
     pub batch_size: usize,
@@ -151,6 +153,7 @@ pub struct Summary {
     pub model: String,
     pub num_params: usize,
     pub sampler: SamplerConfig,
+    pub kernel: Kernel,
     pub prior: PriorSpec,
     pub temperature: f64,
     pub batch_size: usize,
@@ -264,7 +267,7 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
 
     let prior = Prior::new(cfg.prior, model.params.len())?;
     let mut potential = Potential::new(ds.train.len(), cfg.temperature, prior)?;
-    let mut sampler = sampler::build(cfg.sampler, &vars, cfg.seed)?;
+    let mut sampler = sampler::build_with(cfg.sampler, &vars, cfg.seed, cfg.kernel)?;
     let mut test_acc = Accumulator::new(&ds.test.labels);
     let mut valid_acc = ds.valid.as_ref().map(|v| Accumulator::new(&v.labels));
     let mut shuffle_rng = rand::rngs::StdRng::seed_from_u64(cfg.seed ^ SHUFFLE_STREAM);
@@ -386,6 +389,7 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
         model: cfg.model.label(),
         num_params: model.num_params(),
         sampler: cfg.sampler,
+        kernel: cfg.kernel,
         prior: cfg.prior,
         temperature: cfg.temperature,
         batch_size: cfg.batch_size,
@@ -456,6 +460,7 @@ mod tests {
         TrainConfig {
             model: ModelSpec::default(),
             sampler: SamplerKind::Sghmc.defaults(),
+            kernel: Kernel::Fused,
             prior: PriorSpec::Gaussian { std: 1.0 },
             temperature: 1.0,
             batch_size: 100,

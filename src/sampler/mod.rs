@@ -18,6 +18,7 @@
 //! element index), so a run is reproducible and a future fused kernel can be compared with
 //! this code noise for noise.
 
+pub mod fused;
 pub mod sgd;
 pub mod sghmc;
 pub mod sgld;
@@ -178,7 +179,37 @@ pub trait Sampler {
     fn set_step_size(&mut self, step_size: f64) -> Result<()>;
 }
 
-/// Builds the sampler of `config` for `params`, its noise keyed by `seed`.
+/// How a sampler's update is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Kernel {
+    /// One fused pass per parameter tensor ([`crate::kernels`]); SGD and momentum, which
+    /// have no fused kernel, fall back to the composed version.
+    Fused,
+    /// Ordinary candle tensor ops: the reference implementation.
+    Composed,
+}
+
+/// Builds the sampler of `config` for `params` with the chosen kernel.
+pub fn build_with(
+    config: SamplerConfig,
+    params: &[Var],
+    seed: u64,
+    kernel: Kernel,
+) -> Result<Box<dyn Sampler>> {
+    config.validate()?;
+    let fusable = matches!(
+        config.kind,
+        SamplerKind::Sgld | SamplerKind::Sghmc | SamplerKind::Sgnht
+    );
+    if kernel == Kernel::Fused && fusable {
+        return Ok(Box::new(fused::Fused::init(config, params, seed)?));
+    }
+    build(config, params, seed)
+}
+
+/// Builds the composed (reference) sampler of `config` for `params`, its noise keyed by
+/// `seed`.
 pub fn build(config: SamplerConfig, params: &[Var], seed: u64) -> Result<Box<dyn Sampler>> {
     config.validate()?;
     Ok(match config.kind {
@@ -234,7 +265,7 @@ fn rescale_momentum(momentum: &mut [Tensor], old: f64, new: f64) -> Result<()> {
     Ok(())
 }
 
-fn check_lengths(params: &[Var], grads: &[Tensor]) -> Result<()> {
+pub(crate) fn check_lengths(params: &[Var], grads: &[Tensor]) -> Result<()> {
     if params.len() != grads.len() {
         return Err(Error::Config(format!(
             "{} gradients for {} parameters",

@@ -1,0 +1,31 @@
+/* Host build of the CUDA kernels' element math, for the equivalence test against the
+ * Rust CPU op (tests/kernel_equivalence.rs). Same loops as sampler_step.cu, one thread. */
+#include <math.h>
+#include "sampler_math.h"
+
+void bnn_host_normals(uint64_t seed, uint64_t step, uint32_t param, uint32_t n, float *out) {
+    for (uint32_t b = 0; 4 * b < n; ++b) {
+        float z[4];
+        bnn_normals4(seed, step, param, b, z);
+        for (uint32_t k = 0; k < 4 && 4 * b + k < n; ++k) out[4 * b + k] = z[k];
+    }
+}
+
+/* kind: 0 = SGLD, 1 = momentum step (SGHMC/SGNHT). Returns the sum of v*v in double,
+ * accumulated in element order (the Rust op sums in fixed lanes and chunks, so the sums
+ * agree to rounding, the elements bit for bit). */
+double bnn_host_step(int kind, float *theta, float *v, const float *g, uint32_t n, uint64_t seed,
+                     uint64_t step, uint32_t param, float step_size, float decay, float noise_scale) {
+    bnn_step_consts c = {step_size, decay, noise_scale};
+    double sum = 0.0;
+    for (uint32_t b = 0; 4 * b < n; ++b) {
+        float z[4];
+        bnn_normals4(seed, step, param, b, z);
+        for (uint32_t k = 0; k < 4 && 4 * b + k < n; ++k) {
+            uint32_t i = 4 * b + k;
+            if (kind == 0) bnn_sgld(&theta[i], g[i], z[k], c);
+            else sum += (double)bnn_momentum_step(&theta[i], &v[i], g[i], z[k], c);
+        }
+    }
+    return sum;
+}

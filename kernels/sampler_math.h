@@ -1,0 +1,142 @@
+/* Element-wise math of the fused sampler steps, shared by the CUDA kernels
+ * (sampler_step.cu) and by a host build used in tests (host_shim.c), which checks that it
+ * gives the same bits as the Rust CPU op (src/kernels/cpu.rs and src/rng.rs).
+ *
+ * Bit-exactness rules: only IEEE +, −, ×, sqrt in f32, in the order written; no FMA
+ * contraction (host: -ffp-contract=off; nvcc: --fmad=false); no libm transcendental
+ * (logf/sinf/cosf differ between libraries), but the polynomials below.
+ *
+ * Noise: Philox-4x32-10 (Salmon et al. 2011) keyed by the seed, counter (element block,
+ * parameter id, step low, step high); Box-Muller turns its 4 words into 4 normals for
+ * elements 4b..4b+3 of the parameter tensor.
+ */
+#ifndef BNN_SAMPLER_MATH_H
+#define BNN_SAMPLER_MATH_H
+
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define BNN_HD __host__ __device__ __forceinline__
+#else
+#define BNN_HD static inline
+#endif
+
+BNN_HD void bnn_mulhilo(uint32_t a, uint32_t b, uint32_t *hi, uint32_t *lo) {
+    uint64_t p = (uint64_t)a * (uint64_t)b;
+    *hi = (uint32_t)(p >> 32);
+    *lo = (uint32_t)p;
+}
+
+BNN_HD void bnn_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
+    uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3];
+    uint32_t k0 = key[0], k1 = key[1];
+    for (int round = 0; round < 10; ++round) {
+        uint32_t hi0, lo0, hi1, lo1;
+        bnn_mulhilo(0xD2511F53u, c0, &hi0, &lo0);
+        bnn_mulhilo(0xCD9E8D57u, c2, &hi1, &lo1);
+        uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+        c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
+        if (round < 9) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
+    }
+    out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+}
+
+BNN_HD float bnn_uniform_open0(uint32_t x) {
+    return (float)((x >> 8) + 1u) * (1.0f / 16777216.0f);
+}
+
+BNN_HD float bnn_bits_to_float(uint32_t b) {
+#ifdef __CUDACC__
+    return __uint_as_float(b);
+#else
+    union { uint32_t u; float f; } v; v.u = b; return v.f;
+#endif
+}
+
+BNN_HD uint32_t bnn_float_to_bits(float f) {
+#ifdef __CUDACC__
+    return __float_as_uint(f);
+#else
+    union { uint32_t u; float f; } v; v.f = f; return v.u;
+#endif
+}
+
+/* ln x for x in (0, 1] (Cephes logf polynomial). */
+BNN_HD float bnn_log_unit(float x) {
+    uint32_t bits = bnn_float_to_bits(x);
+    int e = (int)((bits >> 23) & 0xffu) - 126;
+    float m = bnn_bits_to_float((bits & 0x007fffffu) | 0x3f000000u);
+    if (m < 0.70710677f) { e -= 1; m = m + m; }
+    float xm = m - 1.0f;
+    float z = xm * xm;
+    float y = 7.0376836e-2f;
+    y = y * xm - 1.15146103e-1f;
+    y = y * xm + 1.16769987e-1f;
+    y = y * xm - 1.24201408e-1f;
+    y = y * xm + 1.42493228e-1f;
+    y = y * xm - 1.66680577e-1f;
+    y = y * xm + 2.00007148e-1f;
+    y = y * xm - 2.4999994e-1f;
+    y = y * xm + 3.3333331e-1f;
+    y = y * xm * z;
+    float ef = (float)e;
+    y += ef * -2.1219444e-4f;
+    y += -0.5f * z;
+    return (xm + y) + ef * 0.6933594f;
+}
+
+/* sin(2 pi u), cos(2 pi u) for u in [0, 1]. */
+BNN_HD void bnn_sincos_turn(float u, float *sn, float *cs) {
+    int q = (int)(u * 4.0f + 0.5f);
+    float a = (u * 4.0f - (float)q) * 1.5707964f;
+    float a2 = a * a;
+    float s = a + a * a2 * (-1.6666655e-1f + a2 * (8.332161e-3f + a2 * -1.9515296e-4f));
+    float c = 1.0f - 0.5f * a2 + a2 * a2 * (4.1666646e-2f + a2 * (-1.3887316e-3f + a2 * 2.4433157e-5f));
+    switch (q & 3) {
+    case 0: *sn = s; *cs = c; break;
+    case 1: *sn = c; *cs = -s; break;
+    case 2: *sn = -s; *cs = -c; break;
+    default: *sn = -c; *cs = s; break;
+    }
+}
+
+/* Four standard normals for elements 4*block .. 4*block+3 of parameter `param` at `step`. */
+BNN_HD void bnn_normals4(uint64_t seed, uint64_t step, uint32_t param, uint32_t block, float z[4]) {
+    uint32_t ctr[4] = {block, param, (uint32_t)step, (uint32_t)(step >> 32)};
+    uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+    uint32_t r[4];
+    bnn_philox4x32_10(ctr, key, r);
+    for (int k = 0; k < 2; ++k) {
+        float u1 = bnn_uniform_open0(r[2 * k]);
+        float u2 = bnn_uniform_open0(r[2 * k + 1]);
+        float rad = sqrtf(-2.0f * bnn_log_unit(u1));
+        float sn, cs;
+        bnn_sincos_turn(u2, &sn, &cs);
+        z[2 * k] = rad * cs;
+        z[2 * k + 1] = rad * sn;
+    }
+}
+
+/* Constants of one update, in f32 as the kernels use them. */
+typedef struct {
+    float step_size;   /* eta */
+    float decay;       /* 1 - alpha: momentum kept per step (SGHMC friction, SGNHT thermostat) */
+    float noise_scale; /* sigma: sqrt(2*eta) SGLD, sqrt(2(alpha-beta)eta) SGHMC, sqrt(2 a eta) SGNHT */
+} bnn_step_consts;
+
+/* SGLD (Welling & Teh 2011): theta <- theta - eta g + sigma z. */
+BNN_HD void bnn_sgld(float *theta, float g, float z, bnn_step_consts c) {
+    *theta = *theta - g * c.step_size + z * c.noise_scale;
+}
+
+/* SGHMC (Chen et al. 2014, eq. 15) and SGNHT (Ding et al. 2014, Alg. 2) share the
+ * momentum update v <- (1-alpha) v - eta g + sigma z; theta <- theta + v. Returns v*v for
+ * the kinetic-energy / thermostat reduction. */
+BNN_HD float bnn_momentum_step(float *theta, float *v, float g, float z, bnn_step_consts c) {
+    float vn = *v * c.decay - g * c.step_size + z * c.noise_scale;
+    *v = vn;
+    *theta = *theta + vn;
+    return vn * vn;
+}
+
+#endif

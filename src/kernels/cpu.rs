@@ -1,0 +1,337 @@
+//! The fused step on the CPU: rayon over fixed chunks, inner loops over blocks of 4
+//! elements (one Philox call each) that the compiler vectorises; an AVX2 build of the same
+//! code is chosen at run time where the CPU has it. No allocation per step beyond rayon's
+//! per-chunk partial sums.
+
+use std::cell::{Cell, RefCell};
+
+use candle_core::{backend::BackendStorage, CpuStorage, InplaceOp2, Layout};
+use rayon::prelude::*;
+
+use super::{StepConsts, Update};
+use crate::rng::{uniform_open0, NoiseKey};
+
+/// Elements per parallel chunk: a multiple of 4 (Philox blocks never straddle chunks) and
+/// fixed, so the partial sums and their order do not depend on the number of threads.
+pub const CHUNK: usize = 1 << 15;
+/// Elements whose noise is generated before they are updated (keeps z in L1).
+const TILE: usize = 256;
+
+/// Philox blocks per tile.
+const BLOCKS: usize = TILE / 4;
+
+/// The normals of elements `4·first_block ..` of a tile, computed stage by stage over
+/// arrays (structure of arrays) so that each loop vectorises: Philox for all blocks, then
+/// Box–Muller for all pairs. Same f32 operations as [`NoiseKey::normals4`] and the kernel
+/// header, hence the same bits.
+#[allow(clippy::needless_range_loop)] // index-parallel arrays are what vectorises
+#[inline(always)]
+fn normals_tile(key: &NoiseKey, first_block: u32, z: &mut [f32; TILE]) {
+    let (k0, k1) = (key.seed as u32, (key.seed >> 32) as u32);
+    let (c1, c3) = (key.param, (key.step >> 32) as u32);
+    let c2 = key.step as u32;
+    let mut r = [[0u32; BLOCKS]; 4];
+    for b in 0..BLOCKS {
+        let mut c = [first_block.wrapping_add(b as u32), c1, c2, c3];
+        let mut k = [k0, k1];
+        for round in 0..10 {
+            let p0 = 0xD251_1F53u64 * c[0] as u64;
+            let p1 = 0xCD9E_8D57u64 * c[2] as u64;
+            c = [
+                (p1 >> 32) as u32 ^ c[1] ^ k[0],
+                p1 as u32,
+                (p0 >> 32) as u32 ^ c[3] ^ k[1],
+                p0 as u32,
+            ];
+            if round < 9 {
+                k = [
+                    k[0].wrapping_add(0x9E37_79B9),
+                    k[1].wrapping_add(0xBB67_AE85),
+                ];
+            }
+        }
+        for w in 0..4 {
+            r[w][b] = c[w];
+        }
+    }
+    // Box–Muller on the pairs (r0, r1) → elements 4b, 4b+1 and (r2, r3) → 4b+2, 4b+3.
+    let mut out = [[0f32; BLOCKS]; 4];
+    for pair in 0..2 {
+        for b in 0..BLOCKS {
+            let u1 = uniform_open0(r[2 * pair][b]);
+            let u2 = uniform_open0(r[2 * pair + 1][b]);
+            let rad = (-2.0 * log_unit_select(u1)).sqrt();
+            let (sn, cs) = sincos_turn_select(u2);
+            out[2 * pair][b] = rad * cs;
+            out[2 * pair + 1][b] = rad * sn;
+        }
+    }
+    for b in 0..BLOCKS {
+        for w in 0..4 {
+            z[4 * b + w] = out[w][b];
+        }
+    }
+}
+
+/// [`crate::rng::log_unit`] with the branch written as selects (same results).
+#[allow(clippy::excessive_precision)] // Cephes' published digits, as in the C header
+#[inline(always)]
+fn log_unit_select(x: f32) -> f32 {
+    let bits = x.to_bits();
+    let e0 = ((bits >> 23) & 0xff) as i32 - 126;
+    let m0 = f32::from_bits((bits & 0x007f_ffff) | 0x3f00_0000);
+    let small = m0 < 0.707_106_77;
+    let e = if small { e0 - 1 } else { e0 };
+    let m = if small { m0 + m0 } else { m0 };
+    let x = m - 1.0;
+    let z = x * x;
+    let mut y = 7.037_683_6e-2;
+    y = y * x - 1.151_461_03e-1;
+    y = y * x + 1.167_699_87e-1;
+    y = y * x - 1.242_014_08e-1;
+    y = y * x + 1.424_932_28e-1;
+    y = y * x - 1.666_805_77e-1;
+    y = y * x + 2.000_071_48e-1;
+    y = y * x - 2.499_999_4e-1;
+    y = y * x + 3.333_333_1e-1;
+    y = y * x * z;
+    let ef = e as f32;
+    y += ef * -2.121_944_4e-4;
+    y += -0.5 * z;
+    (x + y) + ef * 0.693_359_4
+}
+
+/// [`crate::rng::sincos_turn`] with the quadrant match written as selects.
+#[allow(clippy::excessive_precision)] // Cephes' published digits, as in the C header
+#[inline(always)]
+fn sincos_turn_select(u: f32) -> (f32, f32) {
+    let q = (u * 4.0 + 0.5) as i32;
+    let a = (u * 4.0 - q as f32) * std::f32::consts::FRAC_PI_2;
+    let a2 = a * a;
+    let s = a + a * a2 * (-1.666_665_5e-1 + a2 * (8.332_161e-3 + a2 * -1.951_529_6e-4));
+    let c =
+        1.0 - 0.5 * a2 + a2 * a2 * (4.166_664_6e-2 + a2 * (-1.388_731_6e-3 + a2 * 2.443_315_7e-5));
+    let odd = q & 1 != 0;
+    let (s1, c1) = if odd { (c, -s) } else { (s, c) };
+    if q & 2 != 0 {
+        (-s1, -c1)
+    } else {
+        (s1, c1)
+    }
+}
+
+#[inline(always)]
+fn tile_update(
+    update: Update,
+    theta: &mut [f32],
+    momentum: &mut [f32],
+    grad: &[f32],
+    key: &NoiseKey,
+    first_block: u32,
+    c: StepConsts,
+) -> f64 {
+    let n = theta.len();
+    let mut z = [0f32; TILE];
+    normals_tile(key, first_block, &mut z);
+    let mut sum = 0f64;
+    match update {
+        Update::Sgld => {
+            for i in 0..n {
+                theta[i] = theta[i] - grad[i] * c.step_size + z[i] * c.noise_scale;
+            }
+        }
+        Update::Momentum => {
+            for i in 0..n {
+                let vn = momentum[i] * c.decay - grad[i] * c.step_size + z[i] * c.noise_scale;
+                momentum[i] = vn;
+                theta[i] += vn;
+                z[i] = vn * vn;
+            }
+            // Eight fixed lanes: vectorisable, and the same order whatever the threads.
+            let mut lanes = [0f64; 8];
+            for (k, &sq) in z[..n].iter().enumerate() {
+                lanes[k % 8] += sq as f64;
+            }
+            sum = lanes.iter().sum();
+        }
+    }
+    sum
+}
+
+#[inline(always)]
+fn chunk_update(
+    update: Update,
+    theta: &mut [f32],
+    momentum: &mut [f32],
+    grad: &[f32],
+    key: &NoiseKey,
+    offset: usize,
+    c: StepConsts,
+) -> f64 {
+    let mut sum = 0f64;
+    let mut start = 0;
+    while start < theta.len() {
+        let end = (start + TILE).min(theta.len());
+        let m = if momentum.is_empty() {
+            &mut []
+        } else {
+            &mut momentum[start..end]
+        };
+        sum += tile_update(
+            update,
+            &mut theta[start..end],
+            m,
+            &grad[start..end],
+            key,
+            ((offset + start) / 4) as u32,
+            c,
+        );
+        start = end;
+    }
+    sum
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn chunk_update_avx2(
+    update: Update,
+    theta: &mut [f32],
+    momentum: &mut [f32],
+    grad: &[f32],
+    key: &NoiseKey,
+    offset: usize,
+    c: StepConsts,
+) -> f64 {
+    // Same code, compiled for 256-bit vectors. FMA is not enabled: the results must stay
+    // bit-identical to the portable build and to the kernel header.
+    chunk_update(update, theta, momentum, grad, key, offset, c)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2")]
+unsafe fn chunk_update_avx512(
+    update: Update,
+    theta: &mut [f32],
+    momentum: &mut [f32],
+    grad: &[f32],
+    key: &NoiseKey,
+    offset: usize,
+    c: StepConsts,
+) -> f64 {
+    // Same code for 512-bit vectors (16 Philox blocks or normals per instruction).
+    chunk_update(update, theta, momentum, grad, key, offset, c)
+}
+
+fn chunk_dispatch(
+    update: Update,
+    theta: &mut [f32],
+    momentum: &mut [f32],
+    grad: &[f32],
+    key: &NoiseKey,
+    offset: usize,
+    c: StepConsts,
+) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+        {
+            // SAFETY: the CPU supports these features, checked just above.
+            return unsafe { chunk_update_avx512(update, theta, momentum, grad, key, offset, c) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, checked just above.
+            return unsafe { chunk_update_avx2(update, theta, momentum, grad, key, offset, c) };
+        }
+    }
+    chunk_update(update, theta, momentum, grad, key, offset, c)
+}
+
+/// Applies one fused update to a whole parameter tensor (`theta`, its `momentum` — empty
+/// for SGLD — and its gradient), with noise from `key`. Returns Σ v² after the update
+/// (0 for SGLD), summed per chunk and then over chunks in order.
+pub fn step(
+    update: Update,
+    theta: &mut [f32],
+    momentum: &mut [f32],
+    grad: &[f32],
+    key: NoiseKey,
+    c: StepConsts,
+) -> f64 {
+    assert_eq!(theta.len(), grad.len(), "gradient of the wrong length");
+    if update == Update::Momentum {
+        assert_eq!(theta.len(), momentum.len(), "momentum of the wrong length");
+    }
+    let partials: Vec<f64> = if update == Update::Momentum {
+        theta
+            .par_chunks_mut(CHUNK)
+            .zip(momentum.par_chunks_mut(CHUNK))
+            .zip(grad.par_chunks(CHUNK))
+            .enumerate()
+            .map(|(k, ((t, m), g))| chunk_dispatch(update, t, m, g, &key, k * CHUNK, c))
+            .collect()
+    } else {
+        theta
+            .par_chunks_mut(CHUNK)
+            .zip(grad.par_chunks(CHUNK))
+            .enumerate()
+            .map(|(k, (t, g))| chunk_dispatch(update, t, &mut [], g, &key, k * CHUNK, c))
+            .collect()
+    };
+    partials.iter().sum()
+}
+
+/// The fused step as a candle in-place op on (θ, ∇Ũ): θ is the destination (the `Var`'s
+/// storage), the gradient a distinct source, the momentum the sampler's own buffer lent
+/// for this call.
+pub struct FusedStepOp<'a> {
+    pub update: Update,
+    pub consts: StepConsts,
+    pub key: NoiseKey,
+    pub momentum: RefCell<&'a mut [f32]>,
+    /// Σ v² after the update, set by the op.
+    pub sum_sq: Cell<f64>,
+}
+
+fn contiguous<'s>(s: &'s [f32], l: &Layout) -> candle_core::Result<&'s [f32]> {
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&s[a..b]),
+        None => candle_core::bail!("fused sampler step: tensor is not contiguous"),
+    }
+}
+
+impl InplaceOp2 for FusedStepOp<'_> {
+    fn name(&self) -> &'static str {
+        "bnn-fused-sampler-step"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<()> {
+        let dtype = s1.dtype();
+        let (CpuStorage::F32(theta), CpuStorage::F32(grad)) = (s1, s2) else {
+            candle_core::bail!("fused sampler step: parameters must be f32, got {dtype:?}");
+        };
+        let Some((a, b)) = l1.contiguous_offsets() else {
+            candle_core::bail!("fused sampler step: parameter is not contiguous");
+        };
+        let grad = contiguous(grad, l2)?;
+        let mut momentum = self.momentum.borrow_mut();
+        let s = step(
+            self.update,
+            &mut theta[a..b],
+            &mut momentum,
+            grad,
+            self.key,
+            self.consts,
+        );
+        self.sum_sq.set(s);
+        Ok(())
+    }
+}

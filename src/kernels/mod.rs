@@ -1,0 +1,50 @@
+//! Fused sampler steps: one pass over each parameter buffer updates position, momentum
+//! and injected noise together, with the kinetic-energy reduction computed in the same
+//! pass.
+//!
+//! Layout and soundness: a candle in-place op has one mutable destination. The
+//! destination here is the parameter itself, through `Var::as_detached_tensor()`, which
+//! shares the `Var`'s storage (candle takes the storage's write lock for the op). The
+//! gradient is a distinct read-only source. The momentum is not a candle tensor: it is
+//! the sampler's own buffer, lent to the op for the duration of one call through a
+//! `RefCell<&mut [f32]>`, so it is mutated through a unique borrow, never through a shared
+//! reference. Per update and parameter element the CPU op reads θ, v, g once and writes
+//! θ, v once (5 × 4 bytes, one pass); SGLD reads θ, g and writes θ (3 × 4 bytes).
+//!
+//! The element math is that of `kernels/sampler_math.h` (shared with the CUDA kernels)
+//! written in Rust with the same f32 operations in the same order, so that the two agree
+//! bit for bit (tested in `tests/kernel_equivalence.rs`).
+
+pub mod cpu;
+#[doc(hidden)]
+pub mod host;
+
+/// Which element update a fused op applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Update {
+    /// θ ← θ − ηg + σz.
+    Sgld,
+    /// v ← (1 − α)v − ηg + σz; θ ← θ + v (SGHMC, SGNHT).
+    Momentum,
+}
+
+/// Constants of one update in f32, as the kernels use them (`bnn_step_consts`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepConsts {
+    /// η.
+    pub step_size: f32,
+    /// 1 − α: momentum kept per step.
+    pub decay: f32,
+    /// σ of the injected noise.
+    pub noise_scale: f32,
+}
+
+impl StepConsts {
+    pub fn new(step_size: f64, friction: f64, noise_scale: f64) -> Self {
+        StepConsts {
+            step_size: step_size as f32,
+            decay: (1.0 - friction) as f32,
+            noise_scale: noise_scale as f32,
+        }
+    }
+}

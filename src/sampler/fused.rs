@@ -1,0 +1,172 @@
+//! SGLD, SGHMC and SGNHT through the fused kernels of [`crate::kernels`]: the same
+//! updates as `sgld.rs`, `sghmc.rs` and `sgnht.rs` (which stay as the composed reference)
+//! in one pass per parameter tensor, noise generated inside the pass.
+
+use std::cell::{Cell, RefCell};
+
+use candle_core::{Tensor, Var};
+
+use super::{check_lengths, Diagnostics, Sampler, SamplerConfig, SamplerKind, INIT_STREAM};
+use crate::error::{Error, Result};
+use crate::kernels::{cpu::FusedStepOp, StepConsts, Update};
+use crate::rng::NoiseKey;
+
+#[derive(Debug, Clone)]
+pub struct Fused {
+    pub config: SamplerConfig,
+    pub seed: u64,
+    pub step: u64,
+    /// v = p·h per parameter tensor, on the host (empty for SGLD).
+    pub momentum: Vec<Vec<f32>>,
+    /// SGNHT's α = ξ·h.
+    pub thermostat: f64,
+    n: usize,
+    kinetic: f64,
+}
+
+impl Fused {
+    /// Same initial state as the composed samplers: v ~ N(0, η) from the init stream,
+    /// thermostat α₀ = a.
+    pub fn init(config: SamplerConfig, params: &[Var], seed: u64) -> Result<Self> {
+        let n = params.iter().map(|p| p.elem_count()).sum();
+        let update = update_of(config.kind)?;
+        let scale = config.step_size.sqrt() as f32;
+        let momentum: Vec<Vec<f32>> = match update {
+            Update::Sgld => Vec::new(),
+            Update::Momentum => params
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let mut z = vec![0f32; p.elem_count()];
+                    NoiseKey {
+                        seed,
+                        step: INIT_STREAM,
+                        param: i as u32,
+                    }
+                    .fill(&mut z);
+                    z.iter_mut().for_each(|x| *x *= scale);
+                    z
+                })
+                .collect(),
+        };
+        let mut s = Fused {
+            config,
+            seed,
+            step: 0,
+            momentum,
+            thermostat: config.diffusion,
+            n,
+            kinetic: 0.0,
+        };
+        s.kinetic = s.kinetic_from(
+            s.momentum
+                .iter()
+                .flat_map(|m| m.iter())
+                .map(|&v| (v as f64) * (v as f64))
+                .sum(),
+        );
+        Ok(s)
+    }
+
+    fn kinetic_from(&self, sum_sq: f64) -> f64 {
+        0.5 * sum_sq / (self.n as f64 * self.config.step_size)
+    }
+
+    /// (1 − α, σ) of the current step.
+    fn friction_and_noise(&self) -> (f64, f64) {
+        let c = self.config;
+        match c.kind {
+            SamplerKind::Sgld => (0.0, (2.0 * c.step_size).sqrt()),
+            SamplerKind::Sghmc => (
+                c.friction,
+                (2.0 * (c.friction - c.noise_estimate) * c.step_size).sqrt(),
+            ),
+            _ => (self.thermostat, (2.0 * c.diffusion * c.step_size).sqrt()),
+        }
+    }
+
+    /// The momentum of parameter tensor `i` as a tensor shaped like it (diagnostics, tests).
+    pub fn momentum_tensor(&self, i: usize, like: &Tensor) -> Result<Tensor> {
+        Ok(Tensor::from_slice(
+            &self.momentum[i],
+            like.shape(),
+            like.device(),
+        )?)
+    }
+}
+
+fn update_of(kind: SamplerKind) -> Result<Update> {
+    match kind {
+        SamplerKind::Sgld => Ok(Update::Sgld),
+        SamplerKind::Sghmc | SamplerKind::Sgnht => Ok(Update::Momentum),
+        other => Err(Error::Config(format!(
+            "no fused kernel for {}; use the composed implementation",
+            other.name()
+        ))),
+    }
+}
+
+impl Sampler for Fused {
+    fn config(&self) -> SamplerConfig {
+        self.config
+    }
+
+    fn step(&mut self, params: &[Var], grads: &[Tensor]) -> Result<()> {
+        check_lengths(params, grads)?;
+        let update = update_of(self.config.kind)?;
+        let (alpha, sigma) = self.friction_and_noise();
+        let consts = StepConsts::new(self.config.step_size, alpha, sigma);
+        let mut sum_sq = 0f64;
+        for (i, (p, g)) in params.iter().zip(grads).enumerate() {
+            let mut empty: [f32; 0] = [];
+            let momentum: &mut [f32] = match self.momentum.get_mut(i) {
+                Some(m) => m,
+                None => &mut empty,
+            };
+            let op = FusedStepOp {
+                update,
+                consts,
+                key: NoiseKey {
+                    seed: self.seed,
+                    step: self.step,
+                    param: i as u32,
+                },
+                momentum: RefCell::new(momentum),
+                sum_sq: Cell::new(0.0),
+            };
+            let g = g.detach().contiguous()?;
+            p.as_detached_tensor().inplace_op2(&g, &op)?;
+            sum_sq += op.sum_sq.get();
+        }
+        if update == Update::Momentum {
+            self.kinetic = self.kinetic_from(sum_sq);
+        }
+        if self.config.kind == SamplerKind::Sgnht {
+            // Ding et al. Alg. 2: α ← α + uᵀu/n − η, with uᵀu from the same pass.
+            self.thermostat += sum_sq / self.n as f64 - self.config.step_size;
+        }
+        self.step += 1;
+        Ok(())
+    }
+
+    fn diagnostics(&self) -> Diagnostics {
+        let momentum = !self.momentum.is_empty();
+        Diagnostics {
+            kinetic_energy: momentum.then_some(self.kinetic),
+            thermostat: (self.config.kind == SamplerKind::Sgnht).then_some(self.thermostat),
+        }
+    }
+
+    fn steps(&self) -> u64 {
+        self.step
+    }
+
+    fn set_step_size(&mut self, step_size: f64) -> Result<()> {
+        let factor = (step_size / self.config.step_size).sqrt() as f32;
+        for m in &mut self.momentum {
+            m.iter_mut().for_each(|v| *v *= factor);
+        }
+        self.config.step_size = step_size;
+        Ok(())
+    }
+}
