@@ -105,8 +105,11 @@ fn log_unit_select(x: f32) -> f32 {
 #[allow(clippy::excessive_precision)] // Cephes' published digits, as in the C header
 #[inline(always)]
 fn sincos_turn_select(u: f32) -> (f32, f32) {
-    let q = (u * 4.0 + 0.5) as i32;
-    let a = (u * 4.0 - q as f32) * std::f32::consts::FRAC_PI_2;
+    // q = (int)(u·4 + 0.5) for u·4 + 0.5 in [0.5, 4.5], as floor, then its low bits by the
+    // 2²³ trick: no float→int conversion, whose saturating form does not vectorise.
+    let qf = (u * 4.0 + 0.5).floor();
+    let q = (qf + 8_388_608.0).to_bits() & 3;
+    let a = (u * 4.0 - qf) * std::f32::consts::FRAC_PI_2;
     let a2 = a * a;
     let s = a + a * a2 * (-1.666_665_5e-1 + a2 * (8.332_161e-3 + a2 * -1.951_529_6e-4));
     let c =
@@ -136,21 +139,33 @@ fn tile_update(
     let mut sum = 0f64;
     match update {
         Update::Sgld => {
-            for i in 0..n {
-                theta[i] = theta[i] - grad[i] * c.step_size + z[i] * c.noise_scale;
+            for ((t, &g), &z) in theta.iter_mut().zip(grad).zip(&z[..n]) {
+                *t = *t - g * c.step_size + z * c.noise_scale;
             }
         }
         Update::Momentum => {
-            for i in 0..n {
-                let vn = momentum[i] * c.decay - grad[i] * c.step_size + z[i] * c.noise_scale;
-                momentum[i] = vn;
-                theta[i] += vn;
-                z[i] = vn * vn;
+            for (((t, m), &g), z) in theta
+                .iter_mut()
+                .zip(momentum.iter_mut())
+                .zip(grad)
+                .zip(z[..n].iter_mut())
+            {
+                let vn = *m * c.decay - g * c.step_size + *z * c.noise_scale;
+                *m = vn;
+                *t += vn;
+                *z = vn * vn;
             }
-            // Eight fixed lanes: vectorisable, and the same order whatever the threads.
+            // Eight fixed f64 lanes: vectorisable, and the same order whatever the threads.
             let mut lanes = [0f64; 8];
-            for (k, &sq) in z[..n].iter().enumerate() {
-                lanes[k % 8] += sq as f64;
+            let full = z[..n].chunks_exact(8);
+            let rest = full.remainder();
+            for ch in full {
+                for l in 0..8 {
+                    lanes[l] += ch[l] as f64;
+                }
+            }
+            for (l, &sq) in rest.iter().enumerate() {
+                lanes[l] += sq as f64;
             }
             sum = lanes.iter().sum();
         }
