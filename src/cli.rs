@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::model::Activation;
-use crate::sampler::{Kernel, SamplerKind};
+use crate::sampler::{Integrator, Kernel, SamplerKind};
+use crate::synthetic::PotentialKind;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -35,9 +36,53 @@ pub enum Command {
     /// Download or verify datasets.
     #[command(subcommand)]
     Data(DataCommand),
+    /// Run a sampler on a synthetic potential with known answer and injected gradient noise.
+    Sample(SampleArgs),
     /// Micro-benchmarks (JSON on stdout).
     #[command(subcommand)]
     Bench(BenchCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct SampleArgs {
+    /// Target distribution.
+    #[arg(long, value_enum)]
+    pub potential: PotentialKind,
+    #[arg(long, value_enum, default_value_t = SamplerKind::Sgnht)]
+    pub sampler: SamplerKind,
+    /// Default: splitting for sgnht and msgnht, euler otherwise.
+    #[arg(long, value_enum)]
+    pub integrator: Option<Integrator>,
+    /// Physical step size h (η = h²).
+    #[arg(long, default_value_t = 0.01)]
+    pub h: f64,
+    /// Friction C of sghmc (α = C·h).
+    #[arg(long, default_value_t = 1.0)]
+    pub friction: f64,
+    /// Diffusion A of sgnht/msgnht (a = A·h); 0: all noise from the gradient.
+    #[arg(long, default_value_t = 0.0)]
+    pub diffusion: f64,
+    /// Gradient-noise level B: ∇Ũ = ∇U + N(0, 2B/h), unknown to the sampler.
+    #[arg(long, default_value_t = 1.0)]
+    pub noise: f64,
+    /// SGHMC's estimate B̂ of the noise (β̂ = B̂·h); B̂ = friction injects no noise.
+    #[arg(long, default_value_t = 0.0)]
+    pub noise_estimate: f64,
+    #[arg(long, default_value_t = 1_000_000)]
+    pub steps: usize,
+    #[arg(long, default_value_t = 10_000)]
+    pub burnin: usize,
+    /// Independent chains simulated side by side.
+    #[arg(long, default_value_t = 1)]
+    pub chains: usize,
+    /// Histogram bins per dimension for the KL divergence.
+    #[arg(long, default_value_t = 100)]
+    pub bins: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write the kept samples as CSV (one row per step and chain).
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -54,6 +99,15 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 15)]
         repeats: usize,
     },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeviceKind {
+    Cpu,
+    /// The first CUDA GPU (needs a build with `--features cuda`).
+    Cuda,
+    /// The first Metal GPU (needs a build with `--features metal`).
+    Metal,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -130,7 +184,11 @@ pub struct TrainArgs {
     /// β̂: gradient-noise estimate of sghmc.
     #[arg(long)]
     pub noise_estimate: Option<f64>,
-    /// a: diffusion of sgnht (also its initial thermostat).
+    /// Integrator: euler or splitting (default: splitting for sgnht and msgnht, euler
+    /// otherwise).
+    #[arg(long, value_enum)]
+    pub integrator: Option<Integrator>,
+    /// a: diffusion of sgnht/msgnht (also the initial thermostat).
     #[arg(long)]
     pub diffusion: Option<f64>,
 
@@ -170,6 +228,9 @@ pub struct TrainArgs {
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// Device for parameters, minibatches and sampler state.
+    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
+    pub device: DeviceKind,
 }
 
 #[derive(Debug, Args)]
@@ -183,6 +244,9 @@ pub struct EvalArgs {
     /// Never download.
     #[arg(long)]
     pub offline: bool,
+    /// Device to evaluate on.
+    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
+    pub device: DeviceKind,
 }
 
 #[derive(Debug, Subcommand)]

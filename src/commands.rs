@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use crate::checkpoint::RunManifest;
-use crate::cli::{BenchCommand, Command, DataCommand, PriorKind, TrainArgs};
+use crate::cli::{BenchCommand, Command, DataCommand, DeviceKind, PriorKind, TrainArgs};
 use crate::data::{self, registry, LoadOptions};
 use crate::error::{Error, Result};
 use crate::model::ModelSpec;
@@ -18,7 +18,8 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
         Command::Eval(args) => {
             let manifest = RunManifest::read(&args.run)?;
             let ds = crate::eval::load_run_data(&manifest, args.data_dir, args.offline)?;
-            let report = crate::eval::evaluate_run(&args.run, &manifest, &ds)?;
+            let device = device_of(args.device)?;
+            let report = crate::eval::evaluate_run(&args.run, &manifest, &ds, &device)?;
             json(&report)
         }
         Command::Data(DataCommand::Fetch { data, mirror }) => {
@@ -34,6 +35,35 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
                 "dataset": spec.name, "dir": dir.display().to_string(),
                 "downloaded": downloaded, "verified": true
             }))
+        }
+        Command::Sample(a) => {
+            let opts = crate::synthetic::SampleOptions {
+                potential: a.potential,
+                sampler: a.sampler,
+                integrator: a.integrator.unwrap_or(a.sampler.default_integrator()),
+                h: a.h,
+                friction: a.friction,
+                diffusion: a.diffusion,
+                noise: a.noise,
+                noise_estimate: a.noise_estimate,
+                steps: a.steps,
+                burnin: a.burnin,
+                chains: a.chains,
+                bins: a.bins,
+                seed: a.seed,
+            };
+            let (report, samples) = crate::synthetic::run(&opts)?;
+            if let Some(path) = &a.csv {
+                let dim = report.mean.len();
+                let mut text = String::new();
+                for row in samples.chunks_exact(dim) {
+                    let cells: Vec<String> = row.iter().map(|v| v.to_string()).collect();
+                    text.push_str(&cells.join(","));
+                    text.push('\n');
+                }
+                crate::data::fetch::write_atomic(path, text.as_bytes())?;
+            }
+            json(&report)
         }
         Command::Bench(BenchCommand::Step {
             sampler,
@@ -60,6 +90,23 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
                 "files": files.iter().map(|p| p.display().to_string()).collect::<Vec<_>>()
             }))
         }
+    }
+}
+
+/// The candle device for `--device`; a build without that backend says how to get it.
+fn device_of(kind: DeviceKind) -> Result<candle_core::Device> {
+    match kind {
+        DeviceKind::Cpu => Ok(candle_core::Device::Cpu),
+        DeviceKind::Cuda => candle_core::Device::new_cuda(0).map_err(|e| {
+            Error::Config(format!(
+                "--device cuda: {e} (build with `cargo build --release --features cuda` on a machine with CUDA)"
+            ))
+        }),
+        DeviceKind::Metal => candle_core::Device::new_metal(0).map_err(|e| {
+            Error::Config(format!(
+                "--device metal: {e} (build with `cargo build --release --features metal` on macOS)"
+            ))
+        }),
     }
 }
 
@@ -102,6 +149,7 @@ fn sampler_config(args: &TrainArgs) -> SamplerConfig {
         friction: args.friction.unwrap_or(d.friction),
         noise_estimate: args.noise_estimate.unwrap_or(d.noise_estimate),
         diffusion: args.diffusion.unwrap_or(d.diffusion),
+        integrator: args.integrator.unwrap_or(d.integrator),
     }
 }
 
@@ -153,6 +201,7 @@ fn train_command(args: TrainArgs, quiet: bool) -> Result<String> {
         sample_fraction: args.sample_fraction,
         seed: args.seed,
         run_dir,
+        device: device_of(args.device)?,
         progress: !args.no_progress
             && !quiet
             && std::io::IsTerminal::is_terminal(&std::io::stderr()),

@@ -57,8 +57,13 @@ pub fn load_run_data(
 }
 
 /// Evaluates every sample of the run in `run_dir` on `ds`.
-pub fn evaluate_run(run_dir: &Path, manifest: &RunManifest, ds: &Dataset) -> Result<EvalReport> {
-    let device = Device::Cpu;
+pub fn evaluate_run(
+    run_dir: &Path,
+    manifest: &RunManifest,
+    ds: &Dataset,
+    device: &Device,
+) -> Result<EvalReport> {
+    let device = device.clone();
     let model = Mlp::new(&manifest.model, manifest.input_dim, NUM_CLASSES, 0, &device)?;
     let paths = checkpoint::list_samples(run_dir)?;
     if paths.is_empty() {

@@ -20,6 +20,7 @@ pub mod model;
 pub mod potential;
 pub mod rng;
 pub mod sampler;
+pub mod synthetic;
 pub mod train;
 
 pub use error::{Error, Result};

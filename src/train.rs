@@ -49,6 +49,8 @@ pub struct TrainConfig {
     pub run_dir: PathBuf,
     /// Show a progress bar.
     pub progress: bool,
+    /// Where parameters, minibatches and sampler state live.
+    pub device: Device,
 }
 
 impl TrainConfig {
@@ -226,7 +228,7 @@ const GIBBS_STREAM: u64 = 0x4749_4242_5300_0000;
 /// Trains on `ds` and returns the summary (also written to `summary.json`).
 pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
     cfg.validate(ds.train.len())?;
-    let device = Device::Cpu;
+    let device = cfg.device.clone();
     let run_dir = &cfg.run_dir;
     std::fs::create_dir_all(checkpoint::samples_dir(run_dir)).map_err(|e| Error::io(run_dir, e))?;
     let dim = ds.train.dim();
@@ -474,6 +476,7 @@ mod tests {
             seed: 0,
             run_dir: PathBuf::from("unused"),
             progress: false,
+            device: Device::Cpu,
         }
     }
 

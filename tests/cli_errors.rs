@@ -78,6 +78,20 @@ fn bad_flag_values() {
     );
 }
 
+/// Without the `cuda` feature, asking for the GPU is a clear error, not a panic.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn gpu_device_without_the_feature() {
+    let d = tempfile::tempdir().unwrap();
+    one_line_error(
+        &bnn(
+            d.path(),
+            &["train", "--dataset", "mnist-mini", "--device", "cuda"],
+        ),
+        "--features cuda",
+    );
+}
+
 #[test]
 fn missing_data_says_what_to_do() {
     let d = tempfile::tempdir().unwrap();

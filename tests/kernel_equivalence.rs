@@ -153,6 +153,7 @@ fn fused_equals_composed_reference() {
                 friction,
                 noise_estimate: 0.0,
                 diffusion,
+                integrator: bnn::sampler::Integrator::Euler,
             };
             let (pa, grads) = params(&mut rng);
             let pb: Vec<Var> = pa
@@ -193,6 +194,7 @@ fn fused_momentum_matches_composed_momentum() {
         .map(|p| Var::from_tensor(&p.as_tensor().copy().unwrap()).unwrap())
         .collect();
     let config = SamplerKind::Sghmc.defaults();
+    assert_eq!(config.integrator, bnn::sampler::Integrator::Euler);
     let mut a = Fused::init(config, &pa, 9).unwrap();
     let mut b = bnn::sampler::sghmc::Sghmc::init(config, &pb, 9).unwrap();
     for _ in 0..3 {

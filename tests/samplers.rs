@@ -1,7 +1,8 @@
 //! Each sampler's update on a tiny example, against the paper's update written out by hand.
 
 use bnn::rng::NoiseKey;
-use bnn::sampler::{self, sghmc::Sghmc, sgnht::Sgnht, Sampler, SamplerConfig, SamplerKind};
+use bnn::sampler::sgnht::{Sgnht, Thermostat};
+use bnn::sampler::{self, sghmc::Sghmc, Integrator, Sampler, SamplerConfig, SamplerKind};
 use candle_core::{Device, Tensor, Var};
 
 fn var(v: &[f32]) -> Var {
@@ -34,6 +35,7 @@ fn config(kind: SamplerKind, eta: f64, alpha: f64, beta: f64, a: f64) -> Sampler
         friction: alpha,
         noise_estimate: beta,
         diffusion: a,
+        integrator: Integrator::Euler,
     }
 }
 
@@ -102,8 +104,18 @@ fn sgnht_step_and_thermostat() {
     let gb = [-2.0f32];
     let (pa, pb) = (var(&pa0), var(&pb0));
     let params = [pa.clone(), pb.clone()];
-    let mut s = Sgnht::init(config(SamplerKind::Sgnht, eta, 0.0, 0.0, a), &params, seed).unwrap();
-    assert_eq!(s.thermostat, a, "α₀ = a");
+    let mut s = Sgnht::init(
+        config(SamplerKind::Sgnht, eta, 0.0, 0.0, a),
+        &params,
+        seed,
+        false,
+    )
+    .unwrap();
+    let scalar = |s: &Sgnht| match s.thermostat {
+        Thermostat::Scalar(x) => x,
+        Thermostat::PerElement(_) => panic!("SGNHT has a scalar thermostat"),
+    };
+    assert_eq!(scalar(&s), a, "α₀ = a");
     s.momentum = vec![t(&ua), t(&ub)];
     s.step(&params, &[t(&ga), t(&gb)]).unwrap();
     let sigma = (2.0 * a * eta).sqrt();
@@ -119,11 +131,83 @@ fn sgnht_step_and_thermostat() {
     close(values(&pb)[0], pb0[0] as f64 + u);
     let alpha = a + sumsq / 3.0 - eta;
     assert!(
-        (s.thermostat - alpha).abs() < 1e-7,
+        (scalar(&s) - alpha).abs() < 1e-7,
         "{} vs {alpha}",
-        s.thermostat
+        scalar(&s)
     );
-    assert_eq!(s.diagnostics().thermostat, Some(s.thermostat));
+    assert_eq!(s.diagnostics().thermostat, Some(scalar(&s)));
+}
+
+#[test]
+fn msgnht_splitting_step_by_hand() {
+    // Li et al. §3 in v-form, one element, a per-element thermostat. init: A (h/2):
+    // θ₀' = θ₀ + u₀/2, α' = a + (u₀² − η)/2. step: B: u₁ = e^{−α'/2} u₀;
+    // O: u₂ = u₁ − ηg + √(2aη) z; B: u₃ = e^{−α'/2} u₂; A (h): θ = θ₀' + u₃,
+    // α = α' + u₃² − η.
+    let (eta, a, seed) = (0.01, 0.2, 21);
+    let mut cfg = config(SamplerKind::Msgnht, eta, 0.0, 0.0, a);
+    cfg.integrator = Integrator::Splitting;
+    let p = var(&[0.7]);
+    let s0 = Sgnht::init(cfg, std::slice::from_ref(&p), seed, true).unwrap();
+    let u0 = s0.momentum[0].to_vec1::<f32>().unwrap()[0] as f64;
+    // u₀ ~ N(0, η) from the init stream.
+    close(u0 as f32, eta.sqrt() * z(seed, sampler::INIT_STREAM, 0, 0));
+    close(values(&p)[0], 0.7 + u0 / 2.0);
+    let alpha_half = a + (u0 * u0 - eta) / 2.0;
+    let mut s = s0;
+    let g = 3.0f32;
+    s.step(std::slice::from_ref(&p), &[t(&[g])]).unwrap();
+    let damp = (-alpha_half / 2.0).exp();
+    let u3 = ((u0 * damp) - eta * g as f64 + (2.0 * a * eta).sqrt() * z(seed, 0, 0, 0)) * damp;
+    close(values(&p)[0], 0.7 + u0 / 2.0 + u3);
+    close(s.momentum[0].to_vec1::<f32>().unwrap()[0], u3);
+    let alpha = alpha_half + u3 * u3 - eta;
+    let Thermostat::PerElement(al) = &s.thermostat else {
+        panic!("mSGNHT has per-element thermostats")
+    };
+    close(al[0].to_vec1::<f32>().unwrap()[0], alpha);
+}
+
+#[test]
+fn msgnht_euler_thermostats_are_per_element() {
+    // Two elements with different momenta get different thermostats: α_i += u_i² − η.
+    let (eta, a, seed) = (0.01, 0.1, 2);
+    let p = var(&[0.0, 0.0]);
+    let mut s = Sgnht::init(
+        config(SamplerKind::Msgnht, eta, 0.0, 0.0, a),
+        std::slice::from_ref(&p),
+        seed,
+        true,
+    )
+    .unwrap();
+    s.momentum = vec![t(&[0.5, 0.0])];
+    s.step(std::slice::from_ref(&p), &[t(&[0.0, 0.0])]).unwrap();
+    let sigma = (2.0 * a * eta).sqrt();
+    let u: Vec<f64> = (0..2)
+        .map(|i| [0.5, 0.0][i] * (1.0 - a) + sigma * z(seed, 0, 0, i))
+        .collect();
+    let Thermostat::PerElement(al) = &s.thermostat else {
+        panic!("per-element")
+    };
+    let al = al[0].to_vec1::<f32>().unwrap();
+    close(al[0], a + u[0] * u[0] - eta);
+    close(al[1], a + u[1] * u[1] - eta);
+}
+
+#[test]
+fn sghmc_splitting_step_by_hand() {
+    // init: θ' = θ + v₀/2; step: v = e^{−α/2}(e^{−α/2} v₀ − ηg + √(2αη) z); θ = θ' + v.
+    let (eta, alpha, seed) = (0.04, 0.3, 6);
+    let mut cfg = config(SamplerKind::Sghmc, eta, alpha, 0.0, 0.0);
+    cfg.integrator = Integrator::Splitting;
+    let p = var(&[1.0]);
+    let mut s = Sghmc::init(cfg, std::slice::from_ref(&p), seed).unwrap();
+    let v0 = s.momentum[0].to_vec1::<f32>().unwrap()[0] as f64;
+    close(values(&p)[0], 1.0 + v0 / 2.0);
+    s.step(std::slice::from_ref(&p), &[t(&[-2.0])]).unwrap();
+    let d = (-alpha / 2.0).exp();
+    let v = (v0 * d + eta * 2.0 + (2.0 * alpha * eta).sqrt() * z(seed, 0, 0, 0)) * d;
+    close(values(&p)[0], 1.0 + v0 / 2.0 + v);
 }
 
 #[test]
@@ -203,8 +287,15 @@ fn invalid_hyperparameters_are_rejected() {
             "--noise-estimate",
         ),
         (
-            config(SamplerKind::Sgnht, 1e-6, 0.0, 0.0, 0.0),
+            config(SamplerKind::Sgnht, 1e-6, 0.0, 0.0, -0.1),
             "--diffusion",
+        ),
+        (
+            SamplerConfig {
+                integrator: Integrator::Splitting,
+                ..config(SamplerKind::Sgld, 1e-6, 0.0, 0.0, 0.0)
+            },
+            "--integrator splitting",
         ),
     ] {
         let e = sampler::build(cfg, std::slice::from_ref(&p), 0)

@@ -8,7 +8,7 @@ use std::cell::{Cell, RefCell};
 use candle_core::{backend::BackendStorage, CpuStorage, InplaceOp2, Layout};
 use rayon::prelude::*;
 
-use super::{StepConsts, Update};
+use super::{buffer::StateBuffer, StepConsts, Update};
 use crate::rng::{uniform_open0, NoiseKey};
 
 /// Elements per parallel chunk: a multiple of 4 (Philox blocks never straddle chunks) and
@@ -305,7 +305,8 @@ pub struct FusedStepOp<'a> {
     pub update: Update,
     pub consts: StepConsts,
     pub key: NoiseKey,
-    pub momentum: RefCell<&'a mut [f32]>,
+    /// The momentum buffer of this tensor; `None` for SGLD.
+    pub momentum: RefCell<Option<&'a mut StateBuffer>>,
     /// Σ v² after the update, set by the op.
     pub sum_sq: Cell<f64>,
 }
@@ -338,14 +339,41 @@ impl InplaceOp2 for FusedStepOp<'_> {
         };
         let grad = contiguous(grad, l2)?;
         let mut momentum = self.momentum.borrow_mut();
+        let m: &mut [f32] = match momentum.as_deref_mut() {
+            None => &mut [],
+            Some(StateBuffer::Host(v)) => v,
+            #[allow(unreachable_patterns)]
+            Some(_) => candle_core::bail!("fused sampler step: the momentum is not on the CPU"),
+        };
         let s = step(
             self.update,
             &mut theta[a..b],
-            &mut momentum,
+            m,
             grad,
             self.key,
             self.consts,
         );
+        self.sum_sq.set(s);
+        Ok(())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &mut candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<()> {
+        let mut momentum = self.momentum.borrow_mut();
+        let m = match momentum.as_deref_mut() {
+            None => None,
+            Some(StateBuffer::Cuda(s)) => Some(s),
+            Some(StateBuffer::Host(_)) => {
+                candle_core::bail!("fused sampler step: the momentum is not on the GPU")
+            }
+        };
+        let s = super::cuda::step(self.update, s1, l1, s2, l2, m, self.key, self.consts)?;
         self.sum_sq.set(s);
         Ok(())
     }

@@ -15,7 +15,10 @@
 //! written in Rust with the same f32 operations in the same order, so that the two agree
 //! bit for bit (tested in `tests/kernel_equivalence.rs`).
 
+pub mod buffer;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 #[doc(hidden)]
 pub mod host;
 

@@ -4,11 +4,11 @@
 
 use std::cell::{Cell, RefCell};
 
-use candle_core::{Tensor, Var};
+use candle_core::{Device, Tensor, Var};
 
 use super::{check_lengths, Diagnostics, Sampler, SamplerConfig, SamplerKind, INIT_STREAM};
 use crate::error::{Error, Result};
-use crate::kernels::{cpu::FusedStepOp, StepConsts, Update};
+use crate::kernels::{buffer::StateBuffer, cpu::FusedStepOp, StepConsts, Update};
 use crate::rng::NoiseKey;
 
 #[derive(Debug, Clone)]
@@ -16,8 +16,9 @@ pub struct Fused {
     pub config: SamplerConfig,
     pub seed: u64,
     pub step: u64,
-    /// v = p·h per parameter tensor, on the host (empty for SGLD).
-    pub momentum: Vec<Vec<f32>>,
+    /// v = p·h per parameter tensor, on the parameters' device (empty for SGLD).
+    pub momentum: Vec<StateBuffer>,
+    device: Device,
     /// SGNHT's α = ξ·h.
     pub thermostat: f64,
     n: usize,
@@ -31,7 +32,8 @@ impl Fused {
         let n = params.iter().map(|p| p.elem_count()).sum();
         let update = update_of(config.kind)?;
         let scale = config.step_size.sqrt() as f32;
-        let momentum: Vec<Vec<f32>> = match update {
+        let device = params.first().map_or(Device::Cpu, |p| p.device().clone());
+        let host: Vec<Vec<f32>> = match update {
             Update::Sgld => Vec::new(),
             Update::Momentum => params
                 .iter()
@@ -49,22 +51,26 @@ impl Fused {
                 })
                 .collect(),
         };
+        let sum_sq: f64 = host
+            .iter()
+            .flat_map(|m| m.iter())
+            .map(|&v| (v as f64) * (v as f64))
+            .sum();
+        let momentum = host
+            .into_iter()
+            .map(|m| StateBuffer::new(m, &device))
+            .collect::<Result<Vec<_>>>()?;
         let mut s = Fused {
             config,
             seed,
             step: 0,
             momentum,
+            device,
             thermostat: config.diffusion,
             n,
             kinetic: 0.0,
         };
-        s.kinetic = s.kinetic_from(
-            s.momentum
-                .iter()
-                .flat_map(|m| m.iter())
-                .map(|&v| (v as f64) * (v as f64))
-                .sum(),
-        );
+        s.kinetic = s.kinetic_from(sum_sq);
         Ok(s)
     }
 
@@ -87,11 +93,7 @@ impl Fused {
 
     /// The momentum of parameter tensor `i` as a tensor shaped like it (diagnostics, tests).
     pub fn momentum_tensor(&self, i: usize, like: &Tensor) -> Result<Tensor> {
-        Ok(Tensor::from_slice(
-            &self.momentum[i],
-            like.shape(),
-            like.device(),
-        )?)
+        self.momentum[i].to_tensor(like)
     }
 }
 
@@ -118,11 +120,6 @@ impl Sampler for Fused {
         let consts = StepConsts::new(self.config.step_size, alpha, sigma);
         let mut sum_sq = 0f64;
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
-            let mut empty: [f32; 0] = [];
-            let momentum: &mut [f32] = match self.momentum.get_mut(i) {
-                Some(m) => m,
-                None => &mut empty,
-            };
             let op = FusedStepOp {
                 update,
                 consts,
@@ -131,7 +128,7 @@ impl Sampler for Fused {
                     step: self.step,
                     param: i as u32,
                 },
-                momentum: RefCell::new(momentum),
+                momentum: RefCell::new(self.momentum.get_mut(i)),
                 sum_sq: Cell::new(0.0),
             };
             let g = g.detach().contiguous()?;
@@ -164,7 +161,7 @@ impl Sampler for Fused {
     fn set_step_size(&mut self, step_size: f64) -> Result<()> {
         let factor = (step_size / self.config.step_size).sqrt() as f32;
         for m in &mut self.momentum {
-            m.iter_mut().for_each(|v| *v *= factor);
+            m.scale(factor, &self.device)?;
         }
         self.config.step_size = step_size;
         Ok(())

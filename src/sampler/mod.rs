@@ -19,6 +19,7 @@
 //! this code noise for noise.
 
 pub mod fused;
+pub mod msgnht;
 pub mod sgd;
 pub mod sghmc;
 pub mod sgld;
@@ -40,6 +41,8 @@ pub enum SamplerKind {
     Sghmc,
     /// Stochastic gradient Nosé–Hoover thermostat, scalar thermostat (Ding et al. 2014).
     Sgnht,
+    /// SGNHT with one thermostat per parameter element (Gan et al. 2015; Li et al. 2016).
+    Msgnht,
     /// Plain SGD on U (MAP baseline).
     Sgd,
     /// SGD with momentum on U (MAP baseline).
@@ -52,8 +55,17 @@ impl SamplerKind {
             SamplerKind::Sgld => "sgld",
             SamplerKind::Sghmc => "sghmc",
             SamplerKind::Sgnht => "sgnht",
+            SamplerKind::Msgnht => "msgnht",
             SamplerKind::Sgd => "sgd",
             SamplerKind::Momentum => "momentum",
+        }
+    }
+
+    /// Splitting for the thermostat samplers (Li et al. 2016), Euler otherwise.
+    pub fn default_integrator(self) -> Integrator {
+        match self {
+            SamplerKind::Sgnht | SamplerKind::Msgnht => Integrator::Splitting,
+            _ => Integrator::Euler,
         }
     }
 
@@ -70,6 +82,7 @@ impl SamplerKind {
             friction: 0.0,
             noise_estimate: 0.0,
             diffusion: 0.0,
+            integrator: self.default_integrator(),
         };
         match self {
             SamplerKind::Sgld => SamplerConfig {
@@ -81,7 +94,7 @@ impl SamplerKind {
                 friction: 0.1,
                 ..base
             },
-            SamplerKind::Sgnht => SamplerConfig {
+            SamplerKind::Sgnht | SamplerKind::Msgnht => SamplerConfig {
                 step_size: 2e-6,
                 diffusion: 0.1,
                 ..base
@@ -100,6 +113,16 @@ impl SamplerKind {
     }
 }
 
+/// How the continuous dynamics is discretised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Integrator {
+    /// First order: the papers' original updates (Chen et al. eq. 15; Ding et al. Alg. 2).
+    Euler,
+    /// Second-order symmetric splitting A–B–O–B–A (Li et al. 2016 §3).
+    Splitting,
+}
+
 /// A sampler's hyper-parameters: plain data, saved with every sample.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SamplerConfig {
@@ -113,6 +136,13 @@ pub struct SamplerConfig {
     pub noise_estimate: f64,
     /// a = A·h: diffusion of SGNHT (Ding et al. Alg. 2).
     pub diffusion: f64,
+    /// Euler or symmetric splitting (SGHMC, SGNHT, mSGNHT).
+    #[serde(default = "euler")]
+    pub integrator: Integrator,
+}
+
+fn euler() -> Integrator {
+    Integrator::Euler
 }
 
 impl SamplerConfig {
@@ -126,6 +156,9 @@ impl SamplerConfig {
             ));
         }
         match self.kind {
+            // SGHMC with α = 0 (and β̂ = 0) is Chen et al.'s "naive SGHMC" (§3.1): no
+            // friction, no injected noise; allowed to reproduce how it fails.
+            SamplerKind::Sghmc if self.friction == 0.0 && self.noise_estimate == 0.0 => {}
             SamplerKind::Sghmc | SamplerKind::Momentum => {
                 if !(self.friction > 0.0 && self.friction <= 1.0) {
                     return bad(format!(
@@ -143,15 +176,29 @@ impl SamplerConfig {
                     ));
                 }
             }
-            SamplerKind::Sgnht => {
-                if !(self.diffusion > 0.0 && self.diffusion.is_finite()) {
+            SamplerKind::Sgnht | SamplerKind::Msgnht => {
+                // a = 0 is allowed: all the noise then comes from the gradient (Ding et al.
+                // Fig. 1, A = 0), which the thermostat absorbs.
+                if !(self.diffusion >= 0.0 && self.diffusion.is_finite()) {
                     return bad(format!(
-                        "--diffusion must be positive for sgnht, got {}",
+                        "--diffusion must be non-negative for {}, got {}",
+                        self.kind.name(),
                         self.diffusion
                     ));
                 }
             }
             SamplerKind::Sgld | SamplerKind::Sgd => {}
+        }
+        if self.integrator == Integrator::Splitting
+            && !matches!(
+                self.kind,
+                SamplerKind::Sghmc | SamplerKind::Sgnht | SamplerKind::Msgnht
+            )
+        {
+            return bad(format!(
+                "--integrator splitting applies to sghmc, sgnht and msgnht, not {}",
+                self.kind.name()
+            ));
         }
         Ok(())
     }
@@ -198,10 +245,12 @@ pub fn build_with(
     kernel: Kernel,
 ) -> Result<Box<dyn Sampler>> {
     config.validate()?;
-    let fusable = matches!(
-        config.kind,
-        SamplerKind::Sgld | SamplerKind::Sghmc | SamplerKind::Sgnht
-    );
+    // The fused kernels cover the Euler updates of SGLD, SGHMC and SGNHT.
+    let fusable = config.integrator == Integrator::Euler
+        && matches!(
+            config.kind,
+            SamplerKind::Sgld | SamplerKind::Sghmc | SamplerKind::Sgnht
+        );
     if kernel == Kernel::Fused && fusable {
         return Ok(Box::new(fused::Fused::init(config, params, seed)?));
     }
@@ -215,7 +264,8 @@ pub fn build(config: SamplerConfig, params: &[Var], seed: u64) -> Result<Box<dyn
     Ok(match config.kind {
         SamplerKind::Sgld => Box::new(sgld::Sgld::init(config, seed)),
         SamplerKind::Sghmc => Box::new(sghmc::Sghmc::init(config, params, seed)?),
-        SamplerKind::Sgnht => Box::new(sgnht::Sgnht::init(config, params, seed)?),
+        SamplerKind::Sgnht => Box::new(sgnht::Sgnht::init(config, params, seed, false)?),
+        SamplerKind::Msgnht => Box::new(msgnht::init(config, params, seed)?),
         SamplerKind::Sgd | SamplerKind::Momentum => Box::new(sgd::Sgd::init(config, params)?),
     })
 }

@@ -6,11 +6,17 @@
 //!
 //! with step size η, friction α and gradient-noise estimate β̂ (β̂ = 0 by default, the
 //! usual choice). Without the noise term this is SGD with momentum 1 − α.
+//!
+//! SGHMC-S, the symmetric splitting integrator (Chen, Ding & Carin 2015; the scheme of Li
+//! et al. 2016 §3 with a constant friction): B (h/2) u ← e^{−α/2} u, O (h)
+//! u ← u − η∇Ũ + √(2(α − β̂)η) z, B (h/2), then A (h) θ ← θ + u. As for the thermostats,
+//! `init` applies the first A (h/2), so gradients are taken at half-step positions.
 
 use candle_core::{Tensor, Var};
 
 use super::{
-    check_lengths, init_momentum, kinetic_energy, noise_like, Diagnostics, Sampler, SamplerConfig,
+    check_lengths, init_momentum, kinetic_energy, noise_like, Diagnostics, Integrator, Sampler,
+    SamplerConfig,
 };
 use crate::error::Result;
 
@@ -29,6 +35,11 @@ impl Sghmc {
     pub fn init(config: SamplerConfig, params: &[Var], seed: u64) -> Result<Self> {
         let momentum = init_momentum(params, config.step_size, seed)?;
         let kinetic = kinetic_energy(&momentum, config.step_size)?;
+        if config.integrator == Integrator::Splitting {
+            for (p, v) in params.iter().zip(&momentum) {
+                p.set(&(p.as_detached_tensor() + (v * 0.5)?)?)?;
+            }
+        }
         Ok(Sghmc {
             config,
             seed,
@@ -57,7 +68,12 @@ impl Sampler for Sghmc {
             let g = &g.detach(); // keep autograd history out of the sampler state
             let z = noise_like(g, self.seed, self.step, i)?;
             let v = &self.momentum[i];
-            let v = (((v * (1.0 - alpha))? - (g * eta)?)? + (z * sigma)?)?;
+            let v = if self.config.integrator == Integrator::Splitting {
+                let damp = (-alpha / 2.0).exp();
+                ((((v * damp)? - (g * eta)?)? + (z * sigma)?)? * damp)?
+            } else {
+                (((v * (1.0 - alpha))? - (g * eta)?)? + (z * sigma)?)?
+            };
             p.set(&(p.as_detached_tensor() + &v)?)?;
             self.momentum[i] = v;
         }

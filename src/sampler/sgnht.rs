@@ -1,20 +1,41 @@
-//! Stochastic gradient Nosé–Hoover thermostat with one scalar thermostat (Ding et al.
-//! 2014, eqs. (5)–(6), Algorithm 1), in the reformulation u = p·h, η = h², α = ξ·h,
-//! a = A·h that they use for networks (§5.2, App. F Algorithm 2):
+//! Stochastic gradient Nosé–Hoover thermostats: SGNHT with one scalar thermostat (Ding et
+//! al. 2014, eqs. (5)–(6), Algorithm 1) and mSGNHT with one thermostat per parameter
+//! element (Li et al. 2016 §2.1, eq. (2); see `msgnht.rs`), each with the Euler or the
+//! symmetric splitting integrator.
 //!
-//! u ← u − α u − η ∇Ũ(θ) + √(2aη) N(0, I),
-//! θ ← θ + u,
-//! α ← α + uᵀu/n − η,
+//! Variables in the reformulation u = p·h, η = h², α = ξ·h, a = A·h of Ding et al. §5.2 /
+//! App. F (Algorithm 2); n is the number of parameters and ⊙ the element-wise product.
 //!
-//! with α₀ = a (ξ₀ = A in Algorithm 1). The last line is eq. (6) times h²: the thermostat
-//! grows while the kinetic energy per parameter exceeds ½ and shrinks while it is below.
+//! Euler (Ding et al. Alg. 2; Li et al. §2.2):
+//!
+//! u ← u − α u − η ∇Ũ(θ) + √(2aη) z,   θ ← θ + u,   α ← α + uᵀu/n − η
+//! (mSGNHT: α ← α + u ⊙ u − η, element-wise, and α u element-wise).
+//!
+//! Symmetric splitting A–B–O–B–A (Li et al. §3), the gradient taken once per step at the
+//! half-step position θ_{t+1/2}:
+//!
+//! A (h/2): θ ← θ + u/2,  α ← α + (u⊙u − η)/2;   B (h/2): u ← exp(−α/2) ⊙ u;
+//! O (h):   u ← u − η ∇Ũ(θ_{t+1/2}) + √(2aη) z;   B (h/2);   A (h/2).
+//!
+//! The closing A of one step and the opening A of the next use the same u, so they are
+//! applied together as one A (h) at the end of `step`; `init` applies the very first A
+//! (h/2). Between steps the parameters therefore sit at half-step positions, where the
+//! next gradient is evaluated and where samples are taken. The thermostat starts at α₀ = a.
 
 use candle_core::{Tensor, Var};
 
 use super::{
-    check_lengths, init_momentum, kinetic_energy, noise_like, Diagnostics, Sampler, SamplerConfig,
+    check_lengths, init_momentum, kinetic_energy, noise_like, Diagnostics, Integrator, Sampler,
+    SamplerConfig,
 };
 use crate::error::Result;
+
+/// α: one scalar for SGNHT, or one tensor per parameter tensor for mSGNHT.
+#[derive(Debug, Clone)]
+pub enum Thermostat {
+    Scalar(f64),
+    PerElement(Vec<Tensor>),
+}
 
 #[derive(Debug, Clone)]
 pub struct Sgnht {
@@ -23,23 +44,93 @@ pub struct Sgnht {
     pub step: u64,
     /// u = p·h, one tensor per parameter tensor.
     pub momentum: Vec<Tensor>,
-    /// α = ξ·h, shared by all parameters.
-    pub thermostat: f64,
+    pub thermostat: Thermostat,
     kinetic: f64,
 }
 
 impl Sgnht {
-    /// Momenta start at u ~ N(0, η) (p ~ N(0, I)); the thermostat at α = a.
-    pub fn init(config: SamplerConfig, params: &[Var], seed: u64) -> Result<Self> {
+    /// Momenta start at u ~ N(0, η) (p ~ N(0, I)); the thermostat at α = a; with the
+    /// splitting integrator the first A (h/2) half-step is applied here.
+    pub fn init(
+        config: SamplerConfig,
+        params: &[Var],
+        seed: u64,
+        per_element: bool,
+    ) -> Result<Self> {
         let momentum = init_momentum(params, config.step_size, seed)?;
         let kinetic = kinetic_energy(&momentum, config.step_size)?;
-        Ok(Sgnht {
+        let thermostat = if per_element {
+            Thermostat::PerElement(
+                momentum
+                    .iter()
+                    .map(|u| (u.ones_like()? * config.diffusion).map_err(Into::into))
+                    .collect::<Result<Vec<_>>>()?,
+            )
+        } else {
+            Thermostat::Scalar(config.diffusion)
+        };
+        let mut s = Sgnht {
             config,
             seed,
             step: 0,
             momentum,
-            thermostat: config.diffusion,
+            thermostat,
             kinetic,
+        };
+        if config.integrator == Integrator::Splitting {
+            s.drift(params, 0.5)?;
+        }
+        Ok(s)
+    }
+
+    /// A (fraction·h): θ ← θ + f·u, α ← α + f·(u⊙u − η) (scalar: the mean over all n).
+    fn drift(&mut self, params: &[Var], fraction: f64) -> Result<()> {
+        let eta = self.config.step_size;
+        for (p, u) in params.iter().zip(&self.momentum) {
+            p.set(&(p.as_detached_tensor() + (u * fraction)?)?)?;
+        }
+        self.kinetic = kinetic_energy(&self.momentum, eta)?;
+        match &mut self.thermostat {
+            // uᵀu/n = 2η·K, with K the kinetic energy per parameter.
+            Thermostat::Scalar(alpha) => *alpha += fraction * (2.0 * eta * self.kinetic - eta),
+            Thermostat::PerElement(alphas) => {
+                for (alpha, u) in alphas.iter_mut().zip(&self.momentum) {
+                    *alpha = (&*alpha + ((u.sqr()? - eta)? * fraction)?)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// B (h/2): u ← exp(−α/2) ⊙ u.
+    fn friction_half(&self, i: usize, u: &Tensor) -> Result<Tensor> {
+        Ok(match &self.thermostat {
+            Thermostat::Scalar(alpha) => (u * (-alpha / 2.0).exp())?,
+            Thermostat::PerElement(alphas) => (u * (&alphas[i] * -0.5)?.exp()?)?,
+        })
+    }
+
+    /// The Euler friction term: (1 − α) ⊙ u.
+    fn friction_euler(&self, i: usize, u: &Tensor) -> Result<Tensor> {
+        Ok(match &self.thermostat {
+            Thermostat::Scalar(alpha) => (u * (1.0 - alpha))?,
+            Thermostat::PerElement(alphas) => (u - (u * &alphas[i])?)?,
+        })
+    }
+
+    /// Mean thermostat value (for mSGNHT, over all elements).
+    pub fn mean_thermostat(&self) -> Result<f64> {
+        Ok(match &self.thermostat {
+            Thermostat::Scalar(alpha) => *alpha,
+            Thermostat::PerElement(alphas) => {
+                let mut sum = 0f64;
+                let mut n = 0usize;
+                for a in alphas {
+                    sum += a.sum_all()?.to_scalar::<f32>()? as f64;
+                    n += a.elem_count();
+                }
+                sum / n as f64
+            }
         })
     }
 }
@@ -52,19 +143,23 @@ impl Sampler for Sgnht {
     fn step(&mut self, params: &[Var], grads: &[Tensor]) -> Result<()> {
         check_lengths(params, grads)?;
         let eta = self.config.step_size;
-        let alpha = self.thermostat;
         let sigma = (2.0 * self.config.diffusion * eta).sqrt();
-        for (i, (p, g)) in params.iter().zip(grads).enumerate() {
+        let splitting = self.config.integrator == Integrator::Splitting;
+        for (i, g) in grads.iter().enumerate() {
             let g = &g.detach(); // keep autograd history out of the sampler state
             let z = noise_like(g, self.seed, self.step, i)?;
             let u = &self.momentum[i];
-            let u = (((u * (1.0 - alpha))? - (g * eta)?)? + (z * sigma)?)?;
-            p.set(&(p.as_detached_tensor() + &u)?)?;
+            let u = if splitting {
+                let u = self.friction_half(i, u)?;
+                let u = ((u - (g * eta)?)? + (z * sigma)?)?;
+                self.friction_half(i, &u)?
+            } else {
+                ((self.friction_euler(i, u)? - (g * eta)?)? + (z * sigma)?)?
+            };
             self.momentum[i] = u;
         }
-        // uᵀu/n = 2η·K, with K the kinetic energy per parameter.
-        self.kinetic = kinetic_energy(&self.momentum, eta)?;
-        self.thermostat += 2.0 * eta * self.kinetic - eta;
+        // Euler: θ ← θ + u, α ← α + (u⊙u − η); splitting: the merged A (h), the same update.
+        self.drift(params, 1.0)?;
         self.step += 1;
         Ok(())
     }
@@ -72,7 +167,7 @@ impl Sampler for Sgnht {
     fn diagnostics(&self) -> Diagnostics {
         Diagnostics {
             kinetic_energy: Some(self.kinetic),
-            thermostat: Some(self.thermostat),
+            thermostat: self.mean_thermostat().ok(),
         }
     }
 

@@ -1,0 +1,511 @@
+//! `bnn sample`: the samplers on synthetic potentials whose answer is known, through the
+//! same sampler code as the networks, with gradient noise of known size that the sampler
+//! does not know: ∇Ũ(θ) = ∇U(θ) + N(0, 2B/h) (Ding et al. 2014 §3: h f̃ = h f + N(0, 2hB)).
+//!
+//! Flags are in the papers' physical units: step h (η = h²), friction C (α = C·h),
+//! diffusion A (a = A·h); the reported thermostat is ξ = α/h.
+
+use candle_core::{Device, Tensor, Var};
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::rng::NoiseKey;
+use crate::sampler::{self, Integrator, Kernel, SamplerConfig, SamplerKind};
+
+/// The synthetic targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum PotentialKind {
+    /// U = (θ+4)(θ+1)(θ−1)(θ−3)/14 + 0.5 (Ding et al. Fig. 1; Li et al. Fig. 1).
+    DoubleWell,
+    /// U = −2θ² + θ⁴ (Chen et al. §4.1; reproduction report).
+    Quartic,
+    /// Posterior of μ given 100 draws from N(0, 1), flat prior, minibatches of 10; the
+    /// gradient noise is the real minibatch noise (Ding et al. §5.1).
+    GaussianMean,
+    /// 2-D mixture of 5 Gaussians (σ = 0.5) at radius 4, isolated modes (RENHD §4.1;
+    /// the paper does not give positions, these are ours).
+    Gmm5,
+}
+
+const GMM_RADIUS: f64 = 4.0;
+const GMM_SIGMA: f64 = 0.5;
+const GM_N: usize = 100;
+const GM_BATCH: usize = 10;
+
+/// A potential with its data (for `gaussian-mean`).
+pub struct Potential {
+    pub kind: PotentialKind,
+    data: Vec<f64>,
+}
+
+impl Potential {
+    pub fn new(kind: PotentialKind, seed: u64) -> Self {
+        let data = if kind == PotentialKind::GaussianMean {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xDA7A);
+            (0..GM_N)
+                .map(|_| {
+                    rand_distr::Distribution::<f64>::sample(&rand_distr::StandardNormal, &mut rng)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Potential { kind, data }
+    }
+
+    pub fn dim(&self) -> usize {
+        if self.kind == PotentialKind::Gmm5 {
+            2
+        } else {
+            1
+        }
+    }
+
+    fn modes() -> impl Iterator<Item = (f64, f64)> {
+        (0..5).map(|k| {
+            let t = std::f64::consts::TAU * k as f64 / 5.0;
+            (GMM_RADIUS * t.cos(), GMM_RADIUS * t.sin())
+        })
+    }
+
+    /// U at a point (the full-data potential).
+    pub fn energy(&self, x: &[f64]) -> f64 {
+        match self.kind {
+            PotentialKind::DoubleWell => {
+                let t = x[0];
+                (t + 4.0) * (t + 1.0) * (t - 1.0) * (t - 3.0) / 14.0 + 0.5
+            }
+            PotentialKind::Quartic => -2.0 * x[0] * x[0] + x[0].powi(4),
+            PotentialKind::GaussianMean => self.data.iter().map(|d| 0.5 * (x[0] - d).powi(2)).sum(),
+            PotentialKind::Gmm5 => {
+                let s2 = GMM_SIGMA * GMM_SIGMA;
+                let p: f64 = Self::modes()
+                    .map(|(mx, my)| {
+                        (-((x[0] - mx).powi(2) + (x[1] - my).powi(2)) / (2.0 * s2)).exp()
+                    })
+                    .sum();
+                -(p.max(1e-300)).ln()
+            }
+        }
+    }
+
+    /// ∇U at a point; for `gaussian-mean`, the minibatch estimate over `batch`.
+    pub fn gradient(&self, x: &[f64], batch: &[usize]) -> Vec<f64> {
+        match self.kind {
+            PotentialKind::DoubleWell => {
+                let t = x[0];
+                // d/dθ of (θ+4)(θ+1)(θ−1)(θ−3) = (θ+4)(θ²−1)(θ−3): product rule.
+                let (a, b, c) = (t + 4.0, t * t - 1.0, t - 3.0);
+                vec![(b * c + a * 2.0 * t * c + a * b) / 14.0]
+            }
+            PotentialKind::Quartic => vec![-4.0 * x[0] + 4.0 * x[0].powi(3)],
+            PotentialKind::GaussianMean => {
+                let s: f64 = batch.iter().map(|&i| x[0] - self.data[i]).sum();
+                vec![s * GM_N as f64 / batch.len() as f64]
+            }
+            PotentialKind::Gmm5 => {
+                let s2 = GMM_SIGMA * GMM_SIGMA;
+                let (mut w, mut gx, mut gy) = (0.0, 0.0, 0.0);
+                for (mx, my) in Self::modes() {
+                    let e = (-((x[0] - mx).powi(2) + (x[1] - my).powi(2)) / (2.0 * s2)).exp();
+                    w += e;
+                    gx += e * (x[0] - mx) / s2;
+                    gy += e * (x[1] - my) / s2;
+                }
+                let w = w.max(1e-300);
+                vec![gx / w, gy / w]
+            }
+        }
+    }
+
+    /// The box on which densities are compared.
+    pub fn range(&self) -> (f64, f64) {
+        match self.kind {
+            PotentialKind::DoubleWell => (-6.0, 5.0),
+            PotentialKind::Quartic => (-2.5, 2.5),
+            PotentialKind::GaussianMean => {
+                let mean = self.data.iter().sum::<f64>() / GM_N as f64;
+                let sd = 1.0 / (GM_N as f64).sqrt();
+                (mean - 8.0 * sd, mean + 8.0 * sd)
+            }
+            PotentialKind::Gmm5 => (-6.5, 6.5),
+        }
+    }
+
+    /// The exact posterior of `gaussian-mean`: N(x̄, 1/N).
+    pub fn gaussian_mean_truth(&self) -> (f64, f64) {
+        (
+            self.data.iter().sum::<f64>() / GM_N as f64,
+            1.0 / GM_N as f64,
+        )
+    }
+}
+
+/// Options of one `bnn sample` run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SampleOptions {
+    pub potential: PotentialKind,
+    pub sampler: SamplerKind,
+    pub integrator: Integrator,
+    /// Physical step h.
+    pub h: f64,
+    /// Friction C (SGHMC): α = C·h.
+    pub friction: f64,
+    /// Diffusion A (SGNHT, mSGNHT): a = A·h; also the initial thermostat.
+    pub diffusion: f64,
+    /// Gradient-noise level B (unknown to the sampler); ignored by `gaussian-mean`.
+    pub noise: f64,
+    /// SGHMC's noise estimate B̂ (β̂ = B̂·h); B̂ = C injects no noise at all.
+    pub noise_estimate: f64,
+    pub steps: usize,
+    pub burnin: usize,
+    /// Independent chains run side by side (one tensor; a scalar thermostat is shared).
+    pub chains: usize,
+    pub bins: usize,
+    pub seed: u64,
+}
+
+/// What `bnn sample` reports.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SampleReport {
+    pub options: SampleOptions,
+    pub samples: usize,
+    /// KL(sample histogram ‖ true density) on the grid, samples outside it included as one
+    /// more bin.
+    pub kl: f64,
+    /// Fraction of samples outside the grid (not in the KL).
+    pub outside: f64,
+    pub mean: Vec<f64>,
+    pub true_mean: Vec<f64>,
+    pub var: Vec<f64>,
+    pub true_var: Vec<f64>,
+    pub mean_error: f64,
+    pub var_error: f64,
+    /// Mean kinetic energy per dimension (½ at the right temperature).
+    pub kinetic_energy: Option<f64>,
+    /// Mean thermostat ξ = α/h.
+    pub thermostat: Option<f64>,
+    /// Integrated autocorrelation time of the first coordinate (batch means), in steps.
+    pub iat: f64,
+    pub ess: f64,
+    /// The step at which the position became non-finite; the statistics then cover
+    /// the samples before it and the KL is infinite (`null` in JSON).
+    pub diverged_at: Option<usize>,
+}
+
+/// Runs the sampler; returns the report and the kept samples (steps × chains × dim).
+pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
+    if opts.h.is_nan()
+        || opts.h <= 0.0
+        || opts.steps == 0
+        || opts.chains == 0
+        || opts.bins < 2
+        || opts.burnin >= opts.steps
+    {
+        return Err(Error::Config(
+            "bnn sample needs --h > 0, --steps > --burnin, --chains ≥ 1 and --bins ≥ 2".into(),
+        ));
+    }
+    let pot = Potential::new(opts.potential, opts.seed);
+    let dim = pot.dim();
+    let n = opts.chains * dim;
+    let eta = opts.h * opts.h;
+    let config = SamplerConfig {
+        kind: opts.sampler,
+        step_size: eta,
+        friction: opts.friction * opts.h,
+        noise_estimate: opts.noise_estimate * opts.h,
+        diffusion: opts.diffusion * opts.h,
+        integrator: opts.integrator,
+    };
+    // Start every chain at the same point in the box: the first mode or the middle.
+    let (lo, hi) = pot.range();
+    let start: Vec<f32> = (0..n)
+        .map(|i| match (opts.potential, i % dim) {
+            (PotentialKind::Gmm5, 0) => GMM_RADIUS as f32,
+            (PotentialKind::Gmm5, _) => 0.0,
+            _ => ((lo + hi) / 2.0) as f32,
+        })
+        .collect();
+    let theta = Var::from_vec(start, n, &Device::Cpu)?;
+    let params = [theta.clone()];
+    let mut s = sampler::build_with(config, &params, opts.seed, Kernel::Fused)?;
+    let noise_sd = (2.0 * opts.noise / opts.h).sqrt();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed ^ 0xBA7C);
+    let kept = opts.steps - opts.burnin;
+    let mut samples = Vec::with_capacity(kept * n);
+    let (mut ke_sum, mut xi_sum, mut diag_n) = (0f64, 0f64, 0usize);
+    let mut has_ke = false;
+    let mut has_xi = false;
+    let mut z = vec![0f32; n];
+    let mut diverged_at = None;
+    for step in 0..opts.steps {
+        let x: Vec<f32> = theta.as_tensor().to_vec1()?;
+        // A fresh random minibatch every step (independent across steps, so the
+        // gradient noise is white, as the samplers' theory assumes).
+        let batch: Vec<usize> = if opts.potential == PotentialKind::GaussianMean {
+            rand::seq::index::sample(&mut rng, GM_N, GM_BATCH).into_vec()
+        } else {
+            Vec::new()
+        };
+        NoiseKey {
+            seed: opts.seed ^ 0x6E01_5E00,
+            step: step as u64,
+            param: 0,
+        }
+        .fill(&mut z);
+        let mut g = vec![0f32; n];
+        for c in 0..opts.chains {
+            let xc: Vec<f64> = x[c * dim..(c + 1) * dim]
+                .iter()
+                .map(|&v| v as f64)
+                .collect();
+            let gc = pot.gradient(&xc, &batch);
+            for d in 0..dim {
+                let injected = if opts.potential == PotentialKind::GaussianMean {
+                    0.0
+                } else {
+                    noise_sd * z[c * dim + d] as f64
+                };
+                g[c * dim + d] = (gc[d] + injected) as f32;
+            }
+        }
+        s.step(&params, &[Tensor::from_vec(g, n, &Device::Cpu)?])?;
+        let now: Vec<f32> = theta.as_tensor().to_vec1()?;
+        if now.iter().any(|v| !v.is_finite()) {
+            diverged_at = Some(step);
+            break;
+        }
+        if step >= opts.burnin {
+            samples.extend(now);
+            let diag = s.diagnostics();
+            if let Some(k) = diag.kinetic_energy {
+                ke_sum += k;
+                has_ke = true;
+            }
+            if let Some(t) = diag.thermostat {
+                xi_sum += t / opts.h;
+                has_xi = true;
+            }
+            diag_n += 1;
+        }
+    }
+    if let Some(step) = diverged_at {
+        tracing::warn!(
+            step,
+            "the chain diverged (non-finite position); try a smaller --h"
+        );
+        let report = SampleReport {
+            kl: f64::INFINITY,
+            diverged_at,
+            ..summarise(&pot, opts, &samples, samples.len() / n, dim)?
+        };
+        return Ok((report, samples));
+    }
+    let report = summarise(&pot, opts, &samples, kept, dim)?;
+    let report = SampleReport {
+        kinetic_energy: has_ke.then(|| ke_sum / diag_n as f64),
+        thermostat: has_xi.then(|| xi_sum / diag_n as f64),
+        ..report
+    };
+    Ok((report, samples))
+}
+
+/// Grid truth, histogram KL, moments, IAT.
+#[allow(clippy::needless_range_loop)] // d indexes several per-dimension arrays at once
+fn summarise(
+    pot: &Potential,
+    opts: &SampleOptions,
+    samples: &[f32],
+    kept: usize,
+    dim: usize,
+) -> Result<SampleReport> {
+    let (lo, hi) = pot.range();
+    let bins = opts.bins;
+    let width = (hi - lo) / bins as f64;
+    let cells = bins.pow(dim as u32);
+    let center = |k: usize| lo + (k as f64 + 0.5) * width;
+    // True density on the grid (midpoint rule), normalised.
+    let mut p = vec![0f64; cells];
+    let energies: Vec<f64> = (0..cells)
+        .map(|c| {
+            let x: Vec<f64> = (0..dim)
+                .map(|d| center((c / bins.pow(d as u32)) % bins))
+                .collect();
+            pot.energy(&x)
+        })
+        .collect();
+    let emin = energies.iter().cloned().fold(f64::INFINITY, f64::min);
+    for (pc, e) in p.iter_mut().zip(&energies) {
+        *pc = (-(e - emin)).exp();
+    }
+    let z: f64 = p.iter().sum();
+    p.iter_mut().for_each(|v| *v /= z);
+    let mut true_mean = vec![0f64; dim];
+    let mut true_var = vec![0f64; dim];
+    for (c, pc) in p.iter().enumerate() {
+        for d in 0..dim {
+            true_mean[d] += pc * center((c / bins.pow(d as u32)) % bins);
+        }
+    }
+    for (c, pc) in p.iter().enumerate() {
+        for d in 0..dim {
+            true_var[d] += pc * (center((c / bins.pow(d as u32)) % bins) - true_mean[d]).powi(2);
+        }
+    }
+    if opts.potential == PotentialKind::GaussianMean {
+        let (m, v) = pot.gaussian_mean_truth();
+        true_mean = vec![m];
+        true_var = vec![v];
+    }
+    // Histogram.
+    let mut q = vec![0f64; cells];
+    let (mut inside, mut total) = (0usize, 0usize);
+    for point in samples.chunks_exact(dim) {
+        total += 1;
+        let mut cell = 0;
+        let mut ok = true;
+        for (d, &v) in point.iter().enumerate() {
+            let k = ((v as f64 - lo) / width).floor();
+            if !(0.0..bins as f64).contains(&k) {
+                ok = false;
+                break;
+            }
+            cell += (k as usize) * bins.pow(d as u32);
+        }
+        if ok {
+            q[cell] += 1.0;
+            inside += 1;
+        }
+    }
+    // Samples outside the box count as one more bin whose true mass is taken as 1e-12
+    // (every box holds all but a negligible tail of its target).
+    let outside_mass = (total - inside) as f64 / total.max(1) as f64;
+    let kl: f64 = q
+        .iter()
+        .zip(&p)
+        .filter(|(qc, _)| **qc > 0.0)
+        .map(|(qc, pc)| {
+            let qn = qc / total.max(1) as f64;
+            qn * (qn / pc.max(1e-300)).ln()
+        })
+        .sum::<f64>()
+        + if outside_mass > 0.0 {
+            outside_mass * (outside_mass / 1e-12).ln()
+        } else {
+            0.0
+        };
+    let count = (samples.len() / dim) as f64;
+    let mut mean = vec![0f64; dim];
+    for point in samples.chunks_exact(dim) {
+        for d in 0..dim {
+            mean[d] += point[d] as f64 / count;
+        }
+    }
+    let mut var = vec![0f64; dim];
+    for point in samples.chunks_exact(dim) {
+        for d in 0..dim {
+            var[d] += (point[d] as f64 - mean[d]).powi(2) / count;
+        }
+    }
+    let mean_error = (0..dim)
+        .map(|d| (mean[d] - true_mean[d]).abs())
+        .fold(0.0, f64::max);
+    let var_error = (0..dim)
+        .map(|d| (var[d] - true_var[d]).abs())
+        .fold(0.0, f64::max);
+    // IAT of the first coordinate of the first chain, by batch means over ~√n batches.
+    let stride = opts.chains * dim;
+    let series: Vec<f64> = (0..kept).map(|t| samples[t * stride] as f64).collect();
+    let iat = batch_means_iat(&series);
+    Ok(SampleReport {
+        options: opts.clone(),
+        samples: total,
+        kl,
+        outside: 1.0 - inside as f64 / total.max(1) as f64,
+        mean,
+        true_mean,
+        var,
+        true_var,
+        mean_error,
+        var_error,
+        kinetic_energy: None,
+        thermostat: None,
+        iat,
+        ess: opts.chains as f64 * kept as f64 / iat,
+        diverged_at: None,
+    })
+}
+
+/// τ ≈ b·Var(batch means)/Var(x) with batches of b = ⌊√n⌋ steps.
+pub fn batch_means_iat(x: &[f64]) -> f64 {
+    let n = x.len();
+    let b = ((n as f64).sqrt() as usize).max(1);
+    let k = n / b;
+    if k < 2 {
+        return 1.0;
+    }
+    let mean = x[..k * b].iter().sum::<f64>() / (k * b) as f64;
+    let var = x[..k * b].iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (k * b) as f64;
+    if var == 0.0 {
+        return n as f64;
+    }
+    let bm: Vec<f64> = x[..k * b]
+        .chunks_exact(b)
+        .map(|c| c.iter().sum::<f64>() / b as f64)
+        .collect();
+    let vb = bm.iter().map(|m| (m - mean).powi(2)).sum::<f64>() / (k - 1) as f64;
+    (b as f64 * vb / var).max(1.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::Rng;
+
+    #[test]
+    fn gradients_match_finite_differences() {
+        for kind in [
+            PotentialKind::DoubleWell,
+            PotentialKind::Quartic,
+            PotentialKind::Gmm5,
+            PotentialKind::GaussianMean,
+        ] {
+            let p = Potential::new(kind, 1);
+            let all: Vec<usize> = (0..GM_N).collect();
+            let x: Vec<f64> = (0..p.dim()).map(|d| 0.37 + 0.9 * d as f64).collect();
+            let g = p.gradient(&x, &all);
+            for d in 0..p.dim() {
+                let (mut a, mut b) = (x.clone(), x.clone());
+                a[d] += 1e-6;
+                b[d] -= 1e-6;
+                let fd = (p.energy(&a) - p.energy(&b)) / 2e-6;
+                assert!(
+                    (fd - g[d]).abs() < 1e-5 * fd.abs().max(1.0),
+                    "{kind:?} d{d}: {fd} vs {}",
+                    g[d]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn iat_of_independent_and_correlated_series() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let white: Vec<f64> = (0..40_000).map(|_| rng.random::<f64>() - 0.5).collect();
+        let t = batch_means_iat(&white);
+        assert!(t < 1.3, "white noise IAT {t}");
+        // AR(1) with φ = 0.9: τ = (1 + φ)/(1 − φ) = 19.
+        let mut x = 0.0;
+        let ar: Vec<f64> = (0..400_000)
+            .map(|_| {
+                x = 0.9 * x + rng.random::<f64>() - 0.5;
+                x
+            })
+            .collect();
+        let t = batch_means_iat(&ar);
+        assert!((t - 19.0).abs() < 3.0, "AR(1) IAT {t}");
+    }
+}
