@@ -45,12 +45,19 @@ fn unknown_sampler_and_bad_numbers_are_usage_errors() {
 #[test]
 fn bad_flag_values() {
     let d = tempfile::tempdir().unwrap();
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 8] = [
         (&["--step-size=-1"], "--step-size must be positive"),
-        (&["--friction", "0"], "--friction must be in (0, 1]"),
         (
-            &["--sampler", "sgnht", "--diffusion", "0"],
-            "--diffusion must be positive",
+            &["--friction", "1.5"],
+            "--friction must be in [0, 1] for sghmc",
+        ),
+        (
+            &["--sampler", "momentum", "--friction", "0"],
+            "--friction must be in (0, 1] for momentum",
+        ),
+        (
+            &["--sampler", "sgnht", "--diffusion=-1"],
+            "--diffusion must be non-negative",
         ),
         (
             &["--epochs", "2", "--burnin", "2"],

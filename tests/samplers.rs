@@ -279,7 +279,11 @@ fn invalid_hyperparameters_are_rejected() {
             "--step-size",
         ),
         (
-            config(SamplerKind::Sghmc, 1e-6, 0.0, 0.0, 0.0),
+            config(SamplerKind::Sghmc, 1e-6, 1.5, 0.0, 0.0),
+            "--friction",
+        ),
+        (
+            config(SamplerKind::Momentum, 1e-6, 0.0, 0.0, 0.0),
             "--friction",
         ),
         (

@@ -156,13 +156,18 @@ impl SamplerConfig {
             ));
         }
         match self.kind {
-            // SGHMC with α = 0 (and β̂ = 0) is Chen et al.'s "naive SGHMC" (§3.1): no
-            // friction, no injected noise; allowed to reproduce how it fails.
-            SamplerKind::Sghmc if self.friction == 0.0 && self.noise_estimate == 0.0 => {}
             SamplerKind::Sghmc | SamplerKind::Momentum => {
-                if !(self.friction > 0.0 && self.friction <= 1.0) {
+                // SGHMC with α = 0 is Chen et al.'s "naive SGHMC" (§3.1): no friction and
+                // no injected noise; allowed, to reproduce how it fails.
+                let lowest = if self.kind == SamplerKind::Sghmc {
+                    0.0
+                } else {
+                    f64::MIN_POSITIVE
+                };
+                if !(self.friction >= lowest && self.friction <= 1.0) {
+                    let range = if lowest == 0.0 { "[0, 1]" } else { "(0, 1]" };
                     return bad(format!(
-                        "--friction must be in (0, 1] for {}, got {}",
+                        "--friction must be in {range} for {}, got {}",
                         self.kind.name(),
                         self.friction
                     ));
