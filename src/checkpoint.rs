@@ -39,7 +39,15 @@ pub struct RunManifest {
     pub decay_factor: f64,
     pub cycles: usize,
     pub sample_fraction: f64,
+    #[serde(default)]
+    pub poly_gamma: f64,
+    #[serde(default = "default_poly_steps")]
+    pub poly_steps: f64,
     pub seed: u64,
+}
+
+fn default_poly_steps() -> f64 {
+    1000.0
 }
 
 impl RunManifest {

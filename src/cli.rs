@@ -216,6 +216,13 @@ pub struct TrainArgs {
     /// With --cycles: keep samples only in this last fraction of each cycle.
     #[arg(long, default_value_t = 0.25)]
     pub sample_fraction: f64,
+    /// Polynomial decay η_t = η·(b/(b + t))^γ: the exponent γ (0: none; Welling & Teh
+    /// use 0.55).
+    #[arg(long, default_value_t = 0.0)]
+    pub poly_gamma: f64,
+    /// Polynomial decay: b, in updates.
+    #[arg(long, default_value_t = 1000.0)]
+    pub poly_steps: f64,
     /// Seed of initialisation, minibatch order and injected noise.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

@@ -199,6 +199,8 @@ fn train_command(args: TrainArgs, quiet: bool) -> Result<String> {
         decay_factor: args.decay_factor,
         cycles: args.cycles,
         sample_fraction: args.sample_fraction,
+        poly_gamma: args.poly_gamma,
+        poly_steps: args.poly_steps,
         seed: args.seed,
         run_dir,
         device: device_of(args.device)?,

@@ -44,6 +44,10 @@ pub struct TrainConfig {
     /// (0: none); samples are kept only in the last `sample_fraction` of each cycle.
     pub cycles: usize,
     pub sample_fraction: f64,
+    /// Polynomial decay (Welling & Teh 2011): η_t = η·(b/(b + t))^γ with γ =
+    /// `poly_gamma` (0: none) and b = `poly_steps` updates.
+    pub poly_gamma: f64,
+    pub poly_steps: f64,
     pub seed: u64,
     /// Folder of this run (`checkpoints/<run>`).
     pub run_dir: PathBuf,
@@ -75,6 +79,12 @@ impl TrainConfig {
             return bad(format!(
                 "--decay-factor must be positive, got {}",
                 self.decay_factor
+            ));
+        }
+        if !(self.poly_gamma >= 0.0 && self.poly_steps > 0.0) {
+            return bad(format!(
+                "--poly-gamma must be ≥ 0 and --poly-steps > 0, got {} and {}",
+                self.poly_gamma, self.poly_steps
             ));
         }
         if !(self.sample_fraction > 0.0 && self.sample_fraction <= 1.0) {
@@ -111,7 +121,10 @@ impl TrainConfig {
     /// η of update `step` in `epoch`: the step decay, times the cosine factor
     /// ½(1 + cos(π r)) of a cyclical schedule at cycle position r.
     pub fn step_size_of(&self, step: u64, total: u64, epoch: usize) -> f64 {
-        let base = self.step_size_at(epoch);
+        let mut base = self.step_size_at(epoch);
+        if self.poly_gamma > 0.0 {
+            base *= (self.poly_steps / (self.poly_steps + step as f64)).powf(self.poly_gamma);
+        }
         match self.cycle_position(step, total) {
             Some(r) => base * 0.5 * (1.0 + (std::f64::consts::PI * r).cos()),
             None => base,
@@ -166,6 +179,8 @@ pub struct Summary {
     pub decay_factor: f64,
     pub cycles: usize,
     pub sample_fraction: f64,
+    pub poly_gamma: f64,
+    pub poly_steps: f64,
     pub seed: u64,
     pub samples: usize,
     /// Bayesian model average over the kept samples, on the test set.
@@ -255,6 +270,8 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
         decay_factor: cfg.decay_factor,
         cycles: cfg.cycles,
         sample_fraction: cfg.sample_fraction,
+        poly_gamma: cfg.poly_gamma,
+        poly_steps: cfg.poly_steps,
         seed: cfg.seed,
     };
     manifest.write(run_dir)?;
@@ -402,6 +419,8 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
         decay_factor: cfg.decay_factor,
         cycles: cfg.cycles,
         sample_fraction: cfg.sample_fraction,
+        poly_gamma: cfg.poly_gamma,
+        poly_steps: cfg.poly_steps,
         seed: cfg.seed,
         samples: test_acc.samples(),
         ensemble: test_acc.metrics(),
@@ -473,6 +492,8 @@ mod tests {
             decay_factor: 0.5,
             cycles: 0,
             sample_fraction: 0.25,
+            poly_gamma: 0.0,
+            poly_steps: 1000.0,
             seed: 0,
             run_dir: PathBuf::from("unused"),
             progress: false,
@@ -509,5 +530,17 @@ mod tests {
         assert!(!c.keeps_sample(40, 100, 1), "burn-in");
         c.cycles = 0;
         assert!(c.keeps_sample(35, 100, 3));
+    }
+
+    #[test]
+    fn polynomial_decay() {
+        let mut c = config();
+        c.poly_gamma = 0.55;
+        c.poly_steps = 100.0;
+        let eta = c.sampler.step_size;
+        assert_eq!(c.step_size_of(0, 1000, 0), eta);
+        // t = 300: (100/400)^0.55.
+        let want = eta * 0.25f64.powf(0.55);
+        assert!((c.step_size_of(300, 1000, 0) - want).abs() < 1e-18);
     }
 }
