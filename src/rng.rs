@@ -42,17 +42,17 @@ pub fn uniform_open0(x: u32) -> f32 {
 /// Natural logarithm for x in (0, 1], in plain f32 additions and multiplications (Cephes'
 /// `logf` polynomial, within 2 ulp). Written out here, and identically in
 /// `kernels/sampler_math.h`, so that the CPU op, the host-compiled kernel header and the
-/// GPU kernels produce the same bits; a libm `logf` differs between platforms.
+/// GPU kernels produce the same bits; a libm `logf` differs between platforms. Branches
+/// are written as selects so that the fused CPU op's loops vectorise.
 #[allow(clippy::excessive_precision)] // Cephes' published digits, as in the C header
 #[inline(always)]
 pub fn log_unit(x: f32) -> f32 {
     let bits = x.to_bits();
-    let mut e = ((bits >> 23) & 0xff) as i32 - 126;
-    let mut m = f32::from_bits((bits & 0x007f_ffff) | 0x3f00_0000); // in [0.5, 1)
-    if m < 0.707_106_77 {
-        e -= 1;
-        m = m + m;
-    }
+    let e0 = ((bits >> 23) & 0xff) as i32 - 126;
+    let m0 = f32::from_bits((bits & 0x007f_ffff) | 0x3f00_0000);
+    let small = m0 < 0.707_106_77;
+    let e = if small { e0 - 1 } else { e0 };
+    let m = if small { m0 + m0 } else { m0 };
     let x = m - 1.0;
     let z = x * x;
     let mut y = 7.037_683_6e-2;
@@ -72,21 +72,25 @@ pub fn log_unit(x: f32) -> f32 {
 }
 
 /// (sin 2πu, cos 2πu) for u in [0, 1], by reduction to the nearest quarter turn and
-/// Cephes' `sinf`/`cosf` polynomials on [−π/4, π/4]; same remark as [`log_unit`].
+/// Cephes' `sinf`/`cosf` polynomials on [−π/4, π/4]; same remarks as [`log_unit`].
 #[allow(clippy::excessive_precision)] // Cephes' published digits, as in the C header
 #[inline(always)]
 pub fn sincos_turn(u: f32) -> (f32, f32) {
-    let q = (u * 4.0 + 0.5) as i32; // nearest quarter turn, 0..=4
-    let a = (u * 4.0 - q as f32) * std::f32::consts::FRAC_PI_2; // in [−π/4, π/4]
+    // q = (int)(u·4 + 0.5) for u·4 + 0.5 in [0.5, 4.5], as floor, then its low bits by the
+    // 2²³ trick: no float→int conversion, whose saturating form does not vectorise.
+    let qf = (u * 4.0 + 0.5).floor();
+    let q = (qf + 8_388_608.0).to_bits() & 3;
+    let a = (u * 4.0 - qf) * std::f32::consts::FRAC_PI_2;
     let a2 = a * a;
     let s = a + a * a2 * (-1.666_665_5e-1 + a2 * (8.332_161e-3 + a2 * -1.951_529_6e-4));
     let c =
         1.0 - 0.5 * a2 + a2 * a2 * (4.166_664_6e-2 + a2 * (-1.388_731_6e-3 + a2 * 2.443_315_7e-5));
-    match q & 3 {
-        0 => (s, c),
-        1 => (c, -s),
-        2 => (-s, -c),
-        _ => (-c, s),
+    let odd = q & 1 != 0;
+    let (s1, c1) = if odd { (c, -s) } else { (s, c) };
+    if q & 2 != 0 {
+        (-s1, -c1)
+    } else {
+        (s1, c1)
     }
 }
 

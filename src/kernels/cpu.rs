@@ -9,7 +9,7 @@ use candle_core::{backend::BackendStorage, CpuStorage, InplaceOp2, Layout};
 use rayon::prelude::*;
 
 use super::{buffer::StateBuffer, StepConsts, Update};
-use crate::rng::{uniform_open0, NoiseKey};
+use crate::rng::{log_unit, sincos_turn, uniform_open0, NoiseKey};
 
 /// Elements per parallel chunk: a multiple of 4 (Philox blocks never straddle chunks) and
 /// fixed, so the partial sums and their order do not depend on the number of threads.
@@ -60,8 +60,8 @@ fn normals_tile(key: &NoiseKey, first_block: u32, z: &mut [f32; TILE]) {
         for b in 0..BLOCKS {
             let u1 = uniform_open0(r[2 * pair][b]);
             let u2 = uniform_open0(r[2 * pair + 1][b]);
-            let rad = (-2.0 * log_unit_select(u1)).sqrt();
-            let (sn, cs) = sincos_turn_select(u2);
+            let rad = (-2.0 * log_unit(u1)).sqrt();
+            let (sn, cs) = sincos_turn(u2);
             out[2 * pair][b] = rad * cs;
             out[2 * pair + 1][b] = rad * sn;
         }
@@ -70,56 +70,6 @@ fn normals_tile(key: &NoiseKey, first_block: u32, z: &mut [f32; TILE]) {
         for w in 0..4 {
             z[4 * b + w] = out[w][b];
         }
-    }
-}
-
-/// [`crate::rng::log_unit`] with the branch written as selects (same results).
-#[allow(clippy::excessive_precision)] // Cephes' published digits, as in the C header
-#[inline(always)]
-fn log_unit_select(x: f32) -> f32 {
-    let bits = x.to_bits();
-    let e0 = ((bits >> 23) & 0xff) as i32 - 126;
-    let m0 = f32::from_bits((bits & 0x007f_ffff) | 0x3f00_0000);
-    let small = m0 < 0.707_106_77;
-    let e = if small { e0 - 1 } else { e0 };
-    let m = if small { m0 + m0 } else { m0 };
-    let x = m - 1.0;
-    let z = x * x;
-    let mut y = 7.037_683_6e-2;
-    y = y * x - 1.151_461_03e-1;
-    y = y * x + 1.167_699_87e-1;
-    y = y * x - 1.242_014_08e-1;
-    y = y * x + 1.424_932_28e-1;
-    y = y * x - 1.666_805_77e-1;
-    y = y * x + 2.000_071_48e-1;
-    y = y * x - 2.499_999_4e-1;
-    y = y * x + 3.333_333_1e-1;
-    y = y * x * z;
-    let ef = e as f32;
-    y += ef * -2.121_944_4e-4;
-    y += -0.5 * z;
-    (x + y) + ef * 0.693_359_4
-}
-
-/// [`crate::rng::sincos_turn`] with the quadrant match written as selects.
-#[allow(clippy::excessive_precision)] // Cephes' published digits, as in the C header
-#[inline(always)]
-fn sincos_turn_select(u: f32) -> (f32, f32) {
-    // q = (int)(u·4 + 0.5) for u·4 + 0.5 in [0.5, 4.5], as floor, then its low bits by the
-    // 2²³ trick: no float→int conversion, whose saturating form does not vectorise.
-    let qf = (u * 4.0 + 0.5).floor();
-    let q = (qf + 8_388_608.0).to_bits() & 3;
-    let a = (u * 4.0 - qf) * std::f32::consts::FRAC_PI_2;
-    let a2 = a * a;
-    let s = a + a * a2 * (-1.666_665_5e-1 + a2 * (8.332_161e-3 + a2 * -1.951_529_6e-4));
-    let c =
-        1.0 - 0.5 * a2 + a2 * a2 * (4.166_664_6e-2 + a2 * (-1.388_731_6e-3 + a2 * 2.443_315_7e-5));
-    let odd = q & 1 != 0;
-    let (s1, c1) = if odd { (c, -s) } else { (s, c) };
-    if q & 2 != 0 {
-        (-s1, -c1)
-    } else {
-        (s1, c1)
     }
 }
 
