@@ -15,8 +15,9 @@ void bnn_host_normals(uint64_t seed, uint64_t step, uint32_t param, uint32_t n, 
  * accumulated in element order (the Rust op sums in fixed lanes and chunks, so the sums
  * agree to rounding, the elements bit for bit). */
 double bnn_host_step(int kind, float *theta, float *v, const float *g, uint32_t n, uint64_t seed,
-                     uint64_t step, uint32_t param, float step_size, float decay, float noise_scale) {
-    bnn_step_consts c = {step_size, decay, noise_scale};
+                     uint64_t step, uint32_t param, float step_size, float decay, float post,
+                     float noise_scale) {
+    bnn_step_consts c = {step_size, decay, post, noise_scale};
     double sum = 0.0;
     for (uint32_t b = 0; 4 * b < n; ++b) {
         float z[4];

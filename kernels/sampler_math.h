@@ -120,7 +120,8 @@ BNN_HD void bnn_normals4(uint64_t seed, uint64_t step, uint32_t param, uint32_t 
 /* Constants of one update, in f32 as the kernels use them. */
 typedef struct {
     float step_size;   /* eta */
-    float decay;       /* 1 - alpha: momentum kept per step (SGHMC friction, SGNHT thermostat) */
+    float decay;       /* momentum kept before the kick: 1 - alpha (Euler) or exp(-alpha/2) (splitting B) */
+    float post;        /* momentum kept after the kick: 1 (Euler) or exp(-alpha/2) (splitting B) */
     float noise_scale; /* sigma: sqrt(2*eta) SGLD, sqrt(2(alpha-beta)eta) SGHMC, sqrt(2 a eta) SGNHT */
 } bnn_step_consts;
 
@@ -130,10 +131,12 @@ BNN_HD void bnn_sgld(float *theta, float g, float z, bnn_step_consts c) {
 }
 
 /* SGHMC (Chen et al. 2014, eq. 15) and SGNHT (Ding et al. 2014, Alg. 2) share the
- * momentum update v <- (1-alpha) v - eta g + sigma z; theta <- theta + v. Returns v*v for
- * the kinetic-energy / thermostat reduction. */
+ * momentum update v <- (1-alpha) v - eta g + sigma z; theta <- theta + v (Euler, post = 1).
+ * Their splitting integrators (Li et al. 2016) apply B, O, B and the merged A in the same
+ * pass: v <- e^{-alpha/2} (e^{-alpha/2} v - eta g + sigma z); theta <- theta + v.
+ * Returns v*v for the kinetic-energy / thermostat reduction. */
 BNN_HD float bnn_momentum_step(float *theta, float *v, float g, float z, bnn_step_consts c) {
-    float vn = *v * c.decay - g * c.step_size + z * c.noise_scale;
+    float vn = (*v * c.decay - g * c.step_size + z * c.noise_scale) * c.post;
     *v = vn;
     *theta = *theta + vn;
     return vn * vn;

@@ -20,7 +20,7 @@ extern "C" __global__ void bnn_sgld_kernel(float *theta, const float *grad,
                                          unsigned long long n, unsigned int param,
                                          unsigned long long seed, unsigned long long step,
                                          float step_size, float noise_scale) {
-    bnn_step_consts c = {step_size, 1.0f, noise_scale};
+    bnn_step_consts c = {step_size, 1.0f, 1.0f, noise_scale};
     unsigned long long blocks = (n + 3) / 4;
     for (unsigned long long b = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
          b < blocks; b += (unsigned long long)gridDim.x * blockDim.x) {
@@ -36,10 +36,10 @@ extern "C" __global__ void bnn_sgld_kernel(float *theta, const float *grad,
 extern "C" __global__ void bnn_momentum_kernel(float *theta, float *momentum, const float *grad,
                                              unsigned long long n, unsigned int param,
                                              unsigned long long seed, unsigned long long step,
-                                             float step_size, float decay, float noise_scale,
-                                             double *sum_sq) {
+                                             float step_size, float decay, float post,
+                                             float noise_scale, double *sum_sq) {
     __shared__ double partial[BNN_THREADS];
-    bnn_step_consts c = {step_size, decay, noise_scale};
+    bnn_step_consts c = {step_size, decay, post, noise_scale};
     double local = 0.0;
     unsigned long long blocks = (n + 3) / 4;
     for (unsigned long long b = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;

@@ -11,7 +11,7 @@ struct StepArgs {
     uint param;
     uint seed_lo, seed_hi;
     uint step_lo, step_hi;
-    float step_size, decay, noise_scale;
+    float step_size, decay, post, noise_scale;
     int kind;
 };
 
@@ -82,7 +82,7 @@ kernel void bnn_fused_step(device float *theta [[buffer(0)]],
         if (args.kind == 0) {
             theta[i] = theta[i] - grad[i] * args.step_size + z[k] * args.noise_scale;
         } else {
-            float vn = momentum[i] * args.decay - grad[i] * args.step_size + z[k] * args.noise_scale;
+            float vn = (momentum[i] * args.decay - grad[i] * args.step_size + z[k] * args.noise_scale) * args.post;
             momentum[i] = vn;
             theta[i] = theta[i] + vn;
             local += vn * vn;

@@ -42,6 +42,7 @@ fn header_step_equals_cpu_op_bit_for_bit() {
             StepConsts::new(2e-6, 0.1, (2.0 * 0.1 * 2e-6f64).sqrt()),
         ),
         (Update::Momentum, StepConsts::new(0.01, 0.37, 0.05)),
+        (Update::Momentum, StepConsts::splitting(2e-6, 0.1, 6e-4)),
     ];
     for (update, c) in cases {
         for n in LENGTHS {
@@ -140,10 +141,13 @@ fn max_rel_diff(a: &Tensor, b: &Tensor) -> f32 {
 /// same noise (both draw it from the same Philox stream).
 #[test]
 fn fused_equals_composed_reference() {
-    for (kind, friction, diffusion) in [
-        (SamplerKind::Sgld, 0.0, 0.0),
-        (SamplerKind::Sghmc, 0.1, 0.0),
-        (SamplerKind::Sgnht, 0.0, 0.1),
+    use bnn::sampler::Integrator::{Euler, Splitting};
+    for (kind, friction, diffusion, integrator) in [
+        (SamplerKind::Sgld, 0.0, 0.0, Euler),
+        (SamplerKind::Sghmc, 0.1, 0.0, Euler),
+        (SamplerKind::Sgnht, 0.0, 0.1, Euler),
+        (SamplerKind::Sghmc, 0.1, 0.0, Splitting),
+        (SamplerKind::Sgnht, 0.0, 0.1, Splitting),
     ] {
         for seed in [0u64, 17, 123_456] {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -153,7 +157,7 @@ fn fused_equals_composed_reference() {
                 friction,
                 noise_estimate: 0.0,
                 diffusion,
-                integrator: bnn::sampler::Integrator::Euler,
+                integrator,
             };
             let (pa, grads) = params(&mut rng);
             let pb: Vec<Var> = pa
@@ -168,7 +172,10 @@ fn fused_equals_composed_reference() {
             }
             for (x, y) in pa.iter().zip(&pb) {
                 let d = max_rel_diff(x.as_tensor(), y.as_tensor());
-                assert!(d <= 1e-6, "{kind:?} seed {seed}: positions differ by {d}");
+                assert!(
+                    d <= 1e-6,
+                    "{kind:?} {integrator:?} seed {seed}: positions differ by {d}"
+                );
             }
             let (da, db) = (a.diagnostics(), b.diagnostics());
             if let (Some(x), Some(y)) = (da.kinetic_energy, db.kinetic_energy) {

@@ -100,7 +100,7 @@ fn tile_update(
                 .zip(grad)
                 .zip(z[..n].iter_mut())
             {
-                let vn = *m * c.decay - g * c.step_size + *z * c.noise_scale;
+                let vn = (*m * c.decay - g * c.step_size + *z * c.noise_scale) * c.post;
                 *m = vn;
                 *t += vn;
                 *z = vn * vn;

@@ -78,6 +78,7 @@ pub fn step(
             builder.arg(&key.step);
             builder.arg(&c.step_size);
             builder.arg(&c.decay);
+            builder.arg(&c.post);
             builder.arg(&c.noise_scale);
             builder.arg(&mut sum);
             // SAFETY: the argument list matches `bnn_momentum_kernel`'s signature, every

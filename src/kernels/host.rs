@@ -15,6 +15,7 @@ extern "C" {
         param: u32,
         step_size: f32,
         decay: f32,
+        post: f32,
         noise_scale: f32,
     ) -> f64;
 }
@@ -61,6 +62,7 @@ pub fn step(
             key.param,
             c.step_size,
             c.decay,
+            c.post,
             c.noise_scale,
         )
     }

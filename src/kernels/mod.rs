@@ -36,17 +36,32 @@ pub enum Update {
 pub struct StepConsts {
     /// η.
     pub step_size: f32,
-    /// 1 − α: momentum kept per step.
+    /// Momentum kept before the kick: 1 − α (Euler) or e^{−α/2} (splitting B).
     pub decay: f32,
+    /// Momentum kept after the kick: 1 (Euler) or e^{−α/2} (splitting B).
+    pub post: f32,
     /// σ of the injected noise.
     pub noise_scale: f32,
 }
 
 impl StepConsts {
+    /// The Euler update: v ← (1 − α)v − ηg + σz.
     pub fn new(step_size: f64, friction: f64, noise_scale: f64) -> Self {
         StepConsts {
             step_size: step_size as f32,
             decay: (1.0 - friction) as f32,
+            post: 1.0,
+            noise_scale: noise_scale as f32,
+        }
+    }
+
+    /// The splitting update B–O–B: v ← e^{−α/2}(e^{−α/2} v − ηg + σz).
+    pub fn splitting(step_size: f64, friction: f64, noise_scale: f64) -> Self {
+        let damp = (-friction / 2.0).exp() as f32;
+        StepConsts {
+            step_size: step_size as f32,
+            decay: damp,
+            post: damp,
             noise_scale: noise_scale as f32,
         }
     }

@@ -1,12 +1,15 @@
 //! SGLD, SGHMC and SGNHT through the fused kernels of [`crate::kernels`]: the same
-//! updates as `sgld.rs`, `sghmc.rs` and `sgnht.rs` (which stay as the composed reference)
-//! in one pass per parameter tensor, noise generated inside the pass.
+//! updates as `sgld.rs`, `sghmc.rs` and `sgnht.rs` (which stay as the composed reference),
+//! Euler or splitting integrator, in one pass per parameter tensor, noise generated inside
+//! the pass. (mSGNHT's per-element thermostat has no fused kernel yet.)
 
 use std::cell::{Cell, RefCell};
 
 use candle_core::{Device, Tensor, Var};
 
-use super::{check_lengths, Diagnostics, Sampler, SamplerConfig, SamplerKind, INIT_STREAM};
+use super::{
+    check_lengths, Diagnostics, Integrator, Sampler, SamplerConfig, SamplerKind, INIT_STREAM,
+};
 use crate::error::{Error, Result};
 use crate::kernels::{buffer::StateBuffer, cpu::FusedStepOp, StepConsts, Update};
 use crate::rng::NoiseKey;
@@ -71,6 +74,17 @@ impl Fused {
             kinetic: 0.0,
         };
         s.kinetic = s.kinetic_from(sum_sq);
+        if config.integrator == Integrator::Splitting {
+            // The first A (h/2) of the splitting scheme (see `sgnht.rs`): θ ← θ + v/2 and,
+            // for SGNHT, α ← α + (vᵀv/n − η)/2.
+            for (p, m) in params.iter().zip(&s.momentum) {
+                let v = m.to_tensor(p.as_tensor())?;
+                p.set(&(p.as_detached_tensor() + (v * 0.5)?)?)?;
+            }
+            if config.kind == SamplerKind::Sgnht {
+                s.thermostat += 0.5 * (sum_sq / s.n as f64 - config.step_size);
+            }
+        }
         Ok(s)
     }
 
@@ -117,7 +131,10 @@ impl Sampler for Fused {
         check_lengths(params, grads)?;
         let update = update_of(self.config.kind)?;
         let (alpha, sigma) = self.friction_and_noise();
-        let consts = StepConsts::new(self.config.step_size, alpha, sigma);
+        let consts = match self.config.integrator {
+            Integrator::Euler => StepConsts::new(self.config.step_size, alpha, sigma),
+            Integrator::Splitting => StepConsts::splitting(self.config.step_size, alpha, sigma),
+        };
         let mut sum_sq = 0f64;
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
             let op = FusedStepOp {

@@ -250,12 +250,11 @@ pub fn build_with(
     kernel: Kernel,
 ) -> Result<Box<dyn Sampler>> {
     config.validate()?;
-    // The fused kernels cover the Euler updates of SGLD, SGHMC and SGNHT.
-    let fusable = config.integrator == Integrator::Euler
-        && matches!(
-            config.kind,
-            SamplerKind::Sgld | SamplerKind::Sghmc | SamplerKind::Sgnht
-        );
+    // The fused kernels cover SGLD, and SGHMC and SGNHT with either integrator.
+    let fusable = matches!(
+        config.kind,
+        SamplerKind::Sgld | SamplerKind::Sghmc | SamplerKind::Sgnht
+    );
     if kernel == Kernel::Fused && fusable {
         return Ok(Box::new(fused::Fused::init(config, params, seed)?));
     }
