@@ -204,8 +204,9 @@ pub struct TrainArgs {
     /// Keep one sample every THIN updates after burn-in.
     #[arg(long, default_value_t = 200)]
     pub thin: usize,
-    /// Step decay: multiply η by --decay-factor from these epochs on (e.g. 20 or 20,40).
-    #[arg(long, value_delimiter = ',')]
+    /// Step decay: multiply η by --decay-factor from these epochs on (default: from the
+    /// 21st epoch, as Li et al. 2016 do; `--decay-at` with no value: constant step size).
+    #[arg(long, value_delimiter = ',', default_value = "20", num_args = 0..)]
     pub decay_at: Vec<usize>,
     /// Factor of each step decay.
     #[arg(long, default_value_t = 0.5)]
