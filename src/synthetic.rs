@@ -210,6 +210,16 @@ pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
     }
     let pot = Potential::new(opts.potential, opts.seed);
     let dim = pot.dim();
+    if opts
+        .bins
+        .checked_pow(dim as u32)
+        .is_none_or(|cells| cells > 4_000_000)
+    {
+        return Err(Error::Config(format!(
+            "--bins {} makes a grid of more than 4,000,000 cells in {dim} dimensions",
+            opts.bins
+        )));
+    }
     let n = opts.chains * dim;
     let eta = opts.h * opts.h;
     let config = SamplerConfig {
