@@ -123,16 +123,28 @@ fn tile_update(
     sum
 }
 
-#[inline(always)]
-fn chunk_update(
+/// One rayon chunk of a tensor: its slices, the noise key and the chunk's element offset.
+struct Chunk<'a> {
     update: Update,
-    theta: &mut [f32],
-    momentum: &mut [f32],
-    grad: &[f32],
-    key: &NoiseKey,
+    theta: &'a mut [f32],
+    momentum: &'a mut [f32],
+    grad: &'a [f32],
+    key: &'a NoiseKey,
     offset: usize,
     c: StepConsts,
-) -> f64 {
+}
+
+#[inline(always)]
+fn chunk_update(job: Chunk<'_>) -> f64 {
+    let Chunk {
+        update,
+        theta,
+        momentum,
+        grad,
+        key,
+        offset,
+        c,
+    } = job;
     let mut sum = 0f64;
     let mut start = 0;
     while start < theta.len() {
@@ -156,46 +168,22 @@ fn chunk_update(
     sum
 }
 
+/// The same code compiled for 256-bit vectors. FMA is not enabled: the results must stay
+/// bit-identical to the portable build and to the kernel header.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn chunk_update_avx2(
-    update: Update,
-    theta: &mut [f32],
-    momentum: &mut [f32],
-    grad: &[f32],
-    key: &NoiseKey,
-    offset: usize,
-    c: StepConsts,
-) -> f64 {
-    // Same code, compiled for 256-bit vectors. FMA is not enabled: the results must stay
-    // bit-identical to the portable build and to the kernel header.
-    chunk_update(update, theta, momentum, grad, key, offset, c)
+unsafe fn chunk_update_avx2(job: Chunk<'_>) -> f64 {
+    chunk_update(job)
 }
 
+/// The same code for 512-bit vectors (16 Philox blocks or normals per instruction).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2")]
-unsafe fn chunk_update_avx512(
-    update: Update,
-    theta: &mut [f32],
-    momentum: &mut [f32],
-    grad: &[f32],
-    key: &NoiseKey,
-    offset: usize,
-    c: StepConsts,
-) -> f64 {
-    // Same code for 512-bit vectors (16 Philox blocks or normals per instruction).
-    chunk_update(update, theta, momentum, grad, key, offset, c)
+unsafe fn chunk_update_avx512(job: Chunk<'_>) -> f64 {
+    chunk_update(job)
 }
 
-fn chunk_dispatch(
-    update: Update,
-    theta: &mut [f32],
-    momentum: &mut [f32],
-    grad: &[f32],
-    key: &NoiseKey,
-    offset: usize,
-    c: StepConsts,
-) -> f64 {
+fn chunk_dispatch(job: Chunk<'_>) -> f64 {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f")
@@ -204,14 +192,14 @@ fn chunk_dispatch(
             && std::arch::is_x86_feature_detected!("avx512bw")
         {
             // SAFETY: the CPU supports these features, checked just above.
-            return unsafe { chunk_update_avx512(update, theta, momentum, grad, key, offset, c) };
+            return unsafe { chunk_update_avx512(job) };
         }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2, checked just above.
-            return unsafe { chunk_update_avx2(update, theta, momentum, grad, key, offset, c) };
+            return unsafe { chunk_update_avx2(job) };
         }
     }
-    chunk_update(update, theta, momentum, grad, key, offset, c)
+    chunk_update(job)
 }
 
 /// Applies one fused update to a whole parameter tensor (`theta`, its `momentum` — empty
@@ -235,14 +223,34 @@ pub fn step(
             .zip(momentum.par_chunks_mut(CHUNK))
             .zip(grad.par_chunks(CHUNK))
             .enumerate()
-            .map(|(k, ((t, m), g))| chunk_dispatch(update, t, m, g, &key, k * CHUNK, c))
+            .map(|(k, ((theta, momentum), grad))| {
+                chunk_dispatch(Chunk {
+                    update,
+                    theta,
+                    momentum,
+                    grad,
+                    key: &key,
+                    offset: k * CHUNK,
+                    c,
+                })
+            })
             .collect()
     } else {
         theta
             .par_chunks_mut(CHUNK)
             .zip(grad.par_chunks(CHUNK))
             .enumerate()
-            .map(|(k, (t, g))| chunk_dispatch(update, t, &mut [], g, &key, k * CHUNK, c))
+            .map(|(k, (theta, grad))| {
+                chunk_dispatch(Chunk {
+                    update,
+                    theta,
+                    momentum: &mut [],
+                    grad,
+                    key: &key,
+                    offset: k * CHUNK,
+                    c,
+                })
+            })
             .collect()
     };
     partials.iter().sum()
