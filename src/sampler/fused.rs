@@ -8,7 +8,7 @@ use std::cell::{Cell, RefCell};
 use candle_core::{Device, Tensor, Var};
 
 use super::{
-    check_lengths, Diagnostics, Integrator, Sampler, SamplerConfig, SamplerKind, INIT_STREAM,
+    check_lengths, init_momentum, Diagnostics, Integrator, Sampler, SamplerConfig, SamplerKind,
 };
 use crate::error::{Error, Result};
 use crate::kernels::{buffer::StateBuffer, cpu::FusedStepOp, StepConsts, Update};
@@ -34,25 +34,14 @@ impl Fused {
     pub fn init(config: SamplerConfig, params: &[Var], seed: u64) -> Result<Self> {
         let n = params.iter().map(|p| p.elem_count()).sum();
         let update = update_of(config.kind)?;
-        let scale = config.step_size.sqrt() as f32;
         let device = params.first().map_or(Device::Cpu, |p| p.device().clone());
         let host: Vec<Vec<f32>> = match update {
             Update::Sgld => Vec::new(),
-            Update::Momentum => params
+            // The composed samplers' initial draw, moved into the sampler's own buffers.
+            Update::Momentum => init_momentum(params, config.step_size, seed)?
                 .iter()
-                .enumerate()
-                .map(|(i, p)| {
-                    let mut z = vec![0f32; p.elem_count()];
-                    NoiseKey {
-                        seed,
-                        step: INIT_STREAM,
-                        param: i as u32,
-                    }
-                    .fill(&mut z);
-                    z.iter_mut().for_each(|x| *x *= scale);
-                    z
-                })
-                .collect(),
+                .map(|v| v.flatten_all()?.to_vec1::<f32>())
+                .collect::<candle_core::Result<_>>()?,
         };
         let sum_sq: f64 = host
             .iter()
@@ -92,7 +81,8 @@ impl Fused {
         0.5 * sum_sq / (self.n as f64 * self.config.step_size)
     }
 
-    /// (1 − α, σ) of the current step.
+    /// (α, σ) of the current step: the friction (SGHMC) or thermostat (SGNHT), and the
+    /// injected-noise scale.
     fn friction_and_noise(&self) -> (f64, f64) {
         let c = self.config;
         match c.kind {
