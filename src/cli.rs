@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::model::Activation;
+use crate::potential::Backward;
 use crate::sampler::{Integrator, Kernel, SamplerKind};
 use crate::synthetic::PotentialKind;
 
@@ -175,6 +176,10 @@ pub struct TrainArgs {
     /// Update implementation: one fused pass (default) or composed candle ops (reference).
     #[arg(long, value_enum, default_value_t = Kernel::Fused)]
     pub kernel: Kernel,
+    /// Gradient implementation: the hand-written CPU backward (custom), candle's autograd
+    /// (the reference), or auto (custom on the CPU, autograd elsewhere).
+    #[arg(long, value_enum, default_value_t = Backward::Auto)]
+    pub backward: Backward,
     /// η: step size multiplying ∇U (default depends on the sampler).
     #[arg(long)]
     pub step_size: Option<f64>,

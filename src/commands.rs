@@ -189,6 +189,7 @@ fn train_command(args: TrainArgs, quiet: bool) -> Result<String> {
         model,
         sampler,
         kernel: args.kernel,
+        backward: args.backward,
         prior,
         temperature: args.temperature,
         batch_size: args.batch_size,

@@ -12,7 +12,36 @@ use rand_distr::Distribution;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::kernels::mlp::{BatchLoss, MlpBackprop};
 use crate::model::Mlp;
+
+/// How the gradient of the potential is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Backward {
+    /// The hand-written backward on the CPU, candle's autograd on other devices.
+    Auto,
+    /// The hand-written forward and backward pass ([`crate::kernels::mlp`]); CPU only.
+    Custom,
+    /// candle's autograd: the reference implementation.
+    Autograd,
+}
+
+impl Backward {
+    /// The concrete choice for `device`; an error for `Custom` off the CPU.
+    pub fn resolve(self, device: &candle_core::Device) -> Result<Backward> {
+        match (self, device.is_cpu()) {
+            (Backward::Auto, true) => Ok(Backward::Custom),
+            (Backward::Auto, false) => Ok(Backward::Autograd),
+            (Backward::Custom, false) => Err(Error::Config(
+                "--backward custom runs on the CPU only; use --backward autograd (or auto) \
+                 with --device cuda or metal"
+                    .into(),
+            )),
+            (b, _) => Ok(b),
+        }
+    }
+}
 
 /// The prior on the weights.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -104,6 +133,30 @@ impl Potential {
             temperature,
             prior,
         })
+    }
+
+    /// s = N/(|S|·T): the factor on Σ_{i∈S} ∇(−log p(yᵢ|xᵢ,θ)) in ∇Ũ/T.
+    pub fn likelihood_scale(&self, batch: usize) -> f64 {
+        self.n_data as f64 / (batch as f64 * self.temperature)
+    }
+
+    /// The same gradient as [`Potential::evaluate`] by the hand-written CPU backward: the
+    /// gradients land in `backprop.grads()`; `x` is the minibatch, row-major.
+    pub fn evaluate_fast(
+        &self,
+        backprop: &mut MlpBackprop,
+        model: &Mlp,
+        x: &[f32],
+        y: &[u32],
+    ) -> Result<BatchLoss> {
+        backprop.loss_and_grad(
+            model,
+            x,
+            y,
+            self.likelihood_scale(y.len()),
+            &self.prior.precisions,
+            1.0 / self.temperature,
+        )
     }
 
     /// Gradient of the tempered minibatch potential: autograd on the likelihood term

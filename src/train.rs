@@ -16,9 +16,10 @@ use crate::checkpoint::{self, RunManifest};
 use crate::data::{Dataset, NUM_CLASSES};
 use crate::ensemble::{self, Accumulator};
 use crate::error::{Error, Result};
+use crate::kernels::mlp::MlpBackprop;
 use crate::metrics::Metrics;
 use crate::model::{Mlp, ModelSpec};
-use crate::potential::{Potential, Prior, PriorSpec};
+use crate::potential::{Backward, Potential, Prior, PriorSpec};
 use crate::sampler::{self, Kernel, SamplerConfig};
 
 /// Everything a training run needs besides the data.
@@ -28,6 +29,8 @@ pub struct TrainConfig {
     pub sampler: SamplerConfig,
     /// Fused kernels (default) or the composed reference.
     pub kernel: Kernel,
+    /// Hand-written CPU backward or candle's autograd.
+    pub backward: Backward,
     pub prior: PriorSpec,
     pub temperature: f64,
     pub batch_size: usize,
@@ -169,6 +172,8 @@ pub struct Summary {
     pub num_params: usize,
     pub sampler: SamplerConfig,
     pub kernel: Kernel,
+    /// The gradient implementation used (`custom` or `autograd`).
+    pub backward: Backward,
     pub prior: PriorSpec,
     pub temperature: f64,
     pub batch_size: usize,
@@ -287,6 +292,11 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
     let prior = Prior::new(cfg.prior, model.params.len())?;
     let mut potential = Potential::new(ds.train.len(), cfg.temperature, prior)?;
     let mut sampler = sampler::build_with(cfg.sampler, &vars, cfg.seed, cfg.kernel)?;
+    let backward = cfg.backward.resolve(&device)?;
+    let mut backprop = match backward {
+        Backward::Custom => Some(MlpBackprop::new(&model, cfg.batch_size)?),
+        _ => None,
+    };
     let mut test_acc = Accumulator::new(&ds.test.labels);
     let mut valid_acc = ds.valid.as_ref().map(|v| Accumulator::new(&v.labels));
     let mut shuffle_rng = rand::rngs::StdRng::seed_from_u64(cfg.seed ^ SHUFFLE_STREAM);
@@ -322,20 +332,34 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
                 sampler.set_step_size(eta)?;
             }
             ds.train.gather(idx, &mut xbuf, &mut ybuf);
-            let x = Tensor::from_slice(&xbuf, (idx.len(), dim), &device)?;
-            let y = Tensor::from_slice(&ybuf, idx.len(), &device)?;
-            let eval = potential.evaluate(&model, &x, &y)?;
-            if !eval.nll.is_finite() {
-                return Err(diverged(step, epoch, eval.nll, cfg.sampler.step_size));
-            }
-            sampler.step(&vars, &eval.grads)?;
+            let (nll, hits) = match backprop.as_mut() {
+                Some(bp) => {
+                    let loss = potential.evaluate_fast(bp, &model, &xbuf, &ybuf)?;
+                    if !loss.nll.is_finite() {
+                        return Err(diverged(step, epoch, loss.nll, cfg.sampler.step_size));
+                    }
+                    sampler.step(&vars, bp.grads())?;
+                    (loss.nll, loss.correct)
+                }
+                None => {
+                    let x = Tensor::from_slice(&xbuf, (idx.len(), dim), &device)?;
+                    let y = Tensor::from_slice(&ybuf, idx.len(), &device)?;
+                    let eval = potential.evaluate(&model, &x, &y)?;
+                    if !eval.nll.is_finite() {
+                        return Err(diverged(step, epoch, eval.nll, cfg.sampler.step_size));
+                    }
+                    sampler.step(&vars, &eval.grads)?;
+                    let pred = eval.logits.argmax(1)?.to_vec1::<u32>()?;
+                    let hits = pred.iter().zip(&ybuf).filter(|(p, y)| p == y).count();
+                    (eval.nll, hits)
+                }
+            };
             step += 1;
             step_seconds += t0.elapsed().as_secs_f64();
 
-            let pred = eval.logits.argmax(1)?.to_vec1::<u32>()?;
-            correct += pred.iter().zip(&ybuf).filter(|(p, y)| p == y).count();
+            correct += hits;
             seen += idx.len();
-            nll_sum += eval.nll * idx.len() as f64;
+            nll_sum += nll * idx.len() as f64;
             let diag = sampler.diagnostics();
             if let Some(ke) = diag.kinetic_energy {
                 if !ke.is_finite() {
@@ -409,6 +433,7 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
         num_params: model.num_params(),
         sampler: cfg.sampler,
         kernel: cfg.kernel,
+        backward,
         prior: cfg.prior,
         temperature: cfg.temperature,
         batch_size: cfg.batch_size,
@@ -482,6 +507,7 @@ mod tests {
             model: ModelSpec::default(),
             sampler: SamplerKind::Sghmc.defaults(),
             kernel: Kernel::Fused,
+            backward: Backward::Auto,
             prior: PriorSpec::Gaussian { std: 1.0 },
             temperature: 1.0,
             batch_size: 100,

@@ -21,6 +21,7 @@ pub mod cpu;
 pub mod cuda;
 #[doc(hidden)]
 pub mod host;
+pub mod mlp;
 
 /// Which element update a fused op applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

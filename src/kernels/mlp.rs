@@ -1,0 +1,464 @@
+//! The MLP's forward and backward pass written by hand for the CPU: the fast path of
+//! [`crate::potential::Potential::evaluate_fast`].
+//!
+//! Why not candle's autograd: it builds a graph per step, allocates every intermediate
+//! and every gradient anew, and computes gradients nobody needs (for the input images,
+//! whose matmul alone costs as much as a weight gradient). Here, per step:
+//!
+//! - forward: Zₖ = Aₖ₋₁·Wₖᵀ (one gemm), then bias and activation in one pass;
+//! - loss: log-softmax, NLL, argmax and the output error Δ_L = s·(softmax − onehot) in
+//!   one pass over the logits, with s = N/(|S|·T) the likelihood scale of
+//!   [`crate::potential`];
+//! - backward: ∇Wₖ = Δₖᵀ·Aₖ₋₁ + (λₖ/T)·Wₖ and ∇bₖ = Σ_rows Δₖ + (λₖ/T)·bₖ written straight
+//!   into the gradient tensors; Δₖ₋₁ = (Δₖ·Wₖ) ⊙ act′(Aₖ₋₁) only for k > 1 (no input
+//!   gradient).
+//!
+//! All buffers (activations, errors, gradient tensors) are allocated once and reused: a
+//! steady-state step allocates nothing. The gradient tensors are ordinary candle CPU
+//! tensors written through an in-place op (candle's only sound way to write a tensor's
+//! storage); the samplers read them as usual. The matrix products use the `gemm` crate,
+//! the one candle's own CPU matmul uses, single-threaded below [`PARALLEL_MIN_FLOP`].
+
+use candle_core::{CpuStorage, InplaceOp1, Layout, Storage, Tensor};
+
+use crate::error::{Error, Result};
+use crate::model::{Activation, Mlp};
+
+/// Below this many multiply-adds a product runs on one thread: measured on 2 cores, the
+/// fork-join of a second thread costs more than it saves for the MLP-100 products at
+/// batch 100 (see docs/BENCHMARKS.md).
+pub const PARALLEL_MIN_FLOP: usize = 4_000_000;
+
+/// Loss statistics of one minibatch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchLoss {
+    /// Mean negative log-likelihood per example.
+    pub nll: f64,
+    /// Examples whose arg-max logit is the label.
+    pub correct: usize,
+}
+
+/// Buffers for the forward and backward pass of one MLP, reused across steps.
+#[derive(Debug)]
+pub struct MlpBackprop {
+    /// Layer widths, input first, classes last.
+    widths: Vec<usize>,
+    activation: Activation,
+    /// `acts[k]`: output of layer k+1 (after the activation; logits for the last layer).
+    acts: Vec<Vec<f32>>,
+    /// Output errors of the current and the previous layer.
+    delta: Vec<f32>,
+    delta_prev: Vec<f32>,
+    /// ∇Ũ/T per parameter tensor, in the model's order; overwritten by each step.
+    grads: Vec<Tensor>,
+}
+
+/// Read access to a CPU f32 tensor's contiguous data, holding its storage lock.
+struct CpuView<'a> {
+    guard: candle_core::StorageRef<'a>,
+    range: (usize, usize),
+}
+
+impl<'a> CpuView<'a> {
+    fn new(t: &'a Tensor, what: &str) -> Result<Self> {
+        let (guard, layout) = t.storage_and_layout();
+        let range = layout.contiguous_offsets().ok_or_else(|| {
+            Error::Config(format!("{what}: the CPU backward needs contiguous tensors"))
+        })?;
+        if !matches!(&*guard, Storage::Cpu(CpuStorage::F32(_))) {
+            return Err(Error::Config(format!(
+                "{what}: the hand-written backward runs on f32 CPU tensors only \
+                 (use --backward autograd on other devices)"
+            )));
+        }
+        Ok(CpuView { guard, range })
+    }
+
+    fn slice(&self) -> &[f32] {
+        match &*self.guard {
+            Storage::Cpu(CpuStorage::F32(v)) => &v[self.range.0..self.range.1],
+            _ => unreachable!("checked in CpuView::new"),
+        }
+    }
+}
+
+/// An in-place op that hands the destination's f32 data to a closure: how the backward
+/// writes gradients into candle tensors without an intermediate copy.
+struct WriteWith<'a, F: Fn(&mut [f32])>(&'a F);
+
+impl<F: Fn(&mut [f32])> InplaceOp1 for WriteWith<'_, F> {
+    fn name(&self) -> &'static str {
+        "bnn-mlp-grad"
+    }
+
+    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
+        let CpuStorage::F32(v) = storage else {
+            candle_core::bail!("bnn-mlp-grad: gradient tensors are f32");
+        };
+        let Some((a, b)) = layout.contiguous_offsets() else {
+            candle_core::bail!("bnn-mlp-grad: gradient tensors are contiguous");
+        };
+        (self.0)(&mut v[a..b]);
+        Ok(())
+    }
+}
+
+/// A row-major operand: data, row stride, column stride.
+#[derive(Clone, Copy)]
+struct Mat<'a> {
+    data: &'a [f32],
+    rs: usize,
+    cs: usize,
+}
+
+impl<'a> Mat<'a> {
+    /// A row-major matrix with `cols` columns.
+    fn rows(data: &'a [f32], cols: usize) -> Self {
+        Mat {
+            data,
+            rs: cols,
+            cs: 1,
+        }
+    }
+
+    /// The transpose of a row-major matrix with `cols` columns.
+    fn transposed(data: &'a [f32], cols: usize) -> Self {
+        Mat {
+            data,
+            rs: 1,
+            cs: cols,
+        }
+    }
+
+    /// Offset one past the last element of an (r × c) view.
+    fn extent(&self, r: usize, c: usize) -> usize {
+        if r == 0 || c == 0 {
+            0
+        } else {
+            (r - 1) * self.rs + (c - 1) * self.cs + 1
+        }
+    }
+}
+
+/// dst (m × n, row-major) ← lhs (m × k) · rhs (k × n), plus the old dst if `accumulate`.
+fn matmul(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    accumulate: bool,
+    lhs: Mat<'_>,
+    rhs: Mat<'_>,
+) {
+    // Hard checks: the gemm below reads and writes through raw pointers.
+    assert!(dst.len() >= m * n, "matmul: destination too small");
+    assert!(lhs.data.len() >= lhs.extent(m, k), "matmul: lhs too small");
+    assert!(rhs.data.len() >= rhs.extent(k, n), "matmul: rhs too small");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            dst[..m * n].fill(0.0);
+        }
+        return;
+    }
+    let threads = rayon::current_num_threads();
+    let parallelism = if threads > 1 && m * n * k >= PARALLEL_MIN_FLOP {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: the extents of all three operands were checked against their slices above;
+    // dst is a unique borrow, so it aliases neither source.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            lhs.data.as_ptr(),
+            lhs.cs as isize,
+            lhs.rs as isize,
+            rhs.data.as_ptr(),
+            rhs.cs as isize,
+            rhs.rs as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+}
+
+/// Adds the bias to every row of `z` (rows × width) and applies the activation.
+fn bias_activation(z: &mut [f32], bias: &[f32], act: Option<Activation>) {
+    for row in z.chunks_exact_mut(bias.len()) {
+        match act {
+            None => row.iter_mut().zip(bias).for_each(|(v, b)| *v += b),
+            Some(Activation::Relu) => row
+                .iter_mut()
+                .zip(bias)
+                .for_each(|(v, b)| *v = (*v + b).max(0.0)),
+            Some(Activation::Sigmoid) => row
+                .iter_mut()
+                .zip(bias)
+                .for_each(|(v, b)| *v = 1.0 / (1.0 + (-(*v + b)).exp())),
+        }
+    }
+}
+
+/// Multiplies the back-propagated error by the activation's derivative, written in terms
+/// of the activation's output a: relu′ = [a > 0], sigmoid′ = a(1 − a).
+fn activation_backward(delta: &mut [f32], a: &[f32], act: Activation) {
+    match act {
+        Activation::Relu => delta.iter_mut().zip(a).for_each(|(d, &a)| {
+            if a <= 0.0 {
+                *d = 0.0
+            }
+        }),
+        Activation::Sigmoid => delta
+            .iter_mut()
+            .zip(a)
+            .for_each(|(d, &a)| *d *= a * (1.0 - a)),
+    }
+}
+
+/// Softmax cross-entropy over rows of `logits`: returns the summed NLL and the number of
+/// correct arg-maxes, and writes `scale·(softmax − onehot)` into `delta`.
+fn softmax_xent(
+    logits: &[f32],
+    labels: &[u32],
+    classes: usize,
+    scale: f32,
+    delta: &mut [f32],
+) -> Result<(f64, usize)> {
+    let mut nll = 0f64;
+    let mut correct = 0;
+    for ((z, d), &y) in logits
+        .chunks_exact(classes)
+        .zip(delta.chunks_exact_mut(classes))
+        .zip(labels)
+    {
+        let y = y as usize;
+        if y >= classes {
+            return Err(Error::Config(format!(
+                "label {y} out of range for {classes} classes"
+            )));
+        }
+        let (mut arg, mut max) = (0, f32::NEG_INFINITY);
+        for (j, &v) in z.iter().enumerate() {
+            if v > max {
+                (arg, max) = (j, v);
+            }
+        }
+        let mut sum = 0f32;
+        for (dj, &v) in d.iter_mut().zip(z) {
+            *dj = (v - max).exp();
+            sum += *dj;
+        }
+        nll += (max + sum.ln() - z[y]) as f64;
+        let inv = scale / sum;
+        d.iter_mut().for_each(|dj| *dj *= inv);
+        d[y] -= scale;
+        correct += usize::from(arg == y);
+    }
+    Ok((nll, correct))
+}
+
+impl MlpBackprop {
+    /// Buffers for `model` at minibatches of up to `batch` rows (more rows grow them once).
+    pub fn new(model: &Mlp, batch: usize) -> Result<Self> {
+        let mut widths = vec![model.input_dim];
+        widths.extend(&model.spec.hidden);
+        widths.push(model.num_classes);
+        let max_width = widths.iter().copied().max().unwrap_or(0);
+        let grads = model
+            .params
+            .iter()
+            .map(|p| Ok(Tensor::zeros(p.var.shape(), p.var.dtype(), p.var.device())?))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(MlpBackprop {
+            acts: widths[1..].iter().map(|w| vec![0.0; batch * w]).collect(),
+            delta: vec![0.0; batch * max_width],
+            delta_prev: vec![0.0; batch * max_width],
+            activation: model.spec.activation,
+            widths,
+            grads,
+        })
+    }
+
+    /// The gradients of the last [`MlpBackprop::loss_and_grad`], in the model's order.
+    /// They are overwritten in place by the next call.
+    pub fn grads(&self) -> &[Tensor] {
+        &self.grads
+    }
+
+    fn check(&self, model: &Mlp, x: &[f32], rows: usize) -> Result<()> {
+        let layers = self.widths.len() - 1;
+        let shapes_match = model.params.len() == 2 * layers
+            && (0..layers).all(|k| {
+                let (i, o) = (self.widths[k], self.widths[k + 1]);
+                model.params[2 * k].var.dims() == [o, i]
+                    && model.params[2 * k + 1].var.dims() == [o]
+            });
+        if !shapes_match {
+            return Err(Error::Config(
+                "the backward buffers were built for another model".into(),
+            ));
+        }
+        if x.len() != rows * self.widths[0] {
+            return Err(Error::Config(format!(
+                "a minibatch of {rows} rows needs {} inputs, got {}",
+                rows * self.widths[0],
+                x.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Grows the activation and error buffers to `rows` (once; no-op afterwards).
+    fn reserve(&mut self, rows: usize) {
+        for (a, w) in self.acts.iter_mut().zip(&self.widths[1..]) {
+            if a.len() < rows * w {
+                a.resize(rows * w, 0.0);
+            }
+        }
+        let max_width = self.widths.iter().copied().max().unwrap_or(0);
+        for d in [&mut self.delta, &mut self.delta_prev] {
+            if d.len() < rows * max_width {
+                d.resize(rows * max_width, 0.0);
+            }
+        }
+    }
+
+    /// Forward pass on `rows` inputs `x` (row-major); returns the logits (rows × classes).
+    pub fn forward(&mut self, model: &Mlp, x: &[f32], rows: usize) -> Result<&[f32]> {
+        self.check(model, x, rows)?;
+        self.reserve(rows);
+        let views = model
+            .params
+            .iter()
+            .map(|p| CpuView::new(p.var.as_tensor(), &p.name))
+            .collect::<Result<Vec<_>>>()?;
+        self.forward_with(&views, x, rows);
+        let classes = *self.widths.last().unwrap_or(&0);
+        Ok(&self.acts[self.acts.len() - 1][..rows * classes])
+    }
+
+    fn forward_with(&mut self, views: &[CpuView<'_>], x: &[f32], rows: usize) {
+        let layers = self.widths.len() - 1;
+        for k in 0..layers {
+            let (fan_in, fan_out) = (self.widths[k], self.widths[k + 1]);
+            let (before, after) = self.acts.split_at_mut(k);
+            let input = if k == 0 { x } else { &before[k - 1][..] };
+            let out = &mut after[0][..rows * fan_out];
+            matmul(
+                rows,
+                fan_out,
+                fan_in,
+                out,
+                false,
+                Mat::rows(input, fan_in),
+                Mat::transposed(views[2 * k].slice(), fan_in),
+            );
+            let act = (k + 1 < layers).then_some(self.activation);
+            bias_activation(out, views[2 * k + 1].slice(), act);
+        }
+    }
+
+    /// Forward and backward pass on a minibatch: the mean NLL and correct count, and
+    /// ∇ = `likelihood_scale`·Σᵢ∇(−log p(yᵢ|xᵢ,θ)) + `prior_factor`·`prior_precision[t]`·θ_t
+    /// written into [`MlpBackprop::grads`] for each parameter tensor t.
+    pub fn loss_and_grad(
+        &mut self,
+        model: &Mlp,
+        x: &[f32],
+        labels: &[u32],
+        likelihood_scale: f64,
+        prior_precision: &[f64],
+        prior_factor: f64,
+    ) -> Result<BatchLoss> {
+        let rows = labels.len();
+        self.check(model, x, rows)?;
+        if prior_precision.len() != model.params.len() {
+            return Err(Error::Config(format!(
+                "{} prior precisions for {} parameter tensors",
+                prior_precision.len(),
+                model.params.len()
+            )));
+        }
+        self.reserve(rows);
+        let views = model
+            .params
+            .iter()
+            .map(|p| CpuView::new(p.var.as_tensor(), &p.name))
+            .collect::<Result<Vec<_>>>()?;
+        self.forward_with(&views, x, rows);
+
+        let layers = self.widths.len() - 1;
+        let classes = self.widths[layers];
+        let (nll, correct) = softmax_xent(
+            &self.acts[layers - 1][..rows * classes],
+            labels,
+            classes,
+            likelihood_scale as f32,
+            &mut self.delta[..rows * classes],
+        )?;
+
+        for k in (0..layers).rev() {
+            let (fan_in, fan_out) = (self.widths[k], self.widths[k + 1]);
+            let input = if k == 0 {
+                x
+            } else {
+                &self.acts[k - 1][..rows * fan_in]
+            };
+            let delta = &self.delta[..rows * fan_out];
+            let (w, b) = (views[2 * k].slice(), views[2 * k + 1].slice());
+            let lw = (prior_factor * prior_precision[2 * k]) as f32;
+            let lb = (prior_factor * prior_precision[2 * k + 1]) as f32;
+            // ∇W = Δᵀ·A + λW: the prior term first, then the product accumulated onto it.
+            self.grads[2 * k].inplace_op1(&WriteWith(&|g: &mut [f32]| {
+                g.iter_mut().zip(w).for_each(|(g, &w)| *g = lw * w);
+                matmul(
+                    fan_out,
+                    fan_in,
+                    rows,
+                    g,
+                    true,
+                    Mat::transposed(delta, fan_out),
+                    Mat::rows(input, fan_in),
+                );
+            }))?;
+            self.grads[2 * k + 1].inplace_op1(&WriteWith(&|g: &mut [f32]| {
+                g.iter_mut().zip(b).for_each(|(g, &b)| *g = lb * b);
+                for row in delta.chunks_exact(fan_out) {
+                    g.iter_mut().zip(row).for_each(|(g, &d)| *g += d);
+                }
+            }))?;
+            if k > 0 {
+                let prev = &mut self.delta_prev[..rows * fan_in];
+                matmul(
+                    rows,
+                    fan_in,
+                    fan_out,
+                    prev,
+                    false,
+                    Mat::rows(delta, fan_out),
+                    Mat::rows(w, fan_in),
+                );
+                activation_backward(prev, input, self.activation);
+                std::mem::swap(&mut self.delta, &mut self.delta_prev);
+            }
+        }
+        Ok(BatchLoss {
+            nll: nll / rows.max(1) as f64,
+            correct,
+        })
+    }
+}

@@ -1,0 +1,210 @@
+//! The hand-written MLP backward (src/kernels/mlp.rs) against candle's autograd and
+//! against central finite differences.
+
+use bnn::kernels::mlp::MlpBackprop;
+use bnn::model::{Activation, Mlp, ModelKind, ModelSpec};
+use bnn::potential::{Potential, Prior, PriorSpec};
+use candle_core::{Device, Tensor};
+use rand::{Rng, SeedableRng};
+
+const DIM: usize = 9;
+const CLASSES: usize = 4;
+
+fn net(hidden: &[usize], activation: Activation, seed: u64) -> Mlp {
+    let spec = ModelSpec {
+        kind: ModelKind::Mlp,
+        hidden: hidden.to_vec(),
+        activation,
+    };
+    Mlp::new(&spec, DIM, CLASSES, seed, &Device::Cpu).unwrap()
+}
+
+fn batch(rows: usize, seed: u64) -> (Vec<f32>, Vec<u32>) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let x = (0..rows * DIM)
+        .map(|_| rng.random_range(0.0..1.0))
+        .collect();
+    let y = (0..rows)
+        .map(|_| rng.random_range(0..CLASSES as u32))
+        .collect();
+    (x, y)
+}
+
+/// A potential with a different prior precision on every tensor and T ≠ 1, so that a
+/// mixed-up tensor index or a missing 1/T shows.
+fn potential(m: &Mlp, n_data: usize) -> Potential {
+    let mut prior = Prior::new(
+        PriorSpec::Gamma {
+            shape: 1.0,
+            rate: 1.0,
+        },
+        m.params.len(),
+    )
+    .unwrap();
+    prior.precisions = (0..m.params.len()).map(|i| 0.5 + i as f64).collect();
+    Potential::new(n_data, 0.7, prior).unwrap()
+}
+
+fn flat(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_vec1().unwrap()
+}
+
+fn max_abs(v: &[f32]) -> f32 {
+    v.iter().fold(0f32, |m, x| m.max(x.abs()))
+}
+
+#[test]
+fn custom_backward_equals_autograd() {
+    for (hidden, act) in [
+        (vec![7, 5], Activation::Relu),
+        (vec![6], Activation::Sigmoid),
+        (vec![], Activation::Relu),
+        (vec![16, 3, 8], Activation::Sigmoid),
+    ] {
+        let m = net(&hidden, act, 3);
+        let pot = potential(&m, 1000);
+        let mut bp = MlpBackprop::new(&m, 13).unwrap();
+        for (rows, seed) in [(13, 1), (5, 2), (40, 3)] {
+            let (x, y) = batch(rows, seed);
+            let fast = pot.evaluate_fast(&mut bp, &m, &x, &y).unwrap();
+            let xt = Tensor::from_slice(&x, (rows, DIM), &Device::Cpu).unwrap();
+            let yt = Tensor::from_slice(&y, rows, &Device::Cpu).unwrap();
+            let reference = pot.evaluate(&m, &xt, &yt).unwrap();
+            assert!(
+                (fast.nll - reference.nll).abs() < 1e-5 * reference.nll.max(1.0),
+                "{hidden:?}: nll {} vs {}",
+                fast.nll,
+                reference.nll
+            );
+            let pred = reference
+                .logits
+                .argmax(1)
+                .unwrap()
+                .to_vec1::<u32>()
+                .unwrap();
+            let hits = pred.iter().zip(&y).filter(|(p, y)| p == y).count();
+            assert_eq!(fast.correct, hits, "{hidden:?}");
+            for (k, (g, r)) in bp.grads().iter().zip(&reference.grads).enumerate() {
+                let (g, r) = (flat(g), flat(r));
+                // f32 sums of ≤ 40 terms reordered: agreement to ~1e-6 of the tensor's
+                // scale; 1e-5 leaves room and still catches any wrong term.
+                let tol = 1e-5 * max_abs(&r).max(1e-3);
+                for (i, (a, b)) in g.iter().zip(&r).enumerate() {
+                    assert!(
+                        (a - b).abs() <= tol,
+                        "{hidden:?} {act:?} rows {rows}: tensor {k}[{i}]: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn custom_forward_equals_model_forward() {
+    let m = net(&[12, 6], Activation::Relu, 9);
+    let mut bp = MlpBackprop::new(&m, 8).unwrap();
+    let (x, _) = batch(21, 4);
+    let fast = bp.forward(&m, &x, 21).unwrap().to_vec();
+    let xt = Tensor::from_slice(&x, (21, DIM), &Device::Cpu).unwrap();
+    let reference = flat(&m.forward(&xt).unwrap());
+    assert_eq!(fast.len(), reference.len());
+    for (a, b) in fast.iter().zip(&reference) {
+        assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+    }
+}
+
+/// U(θ)/T on the minibatch in f64 from the custom forward's logits:
+/// (N/|S|)·Σ −log softmax(z)_y + ½ Σ_t λ_t |θ_t|², all over T.
+fn tempered_potential(pot: &Potential, bp: &mut MlpBackprop, m: &Mlp, x: &[f32], y: &[u32]) -> f64 {
+    let logits = bp.forward(m, x, y.len()).unwrap().to_vec();
+    let mut nll = 0f64;
+    for (z, &label) in logits.chunks_exact(CLASSES).zip(y) {
+        let max = z.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
+        let lse = max + z.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
+        nll += lse - z[label as usize] as f64;
+    }
+    let prior: f64 = m
+        .params
+        .iter()
+        .zip(&pot.prior.precisions)
+        .map(|(p, l)| {
+            0.5 * l
+                * flat(p.var.as_tensor())
+                    .iter()
+                    .map(|&v| (v as f64).powi(2))
+                    .sum::<f64>()
+        })
+        .sum();
+    (pot.n_data as f64 / y.len() as f64 * nll + prior) / pot.temperature
+}
+
+#[test]
+fn custom_backward_matches_finite_differences() {
+    for (hidden, act, h) in [
+        (vec![3], Activation::Sigmoid, 1e-2f32),
+        (vec![4, 3], Activation::Relu, 1e-3f32),
+    ] {
+        let m = net(&hidden, act, 5);
+        let pot = potential(&m, 20);
+        let mut bp = MlpBackprop::new(&m, 6).unwrap();
+        let (x, y) = batch(6, 8);
+        pot.evaluate_fast(&mut bp, &m, &x, &y).unwrap();
+        let grads: Vec<Vec<f32>> = bp.grads().iter().map(flat).collect();
+        let mut checked = 0;
+        for (t, p) in m.params.iter().enumerate() {
+            let base = flat(p.var.as_tensor());
+            for i in 0..base.len() {
+                let mut at = |delta: f32| {
+                    let mut v = base.clone();
+                    v[i] += delta;
+                    p.var
+                        .set(&Tensor::from_slice(&v, p.var.shape(), &Device::Cpu).unwrap())
+                        .unwrap();
+                    tempered_potential(&pot, &mut bp, &m, &x, &y)
+                };
+                let fd = (at(h) - at(-h)) / (2.0 * h as f64);
+                at(0.0);
+                let g = grads[t][i] as f64;
+                // Central differences: O(h²) truncation plus f32 rounding of U (~1e-7·|U|/h);
+                // both are far below 2e-3 here, a wrong factor or sign is not.
+                assert!(
+                    (fd - g).abs() <= 2e-3 * fd.abs().max(1.0),
+                    "{hidden:?} {act:?}: {}[{i}]: finite difference {fd} vs backward {g}",
+                    p.name
+                );
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, m.num_params());
+    }
+}
+
+#[test]
+fn repeated_steps_overwrite_rather_than_accumulate() {
+    let m = net(&[10], Activation::Relu, 2);
+    let pot = potential(&m, 100);
+    let mut bp = MlpBackprop::new(&m, 7).unwrap();
+    let (x, y) = batch(7, 1);
+    pot.evaluate_fast(&mut bp, &m, &x, &y).unwrap();
+    let first: Vec<Vec<f32>> = bp.grads().iter().map(flat).collect();
+    let (x2, y2) = batch(7, 2);
+    pot.evaluate_fast(&mut bp, &m, &x2, &y2).unwrap();
+    pot.evaluate_fast(&mut bp, &m, &x, &y).unwrap();
+    let again: Vec<Vec<f32>> = bp.grads().iter().map(flat).collect();
+    assert_eq!(first, again);
+}
+
+#[test]
+fn mismatched_inputs_are_errors() {
+    let m = net(&[10], Activation::Relu, 2);
+    let pot = potential(&m, 100);
+    let mut bp = MlpBackprop::new(&m, 7).unwrap();
+    let (x, y) = batch(7, 1);
+    assert!(pot.evaluate_fast(&mut bp, &m, &x[1..], &y).is_err());
+    let bad_label = vec![CLASSES as u32; 7];
+    let e = pot.evaluate_fast(&mut bp, &m, &x, &bad_label).unwrap_err();
+    assert!(e.to_string().contains("out of range"), "{e}");
+    let other = net(&[11], Activation::Relu, 2);
+    assert!(pot.evaluate_fast(&mut bp, &other, &x, &y).is_err());
+}
