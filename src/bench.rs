@@ -1,15 +1,21 @@
 //! `bnn bench step`: time one sampler update (gradients given) for the fused kernel and
 //! the composed candle-op reference, against a plain parallel copy of the same bytes.
+//! `bnn bench train`: steps per second of the whole training step.
 
 use std::time::Instant;
 
 use candle_core::{Device, Tensor, Var};
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::data::NUM_CLASSES;
 use crate::error::Result;
-use crate::sampler::{self, Kernel, SamplerKind};
+use crate::model::{Mlp, ModelSpec};
+use crate::potential::{Backward, Potential, Prior, PriorSpec};
+use crate::sampler::{self, Integrator, Kernel, SamplerKind};
+use crate::train::Stepper;
 
 /// One row of the benchmark.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -88,6 +94,124 @@ pub fn step(kind: SamplerKind, sizes: &[usize], repeats: usize) -> Result<Vec<St
             fused_gb_per_s: bytes / fused / 1e9,
             fused_fraction_of_copy: copy / fused,
         });
+    }
+    Ok(rows)
+}
+
+/// One row of `bnn bench train`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrainBench {
+    pub model: String,
+    pub batch: usize,
+    pub sampler: String,
+    pub integrator: Integrator,
+    pub backward: Backward,
+    pub kernel: Kernel,
+    pub threads: usize,
+    /// Median over the repeats.
+    pub steps_per_second: f64,
+    pub images_per_second: f64,
+    pub ms_per_step: f64,
+    /// Multiply-adds × 2 of the step's products: forward, weight gradients, and input
+    /// gradients of every layer but the first.
+    pub flop_per_step: f64,
+    pub gflop_per_second: f64,
+    pub repeats: usize,
+    pub steps_per_repeat: usize,
+}
+
+/// FLOP of one training step of an MLP with `widths` (input first) at `batch`.
+pub fn mlp_step_flop(widths: &[usize], batch: usize) -> f64 {
+    let products: Vec<f64> = widths
+        .windows(2)
+        .map(|w| (w[0] * w[1]) as f64)
+        .collect();
+    let all: f64 = products.iter().sum();
+    let input_grads: f64 = products.iter().skip(1).sum();
+    2.0 * batch as f64 * (2.0 * all + input_grads)
+}
+
+/// What `bnn bench train` measures.
+#[derive(Debug, Clone)]
+pub struct TrainBenchOptions {
+    pub hidden: Vec<Vec<usize>>,
+    pub batches: Vec<usize>,
+    pub samplers: Vec<SamplerKind>,
+    pub integrator: Integrator,
+    pub backward: Backward,
+    pub kernel: Kernel,
+    pub repeats: usize,
+    /// Updates per timed repeat at batch 100 (scaled by 100/batch, at least 10).
+    pub steps: usize,
+}
+
+/// Steps per second of the whole training step (gather, forward, backward, update) on
+/// MNIST-shaped data (the built-in subset: real images, nothing to download), after a
+/// warm-up repeat; the median of `repeats`.
+pub fn train(opts: &TrainBenchOptions) -> Result<Vec<TrainBench>> {
+    let ds = crate::data::load_builtin()?;
+    let n = ds.train.len();
+    let mut rows = Vec::new();
+    for hidden in &opts.hidden {
+        let spec = ModelSpec {
+            hidden: hidden.clone(),
+            ..ModelSpec::default()
+        };
+        for &batch in &opts.batches {
+            for &kind in &opts.samplers {
+                let mut config = kind.defaults();
+                config.integrator = opts.integrator;
+                let model = Mlp::new(&spec, ds.train.dim(), NUM_CLASSES, 0, &Device::Cpu)?;
+                let prior = Prior::new(PriorSpec::Gamma { shape: 1.0, rate: 1.0 }, model.params.len())?;
+                let potential = Potential::new(n, 1.0, prior)?;
+                let mut stepper = Stepper::new(
+                    &model,
+                    potential,
+                    config,
+                    opts.kernel,
+                    opts.backward,
+                    0,
+                    batch,
+                )?;
+                let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+                let mut order: Vec<usize> = (0..n).collect();
+                order.shuffle(&mut rng);
+                let steps = (opts.steps * 100 / batch).max(10);
+                let mut cursor = 0;
+                let mut run = |stepper: &mut Stepper| -> Result<()> {
+                    for _ in 0..steps {
+                        if cursor + batch > n {
+                            cursor = 0;
+                        }
+                        stepper.step(&ds.train, &order[cursor..cursor + batch])?;
+                        cursor += batch;
+                    }
+                    Ok(())
+                };
+                let secs = time(opts.repeats, || run(&mut stepper))?;
+                let sps = steps as f64 / secs;
+                let mut widths = vec![ds.train.dim()];
+                widths.extend(hidden);
+                widths.push(NUM_CLASSES);
+                let flop = mlp_step_flop(&widths, batch);
+                rows.push(TrainBench {
+                    model: spec.label(),
+                    batch,
+                    sampler: kind.name().to_string(),
+                    integrator: config.integrator,
+                    backward: stepper.backward,
+                    kernel: opts.kernel,
+                    threads: rayon::current_num_threads(),
+                    steps_per_second: sps,
+                    images_per_second: sps * batch as f64,
+                    ms_per_step: 1e3 / sps,
+                    flop_per_step: flop,
+                    gflop_per_second: flop * sps / 1e9,
+                    repeats: opts.repeats,
+                    steps_per_repeat: steps,
+                });
+            }
+        }
     }
     Ok(rows)
 }

@@ -100,6 +100,38 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 15)]
         repeats: usize,
     },
+    /// GFLOP/s of the matrix products of an MLP step: bnn's kernels against the `gemm`
+    /// crate (what candle's CPU matmul uses).
+    Gemm {
+        /// Timed repetitions per product (the median is reported).
+        #[arg(long, default_value_t = 51)]
+        repeats: usize,
+    },
+    /// Steps per second of the full training step (gather, forward, backward, update).
+    Train {
+        /// Hidden widths of each network, `;`-separated (e.g. "100;400,400").
+        #[arg(long, default_value = "100;400,400")]
+        hidden: String,
+        /// Minibatch sizes.
+        #[arg(long, value_delimiter = ',', default_values_t = [100usize, 1000])]
+        batch: Vec<usize>,
+        /// Samplers.
+        #[arg(long, value_enum, value_delimiter = ',', default_values = ["sghmc", "sgnht"])]
+        sampler: Vec<SamplerKind>,
+        /// Integrator (Euler: the updates of bench/pytorch_reference.py).
+        #[arg(long, value_enum, default_value_t = Integrator::Euler)]
+        integrator: Integrator,
+        #[arg(long, value_enum, default_value_t = Backward::Auto)]
+        backward: Backward,
+        #[arg(long, value_enum, default_value_t = Kernel::Fused)]
+        kernel: Kernel,
+        /// Timed repeats (the median is reported), after one warm-up repeat.
+        #[arg(long, default_value_t = 7)]
+        repeats: usize,
+        /// Updates per repeat at batch 100 (scaled by 100/batch).
+        #[arg(long, default_value_t = 200)]
+        steps: usize,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

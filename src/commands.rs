@@ -77,6 +77,73 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
             }
             json(&crate::bench::step(sampler, &sizes, repeats)?)
         }
+        Command::Bench(BenchCommand::Gemm { repeats }) => {
+            let mut rows = Vec::new();
+            // (m, n, k, A·Bᵀ?): forward, weight gradient and input error of the MNIST MLPs.
+            for batch in [100, 1000] {
+                for (m, n, k, nt, what) in [
+                    (batch, 100, 784, true, "forward 784→100"),
+                    (batch, 100, 784, false, "forward 784→100 nn"),
+                    (batch, 400, 784, false, "forward 784→400 nn"),
+                    (100, 784, batch, false, "weight grad 100×784"),
+                    (batch, 400, 784, true, "forward 784→400"),
+                    (batch, 400, 400, true, "forward 400→400"),
+                    (400, 784, batch, false, "weight grad 400×784"),
+                    (400, 400, batch, false, "weight grad 400×400"),
+                    (batch, 400, 400, false, "input error 400×400"),
+                ] {
+                    let (ours, crate_gemm) = crate::kernels::gemm::bench(m, n, k, nt, repeats.max(1));
+                    rows.push(serde_json::json!({
+                        "product": what, "batch": batch, "m": m, "n": n, "k": k,
+                        "layout": if nt { "nt" } else { "nn" },
+                        "bnn_gflop_per_s": ours, "gemm_crate_gflop_per_s": crate_gemm,
+                    }));
+                }
+            }
+            json(&rows)
+        }
+        Command::Bench(BenchCommand::Train {
+            hidden,
+            batch,
+            sampler,
+            integrator,
+            backward,
+            kernel,
+            repeats,
+            steps,
+        }) => {
+            let hidden = hidden
+                .split(';')
+                .map(|net| {
+                    net.split(',')
+                        .filter(|w| !w.trim().is_empty())
+                        .map(|w| {
+                            w.trim().parse::<usize>().ok().filter(|&w| w > 0).ok_or_else(|| {
+                                Error::Config(format!(
+                                    "--hidden: `{w}` is not a positive width (e.g. \"100;400,400\")"
+                                ))
+                            })
+                        })
+                        .collect::<Result<Vec<usize>>>()
+                })
+                .collect::<Result<Vec<_>>>()?;
+            if batch.contains(&0) || batch.iter().any(|&b| b > 10_000) || repeats == 0 || steps == 0 {
+                return Err(Error::Config(
+                    "bench train needs batches in 1..=10000 and positive repeats and steps".into(),
+                ));
+            }
+            let opts = crate::bench::TrainBenchOptions {
+                hidden,
+                batches: batch,
+                samplers: sampler,
+                integrator,
+                backward,
+                kernel,
+                repeats,
+                steps,
+            };
+            json(&crate::bench::train(&opts)?)
+        }
         Command::Data(DataCommand::Verify { data }) => {
             let spec = spec_of(&data.dataset)?;
             let dirs = data::candidate_dirs(&spec, data.data_dir.as_deref());

@@ -7,20 +7,20 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use candle_core::{Device, Tensor};
+use candle_core::{Device, Tensor, Var};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, RunManifest};
-use crate::data::{Dataset, NUM_CLASSES};
+use crate::data::{Dataset, Split, NUM_CLASSES};
 use crate::ensemble::{self, Accumulator};
 use crate::error::{Error, Result};
-use crate::kernels::mlp::MlpBackprop;
+use crate::kernels::mlp::{BatchLoss, MlpBackprop};
 use crate::metrics::Metrics;
 use crate::model::{Mlp, ModelSpec};
 use crate::potential::{Backward, Potential, Prior, PriorSpec};
-use crate::sampler::{self, Kernel, SamplerConfig};
+use crate::sampler::{self, Kernel, Sampler, SamplerConfig};
 
 /// Everything a training run needs besides the data.
 #[derive(Debug, Clone)]
@@ -245,6 +245,82 @@ const SHUFFLE_STREAM: u64 = 0x5348_5546_464c_4500;
 /// Seed of the prior's Gibbs steps.
 const GIBBS_STREAM: u64 = 0x4749_4242_5300_0000;
 
+/// One training update (minibatch gather, forward, backward, sampler step) with the
+/// buffers it reuses; shared by [`train`] and `bnn bench train`.
+pub struct Stepper {
+    model: Mlp,
+    vars: Vec<Var>,
+    pub potential: Potential,
+    pub sampler: Box<dyn Sampler>,
+    /// The gradient implementation in use (`auto` resolved).
+    pub backward: Backward,
+    backprop: Option<MlpBackprop>,
+    xbuf: Vec<f32>,
+    ybuf: Vec<u32>,
+}
+
+impl Stepper {
+    /// A stepper for `model` (whose parameters it updates in place) on minibatches of
+    /// `batch` examples.
+    pub fn new(
+        model: &Mlp,
+        potential: Potential,
+        sampler: SamplerConfig,
+        kernel: Kernel,
+        backward: Backward,
+        seed: u64,
+        batch: usize,
+    ) -> Result<Self> {
+        let vars = model.vars();
+        let device = vars
+            .first()
+            .map_or(Device::Cpu, |v| v.device().clone());
+        let backward = backward.resolve(&device)?;
+        let backprop = match backward {
+            Backward::Custom => Some(MlpBackprop::new(model, batch)?),
+            _ => None,
+        };
+        Ok(Stepper {
+            model: model.clone(),
+            sampler: sampler::build_with(sampler, &vars, seed, kernel)?,
+            vars,
+            potential,
+            backward,
+            backprop,
+            xbuf: Vec::new(),
+            ybuf: Vec::new(),
+        })
+    }
+
+    /// One update on the examples `idx` of `split`. Returns the minibatch loss; when it is
+    /// not finite the parameters are left as they were.
+    pub fn step(&mut self, split: &Split, idx: &[usize]) -> Result<BatchLoss> {
+        split.gather(idx, &mut self.xbuf, &mut self.ybuf);
+        if let Some(bp) = self.backprop.as_mut() {
+            let loss = self
+                .potential
+                .evaluate_fast(bp, &self.model, &self.xbuf, &self.ybuf)?;
+            if loss.nll.is_finite() {
+                self.sampler.step(&self.vars, bp.grads())?;
+            }
+            return Ok(loss);
+        }
+        let device = self.vars[0].device();
+        let x = Tensor::from_slice(&self.xbuf, (idx.len(), split.dim()), device)?;
+        let y = Tensor::from_slice(&self.ybuf, idx.len(), device)?;
+        let eval = self.potential.evaluate(&self.model, &x, &y)?;
+        if eval.nll.is_finite() {
+            self.sampler.step(&self.vars, &eval.grads)?;
+        }
+        let pred = eval.logits.argmax(1)?.to_vec1::<u32>()?;
+        let correct = pred.iter().zip(&self.ybuf).filter(|(p, y)| p == y).count();
+        Ok(BatchLoss {
+            nll: eval.nll,
+            correct,
+        })
+    }
+}
+
 /// Trains on `ds` and returns the summary (also written to `summary.json`).
 pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
     cfg.validate(ds.train.len())?;
@@ -290,13 +366,17 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
     }
 
     let prior = Prior::new(cfg.prior, model.params.len())?;
-    let mut potential = Potential::new(ds.train.len(), cfg.temperature, prior)?;
-    let mut sampler = sampler::build_with(cfg.sampler, &vars, cfg.seed, cfg.kernel)?;
-    let backward = cfg.backward.resolve(&device)?;
-    let mut backprop = match backward {
-        Backward::Custom => Some(MlpBackprop::new(&model, cfg.batch_size)?),
-        _ => None,
-    };
+    let potential = Potential::new(ds.train.len(), cfg.temperature, prior)?;
+    let mut stepper = Stepper::new(
+        &model,
+        potential,
+        cfg.sampler,
+        cfg.kernel,
+        cfg.backward,
+        cfg.seed,
+        cfg.batch_size,
+    )?;
+    let backward = stepper.backward;
     let mut test_acc = Accumulator::new(&ds.test.labels);
     let mut valid_acc = ds.valid.as_ref().map(|v| Accumulator::new(&v.labels));
     let mut shuffle_rng = rand::rngs::StdRng::seed_from_u64(cfg.seed ^ SHUFFLE_STREAM);
@@ -305,7 +385,6 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
     let batches_per_epoch = n / cfg.batch_size;
     let total_steps = (batches_per_epoch * cfg.epochs) as u64;
     let mut order: Vec<usize> = (0..n).collect();
-    let (mut xbuf, mut ybuf) = (Vec::new(), Vec::new());
     let started = Instant::now();
     let mut step_seconds = 0f64;
     let mut step: u64 = 0;
@@ -328,39 +407,20 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
         for (b, idx) in order.chunks_exact(cfg.batch_size).enumerate() {
             let t0 = Instant::now();
             let eta = cfg.step_size_of(step, total_steps, epoch);
-            if eta != sampler.config().step_size {
-                sampler.set_step_size(eta)?;
+            if eta != stepper.sampler.config().step_size {
+                stepper.sampler.set_step_size(eta)?;
             }
-            ds.train.gather(idx, &mut xbuf, &mut ybuf);
-            let (nll, hits) = match backprop.as_mut() {
-                Some(bp) => {
-                    let loss = potential.evaluate_fast(bp, &model, &xbuf, &ybuf)?;
-                    if !loss.nll.is_finite() {
-                        return Err(diverged(step, epoch, loss.nll, cfg.sampler.step_size));
-                    }
-                    sampler.step(&vars, bp.grads())?;
-                    (loss.nll, loss.correct)
-                }
-                None => {
-                    let x = Tensor::from_slice(&xbuf, (idx.len(), dim), &device)?;
-                    let y = Tensor::from_slice(&ybuf, idx.len(), &device)?;
-                    let eval = potential.evaluate(&model, &x, &y)?;
-                    if !eval.nll.is_finite() {
-                        return Err(diverged(step, epoch, eval.nll, cfg.sampler.step_size));
-                    }
-                    sampler.step(&vars, &eval.grads)?;
-                    let pred = eval.logits.argmax(1)?.to_vec1::<u32>()?;
-                    let hits = pred.iter().zip(&ybuf).filter(|(p, y)| p == y).count();
-                    (eval.nll, hits)
-                }
-            };
+            let loss = stepper.step(&ds.train, idx)?;
+            if !loss.nll.is_finite() {
+                return Err(diverged(step, epoch, loss.nll, cfg.sampler.step_size));
+            }
             step += 1;
             step_seconds += t0.elapsed().as_secs_f64();
 
-            correct += hits;
+            correct += loss.correct;
             seen += idx.len();
-            nll_sum += nll * idx.len() as f64;
-            let diag = sampler.diagnostics();
+            nll_sum += loss.nll * idx.len() as f64;
+            let diag = stepper.sampler.diagnostics();
             if let Some(ke) = diag.kinetic_energy {
                 if !ke.is_finite() {
                     return Err(diverged(step, epoch, ke, cfg.sampler.step_size));
@@ -391,12 +451,12 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
             }
         }
         bar.finish_and_clear();
-        potential.prior.gibbs_step(
+        stepper.potential.prior.gibbs_step(
             &vars,
             cfg.temperature,
             cfg.seed ^ GIBBS_STREAM ^ epoch as u64,
         )?;
-        let diag = sampler.diagnostics();
+        let diag = stepper.sampler.diagnostics();
         let record = EpochRecord {
             epoch: epoch + 1,
             steps: step,
@@ -405,7 +465,7 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
             step_size,
             kinetic_energy: (ke_count > 0).then(|| ke_sum / ke_count as f64),
             thermostat: diag.thermostat,
-            prior_precisions: potential.prior.precisions.clone(),
+            prior_precisions: stepper.potential.prior.precisions.clone(),
             samples: test_acc.samples(),
             test_ensemble: test_acc.metrics(),
             test_last_sample: test_acc.last_sample,

@@ -16,18 +16,14 @@
 //! All buffers (activations, errors, gradient tensors) are allocated once and reused: a
 //! steady-state step allocates nothing. The gradient tensors are ordinary candle CPU
 //! tensors written through an in-place op (candle's only sound way to write a tensor's
-//! storage); the samplers read them as usual. The matrix products use the `gemm` crate,
-//! the one candle's own CPU matmul uses, single-threaded below [`PARALLEL_MIN_FLOP`].
+//! storage); the samplers read them as usual. The matrix products are
+//! [`super::gemm::matmul`].
 
 use candle_core::{CpuStorage, InplaceOp1, Layout, Storage, Tensor};
 
+use super::gemm::{matmul, transpose, Mat};
 use crate::error::{Error, Result};
 use crate::model::{Activation, Mlp};
-
-/// Below this many multiply-adds a product runs on one thread: measured on 2 cores, the
-/// fork-join of a second thread costs more than it saves for the MLP-100 products at
-/// batch 100 (see docs/BENCHMARKS.md).
-pub const PARALLEL_MIN_FLOP: usize = 4_000_000;
 
 /// Loss statistics of one minibatch.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -46,6 +42,9 @@ pub struct MlpBackprop {
     activation: Activation,
     /// `acts[k]`: output of layer k+1 (after the activation; logits for the last layer).
     acts: Vec<Vec<f32>>,
+    /// Wᵀ of each layer (in × out), refreshed every forward pass: the forward product
+    /// X·Wᵀ then runs on the faster of the two kernels.
+    transposed: Vec<Vec<f32>>,
     /// Output errors of the current and the previous layer.
     delta: Vec<f32>,
     delta_prev: Vec<f32>,
@@ -100,99 +99,6 @@ impl<F: Fn(&mut [f32])> InplaceOp1 for WriteWith<'_, F> {
         };
         (self.0)(&mut v[a..b]);
         Ok(())
-    }
-}
-
-/// A row-major operand: data, row stride, column stride.
-#[derive(Clone, Copy)]
-struct Mat<'a> {
-    data: &'a [f32],
-    rs: usize,
-    cs: usize,
-}
-
-impl<'a> Mat<'a> {
-    /// A row-major matrix with `cols` columns.
-    fn rows(data: &'a [f32], cols: usize) -> Self {
-        Mat {
-            data,
-            rs: cols,
-            cs: 1,
-        }
-    }
-
-    /// The transpose of a row-major matrix with `cols` columns.
-    fn transposed(data: &'a [f32], cols: usize) -> Self {
-        Mat {
-            data,
-            rs: 1,
-            cs: cols,
-        }
-    }
-
-    /// Offset one past the last element of an (r × c) view.
-    fn extent(&self, r: usize, c: usize) -> usize {
-        if r == 0 || c == 0 {
-            0
-        } else {
-            (r - 1) * self.rs + (c - 1) * self.cs + 1
-        }
-    }
-}
-
-/// dst (m × n, row-major) ← lhs (m × k) · rhs (k × n), plus the old dst if `accumulate`.
-fn matmul(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: &mut [f32],
-    accumulate: bool,
-    lhs: Mat<'_>,
-    rhs: Mat<'_>,
-) {
-    // Hard checks: the gemm below reads and writes through raw pointers.
-    assert!(dst.len() >= m * n, "matmul: destination too small");
-    assert!(lhs.data.len() >= lhs.extent(m, k), "matmul: lhs too small");
-    assert!(rhs.data.len() >= rhs.extent(k, n), "matmul: rhs too small");
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        if !accumulate {
-            dst[..m * n].fill(0.0);
-        }
-        return;
-    }
-    let threads = rayon::current_num_threads();
-    let parallelism = if threads > 1 && m * n * k >= PARALLEL_MIN_FLOP {
-        gemm::Parallelism::Rayon(threads)
-    } else {
-        gemm::Parallelism::None
-    };
-    // SAFETY: the extents of all three operands were checked against their slices above;
-    // dst is a unique borrow, so it aliases neither source.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            n as isize,
-            accumulate,
-            lhs.data.as_ptr(),
-            lhs.cs as isize,
-            lhs.rs as isize,
-            rhs.data.as_ptr(),
-            rhs.cs as isize,
-            rhs.rs as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism,
-        );
     }
 }
 
@@ -285,6 +191,7 @@ impl MlpBackprop {
             .collect::<Result<Vec<_>>>()?;
         Ok(MlpBackprop {
             acts: widths[1..].iter().map(|w| vec![0.0; batch * w]).collect(),
+            transposed: widths.windows(2).map(|w| vec![0.0; w[0] * w[1]]).collect(),
             delta: vec![0.0; batch * max_width],
             delta_prev: vec![0.0; batch * max_width],
             activation: model.spec.activation,
@@ -358,6 +265,8 @@ impl MlpBackprop {
             let (before, after) = self.acts.split_at_mut(k);
             let input = if k == 0 { x } else { &before[k - 1][..] };
             let out = &mut after[0][..rows * fan_out];
+            let wt = &mut self.transposed[k];
+            transpose(views[2 * k].slice(), fan_out, fan_in, wt);
             matmul(
                 rows,
                 fan_out,
@@ -365,7 +274,7 @@ impl MlpBackprop {
                 out,
                 false,
                 Mat::rows(input, fan_in),
-                Mat::transposed(views[2 * k].slice(), fan_in),
+                Mat::rows(wt, fan_out),
             );
             let act = (k + 1 < layers).then_some(self.activation);
             bias_activation(out, views[2 * k + 1].slice(), act);

@@ -17,6 +17,7 @@
 
 pub mod buffer;
 pub mod cpu;
+pub mod gemm;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[doc(hidden)]

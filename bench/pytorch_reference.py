@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""PyTorch reference for `bnn bench train`: the same MLPs and the same SGHMC / SGNHT
+updates (Euler, v-form: eta = h^2, v = p*h, alpha = xi*h, a = A*h), hand-written in
+PyTorch eager, as fast as we can honestly make it:
+
+- all parameters in one flat vector (theta), with views for each W and b; the
+  momentum, the gradient and a noise buffer flat and pre-allocated; updates in place;
+- two ways to get the gradient, both timed (`--mode both`, the default) so the faster
+  one is the reference:
+  * `autograd`: torch.autograd.grad of the scaled cross-entropy w.r.t. the flat
+    parameter leaf (the input needs no gradient, so none is computed);
+  * `manual`: forward and backward written out with torch.addmm/mm into pre-allocated
+    buffers (out=...), no autograd at all;
+- the minibatch is gathered from a uint8 tensor of the whole training set and scaled
+  to [0, 1], as `bnn` does.
+
+Data: the 10,000 real MNIST images of bnn's built-in set (data/mnist-mini), the same
+images `bnn bench train` uses. Prints one JSON array on stdout with rows shaped like
+`bnn bench train`'s.
+
+Install (CPU): python3 -m venv venv && venv/bin/pip install torch numpy
+Run:           venv/bin/python bench/pytorch_reference.py --repeats 7
+"""
+
+import argparse
+import gzip
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MINI = os.path.join(HERE, "..", "data", "mnist-mini")
+
+# bnn's defaults (src/sampler/mod.rs): eta = 2e-6; SGHMC alpha = 0.1; SGNHT a = 0.1.
+STEP_SIZE = 2e-6
+FRICTION = 0.1
+DIFFUSION = 0.1
+PRIOR_PRECISION = 1.0  # Gamma(1, 1) prior's initial precision, as in bnn
+
+
+def read_idx(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    ndim = data[3]
+    dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+class Mlp:
+    """Flat parameters with per-layer views, PyTorch's default init."""
+
+    def __init__(self, widths, batch, gen):
+        self.widths = widths
+        sizes = [(o, i) for i, o in zip(widths[:-1], widths[1:])]
+        n = sum(o * i + o for o, i in sizes)
+        self.theta = torch.empty(n)
+        self.grad = torch.zeros(n)
+        self.W, self.b, self.gW, self.gb = [], [], [], []
+        at = 0
+        for o, i in sizes:
+            bound = 1.0 / math.sqrt(i)
+            for shape, params, grads in (((o, i), self.W, self.gW), ((o,), self.b, self.gb)):
+                size = math.prod(shape)
+                view = self.theta[at : at + size].view(shape)
+                view.uniform_(-bound, bound, generator=gen)
+                params.append(view)
+                grads.append(self.grad[at : at + size].view(shape))
+                at += size
+        self.n = n
+        # Buffers of the manual backward.
+        self.acts = [torch.empty(batch, w) for w in widths[1:]]
+        self.deltas = [torch.empty(batch, w) for w in widths[1:]]
+
+    def forward_autograd(self, theta, x):
+        at = 0
+        h = x
+        layers = len(self.widths) - 1
+        for k, (i, o) in enumerate(zip(self.widths[:-1], self.widths[1:])):
+            W = theta[at : at + o * i].view(o, i)
+            at += o * i
+            b = theta[at : at + o]
+            at += o
+            h = torch.addmm(b, h, W.t())
+            if k + 1 < layers:
+                h = torch.relu(h)
+        return h
+
+    def grad_autograd(self, x, y, scale):
+        theta = self.theta.detach().requires_grad_(True)
+        logits = self.forward_autograd(theta, x)
+        loss = torch.nn.functional.cross_entropy(logits, y, reduction="sum") * scale
+        (g,) = torch.autograd.grad(loss, theta)
+        # Prior: + lambda * theta.
+        torch.add(g, self.theta, alpha=PRIOR_PRECISION, out=self.grad)
+
+    def grad_manual(self, x, y, scale):
+        layers = len(self.widths) - 1
+        h = x
+        for k in range(layers):
+            out = self.acts[k]
+            torch.addmm(self.b[k], h, self.W[k].t(), out=out)
+            if k + 1 < layers:
+                out.relu_()
+            h = out
+        d = self.deltas[-1]
+        torch.softmax(h, dim=1, out=d)
+        d[torch.arange(d.shape[0]), y] -= 1.0
+        d.mul_(scale)
+        for k in reversed(range(layers)):
+            inp = x if k == 0 else self.acts[k - 1]
+            # gW = d^T inp + lambda W ; gb = sum d + lambda b
+            torch.addmm(self.W[k], d.t(), inp, beta=PRIOR_PRECISION, out=self.gW[k])
+            torch.sum(d, dim=0, out=self.gb[k])
+            self.gb[k].add_(self.b[k], alpha=PRIOR_PRECISION)
+            if k > 0:
+                prev = self.deltas[k - 1]
+                torch.mm(d, self.W[k], out=prev)
+                prev.mul_(self.acts[k - 1] > 0)
+                d = prev
+
+
+def run(widths, batch, sampler, mode, steps, repeats, images, gen):
+    n_data = images.shape[0]
+    model = Mlp(widths, batch, gen)
+    eta = STEP_SIZE
+    v = torch.randn(model.n, generator=gen) * math.sqrt(eta)
+    noise = torch.empty(model.n)
+    alpha = DIFFUSION
+    scale = n_data / batch
+    order = torch.randperm(n_data, generator=gen)
+    labels = torch.from_numpy(LABELS.astype(np.int64))
+    grad_fn = model.grad_autograd if mode == "autograd" else model.grad_manual
+    cursor = 0
+
+    def one_step():
+        nonlocal cursor, alpha
+        if cursor + batch > n_data:
+            cursor = 0
+        idx = order[cursor : cursor + batch]
+        cursor += batch
+        x = images.index_select(0, idx).float().div_(255.0)
+        y = labels.index_select(0, idx)
+        grad_fn(x, y, scale)
+        noise.normal_(generator=gen)
+        if sampler == "sghmc":
+            # v <- (1 - alpha) v - eta g + sqrt(2 alpha eta) z ; theta <- theta + v
+            v.mul_(1.0 - FRICTION).add_(model.grad, alpha=-eta)
+            v.add_(noise, alpha=math.sqrt(2.0 * FRICTION * eta))
+            model.theta.add_(v)
+        else:
+            # SGNHT (Ding et al. Alg. 2): v <- (1 - alpha) v - eta g + sqrt(2 a eta) z;
+            # theta <- theta + v; alpha <- alpha + v.v/n - eta
+            v.mul_(1.0 - alpha).add_(model.grad, alpha=-eta)
+            v.add_(noise, alpha=math.sqrt(2.0 * DIFFUSION * eta))
+            model.theta.add_(v)
+            alpha += float(torch.dot(v, v)) / model.n - eta
+
+    def timed():
+        t = time.perf_counter()
+        for _ in range(steps):
+            one_step()
+        return time.perf_counter() - t
+
+    with torch.no_grad() if mode == "manual" else torch.enable_grad():
+        timed()  # warm-up
+        secs = statistics.median(timed() for _ in range(repeats))
+    if not torch.isfinite(model.theta).all():
+        sys.exit(f"{sampler} diverged at batch {batch}: the timing would not be of a real step")
+    sps = steps / secs
+    flop = 2.0 * batch * sum(
+        (2.0 if k == 0 else 3.0) * i * o for k, (i, o) in enumerate(zip(widths[:-1], widths[1:]))
+    )
+    return {
+        "model": "mlp-" + "-".join(str(w) for w in widths[1:-1]) + "-relu",
+        "batch": batch,
+        "sampler": sampler,
+        "mode": mode,
+        "threads": torch.get_num_threads(),
+        "steps_per_second": sps,
+        "images_per_second": sps * batch,
+        "ms_per_step": 1e3 / sps,
+        "flop_per_step": flop,
+        "gflop_per_second": flop * sps / 1e9,
+        "repeats": repeats,
+        "steps_per_repeat": steps,
+        "torch": torch.__version__,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--hidden", default="100;400,400")
+    ap.add_argument("--batch", default="100,1000")
+    ap.add_argument("--sampler", default="sghmc,sgnht")
+    ap.add_argument("--mode", default="both", choices=["both", "autograd", "manual"])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=200, help="updates per repeat at batch 100")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: PyTorch's default)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    global LABELS
+    images = torch.from_numpy(
+        read_idx(os.path.join(MINI, "train-images-idx3-ubyte.gz")).reshape(-1, 784).copy()
+    )
+    LABELS = read_idx(os.path.join(MINI, "train-labels-idx1-ubyte.gz"))
+    gen = torch.Generator().manual_seed(0)
+    modes = ["autograd", "manual"] if args.mode == "both" else [args.mode]
+    rows = []
+    for hidden in args.hidden.split(";"):
+        widths = [784] + [int(w) for w in hidden.split(",") if w] + [10]
+        for batch in (int(b) for b in args.batch.split(",")):
+            steps = max(10, args.steps * 100 // batch)
+            for sampler in args.sampler.split(","):
+                for mode in modes:
+                    rows.append(run(widths, batch, sampler, mode, steps, args.repeats, images, gen))
+    print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,710 @@
+//! Single-precision matrix products for the MLP backward, with AVX-512 micro-kernels
+//! that need no packing, and the `gemm` crate (candle's CPU matmul) as the fallback.
+//!
+//! Why our own: the `gemm` crate uses 256-bit kernels on stable Rust (its AVX-512 ones
+//! need nightly), about half of what this CPU can do, and it copies operands into packed
+//! panels, which at batch 100 costs as much as the arithmetic. The three products of an
+//! MLP step need no packing if each gets the kernel that suits its layout:
+//!
+//! - `nt`: C = A·Bᵀ with A and B both row-major along k (forward: Z = X·Wᵀ): a tile of
+//!   4 × 6 outputs keeps 24 vector accumulators over k, loads 10 vectors per 24 FMAs and
+//!   reduces each accumulator once at the end;
+//! - `nn`: C = A·B with B row-major along n (weight gradient Δᵀ·X, input error Δ·W): a
+//!   tile of 8 rows × 48 columns keeps 24 accumulators, loads 3 vectors of B and
+//!   broadcasts 8 scalars of A (any strides) per step of k.
+//!
+//! Edges are handled with masked loads and stores, never by reading or writing outside
+//! the operands. Two threads split the output (rows or columns) above
+//! [`PARALLEL_MIN_MACS`] multiply-adds.
+
+/// Below this many multiply-adds a product runs on one thread: on 2 cores the fork-join
+/// of a second thread costs more than it saves for smaller products (docs/BENCHMARKS.md).
+pub const PARALLEL_MIN_MACS: usize = 1_000_000;
+
+/// A matrix operand: element (i, j) at `data[i·rs + j·cs]`.
+#[derive(Clone, Copy)]
+pub struct Mat<'a> {
+    pub data: &'a [f32],
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl<'a> Mat<'a> {
+    /// A row-major matrix with `cols` columns.
+    pub fn rows(data: &'a [f32], cols: usize) -> Self {
+        Mat {
+            data,
+            rs: cols,
+            cs: 1,
+        }
+    }
+
+    /// The transpose of a row-major matrix with `cols` columns.
+    pub fn transposed(data: &'a [f32], cols: usize) -> Self {
+        Mat {
+            data,
+            rs: 1,
+            cs: cols,
+        }
+    }
+
+    /// Offset one past the last element of an (r × c) view.
+    fn extent(&self, r: usize, c: usize) -> usize {
+        if r == 0 || c == 0 {
+            0
+        } else {
+            (r - 1) * self.rs + (c - 1) * self.cs + 1
+        }
+    }
+}
+
+/// dst (m × n, row-major) ← lhs (m × k) · rhs (k × n), plus the old dst if `accumulate`.
+pub fn matmul(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    accumulate: bool,
+    lhs: Mat<'_>,
+    rhs: Mat<'_>,
+) {
+    // Hard checks: everything below reads and writes through raw pointers.
+    assert!(dst.len() >= m * n, "matmul: destination too small");
+    assert!(lhs.data.len() >= lhs.extent(m, k), "matmul: lhs too small");
+    assert!(rhs.data.len() >= rhs.extent(k, n), "matmul: rhs too small");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            dst[..m * n].fill(0.0);
+        }
+        return;
+    }
+    let threads = if m * n * k >= PARALLEL_MIN_MACS {
+        rayon::current_num_threads()
+    } else {
+        1
+    };
+    #[cfg(target_arch = "x86_64")]
+    if avx512::available() {
+        // SAFETY: extents checked above; the CPU has AVX-512F (checked).
+        unsafe {
+            if lhs.cs == 1 && rhs.rs == 1 {
+                avx512::nt(m, n, k, dst, accumulate, lhs, rhs, threads);
+                return;
+            }
+            if rhs.cs == 1 {
+                avx512::nn(m, n, k, dst, accumulate, lhs, rhs, threads);
+                return;
+            }
+        }
+    }
+    fallback(m, n, k, dst, accumulate, lhs, rhs, threads);
+}
+
+/// The `gemm` crate (what candle's CPU matmul calls).
+#[allow(clippy::too_many_arguments)]
+fn fallback(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    accumulate: bool,
+    lhs: Mat<'_>,
+    rhs: Mat<'_>,
+    threads: usize,
+) {
+    let parallelism = if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: the caller checked the extents of all three operands against their slices;
+    // dst is a unique borrow, so it aliases neither source.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            lhs.data.as_ptr(),
+            lhs.cs as isize,
+            lhs.rs as isize,
+            rhs.data.as_ptr(),
+            rhs.cs as isize,
+            rhs.rs as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+}
+
+/// A raw output pointer shared by the threads of one product, each writing its own
+/// disjoint rows or columns.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: the parts of a product write disjoint elements; the pointer is only used
+// while the product's exclusive borrow of the destination lasts.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// Runs `part(start, end)` over `parts` even splits of `0..len` (rounded to `align`),
+/// in parallel when `parts` > 1.
+fn split(len: usize, parts: usize, align: usize, part: impl Fn(usize, usize) + Sync) {
+    let parts = parts.min(len.div_ceil(align)).max(1);
+    if parts == 1 {
+        part(0, len);
+        return;
+    }
+    let per = len.div_ceil(parts).div_ceil(align) * align;
+    rayon::scope(|s| {
+        for p in 1..parts {
+            let part = &part;
+            s.spawn(move |_| {
+                let (a, b) = ((p * per).min(len), ((p + 1) * per).min(len));
+                if a < b {
+                    part(a, b)
+                }
+            });
+        }
+        part(0, per.min(len));
+    });
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{split, Mat, OutPtr};
+
+    pub fn available() -> bool {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+
+    /// Mask of the first `n` (≤ 16) lanes.
+    #[inline(always)]
+    fn mask(n: usize) -> __mmask16 {
+        if n >= 16 {
+            0xFFFF
+        } else {
+            ((1u32 << n) - 1) as __mmask16
+        }
+    }
+
+    /// Transpose in 16 × 16 blocks held in registers: unpack pairs of rows, shuffle
+    /// within 128-bit lanes, then exchange lanes (partial blocks by masks).
+    ///
+    /// # Safety
+    /// AVX-512F present; `src` holds `rows · cols` elements, `dst` the rows `first..end`
+    /// of the transpose, (end − first) · rows elements.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn transpose(
+        src: &[f32],
+        rows: usize,
+        cols: usize,
+        first: usize,
+        end: usize,
+        dst: &mut [f32],
+    ) {
+        let (s, d) = (src.as_ptr(), dst.as_mut_ptr().wrapping_sub(first * rows));
+        for r0 in (0..rows).step_by(16) {
+            let rb = 16.min(rows - r0);
+            for c0 in (first..end).step_by(16) {
+                let cb = 16.min(end - c0);
+                let load_mask = mask(cb);
+                let mut r = [_mm512_setzero_ps(); 16];
+                for (i, v) in r.iter_mut().enumerate().take(rb) {
+                    *v = _mm512_maskz_loadu_ps(load_mask, s.add((r0 + i) * cols + c0));
+                }
+                // Pairs of rows: t[2p] = a0 b0 a1 b1 | ..., t[2p+1] = a2 b2 a3 b3 | ...
+                let mut t = [_mm512_setzero_ps(); 16];
+                for p in 0..8 {
+                    t[2 * p] = _mm512_unpacklo_ps(r[2 * p], r[2 * p + 1]);
+                    t[2 * p + 1] = _mm512_unpackhi_ps(r[2 * p], r[2 * p + 1]);
+                }
+                // Quads of rows: u[4g + e] holds, in lane L, column 4L + e of rows 4g..4g+3.
+                let mut u = [_mm512_setzero_ps(); 16];
+                for g in 0..4 {
+                    let (t0, t1, t2, t3) = (t[4 * g], t[4 * g + 1], t[4 * g + 2], t[4 * g + 3]);
+                    u[4 * g] = _mm512_shuffle_ps::<0x44>(t0, t2);
+                    u[4 * g + 1] = _mm512_shuffle_ps::<0xEE>(t0, t2);
+                    u[4 * g + 2] = _mm512_shuffle_ps::<0x44>(t1, t3);
+                    u[4 * g + 3] = _mm512_shuffle_ps::<0xEE>(t1, t3);
+                }
+                // Lanes across the four quads: output row 4L + e = lane L of u[e], u[4+e],
+                // u[8+e], u[12+e].
+                let store_mask = mask(rb);
+                for e in 0..4 {
+                    let s0 = _mm512_shuffle_f32x4::<0x44>(u[e], u[4 + e]);
+                    let s1 = _mm512_shuffle_f32x4::<0xEE>(u[e], u[4 + e]);
+                    let s2 = _mm512_shuffle_f32x4::<0x44>(u[8 + e], u[12 + e]);
+                    let s3 = _mm512_shuffle_f32x4::<0xEE>(u[8 + e], u[12 + e]);
+                    let out = [
+                        _mm512_shuffle_f32x4::<0x88>(s0, s2),
+                        _mm512_shuffle_f32x4::<0xDD>(s0, s2),
+                        _mm512_shuffle_f32x4::<0x88>(s1, s3),
+                        _mm512_shuffle_f32x4::<0xDD>(s1, s3),
+                    ];
+                    for (lane, v) in out.iter().enumerate() {
+                        let c = 4 * lane + e;
+                        if c < cb {
+                            let at = d.wrapping_add((c0 + c) * rows + r0);
+                            _mm512_mask_storeu_ps(at, store_mask, *v);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    // ---- C = A·Bᵀ, A (m × k) and B (n × k) row-major along k ----
+
+    const NT_R: usize = 4;
+    const NT_C: usize = 6;
+
+    /// One tile of R × C outputs: dot products over k, 16 lanes at a time.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn nt_tile<const R: usize, const C: usize>(
+        k: usize,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); C]; R];
+        let full = k / 16;
+        for q in 0..full {
+            let mut av = [_mm512_setzero_ps(); R];
+            for (i, v) in av.iter_mut().enumerate() {
+                *v = _mm512_loadu_ps(a.add(i * lda + 16 * q));
+            }
+            for j in 0..C {
+                let bv = _mm512_loadu_ps(b.add(j * ldb + 16 * q));
+                for i in 0..R {
+                    acc[i][j] = _mm512_fmadd_ps(av[i], bv, acc[i][j]);
+                }
+            }
+        }
+        let rest = k - 16 * full;
+        if rest > 0 {
+            let m = mask(rest);
+            let mut av = [_mm512_setzero_ps(); R];
+            for (i, v) in av.iter_mut().enumerate() {
+                *v = _mm512_maskz_loadu_ps(m, a.add(i * lda + 16 * full));
+            }
+            for j in 0..C {
+                let bv = _mm512_maskz_loadu_ps(m, b.add(j * ldb + 16 * full));
+                for i in 0..R {
+                    acc[i][j] = _mm512_fmadd_ps(av[i], bv, acc[i][j]);
+                }
+            }
+        }
+        for (i, row) in acc.iter().enumerate() {
+            for (j, v) in row.iter().enumerate() {
+                let out = c.add(i * ldc + j);
+                let s = _mm512_reduce_add_ps(*v);
+                *out = if accumulate { *out + s } else { s };
+            }
+        }
+    }
+
+    macro_rules! nt_dispatch {
+        ($r:expr, $c:expr, $($args:expr),*) => {
+            match ($r, $c) {
+                (4, 6) => nt_tile::<4, 6>($($args),*),
+                (4, 5) => nt_tile::<4, 5>($($args),*),
+                (4, 4) => nt_tile::<4, 4>($($args),*),
+                (4, 3) => nt_tile::<4, 3>($($args),*),
+                (4, 2) => nt_tile::<4, 2>($($args),*),
+                (4, 1) => nt_tile::<4, 1>($($args),*),
+                (3, c) => nt_cols::<3>(c, $($args),*),
+                (2, c) => nt_cols::<2>(c, $($args),*),
+                (1, c) => nt_cols::<1>(c, $($args),*),
+                _ => unreachable!("tile shapes are at most 4 × 6"),
+            }
+        };
+    }
+
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn nt_cols<const R: usize>(
+        cols: usize,
+        k: usize,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        match cols {
+            6 => nt_tile::<R, 6>(k, a, lda, b, ldb, c, ldc, accumulate),
+            5 => nt_tile::<R, 5>(k, a, lda, b, ldb, c, ldc, accumulate),
+            4 => nt_tile::<R, 4>(k, a, lda, b, ldb, c, ldc, accumulate),
+            3 => nt_tile::<R, 3>(k, a, lda, b, ldb, c, ldc, accumulate),
+            2 => nt_tile::<R, 2>(k, a, lda, b, ldb, c, ldc, accumulate),
+            _ => nt_tile::<R, 1>(k, a, lda, b, ldb, c, ldc, accumulate),
+        }
+    }
+
+    /// C (m × n) = A·Bᵀ (+ C). Threads split the rows of C (or its columns when it has
+    /// few rows).
+    ///
+    /// # Safety
+    /// AVX-512F present; operand extents checked by the caller; `lhs.cs == 1`,
+    /// `rhs.rs == 1`.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn nt(
+        m: usize,
+        n: usize,
+        k: usize,
+        dst: &mut [f32],
+        accumulate: bool,
+        lhs: Mat<'_>,
+        rhs: Mat<'_>,
+        threads: usize,
+    ) {
+        let (a, lda) = (lhs.data.as_ptr() as usize, lhs.rs);
+        let (b, ldb) = (rhs.data.as_ptr() as usize, rhs.cs);
+        let c = OutPtr(dst.as_mut_ptr());
+        let block = |r0: usize, r1: usize, c0: usize, c1: usize| {
+            let c = c;
+            // Row tiles outside, column blocks inside: the A rows of a tile stay in L1.
+            let mut i = r0;
+            while i < r1 {
+                let rows = NT_R.min(r1 - i);
+                let mut j = c0;
+                while j < c1 {
+                    let cols = NT_C.min(c1 - j);
+                    // SAFETY: the tile lies inside the checked extents of A, B and C.
+                    unsafe {
+                        nt_dispatch!(
+                            rows,
+                            cols,
+                            k,
+                            (a as *const f32).add(i * lda),
+                            lda,
+                            (b as *const f32).add(j * ldb),
+                            ldb,
+                            c.0.add(i * n + j),
+                            n,
+                            accumulate
+                        );
+                    }
+                    j += cols;
+                }
+                i += rows;
+            }
+        };
+        if m >= n || threads == 1 {
+            split(m, threads, NT_R, |r0, r1| block(r0, r1, 0, n));
+        } else {
+            split(n, threads, NT_C, |c0, c1| block(0, m, c0, c1));
+        }
+    }
+
+    // ---- C = A·B, B (k × n) row-major along n, A with any strides ----
+
+    const NN_R: usize = 8;
+    const NN_V: usize = 3;
+    const NN_C: usize = 16 * NN_V;
+    const NN_KC: usize = 128;
+
+    /// One tile of R rows × (up to) 16·V columns; `cols` masks the last vector(s).
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn nn_tile<const R: usize, const V: usize>(
+        k: usize,
+        a: *const f32,
+        a_rs: usize,
+        a_cs: usize,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+        cols: usize,
+        accumulate: bool,
+    ) {
+        let mut masks = [0 as __mmask16; V];
+        for (v, m) in masks.iter_mut().enumerate() {
+            *m = mask(cols.saturating_sub(16 * v));
+        }
+        let mut acc = [[_mm512_setzero_ps(); V]; R];
+        let mut rows = [a; R];
+        for (i, r) in rows.iter_mut().enumerate() {
+            *r = a.add(i * a_rs);
+        }
+        for p in 0..k {
+            let bp = b.add(p * ldb);
+            let mut bv = [_mm512_setzero_ps(); V];
+            for v in 0..V {
+                bv[v] = _mm512_maskz_loadu_ps(masks[v], bp.wrapping_add(16 * v));
+            }
+            for i in 0..R {
+                let s = _mm512_set1_ps(*rows[i].add(p * a_cs));
+                for v in 0..V {
+                    acc[i][v] = _mm512_fmadd_ps(s, bv[v], acc[i][v]);
+                }
+            }
+        }
+        for (i, row) in acc.iter().enumerate() {
+            let out = c.add(i * ldc);
+            for (v, &val) in row.iter().enumerate() {
+                let o = out.wrapping_add(16 * v);
+                let val = if accumulate {
+                    _mm512_add_ps(val, _mm512_maskz_loadu_ps(masks[v], o))
+                } else {
+                    val
+                };
+                _mm512_mask_storeu_ps(o, masks[v], val);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn nn_rows<const V: usize>(
+        rows: usize,
+        k: usize,
+        a: *const f32,
+        a_rs: usize,
+        a_cs: usize,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+        cols: usize,
+        accumulate: bool,
+    ) {
+        let args = (k, a, a_rs, a_cs, b, ldb, c, ldc, cols, accumulate);
+        macro_rules! go {
+            ($r:literal) => {
+                nn_tile::<$r, V>(
+                    args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
+                    args.9,
+                )
+            };
+        }
+        match rows {
+            8 => go!(8),
+            7 => go!(7),
+            6 => go!(6),
+            5 => go!(5),
+            4 => go!(4),
+            3 => go!(3),
+            2 => go!(2),
+            _ => go!(1),
+        }
+    }
+
+    /// C (m × n) = A·B (+ C). Threads split the columns of C (or its rows when it is
+    /// narrow).
+    ///
+    /// # Safety
+    /// AVX-512F present; operand extents checked by the caller; `rhs.cs == 1`.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn nn(
+        m: usize,
+        n: usize,
+        k: usize,
+        dst: &mut [f32],
+        accumulate: bool,
+        lhs: Mat<'_>,
+        rhs: Mat<'_>,
+        threads: usize,
+    ) {
+        let (a, a_rs, a_cs) = (lhs.data.as_ptr() as usize, lhs.rs, lhs.cs);
+        let (b, ldb) = (rhs.data.as_ptr() as usize, rhs.rs);
+        let c = OutPtr(dst.as_mut_ptr());
+        let block = |r0: usize, r1: usize, c0: usize, c1: usize| {
+            let c = c;
+            // k in blocks of NN_KC: a (KC × 48) panel of B stays in L1 across the row tiles.
+            for p0 in (0..k).step_by(NN_KC) {
+                let kc = NN_KC.min(k - p0);
+                let acc = accumulate || p0 > 0;
+                let mut j = c0;
+                while j < c1 {
+                    let cols = NN_C.min(c1 - j);
+                    let mut i = r0;
+                    while i < r1 {
+                        let rows = NN_R.min(r1 - i);
+                        let (ap, bp, cp) = (
+                            (a as *const f32).add(i * a_rs + p0 * a_cs),
+                            (b as *const f32).add(p0 * ldb + j),
+                            c.0.add(i * n + j),
+                        );
+                        // SAFETY: the tile lies inside the checked extents; masked lanes
+                        // beyond `cols` are neither read nor written.
+                        unsafe {
+                            match cols.div_ceil(16) {
+                                3 => nn_rows::<3>(rows, kc, ap, a_rs, a_cs, bp, ldb, cp, n, cols, acc),
+                                2 => nn_rows::<2>(rows, kc, ap, a_rs, a_cs, bp, ldb, cp, n, cols, acc),
+                                _ => nn_rows::<1>(rows, kc, ap, a_rs, a_cs, bp, ldb, cp, n, cols, acc),
+                            }
+                        }
+                        i += rows;
+                    }
+                    j += cols;
+                }
+            }
+        };
+        // Columns in multiples of 16 (one vector) when there are enough of them, so that
+        // two threads get near-equal shares; rows otherwise.
+        if n >= 256 || (n >= m && n >= 64) || threads == 1 {
+            split(n, threads, 16, |c0, c1| block(0, m, c0, c1));
+        } else {
+            split(m, threads, NN_R, |r0, r1| block(r0, r1, 0, n));
+        }
+    }
+}
+
+/// dst (cols × rows, row-major) ← srcᵀ for src (rows × cols, row-major).
+pub fn transpose(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
+    assert!(src.len() >= rows * cols && dst.len() >= rows * cols);
+    // Large transposes are bandwidth-bound: two threads take half the columns each, i.e.
+    // disjoint halves of dst.
+    if rows * cols >= 1 << 16 && cols >= 32 && rayon::current_num_threads() > 1 {
+        let half = (cols / 2).div_ceil(16) * 16;
+        let (d0, d1) = dst[..rows * cols].split_at_mut(half * rows);
+        rayon::join(
+            || transpose_cols(src, rows, cols, 0, half, d0),
+            || transpose_cols(src, rows, cols, half, cols, d1),
+        );
+        return;
+    }
+    transpose_cols(src, rows, cols, 0, cols, dst);
+}
+
+/// Rows `c0..c1` of dst (columns `c0..c1` of src) into `dst` (which starts at row c0).
+fn transpose_cols(src: &[f32], rows: usize, cols: usize, c0: usize, c1: usize, dst: &mut [f32]) {
+    assert!(c0 <= c1 && c1 <= cols && dst.len() >= (c1 - c0) * rows);
+    #[cfg(target_arch = "x86_64")]
+    if avx512::available() {
+        // SAFETY: extents checked above and by the caller; AVX-512F present.
+        unsafe { avx512::transpose(src, rows, cols, c0, c1, dst) };
+        return;
+    }
+    for r in 0..rows {
+        for c in c0..c1 {
+            dst[(c - c0) * rows + r] = src[r * cols + c];
+        }
+    }
+}
+
+/// The portable transpose, in 16 × 16 blocks so that both sides move whole cache lines.
+pub fn transpose_scalar(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
+    const B: usize = 16;
+    for r0 in (0..rows).step_by(B) {
+        let r1 = (r0 + B).min(rows);
+        for c0 in (0..cols).step_by(B) {
+            let c1 = (c0 + B).min(cols);
+            for r in r0..r1 {
+                let row = &src[r * cols + c0..r * cols + c1];
+                for (c, &v) in (c0..c1).zip(row) {
+                    dst[c * rows + r] = v;
+                }
+            }
+        }
+    }
+}
+
+/// GFLOP/s of [`matmul`] and of the `gemm` crate on one product, median of `repeats`
+/// (for `bnn bench gemm`). `layout` is `nt` (A·Bᵀ, the forward) or `nn` (A·B).
+pub fn bench(m: usize, n: usize, k: usize, nt: bool, repeats: usize) -> (f64, f64) {
+    let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1000) as f32 * 1e-3).collect();
+    let b: Vec<f32> = (0..k * n).map(|i| ((i * 104_729) % 1000) as f32 * 1e-3).collect();
+    let mut c = vec![0f32; m * n];
+    let lhs = Mat::rows(&a, k);
+    let rhs = if nt {
+        Mat::transposed(&b, k)
+    } else {
+        Mat::rows(&b, n)
+    };
+    let threads = if m * n * k >= PARALLEL_MIN_MACS {
+        rayon::current_num_threads()
+    } else {
+        1
+    };
+    let mut time = |f: &mut dyn FnMut(&mut [f32])| {
+        f(&mut c);
+        let mut t: Vec<f64> = (0..repeats)
+            .map(|_| {
+                let s = std::time::Instant::now();
+                f(&mut c);
+                s.elapsed().as_secs_f64()
+            })
+            .collect();
+        t.sort_by(f64::total_cmp);
+        2.0 * (m * n * k) as f64 / t[t.len() / 2] / 1e9
+    };
+    let ours = time(&mut |c| matmul(m, n, k, c, false, lhs, rhs));
+    let mut t = vec![0f32; k * n];
+    let s = std::time::Instant::now();
+    for _ in 0..51 {
+        transpose(&b, n, k, &mut t);
+    }
+    eprintln!("transpose {n}x{k}: {:.1} us", s.elapsed().as_secs_f64() * 1e6 / 51.0);
+    let crate_gemm = time(&mut |c| fallback(m, n, k, c, false, lhs, rhs, threads));
+    (ours, crate_gemm)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transpose_equals_scalar_on_ragged_shapes() {
+        for (rows, cols) in [(1, 1), (16, 16), (17, 5), (3, 40), (100, 784), (33, 47), (400, 170)] {
+            let src: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
+            let mut fast = vec![-1f32; rows * cols];
+            let mut slow = vec![-2f32; rows * cols];
+            transpose(&src, rows, cols, &mut fast);
+            transpose_scalar(&src, rows, cols, &mut slow);
+            assert_eq!(fast, slow, "{rows} x {cols}");
+            assert_eq!(slow[cols.min(2) - 1], src[(cols.min(2) - 1) * cols]);
+        }
+    }
+
+    #[test]
+    fn both_kernels_equal_a_naive_product() {
+        // Ragged sizes hit every edge tile; large ones take the two-thread split.
+        for (m, n, k) in [(1, 1, 1), (5, 7, 3), (13, 50, 17), (100, 100, 784), (37, 300, 129)] {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 37) % 101) as f32 / 101.0 - 0.5).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| ((i * 53) % 97) as f32 / 97.0 - 0.5).collect();
+            let mut bt = vec![0f32; k * n];
+            transpose_scalar(&b, k, n, &mut bt);
+            let mut want = vec![0f64; m * n];
+            for i in 0..m {
+                for j in 0..n {
+                    want[i * n + j] = (0..k).map(|p| a[i * k + p] as f64 * b[p * n + j] as f64).sum();
+                }
+            }
+            for (label, rhs) in [("nn", Mat::rows(&b, n)), ("nt", Mat::transposed(&bt, k))] {
+                for accumulate in [false, true] {
+                    let mut c = vec![1f32; m * n];
+                    matmul(m, n, k, &mut c, accumulate, Mat::rows(&a, k), rhs);
+                    let base = if accumulate { 1.0 } else { 0.0 };
+                    for (x, w) in c.iter().zip(&want) {
+                        // f32 sums of ≤ 784 terms of size ≤ 0.25: error ≲ 1e-4.
+                        assert!((*x as f64 - base - w).abs() < 1e-3, "{label} {m}x{n}x{k}: {x} vs {w}");
+                    }
+                }
+            }
+        }
+    }
+}
