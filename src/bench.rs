@@ -122,10 +122,7 @@ pub struct TrainBench {
 
 /// FLOP of one training step of an MLP with `widths` (input first) at `batch`.
 pub fn mlp_step_flop(widths: &[usize], batch: usize) -> f64 {
-    let products: Vec<f64> = widths
-        .windows(2)
-        .map(|w| (w[0] * w[1]) as f64)
-        .collect();
+    let products: Vec<f64> = widths.windows(2).map(|w| (w[0] * w[1]) as f64).collect();
     let all: f64 = products.iter().sum();
     let input_grads: f64 = products.iter().skip(1).sum();
     2.0 * batch as f64 * (2.0 * all + input_grads)
@@ -162,7 +159,13 @@ pub fn train(opts: &TrainBenchOptions) -> Result<Vec<TrainBench>> {
                 let mut config = kind.defaults();
                 config.integrator = opts.integrator;
                 let model = Mlp::new(&spec, ds.train.dim(), NUM_CLASSES, 0, &Device::Cpu)?;
-                let prior = Prior::new(PriorSpec::Gamma { shape: 1.0, rate: 1.0 }, model.params.len())?;
+                let prior = Prior::new(
+                    PriorSpec::Gamma {
+                        shape: 1.0,
+                        rate: 1.0,
+                    },
+                    model.params.len(),
+                )?;
                 let potential = Potential::new(n, 1.0, prior)?;
                 let mut stepper = Stepper::new(
                     &model,

@@ -92,7 +92,8 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
                     (400, 400, batch, false, "weight grad 400×400"),
                     (batch, 400, 400, false, "input error 400×400"),
                 ] {
-                    let (ours, crate_gemm) = crate::kernels::gemm::bench(m, n, k, nt, repeats.max(1));
+                    let (ours, crate_gemm) =
+                        crate::kernels::gemm::bench(m, n, k, nt, repeats.max(1));
                     rows.push(serde_json::json!({
                         "product": what, "batch": batch, "m": m, "n": n, "k": k,
                         "layout": if nt { "nt" } else { "nn" },
@@ -118,16 +119,21 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
                     net.split(',')
                         .filter(|w| !w.trim().is_empty())
                         .map(|w| {
-                            w.trim().parse::<usize>().ok().filter(|&w| w > 0).ok_or_else(|| {
-                                Error::Config(format!(
+                            w.trim()
+                                .parse::<usize>()
+                                .ok()
+                                .filter(|&w| w > 0)
+                                .ok_or_else(|| {
+                                    Error::Config(format!(
                                     "--hidden: `{w}` is not a positive width (e.g. \"100;400,400\")"
                                 ))
-                            })
+                                })
                         })
                         .collect::<Result<Vec<usize>>>()
                 })
                 .collect::<Result<Vec<_>>>()?;
-            if batch.contains(&0) || batch.iter().any(|&b| b > 10_000) || repeats == 0 || steps == 0 {
+            if batch.contains(&0) || batch.iter().any(|&b| b > 10_000) || repeats == 0 || steps == 0
+            {
                 return Err(Error::Config(
                     "bench train needs batches in 1..=10000 and positive repeats and steps".into(),
                 ));

@@ -139,7 +139,7 @@ impl TrainConfig {
         let in_window = self
             .cycle_position(step - 1, total)
             .is_none_or(|r| r >= 1.0 - self.sample_fraction);
-        epoch >= self.burnin && step % self.thin as u64 == 0 && in_window
+        epoch >= self.burnin && step.is_multiple_of(self.thin as u64) && in_window
     }
 }
 
@@ -272,9 +272,7 @@ impl Stepper {
         batch: usize,
     ) -> Result<Self> {
         let vars = model.vars();
-        let device = vars
-            .first()
-            .map_or(Device::Cpu, |v| v.device().clone());
+        let device = vars.first().map_or(Device::Cpu, |v| v.device().clone());
         let backward = backward.resolve(&device)?;
         let backprop = match backward {
             Backward::Custom => Some(MlpBackprop::new(model, batch)?),

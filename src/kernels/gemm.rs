@@ -156,6 +156,14 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
+impl OutPtr {
+    /// The element `offset` places on. A method, so that closures capture the whole
+    /// `OutPtr` (which is Sync), not its raw-pointer field.
+    fn at(self, offset: usize) -> *mut f32 {
+        self.0.wrapping_add(offset)
+    }
+}
+
 /// Runs `part(start, end)` over `parts` even splits of `0..len` (rounded to `align`),
 /// in parallel when `parts` > 1.
 fn split(len: usize, parts: usize, align: usize, part: impl Fn(usize, usize) + Sync) {
@@ -272,7 +280,7 @@ mod avx512 {
 
     /// One tile of R × C outputs: dot products over k, 16 lanes at a time.
     #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
     unsafe fn nt_tile<const R: usize, const C: usize>(
         k: usize,
         a: *const f32,
@@ -382,7 +390,6 @@ mod avx512 {
         let (b, ldb) = (rhs.data.as_ptr() as usize, rhs.cs);
         let c = OutPtr(dst.as_mut_ptr());
         let block = |r0: usize, r1: usize, c0: usize, c1: usize| {
-            let c = c;
             // Row tiles outside, column blocks inside: the A rows of a tile stay in L1.
             let mut i = r0;
             while i < r1 {
@@ -400,7 +407,7 @@ mod avx512 {
                             lda,
                             (b as *const f32).add(j * ldb),
                             ldb,
-                            c.0.add(i * n + j),
+                            c.at(i * n + j),
                             n,
                             accumulate
                         );
@@ -494,8 +501,7 @@ mod avx512 {
         macro_rules! go {
             ($r:literal) => {
                 nn_tile::<$r, V>(
-                    args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8,
-                    args.9,
+                    args.0, args.1, args.2, args.3, args.4, args.5, args.6, args.7, args.8, args.9,
                 )
             };
         }
@@ -532,7 +538,6 @@ mod avx512 {
         let (b, ldb) = (rhs.data.as_ptr() as usize, rhs.rs);
         let c = OutPtr(dst.as_mut_ptr());
         let block = |r0: usize, r1: usize, c0: usize, c1: usize| {
-            let c = c;
             // k in blocks of NN_KC: a (KC × 48) panel of B stays in L1 across the row tiles.
             for p0 in (0..k).step_by(NN_KC) {
                 let kc = NN_KC.min(k - p0);
@@ -546,15 +551,21 @@ mod avx512 {
                         let (ap, bp, cp) = (
                             (a as *const f32).add(i * a_rs + p0 * a_cs),
                             (b as *const f32).add(p0 * ldb + j),
-                            c.0.add(i * n + j),
+                            c.at(i * n + j),
                         );
                         // SAFETY: the tile lies inside the checked extents; masked lanes
                         // beyond `cols` are neither read nor written.
                         unsafe {
                             match cols.div_ceil(16) {
-                                3 => nn_rows::<3>(rows, kc, ap, a_rs, a_cs, bp, ldb, cp, n, cols, acc),
-                                2 => nn_rows::<2>(rows, kc, ap, a_rs, a_cs, bp, ldb, cp, n, cols, acc),
-                                _ => nn_rows::<1>(rows, kc, ap, a_rs, a_cs, bp, ldb, cp, n, cols, acc),
+                                3 => nn_rows::<3>(
+                                    rows, kc, ap, a_rs, a_cs, bp, ldb, cp, n, cols, acc,
+                                ),
+                                2 => nn_rows::<2>(
+                                    rows, kc, ap, a_rs, a_cs, bp, ldb, cp, n, cols, acc,
+                                ),
+                                _ => nn_rows::<1>(
+                                    rows, kc, ap, a_rs, a_cs, bp, ldb, cp, n, cols, acc,
+                                ),
                             }
                         }
                         i += rows;
@@ -626,8 +637,12 @@ pub fn transpose_scalar(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) 
 /// GFLOP/s of [`matmul`] and of the `gemm` crate on one product, median of `repeats`
 /// (for `bnn bench gemm`). `layout` is `nt` (A·Bᵀ, the forward) or `nn` (A·B).
 pub fn bench(m: usize, n: usize, k: usize, nt: bool, repeats: usize) -> (f64, f64) {
-    let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1000) as f32 * 1e-3).collect();
-    let b: Vec<f32> = (0..k * n).map(|i| ((i * 104_729) % 1000) as f32 * 1e-3).collect();
+    let a: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 7919) % 1000) as f32 * 1e-3)
+        .collect();
+    let b: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 104_729) % 1000) as f32 * 1e-3)
+        .collect();
     let mut c = vec![0f32; m * n];
     let lhs = Mat::rows(&a, k);
     let rhs = if nt {
@@ -653,12 +668,6 @@ pub fn bench(m: usize, n: usize, k: usize, nt: bool, repeats: usize) -> (f64, f6
         2.0 * (m * n * k) as f64 / t[t.len() / 2] / 1e9
     };
     let ours = time(&mut |c| matmul(m, n, k, c, false, lhs, rhs));
-    let mut t = vec![0f32; k * n];
-    let s = std::time::Instant::now();
-    for _ in 0..51 {
-        transpose(&b, n, k, &mut t);
-    }
-    eprintln!("transpose {n}x{k}: {:.1} us", s.elapsed().as_secs_f64() * 1e6 / 51.0);
     let crate_gemm = time(&mut |c| fallback(m, n, k, c, false, lhs, rhs, threads));
     (ours, crate_gemm)
 }
@@ -669,7 +678,15 @@ mod tests {
 
     #[test]
     fn transpose_equals_scalar_on_ragged_shapes() {
-        for (rows, cols) in [(1, 1), (16, 16), (17, 5), (3, 40), (100, 784), (33, 47), (400, 170)] {
+        for (rows, cols) in [
+            (1, 1),
+            (16, 16),
+            (17, 5),
+            (3, 40),
+            (100, 784),
+            (33, 47),
+            (400, 170),
+        ] {
             let src: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
             let mut fast = vec![-1f32; rows * cols];
             let mut slow = vec![-2f32; rows * cols];
@@ -683,15 +700,27 @@ mod tests {
     #[test]
     fn both_kernels_equal_a_naive_product() {
         // Ragged sizes hit every edge tile; large ones take the two-thread split.
-        for (m, n, k) in [(1, 1, 1), (5, 7, 3), (13, 50, 17), (100, 100, 784), (37, 300, 129)] {
-            let a: Vec<f32> = (0..m * k).map(|i| ((i * 37) % 101) as f32 / 101.0 - 0.5).collect();
-            let b: Vec<f32> = (0..k * n).map(|i| ((i * 53) % 97) as f32 / 97.0 - 0.5).collect();
+        for (m, n, k) in [
+            (1, 1, 1),
+            (5, 7, 3),
+            (13, 50, 17),
+            (100, 100, 784),
+            (37, 300, 129),
+        ] {
+            let a: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 37) % 101) as f32 / 101.0 - 0.5)
+                .collect();
+            let b: Vec<f32> = (0..k * n)
+                .map(|i| ((i * 53) % 97) as f32 / 97.0 - 0.5)
+                .collect();
             let mut bt = vec![0f32; k * n];
             transpose_scalar(&b, k, n, &mut bt);
             let mut want = vec![0f64; m * n];
             for i in 0..m {
                 for j in 0..n {
-                    want[i * n + j] = (0..k).map(|p| a[i * k + p] as f64 * b[p * n + j] as f64).sum();
+                    want[i * n + j] = (0..k)
+                        .map(|p| a[i * k + p] as f64 * b[p * n + j] as f64)
+                        .sum();
                 }
             }
             for (label, rhs) in [("nn", Mat::rows(&b, n)), ("nt", Mat::transposed(&bt, k))] {
@@ -701,7 +730,10 @@ mod tests {
                     let base = if accumulate { 1.0 } else { 0.0 };
                     for (x, w) in c.iter().zip(&want) {
                         // f32 sums of ≤ 784 terms of size ≤ 0.25: error ≲ 1e-4.
-                        assert!((*x as f64 - base - w).abs() < 1e-3, "{label} {m}x{n}x{k}: {x} vs {w}");
+                        assert!(
+                            (*x as f64 - base - w).abs() < 1e-3,
+                            "{label} {m}x{n}x{k}: {x} vs {w}"
+                        );
                     }
                 }
             }

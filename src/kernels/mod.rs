@@ -17,9 +17,9 @@
 
 pub mod buffer;
 pub mod cpu;
-pub mod gemm;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod gemm;
 #[doc(hidden)]
 pub mod host;
 pub mod mlp;

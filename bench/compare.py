@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Runs `bnn bench train` and bench/pytorch_reference.py alternately, several rounds, and
+prints steps/s of both and the ratio of medians per configuration (JSON on the last line).
+
+The PyTorch figure of a round is its faster mode (autograd or manual backward), so the
+ratio is against the fastest PyTorch we could write.
+
+Usage: python3 bench/compare.py [--rounds 3] [--python venv/bin/python] [--bnn target/release/bnn]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def run_json(cmd):
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--bnn", default=os.path.join(ROOT, "target", "release", "bnn"))
+    ap.add_argument("--repeats", default="7")
+    ap.add_argument("--hidden", default="100;400,400")
+    ap.add_argument("--batch", default="100,1000")
+    ap.add_argument("--sampler", default="sghmc,sgnht")
+    args = ap.parse_args()
+    common = ["--hidden", args.hidden, "--batch", args.batch, "--sampler", args.sampler,
+              "--repeats", args.repeats]
+    bnn, torch = {}, {}
+    for r in range(args.rounds):
+        for row in run_json([args.bnn, "bench", "train", *common]):
+            bnn.setdefault((row["model"], row["batch"], row["sampler"]), []).append(
+                row["steps_per_second"])
+        best = {}
+        for row in run_json([args.python, os.path.join(HERE, "pytorch_reference.py"), *common]):
+            key = (row["model"], row["batch"], row["sampler"])
+            best[key] = max(best.get(key, 0.0), row["steps_per_second"])
+        for key, v in best.items():
+            torch.setdefault(key, []).append(v)
+        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    rows = []
+    print(f"{'model':18} {'batch':>5} {'sampler':7} {'bnn steps/s':>12} {'torch steps/s':>14} {'ratio':>6}")
+    for key in sorted(bnn):
+        b, t = statistics.median(bnn[key]), statistics.median(torch[key])
+        rows.append({"model": key[0], "batch": key[1], "sampler": key[2],
+                     "bnn_steps_per_second": b, "torch_steps_per_second": t, "ratio": b / t,
+                     "bnn_rounds": bnn[key], "torch_rounds": torch[key]})
+        print(f"{key[0]:18} {key[1]:5} {key[2]:7} {b:12.1f} {t:14.1f} {b / t:6.2f}")
+    print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
