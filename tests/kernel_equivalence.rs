@@ -60,6 +60,7 @@ fn header_step_equals_cpu_op_bit_for_bit() {
                 let (m1, m2): (&mut [f32], &mut [f32]) = match update {
                     Update::Sgld => (&mut [], &mut []),
                     Update::Momentum => (&mut v1, &mut v2),
+                    Update::Thermostat { .. } => unreachable!("not in the header"),
                 };
                 let s1 = cpu::step(update, &mut t1, m1, &g, key, c);
                 let s2 = host::step(update, &mut t2, m2, &g, key, c);
@@ -148,6 +149,8 @@ fn fused_equals_composed_reference() {
         (SamplerKind::Sgnht, 0.0, 0.1, Euler),
         (SamplerKind::Sghmc, 0.1, 0.0, Splitting),
         (SamplerKind::Sgnht, 0.0, 0.1, Splitting),
+        (SamplerKind::Msgnht, 0.0, 0.1, Euler),
+        (SamplerKind::Msgnht, 0.0, 0.1, Splitting),
     ] {
         for seed in [0u64, 17, 123_456] {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);

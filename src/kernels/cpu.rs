@@ -88,6 +88,7 @@ fn tile_update(
     normals_tile(key, first_block, &mut z);
     let mut sum = 0f64;
     match update {
+        Update::Thermostat { .. } => unreachable!("the thermostat update runs in thermostat_step"),
         Update::Sgld => {
             for ((t, &g), &z) in theta.iter_mut().zip(grad).zip(&z[..n]) {
                 *t = *t - g * c.step_size + z * c.noise_scale;
@@ -214,6 +215,10 @@ pub fn step(
     c: StepConsts,
 ) -> f64 {
     assert_eq!(theta.len(), grad.len(), "gradient of the wrong length");
+    assert!(
+        !matches!(update, Update::Thermostat { .. }),
+        "the thermostat update runs in thermostat_step"
+    );
     if update == Update::Momentum {
         assert_eq!(theta.len(), momentum.len(), "momentum of the wrong length");
     }
@@ -256,6 +261,94 @@ pub fn step(
     partials.iter().sum()
 }
 
+/// One tile of the per-element-thermostat update ([`Update::Thermostat`]), with the
+/// composed mSGNHT's f32 operations in its order. Returns (Σv², Σα) after the update.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn thermostat_tile(
+    theta: &mut [f32],
+    momentum: &mut [f32],
+    alpha: &mut [f32],
+    grad: &[f32],
+    key: &NoiseKey,
+    first_block: u32,
+    c: StepConsts,
+    splitting: bool,
+) -> (f64, f64) {
+    let n = theta.len();
+    let mut z = [0f32; TILE];
+    normals_tile(key, first_block, &mut z);
+    let (mut sum_sq, mut sum_alpha) = (0f64, 0f64);
+    for ((((t, m), a), &g), &z) in theta
+        .iter_mut()
+        .zip(momentum.iter_mut())
+        .zip(alpha.iter_mut())
+        .zip(grad)
+        .zip(&z[..n])
+    {
+        let v = if splitting {
+            let d = (*a * -0.5).exp();
+            ((*m * d - g * c.step_size) + z * c.noise_scale) * d
+        } else {
+            ((*m - *m * *a) - g * c.step_size) + z * c.noise_scale
+        };
+        *m = v;
+        *t += v;
+        *a += v * v - c.step_size;
+        sum_sq += (v * v) as f64;
+        sum_alpha += *a as f64;
+    }
+    (sum_sq, sum_alpha)
+}
+
+/// The per-element-thermostat update of a whole parameter tensor (θ, v, α, gradient),
+/// rayon over the same fixed chunks as [`step`]. Returns (Σv², Σα) after the update.
+pub fn thermostat_step(
+    theta: &mut [f32],
+    momentum: &mut [f32],
+    alpha: &mut [f32],
+    grad: &[f32],
+    key: NoiseKey,
+    c: StepConsts,
+    splitting: bool,
+) -> (f64, f64) {
+    let n = theta.len();
+    assert!(
+        grad.len() == n && momentum.len() == n && alpha.len() == n,
+        "sampler state of the wrong length"
+    );
+    let partials: Vec<(f64, f64)> = theta
+        .par_chunks_mut(CHUNK)
+        .zip(momentum.par_chunks_mut(CHUNK))
+        .zip(alpha.par_chunks_mut(CHUNK))
+        .zip(grad.par_chunks(CHUNK))
+        .enumerate()
+        .map(|(k, (((theta, momentum), alpha), grad))| {
+            let mut sums = (0f64, 0f64);
+            let mut start = 0;
+            while start < theta.len() {
+                let end = (start + TILE).min(theta.len());
+                let (a, b) = thermostat_tile(
+                    &mut theta[start..end],
+                    &mut momentum[start..end],
+                    &mut alpha[start..end],
+                    &grad[start..end],
+                    &key,
+                    ((k * CHUNK + start) / 4) as u32,
+                    c,
+                    splitting,
+                );
+                sums = (sums.0 + a, sums.1 + b);
+                start = end;
+            }
+            sums
+        })
+        .collect();
+    partials
+        .iter()
+        .fold((0.0, 0.0), |acc, p| (acc.0 + p.0, acc.1 + p.1))
+}
+
 /// The fused step as a candle in-place op on (θ, ∇Ũ): θ is the destination (the `Var`'s
 /// storage), the gradient a distinct source, the momentum the sampler's own buffer lent
 /// for this call.
@@ -265,8 +358,12 @@ pub struct FusedStepOp<'a> {
     pub key: NoiseKey,
     /// The momentum buffer of this tensor; `None` for SGLD.
     pub momentum: RefCell<Option<&'a mut StateBuffer>>,
+    /// The per-element thermostats of this tensor (mSGNHT only).
+    pub thermostat: RefCell<Option<&'a mut StateBuffer>>,
     /// Σ v² after the update, set by the op.
     pub sum_sq: Cell<f64>,
+    /// Σ α after the update (mSGNHT), set by the op.
+    pub sum_thermostat: Cell<f64>,
 }
 
 fn contiguous<'s>(s: &'s [f32], l: &Layout) -> candle_core::Result<&'s [f32]> {
@@ -303,6 +400,24 @@ impl InplaceOp2 for FusedStepOp<'_> {
             #[allow(unreachable_patterns)]
             Some(_) => candle_core::bail!("fused sampler step: the momentum is not on the CPU"),
         };
+        if let Update::Thermostat { splitting } = self.update {
+            let mut thermostat = self.thermostat.borrow_mut();
+            let Some(StateBuffer::Host(alpha)) = thermostat.as_deref_mut() else {
+                candle_core::bail!("fused sampler step: no thermostat buffer on the CPU");
+            };
+            let (sq, sa) = thermostat_step(
+                &mut theta[a..b],
+                m,
+                alpha,
+                grad,
+                self.key,
+                self.consts,
+                splitting,
+            );
+            self.sum_sq.set(sq);
+            self.sum_thermostat.set(sa);
+            return Ok(());
+        }
         let s = step(
             self.update,
             &mut theta[a..b],

@@ -89,5 +89,8 @@ pub fn step(
         (Update::Momentum, None) => {
             candle_core::bail!("fused sampler step: the momentum is not on the GPU")
         }
+        (Update::Thermostat { .. }, _) => candle_core::bail!(
+            "no CUDA kernel for mSGNHT's per-element thermostat; use --kernel composed"
+        ),
     }
 }

@@ -187,11 +187,22 @@ fn split(len: usize, parts: usize, align: usize, part: impl Fn(usize, usize) + S
     });
 }
 
+/// The size of tile `t` when `len` is cut into the fewest tiles of at most `max`, as
+/// equal as possible (a 50-row block becomes 8,7,7,7,7,7,7 rather than 8,…,8,2: a thin
+/// last tile does few FMAs per load).
+fn balanced(len: usize, max: usize) -> impl Iterator<Item = usize> {
+    let tiles = len.div_ceil(max).max(1);
+    let (base, extra) = (len / tiles, len % tiles);
+    (0..tiles)
+        .map(move |t| base + usize::from(t < extra))
+        .filter(|&h| h > 0)
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{split, Mat, OutPtr};
+    use super::{balanced, split, Mat, OutPtr};
 
     pub fn available() -> bool {
         std::arch::is_x86_feature_detected!("avx512f")
@@ -428,7 +439,6 @@ mod avx512 {
 
     const NN_R: usize = 8;
     const NN_V: usize = 3;
-    const NN_C: usize = 16 * NN_V;
     const NN_KC: usize = 128;
 
     /// One tile of R rows × (up to) 16·V columns; `cols` masks the last vector(s).
@@ -543,11 +553,11 @@ mod avx512 {
                 let kc = NN_KC.min(k - p0);
                 let acc = accumulate || p0 > 0;
                 let mut j = c0;
-                while j < c1 {
-                    let cols = NN_C.min(c1 - j);
+                // Column tiles of whole vectors, balanced: 7 vectors → 3, 2, 2.
+                for vectors in balanced((c1 - c0).div_ceil(16), NN_V) {
+                    let cols = (16 * vectors).min(c1 - j);
                     let mut i = r0;
-                    while i < r1 {
-                        let rows = NN_R.min(r1 - i);
+                    for rows in balanced(r1 - r0, NN_R) {
                         let (ap, bp, cp) = (
                             (a as *const f32).add(i * a_rs + p0 * a_cs),
                             (b as *const f32).add(p0 * ldb + j),
@@ -574,12 +584,12 @@ mod avx512 {
                 }
             }
         };
-        // Columns in multiples of 16 (one vector) when there are enough of them, so that
-        // two threads get near-equal shares; rows otherwise.
-        if n >= 256 || (n >= m && n >= 64) || threads == 1 {
-            split(n, threads, 16, |c0, c1| block(0, m, c0, c1));
+        // Rows when each thread gets at least two row tiles (every thread then runs the
+        // same column tiles); columns, in whole vectors, otherwise.
+        if m >= 2 * NN_R * threads || threads == 1 {
+            split(m, threads, 1, |r0, r1| block(r0, r1, 0, n));
         } else {
-            split(m, threads, NN_R, |r0, r1| block(r0, r1, 0, n));
+            split(n, threads, 16, |c0, c1| block(0, m, c0, c1));
         }
     }
 }

@@ -47,6 +47,7 @@ pub fn step(
             assert_eq!(momentum.len(), theta.len());
             1
         }
+        Update::Thermostat { .. } => panic!("the kernel header has no mSGNHT update"),
     };
     // SAFETY: all three buffers hold `n` floats (checked above; the momentum is only
     // touched for kind 1, where its length is checked).

@@ -31,6 +31,10 @@ pub enum Update {
     Sgld,
     /// v ← (1 − α)v − ηg + σz; θ ← θ + v (SGHMC, SGNHT).
     Momentum,
+    /// mSGNHT, one thermostat αᵢ per element (Li et al. 2016 eq. 2 in v-form):
+    /// v ← (1 − αᵢ)v − ηg + σz (Euler) or v ← dᵢ(dᵢv − ηg + σz) with dᵢ = e^{−αᵢ/2}
+    /// (splitting B–O–B); then θ ← θ + v and αᵢ ← αᵢ + vᵢ² − η. CPU only.
+    Thermostat { splitting: bool },
 }
 
 /// Constants of one update in f32, as the kernels use them (`bnn_step_consts`).

@@ -1,7 +1,8 @@
-//! SGLD, SGHMC and SGNHT through the fused kernels of [`crate::kernels`]: the same
-//! updates as `sgld.rs`, `sghmc.rs` and `sgnht.rs` (which stay as the composed reference),
-//! Euler or splitting integrator, in one pass per parameter tensor, noise generated inside
-//! the pass. (mSGNHT's per-element thermostat has no fused kernel yet.)
+//! SGLD, SGHMC, SGNHT and mSGNHT through the fused kernels of [`crate::kernels`]: the
+//! same updates as `sgld.rs`, `sghmc.rs` and `sgnht.rs` (which stay as the composed
+//! reference), Euler or splitting integrator, in one pass per parameter tensor, noise
+//! generated inside the pass. mSGNHT's per-element thermostats are a second state buffer
+//! (CPU only).
 
 use std::cell::{Cell, RefCell};
 
@@ -22,8 +23,10 @@ pub struct Fused {
     /// v = p·h per parameter tensor, on the parameters' device (empty for SGLD).
     pub momentum: Vec<StateBuffer>,
     device: Device,
-    /// SGNHT's α = ξ·h.
+    /// SGNHT's α = ξ·h (for mSGNHT: the mean of the per-element thermostats).
     pub thermostat: f64,
+    /// mSGNHT's αᵢ per parameter tensor (empty otherwise).
+    pub thermostats: Vec<StateBuffer>,
     n: usize,
     kinetic: f64,
 }
@@ -33,21 +36,43 @@ impl Fused {
     /// thermostat α₀ = a.
     pub fn init(config: SamplerConfig, params: &[Var], seed: u64) -> Result<Self> {
         let n = params.iter().map(|p| p.elem_count()).sum();
-        let update = update_of(config.kind)?;
+        let update = update_of(config.kind, config.integrator)?;
         let device = params.first().map_or(Device::Cpu, |p| p.device().clone());
         let host: Vec<Vec<f32>> = match update {
             Update::Sgld => Vec::new(),
             // The composed samplers' initial draw, moved into the sampler's own buffers.
-            Update::Momentum => init_momentum(params, config.step_size, seed)?
-                .iter()
-                .map(|v| v.flatten_all()?.to_vec1::<f32>())
-                .collect::<candle_core::Result<_>>()?,
+            Update::Momentum | Update::Thermostat { .. } => {
+                init_momentum(params, config.step_size, seed)?
+                    .iter()
+                    .map(|v| v.flatten_all()?.to_vec1::<f32>())
+                    .collect::<candle_core::Result<_>>()?
+            }
         };
         let sum_sq: f64 = host
             .iter()
             .flat_map(|m| m.iter())
             .map(|&v| (v as f64) * (v as f64))
             .sum();
+        let mut thermostats = Vec::new();
+        if let Update::Thermostat { splitting } = update {
+            // α = a everywhere, then (splitting) the first A (h/2): α ← α + (v⊙v − η)/2,
+            // in the composed sampler's f32 operations.
+            let eta = config.step_size as f32;
+            let a = config.diffusion as f32;
+            for v in &host {
+                let alpha = v
+                    .iter()
+                    .map(|&v| {
+                        if splitting {
+                            a + (v * v - eta) * 0.5
+                        } else {
+                            a
+                        }
+                    })
+                    .collect();
+                thermostats.push(StateBuffer::new(alpha, &device)?);
+            }
+        }
         let momentum = host
             .into_iter()
             .map(|m| StateBuffer::new(m, &device))
@@ -59,6 +84,7 @@ impl Fused {
             momentum,
             device,
             thermostat: config.diffusion,
+            thermostats,
             n,
             kinetic: 0.0,
         };
@@ -70,7 +96,8 @@ impl Fused {
                 let v = m.to_tensor(p.as_tensor())?;
                 p.set(&(p.as_detached_tensor() + (v * 0.5)?)?)?;
             }
-            if config.kind == SamplerKind::Sgnht {
+            if matches!(config.kind, SamplerKind::Sgnht | SamplerKind::Msgnht) {
+                // (For mSGNHT the mean of the αᵢ, whose buffers were set above.)
                 s.thermostat += 0.5 * (sum_sq / s.n as f64 - config.step_size);
             }
         }
@@ -101,10 +128,13 @@ impl Fused {
     }
 }
 
-fn update_of(kind: SamplerKind) -> Result<Update> {
+fn update_of(kind: SamplerKind, integrator: Integrator) -> Result<Update> {
     match kind {
         SamplerKind::Sgld => Ok(Update::Sgld),
         SamplerKind::Sghmc | SamplerKind::Sgnht => Ok(Update::Momentum),
+        SamplerKind::Msgnht => Ok(Update::Thermostat {
+            splitting: integrator == Integrator::Splitting,
+        }),
         other => Err(Error::Config(format!(
             "no fused kernel for {}; use the composed implementation",
             other.name()
@@ -119,13 +149,14 @@ impl Sampler for Fused {
 
     fn step(&mut self, params: &[Var], grads: &[Tensor]) -> Result<()> {
         check_lengths(params, grads)?;
-        let update = update_of(self.config.kind)?;
+        let update = update_of(self.config.kind, self.config.integrator)?;
         let (alpha, sigma) = self.friction_and_noise();
         let consts = match self.config.integrator {
             Integrator::Euler => StepConsts::new(self.config.step_size, alpha, sigma),
             Integrator::Splitting => StepConsts::splitting(self.config.step_size, alpha, sigma),
         };
         let mut sum_sq = 0f64;
+        let mut sum_thermostat = 0f64;
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
             let op = FusedStepOp {
                 update,
@@ -136,18 +167,24 @@ impl Sampler for Fused {
                     param: i as u32,
                 },
                 momentum: RefCell::new(self.momentum.get_mut(i)),
+                thermostat: RefCell::new(self.thermostats.get_mut(i)),
                 sum_sq: Cell::new(0.0),
+                sum_thermostat: Cell::new(0.0),
             };
             let g = g.detach().contiguous()?;
             p.as_detached_tensor().inplace_op2(&g, &op)?;
             sum_sq += op.sum_sq.get();
+            sum_thermostat += op.sum_thermostat.get();
         }
-        if update == Update::Momentum {
+        if update != Update::Sgld {
             self.kinetic = self.kinetic_from(sum_sq);
         }
         if self.config.kind == SamplerKind::Sgnht {
             // Ding et al. Alg. 2: α ← α + uᵀu/n − η, with uᵀu from the same pass.
             self.thermostat += sum_sq / self.n as f64 - self.config.step_size;
+        }
+        if self.config.kind == SamplerKind::Msgnht {
+            self.thermostat = sum_thermostat / self.n as f64;
         }
         self.step += 1;
         Ok(())
@@ -157,7 +194,8 @@ impl Sampler for Fused {
         let momentum = !self.momentum.is_empty();
         Diagnostics {
             kinetic_energy: momentum.then_some(self.kinetic),
-            thermostat: (self.config.kind == SamplerKind::Sgnht).then_some(self.thermostat),
+            thermostat: matches!(self.config.kind, SamplerKind::Sgnht | SamplerKind::Msgnht)
+                .then_some(self.thermostat),
         }
     }
 

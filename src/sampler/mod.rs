@@ -236,7 +236,7 @@ pub trait Sampler {
 #[serde(rename_all = "lowercase")]
 pub enum Kernel {
     /// One fused pass per parameter tensor ([`crate::kernels`]); SGD and momentum, which
-    /// have no fused kernel, fall back to the composed version.
+    /// have no fused kernel, and mSGNHT off the CPU, fall back to the composed version.
     Fused,
     /// Ordinary candle tensor ops: the reference implementation.
     Composed,
@@ -250,11 +250,14 @@ pub fn build_with(
     kernel: Kernel,
 ) -> Result<Box<dyn Sampler>> {
     config.validate()?;
-    // The fused kernels cover SGLD, and SGHMC and SGNHT with either integrator.
-    let fusable = matches!(
-        config.kind,
-        SamplerKind::Sgld | SamplerKind::Sghmc | SamplerKind::Sgnht
-    );
+    // The fused kernels cover SGLD, and SGHMC, SGNHT and mSGNHT with either integrator
+    // (mSGNHT on the CPU only).
+    let on_cpu = params.first().is_none_or(|p| p.device().is_cpu());
+    let fusable = match config.kind {
+        SamplerKind::Sgld | SamplerKind::Sghmc | SamplerKind::Sgnht => true,
+        SamplerKind::Msgnht => on_cpu,
+        SamplerKind::Sgd | SamplerKind::Momentum => false,
+    };
     if kernel == Kernel::Fused && fusable {
         return Ok(Box::new(fused::Fused::init(config, params, seed)?));
     }
