@@ -1,4 +1,4 @@
-//! The fused step on the CPU: rayon over fixed chunks, inner loops over blocks of 4
+//! The fused step on the CPU: fixed chunks run on [`super::pool`], inner loops over blocks of 4
 //! elements (one Philox call each) that the compiler vectorises; an AVX2 build of the same
 //! code is chosen at run time where the CPU has it. No allocation per step beyond rayon's
 //! per-chunk partial sums.
@@ -6,8 +6,8 @@
 use std::cell::{Cell, RefCell};
 
 use candle_core::{backend::BackendStorage, CpuStorage, InplaceOp2, Layout};
-use rayon::prelude::*;
 
+use super::pool::{self, Disjoint};
 use super::{buffer::StateBuffer, StepConsts, Update};
 use crate::rng::{log_unit, sincos_turn, uniform_open0, NoiseKey};
 
@@ -222,42 +222,38 @@ pub fn step(
     if update == Update::Momentum {
         assert_eq!(theta.len(), momentum.len(), "momentum of the wrong length");
     }
-    let partials: Vec<f64> = if update == Update::Momentum {
-        theta
-            .par_chunks_mut(CHUNK)
-            .zip(momentum.par_chunks_mut(CHUNK))
-            .zip(grad.par_chunks(CHUNK))
-            .enumerate()
-            .map(|(k, ((theta, momentum), grad))| {
-                chunk_dispatch(Chunk {
-                    update,
-                    theta,
-                    momentum,
-                    grad,
-                    key: &key,
-                    offset: k * CHUNK,
-                    c,
-                })
-            })
-            .collect()
-    } else {
-        theta
-            .par_chunks_mut(CHUNK)
-            .zip(grad.par_chunks(CHUNK))
-            .enumerate()
-            .map(|(k, (theta, grad))| {
-                chunk_dispatch(Chunk {
-                    update,
-                    theta,
-                    momentum: &mut [],
-                    grad,
-                    key: &key,
-                    offset: k * CHUNK,
-                    c,
-                })
-            })
-            .collect()
-    };
+    let n = theta.len();
+    let chunks = n.div_ceil(CHUNK);
+    let mut partials = vec![0f64; chunks];
+    let (t, m, p) = (
+        Disjoint::new(theta),
+        Disjoint::new(momentum),
+        Disjoint::new(&mut partials),
+    );
+    pool::run(chunks, &|k| {
+        let (start, end) = (k * CHUNK, ((k + 1) * CHUNK).min(n));
+        // SAFETY: chunk k alone touches elements start..end of θ and v, and partials[k].
+        let (theta, momentum, partial) = unsafe {
+            (
+                t.slice(start, end),
+                if update == Update::Momentum {
+                    m.slice(start, end)
+                } else {
+                    &mut []
+                },
+                &mut p.slice(k, k + 1)[0],
+            )
+        };
+        *partial = chunk_dispatch(Chunk {
+            update,
+            theta,
+            momentum,
+            grad: &grad[start..end],
+            key: &key,
+            offset: start,
+            c,
+        });
+    });
     partials.iter().sum()
 }
 
@@ -317,33 +313,45 @@ pub fn thermostat_step(
         grad.len() == n && momentum.len() == n && alpha.len() == n,
         "sampler state of the wrong length"
     );
-    let partials: Vec<(f64, f64)> = theta
-        .par_chunks_mut(CHUNK)
-        .zip(momentum.par_chunks_mut(CHUNK))
-        .zip(alpha.par_chunks_mut(CHUNK))
-        .zip(grad.par_chunks(CHUNK))
-        .enumerate()
-        .map(|(k, (((theta, momentum), alpha), grad))| {
-            let mut sums = (0f64, 0f64);
-            let mut start = 0;
-            while start < theta.len() {
-                let end = (start + TILE).min(theta.len());
-                let (a, b) = thermostat_tile(
-                    &mut theta[start..end],
-                    &mut momentum[start..end],
-                    &mut alpha[start..end],
-                    &grad[start..end],
-                    &key,
-                    ((k * CHUNK + start) / 4) as u32,
-                    c,
-                    splitting,
-                );
-                sums = (sums.0 + a, sums.1 + b);
-                start = end;
-            }
-            sums
-        })
-        .collect();
+    let chunks = n.div_ceil(CHUNK);
+    let mut partials = vec![(0f64, 0f64); chunks];
+    let (t, m, al, p) = (
+        Disjoint::new(theta),
+        Disjoint::new(momentum),
+        Disjoint::new(alpha),
+        Disjoint::new(&mut partials),
+    );
+    pool::run(chunks, &|k| {
+        let (first, last) = (k * CHUNK, ((k + 1) * CHUNK).min(n));
+        // SAFETY: chunk k alone touches elements first..last of θ, v, α and partials[k].
+        let (theta, momentum, alpha, partial) = unsafe {
+            (
+                t.slice(first, last),
+                m.slice(first, last),
+                al.slice(first, last),
+                &mut p.slice(k, k + 1)[0],
+            )
+        };
+        let grad = &grad[first..last];
+        let mut sums = (0f64, 0f64);
+        let mut start = 0;
+        while start < theta.len() {
+            let end = (start + TILE).min(theta.len());
+            let (a, b) = thermostat_tile(
+                &mut theta[start..end],
+                &mut momentum[start..end],
+                &mut alpha[start..end],
+                &grad[start..end],
+                &key,
+                ((first + start) / 4) as u32,
+                c,
+                splitting,
+            );
+            sums = (sums.0 + a, sums.1 + b);
+            start = end;
+        }
+        *partial = sums;
+    });
     partials
         .iter()
         .fold((0.0, 0.0), |acc, p| (acc.0 + p.0, acc.1 + p.1))

@@ -82,7 +82,7 @@ pub fn matmul(
         return;
     }
     let threads = if m * n * k >= PARALLEL_MIN_MACS {
-        rayon::current_num_threads()
+        super::pool::threads()
     } else {
         1
     };
@@ -147,25 +147,8 @@ fn fallback(
     }
 }
 
-/// A raw output pointer shared by the threads of one product, each writing its own
-/// disjoint rows or columns.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: the parts of a product write disjoint elements; the pointer is only used
-// while the product's exclusive borrow of the destination lasts.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// The element `offset` places on. A method, so that closures capture the whole
-    /// `OutPtr` (which is Sync), not its raw-pointer field.
-    fn at(self, offset: usize) -> *mut f32 {
-        self.0.wrapping_add(offset)
-    }
-}
-
 /// Runs `part(start, end)` over `parts` even splits of `0..len` (rounded to `align`),
-/// in parallel when `parts` > 1.
+/// in parallel (on [`super::pool`]) when `parts` > 1.
 fn split(len: usize, parts: usize, align: usize, part: impl Fn(usize, usize) + Sync) {
     let parts = parts.min(len.div_ceil(align)).max(1);
     if parts == 1 {
@@ -173,17 +156,11 @@ fn split(len: usize, parts: usize, align: usize, part: impl Fn(usize, usize) + S
         return;
     }
     let per = len.div_ceil(parts).div_ceil(align) * align;
-    rayon::scope(|s| {
-        for p in 1..parts {
-            let part = &part;
-            s.spawn(move |_| {
-                let (a, b) = ((p * per).min(len), ((p + 1) * per).min(len));
-                if a < b {
-                    part(a, b)
-                }
-            });
+    super::pool::run(parts, &|p| {
+        let (a, b) = ((p * per).min(len), ((p + 1) * per).min(len));
+        if a < b {
+            part(a, b)
         }
-        part(0, per.min(len));
     });
 }
 
@@ -202,7 +179,8 @@ fn balanced(len: usize, max: usize) -> impl Iterator<Item = usize> {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{balanced, split, Mat, OutPtr};
+    use super::super::pool::Disjoint;
+    use super::{balanced, split, Mat};
 
     pub fn available() -> bool {
         std::arch::is_x86_feature_detected!("avx512f")
@@ -399,7 +377,7 @@ mod avx512 {
     ) {
         let (a, lda) = (lhs.data.as_ptr() as usize, lhs.rs);
         let (b, ldb) = (rhs.data.as_ptr() as usize, rhs.cs);
-        let c = OutPtr(dst.as_mut_ptr());
+        let c = Disjoint::new(dst);
         let block = |r0: usize, r1: usize, c0: usize, c1: usize| {
             // Row tiles outside, column blocks inside: the A rows of a tile stay in L1.
             let mut i = r0;
@@ -546,7 +524,7 @@ mod avx512 {
     ) {
         let (a, a_rs, a_cs) = (lhs.data.as_ptr() as usize, lhs.rs, lhs.cs);
         let (b, ldb) = (rhs.data.as_ptr() as usize, rhs.rs);
-        let c = OutPtr(dst.as_mut_ptr());
+        let c = Disjoint::new(dst);
         let block = |r0: usize, r1: usize, c0: usize, c1: usize| {
             // k in blocks of NN_KC: a (KC × 48) panel of B stays in L1 across the row tiles.
             for p0 in (0..k).step_by(NN_KC) {
@@ -599,13 +577,15 @@ pub fn transpose(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
     assert!(src.len() >= rows * cols && dst.len() >= rows * cols);
     // Large transposes are bandwidth-bound: two threads take half the columns each, i.e.
     // disjoint halves of dst.
-    if rows * cols >= 1 << 16 && cols >= 32 && rayon::current_num_threads() > 1 {
+    if rows * cols >= 1 << 16 && cols >= 32 && super::pool::threads() > 1 {
         let half = (cols / 2).div_ceil(16) * 16;
-        let (d0, d1) = dst[..rows * cols].split_at_mut(half * rows);
-        rayon::join(
-            || transpose_cols(src, rows, cols, 0, half, d0),
-            || transpose_cols(src, rows, cols, half, cols, d1),
-        );
+        let d = super::pool::Disjoint::new(&mut dst[..rows * cols]);
+        super::pool::run(2, &|p| {
+            let (c0, c1) = if p == 0 { (0, half) } else { (half, cols) };
+            // SAFETY: the two parts write the disjoint rows c0..c1 of dst.
+            let out = unsafe { d.slice(c0 * rows, c1 * rows) };
+            transpose_cols(src, rows, cols, c0, c1, out);
+        });
         return;
     }
     transpose_cols(src, rows, cols, 0, cols, dst);

@@ -23,6 +23,7 @@ pub mod gemm;
 #[doc(hidden)]
 pub mod host;
 pub mod mlp;
+pub mod pool;
 
 /// Which element update a fused op applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
