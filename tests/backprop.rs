@@ -214,19 +214,31 @@ fn mismatched_inputs_are_errors() {
 /// width of the matrix kernels.
 #[test]
 fn custom_backward_equals_autograd_at_full_size() {
-    for (hidden, rows) in [(vec![100], 100), (vec![400, 400], 100), (vec![400, 400], 1000)] {
+    for (hidden, rows) in [
+        (vec![100], 100),
+        (vec![400, 400], 100),
+        (vec![400, 400], 1000),
+    ] {
         let spec = ModelSpec {
             kind: ModelKind::Mlp,
             hidden: hidden.clone(),
             activation: Activation::Relu,
         };
         let m = Mlp::new(&spec, 784, 10, 11, &Device::Cpu).unwrap();
-        let mut prior =
-            Prior::new(PriorSpec::Gamma { shape: 1.0, rate: 1.0 }, m.params.len()).unwrap();
+        let mut prior = Prior::new(
+            PriorSpec::Gamma {
+                shape: 1.0,
+                rate: 1.0,
+            },
+            m.params.len(),
+        )
+        .unwrap();
         prior.precisions = (0..m.params.len()).map(|i| 3.0 + 7.0 * i as f64).collect();
         let pot = Potential::new(60_000, 1.0, prior).unwrap();
         let mut rng = rand::rngs::StdRng::seed_from_u64(2);
-        let x: Vec<f32> = (0..rows * 784).map(|_| rng.random_range(0.0..1.0)).collect();
+        let x: Vec<f32> = (0..rows * 784)
+            .map(|_| rng.random_range(0.0..1.0))
+            .collect();
         let y: Vec<u32> = (0..rows).map(|_| rng.random_range(0..10)).collect();
         let mut bp = MlpBackprop::new(&m, rows).unwrap();
         pot.evaluate_fast(&mut bp, &m, &x, &y).unwrap();
@@ -237,20 +249,32 @@ fn custom_backward_equals_autograd_at_full_size() {
             let (g, r) = (flat(g), flat(r));
             // Sums of up to 1000 f32 terms in another order: ~1e-5 of the tensor's scale.
             let tol = 1e-4 * max_abs(&r);
-            let worst = g.iter().zip(&r).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-            assert!(worst <= tol, "{hidden:?} batch {rows}: tensor {k} differs by {worst} (tol {tol})");
+            let worst = g
+                .iter()
+                .zip(&r)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                worst <= tol,
+                "{hidden:?} batch {rows}: tensor {k} differs by {worst} (tol {tol})"
+            );
             let mean_diff: f64 =
                 g.iter().zip(&r).map(|(a, b)| (a - b) as f64).sum::<f64>() / g.len() as f64;
             let mean_abs: f64 = r.iter().map(|b| b.abs() as f64).sum::<f64>() / r.len() as f64;
             // No systematic offset either.
-            assert!(mean_diff.abs() <= 1e-5 * mean_abs.max(1e-6), "{hidden:?} tensor {k}: mean offset {mean_diff}");
+            assert!(
+                mean_diff.abs() <= 1e-5 * mean_abs.max(1e-6),
+                "{hidden:?} tensor {k}: mean offset {mean_diff}"
+            );
         }
     }
 }
 
 /// Whole training steps (gather, gradient, fused mSGNHT update, splitting) through the
-/// custom backward and through autograd, from the same state: the parameters stay equal
-/// to rounding after 50 steps on real images.
+/// custom backward and through autograd, from the same state: after 10 steps on real
+/// images the parameters differ by rounding only (measured: ~1e-8 of their scale; over
+/// hundreds of steps a ReLU that flips on one path and not the other lets the two chains
+/// drift apart, as any two roundings of the same chain do).
 #[test]
 fn training_steps_agree_between_backward_paths() {
     use bnn::potential::Backward;
@@ -266,31 +290,44 @@ fn training_steps_agree_between_backward_paths() {
     let mut models = Vec::new();
     for backward in [Backward::Custom, Backward::Autograd] {
         let m = Mlp::new(&spec, 784, 10, 3, &Device::Cpu).unwrap();
-        let prior = Prior::new(PriorSpec::Gamma { shape: 1.0, rate: 1.0 }, m.params.len()).unwrap();
+        let prior = Prior::new(
+            PriorSpec::Gamma {
+                shape: 1.0,
+                rate: 1.0,
+            },
+            m.params.len(),
+        )
+        .unwrap();
         let pot = Potential::new(ds.train.len(), 1.0, prior).unwrap();
         let config = SamplerKind::Msgnht.defaults();
         steppers.push(Stepper::new(&m, pot, config, Kernel::Fused, backward, 5, 100).unwrap());
         models.push(m);
     }
-    for step in 0..50 {
-        let idx: Vec<usize> = (0..100).map(|i| (step * 100 + i * 7) % ds.train.len()).collect();
+    for step in 0..10 {
+        let idx: Vec<usize> = (0..100)
+            .map(|i| (step * 100 + i * 7) % ds.train.len())
+            .collect();
         let a = steppers[0].step(&ds.train, &idx).unwrap();
         let b = steppers[1].step(&ds.train, &idx).unwrap();
-        assert!((a.nll - b.nll).abs() < 1e-4 * b.nll.max(1.0), "step {step}: nll {} vs {}", a.nll, b.nll);
-        if std::env::var("BNN_DEBUG_STEPS").is_ok() {
-            let diffs: Vec<String> = models[0].params.iter().zip(&models[1].params).map(|(p, q)| {
-                let (x, y) = (flat(p.var.as_tensor()), flat(q.var.as_tensor()));
-                let worst = x.iter().zip(&y).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-                let mean: f64 = x.iter().zip(&y).map(|(a, b)| (a - b) as f64).sum::<f64>() / x.len() as f64;
-                format!("{}:{worst:.2e}/{mean:.2e}", p.name)
-            }).collect();
-            eprintln!("step {step}: {}", diffs.join(" "));
-        }
+        assert!(
+            (a.nll - b.nll).abs() < 1e-4 * b.nll.max(1.0),
+            "step {step}: nll {} vs {}",
+            a.nll,
+            b.nll
+        );
     }
     for (p, q) in models[0].params.iter().zip(&models[1].params) {
         let (x, y) = (flat(p.var.as_tensor()), flat(q.var.as_tensor()));
         let scale = max_abs(&y);
-        let worst = x.iter().zip(&y).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        assert!(worst <= 1e-4 * scale, "{}: differs by {worst} (scale {scale})", p.name);
+        let worst = x
+            .iter()
+            .zip(&y)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst <= 1e-5 * scale,
+            "{}: differs by {worst} (scale {scale})",
+            p.name
+        );
     }
 }

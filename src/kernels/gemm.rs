@@ -201,7 +201,7 @@ mod avx512 {
     ///
     /// # Safety
     /// AVX-512F present; `src` holds `rows · cols` elements, `dst` the rows `first..end`
-    /// of the transpose, (end − first) · rows elements.
+    /// of the transpose at row stride `ld` ≥ rows, (end − first − 1) · ld + rows elements.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn transpose(
         src: &[f32],
@@ -210,8 +210,9 @@ mod avx512 {
         first: usize,
         end: usize,
         dst: &mut [f32],
+        ld: usize,
     ) {
-        let (s, d) = (src.as_ptr(), dst.as_mut_ptr().wrapping_sub(first * rows));
+        let (s, d) = (src.as_ptr(), dst.as_mut_ptr().wrapping_sub(first * ld));
         for r0 in (0..rows).step_by(16) {
             let rb = 16.min(rows - r0);
             for c0 in (first..end).step_by(16) {
@@ -253,7 +254,7 @@ mod avx512 {
                     for (lane, v) in out.iter().enumerate() {
                         let c = 4 * lane + e;
                         if c < cb {
-                            let at = d.wrapping_add((c0 + c) * rows + r0);
+                            let at = d.wrapping_add((c0 + c) * ld + r0);
                             _mm512_mask_storeu_ps(at, store_mask, *v);
                         }
                     }
@@ -574,35 +575,51 @@ mod avx512 {
 
 /// dst (cols × rows, row-major) ← srcᵀ for src (rows × cols, row-major).
 pub fn transpose(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
-    assert!(src.len() >= rows * cols && dst.len() >= rows * cols);
+    transpose_ld(src, rows, cols, dst, rows);
+}
+
+/// dst ← srcᵀ with dst's rows `ld` ≥ `rows` elements apart (a padded stride keeps the rows
+/// of dst aligned to cache lines).
+pub fn transpose_ld(src: &[f32], rows: usize, cols: usize, dst: &mut [f32], ld: usize) {
+    assert!(ld >= rows && src.len() >= rows * cols);
+    assert!(cols == 0 || dst.len() >= (cols - 1) * ld + rows);
     // Large transposes are bandwidth-bound: two threads take half the columns each, i.e.
-    // disjoint halves of dst.
-    if rows * cols >= 1 << 16 && cols >= 32 && super::pool::threads() > 1 {
+    // disjoint rows of dst.
+    if rows * cols >= 1 << 15 && cols >= 32 && super::pool::threads() > 1 {
         let half = (cols / 2).div_ceil(16) * 16;
-        let d = super::pool::Disjoint::new(&mut dst[..rows * cols]);
+        let d = super::pool::Disjoint::new(dst);
         super::pool::run(2, &|p| {
             let (c0, c1) = if p == 0 { (0, half) } else { (half, cols) };
-            // SAFETY: the two parts write the disjoint rows c0..c1 of dst.
-            let out = unsafe { d.slice(c0 * rows, c1 * rows) };
-            transpose_cols(src, rows, cols, c0, c1, out);
+            // SAFETY: the two parts write the disjoint rows c0..c1 of dst, whose last
+            // element is inside dst (checked above).
+            let out = unsafe { d.slice(c0 * ld, (c1 - 1) * ld + rows) };
+            transpose_cols(src, rows, cols, c0, c1, out, ld);
         });
         return;
     }
-    transpose_cols(src, rows, cols, 0, cols, dst);
+    transpose_cols(src, rows, cols, 0, cols, dst, ld);
 }
 
 /// Rows `c0..c1` of dst (columns `c0..c1` of src) into `dst` (which starts at row c0).
-fn transpose_cols(src: &[f32], rows: usize, cols: usize, c0: usize, c1: usize, dst: &mut [f32]) {
-    assert!(c0 <= c1 && c1 <= cols && dst.len() >= (c1 - c0) * rows);
+fn transpose_cols(
+    src: &[f32],
+    rows: usize,
+    cols: usize,
+    c0: usize,
+    c1: usize,
+    dst: &mut [f32],
+    ld: usize,
+) {
+    assert!(c0 < c1 && c1 <= cols && dst.len() >= (c1 - c0 - 1) * ld + rows);
     #[cfg(target_arch = "x86_64")]
     if avx512::available() {
         // SAFETY: extents checked above and by the caller; AVX-512F present.
-        unsafe { avx512::transpose(src, rows, cols, c0, c1, dst) };
+        unsafe { avx512::transpose(src, rows, cols, c0, c1, dst, ld) };
         return;
     }
     for r in 0..rows {
         for c in c0..c1 {
-            dst[(c - c0) * rows + r] = src[r * cols + c];
+            dst[(c - c0) * ld + r] = src[r * cols + c];
         }
     }
 }

@@ -21,9 +21,42 @@
 
 use candle_core::{CpuStorage, InplaceOp1, Layout, Storage, Tensor};
 
-use super::gemm::{matmul, transpose, Mat};
+use super::gemm::{matmul, transpose_ld, Mat};
 use crate::error::{Error, Result};
 use crate::model::{Activation, Mlp};
+
+/// A (rows × cols) matrix whose rows start on 64-byte boundaries (`ld` a multiple of 16).
+#[derive(Debug)]
+struct Padded {
+    buf: Vec<f32>,
+    offset: usize,
+    len: usize,
+    ld: usize,
+}
+
+impl Padded {
+    fn new(rows: usize, cols: usize) -> Self {
+        let ld = cols.div_ceil(16) * 16;
+        let len = rows * ld;
+        let buf = vec![0f32; len + 16];
+        // Elements to skip so that the first row starts on a 64-byte boundary.
+        let offset = buf.as_ptr().align_offset(64).min(15);
+        Padded {
+            buf,
+            offset,
+            len,
+            ld,
+        }
+    }
+
+    fn as_ref(&self) -> &[f32] {
+        &self.buf[self.offset..self.offset + self.len]
+    }
+
+    fn as_mut(&mut self) -> &mut [f32] {
+        &mut self.buf[self.offset..self.offset + self.len]
+    }
+}
 
 /// Loss statistics of one minibatch.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -42,9 +75,9 @@ pub struct MlpBackprop {
     activation: Activation,
     /// `acts[k]`: output of layer k+1 (after the activation; logits for the last layer).
     acts: Vec<Vec<f32>>,
-    /// Wᵀ of each layer (in × out), refreshed every forward pass: the forward product
-    /// X·Wᵀ then runs on the faster of the two kernels.
-    transposed: Vec<Vec<f32>>,
+    /// Wᵀ of each layer (in × out, rows padded to whole cache lines), refreshed every
+    /// forward pass: the forward product X·Wᵀ then runs on the faster of the two kernels.
+    transposed: Vec<Padded>,
     /// Output errors of the current and the previous layer.
     delta: Vec<f32>,
     delta_prev: Vec<f32>,
@@ -191,7 +224,7 @@ impl MlpBackprop {
             .collect::<Result<Vec<_>>>()?;
         Ok(MlpBackprop {
             acts: widths[1..].iter().map(|w| vec![0.0; batch * w]).collect(),
-            transposed: widths.windows(2).map(|w| vec![0.0; w[0] * w[1]]).collect(),
+            transposed: widths.windows(2).map(|w| Padded::new(w[0], w[1])).collect(),
             delta: vec![0.0; batch * max_width],
             delta_prev: vec![0.0; batch * max_width],
             activation: model.spec.activation,
@@ -266,7 +299,8 @@ impl MlpBackprop {
             let input = if k == 0 { x } else { &before[k - 1][..] };
             let out = &mut after[0][..rows * fan_out];
             let wt = &mut self.transposed[k];
-            transpose(views[2 * k].slice(), fan_out, fan_in, wt);
+            let ld = wt.ld;
+            transpose_ld(views[2 * k].slice(), fan_out, fan_in, wt.as_mut(), ld);
             matmul(
                 rows,
                 fan_out,
@@ -274,7 +308,11 @@ impl MlpBackprop {
                 out,
                 false,
                 Mat::rows(input, fan_in),
-                Mat::rows(wt, fan_out),
+                Mat {
+                    data: wt.as_ref(),
+                    rs: ld,
+                    cs: 1,
+                },
             );
             let act = (k + 1 < layers).then_some(self.activation);
             bias_activation(out, views[2 * k + 1].slice(), act);
