@@ -68,6 +68,34 @@ pub fn matmul(
     lhs: Mat<'_>,
     rhs: Mat<'_>,
 ) {
+    matmul_with(m, n, k, dst, accumulate, lhs, rhs, false);
+}
+
+/// [`matmul`] with the threads splitting the columns of dst (and so of rhs) in two halves
+/// of whole vectors: for a rhs that [`transpose_ld_by_rows`] just wrote, each thread reads
+/// what it wrote.
+pub fn matmul_split_columns(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    lhs: Mat<'_>,
+    rhs: Mat<'_>,
+) {
+    matmul_with(m, n, k, dst, false, lhs, rhs, true);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matmul_with(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    accumulate: bool,
+    lhs: Mat<'_>,
+    rhs: Mat<'_>,
+    split_columns: bool,
+) {
     // Hard checks: everything below reads and writes through raw pointers.
     assert!(dst.len() >= m * n, "matmul: destination too small");
     assert!(lhs.data.len() >= lhs.extent(m, k), "matmul: lhs too small");
@@ -95,7 +123,7 @@ pub fn matmul(
                 return;
             }
             if rhs.cs == 1 {
-                avx512::nn(m, n, k, dst, accumulate, lhs, rhs, threads);
+                avx512::nn(m, n, k, dst, accumulate, lhs, rhs, threads, split_columns);
                 return;
             }
         }
@@ -199,22 +227,29 @@ mod avx512 {
     /// Transpose in 16 × 16 blocks held in registers: unpack pairs of rows, shuffle
     /// within 128-bit lanes, then exchange lanes (partial blocks by masks).
     ///
+    /// Source rows `row_range`, source columns `first..end` (dst rows, dst starting at row
+    /// `first`).
+    ///
     /// # Safety
-    /// AVX-512F present; `src` holds `rows · cols` elements, `dst` the rows `first..end`
-    /// of the transpose at row stride `ld` ≥ rows, (end − first − 1) · ld + rows elements.
+    /// AVX-512F present; `src` holds `rows · cols` elements; `dst` points at row `first`
+    /// of the transpose (row stride `ld` ≥ rows) and rows `first..end` are writable, with
+    /// no other reference to columns `row_range` of them.
     #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn transpose(
         src: &[f32],
         rows: usize,
         cols: usize,
+        row_range: (usize, usize),
         first: usize,
         end: usize,
-        dst: &mut [f32],
+        dst: *mut f32,
         ld: usize,
     ) {
-        let (s, d) = (src.as_ptr(), dst.as_mut_ptr().wrapping_sub(first * ld));
-        for r0 in (0..rows).step_by(16) {
-            let rb = 16.min(rows - r0);
+        let (s, d) = (src.as_ptr(), dst.wrapping_sub(first * ld));
+        let _ = rows;
+        for r0 in (row_range.0..row_range.1).step_by(16) {
+            let rb = 16.min(row_range.1 - r0);
             for c0 in (first..end).step_by(16) {
                 let cb = 16.min(end - c0);
                 let load_mask = mask(cb);
@@ -522,6 +557,7 @@ mod avx512 {
         lhs: Mat<'_>,
         rhs: Mat<'_>,
         threads: usize,
+        split_columns: bool,
     ) {
         let (a, a_rs, a_cs) = (lhs.data.as_ptr() as usize, lhs.rs, lhs.cs);
         let (b, ldb) = (rhs.data.as_ptr() as usize, rhs.rs);
@@ -565,7 +601,7 @@ mod avx512 {
         };
         // Rows when each thread gets at least two row tiles (every thread then runs the
         // same column tiles); columns, in whole vectors, otherwise.
-        if m >= 2 * NN_R * threads || threads == 1 {
+        if !split_columns && (m >= 2 * NN_R * threads || threads == 1) {
             split(m, threads, 1, |r0, r1| block(r0, r1, 0, n));
         } else {
             split(n, threads, 16, |c0, c1| block(0, m, c0, c1));
@@ -590,36 +626,69 @@ pub fn transpose_ld(src: &[f32], rows: usize, cols: usize, dst: &mut [f32], ld: 
         let d = super::pool::Disjoint::new(dst);
         super::pool::run(2, &|p| {
             let (c0, c1) = if p == 0 { (0, half) } else { (half, cols) };
-            // SAFETY: the two parts write the disjoint rows c0..c1 of dst, whose last
-            // element is inside dst (checked above).
-            let out = unsafe { d.slice(c0 * ld, (c1 - 1) * ld + rows) };
-            transpose_cols(src, rows, cols, c0, c1, out, ld);
+            // SAFETY: the two parts write the disjoint rows c0..c1 of dst, inside it
+            // (checked above).
+            unsafe { transpose_block(src, rows, cols, (0, rows), c0, c1, d.at(c0 * ld), ld) };
         });
         return;
     }
-    transpose_cols(src, rows, cols, 0, cols, dst, ld);
+    // SAFETY: dst holds the whole transpose (checked above).
+    unsafe { transpose_block(src, rows, cols, (0, rows), 0, cols, dst.as_mut_ptr(), ld) };
 }
 
-/// Rows `c0..c1` of dst (columns `c0..c1` of src) into `dst` (which starts at row c0).
-fn transpose_cols(
+/// [`transpose_ld`] split between two threads by the rows of src (the columns of dst),
+/// at the boundary [`matmul_split_columns`] uses for a product with dst as its right
+/// operand: each thread then reads back the part of dst it wrote.
+pub fn transpose_ld_by_rows(src: &[f32], rows: usize, cols: usize, dst: &mut [f32], ld: usize) {
+    assert!(ld >= rows && src.len() >= rows * cols);
+    assert!(cols == 0 || dst.len() >= (cols - 1) * ld + rows);
+    if cols == 0 {
+        return;
+    }
+    let threads = super::pool::threads().min(2);
+    if rows * cols < 1 << 15 || rows < 32 || threads < 2 {
+        // SAFETY: dst holds the whole transpose (checked above).
+        unsafe { transpose_block(src, rows, cols, (0, rows), 0, cols, dst.as_mut_ptr(), ld) };
+        return;
+    }
+    let half = rows.div_ceil(2).div_ceil(16) * 16;
+    let d = super::pool::Disjoint::new(dst);
+    super::pool::run(2, &|p| {
+        let r = if p == 0 { (0, half) } else { (half, rows) };
+        // SAFETY: part p writes only columns r.0..r.1 of the dst rows (through a raw
+        // pointer, no slice), disjoint from the other part's; dst holds the transpose.
+        unsafe { transpose_block(src, rows, cols, r, 0, cols, d.at(0), ld) };
+    });
+}
+
+/// Source rows `r`, source columns `c0..c1` into `dst`, which points at dst row c0.
+///
+/// # Safety
+/// Rows c0..c1 of dst (stride `ld` ≥ rows) are writable through `dst`, and nothing else
+/// accesses their columns `r` meanwhile.
+#[allow(clippy::too_many_arguments)]
+unsafe fn transpose_block(
     src: &[f32],
     rows: usize,
     cols: usize,
+    r: (usize, usize),
     c0: usize,
     c1: usize,
-    dst: &mut [f32],
+    dst: *mut f32,
     ld: usize,
 ) {
-    assert!(c0 < c1 && c1 <= cols && dst.len() >= (c1 - c0 - 1) * ld + rows);
+    assert!(c0 < c1 && c1 <= cols && r.0 <= r.1 && r.1 <= rows && ld >= rows);
+    assert!(src.len() >= rows * cols);
     #[cfg(target_arch = "x86_64")]
     if avx512::available() {
-        // SAFETY: extents checked above and by the caller; AVX-512F present.
-        unsafe { avx512::transpose(src, rows, cols, c0, c1, dst, ld) };
+        // SAFETY: the caller's contract; AVX-512F present.
+        unsafe { avx512::transpose(src, rows, cols, r, c0, c1, dst, ld) };
         return;
     }
-    for r in 0..rows {
+    for i in r.0..r.1 {
         for c in c0..c1 {
-            dst[(c - c0) * ld + r] = src[r * cols + c];
+            // SAFETY: inside rows c0..c1, columns r of dst (the caller's contract).
+            unsafe { *dst.add((c - c0) * ld + i) = src[i * cols + c] };
         }
     }
 }

@@ -21,7 +21,7 @@
 
 use candle_core::{CpuStorage, InplaceOp1, Layout, Storage, Tensor};
 
-use super::gemm::{matmul, transpose_ld, Mat};
+use super::gemm::{matmul, matmul_split_columns, transpose_ld_by_rows, Mat};
 use crate::error::{Error, Result};
 use crate::model::{Activation, Mlp};
 
@@ -300,13 +300,13 @@ impl MlpBackprop {
             let out = &mut after[0][..rows * fan_out];
             let wt = &mut self.transposed[k];
             let ld = wt.ld;
-            transpose_ld(views[2 * k].slice(), fan_out, fan_in, wt.as_mut(), ld);
-            matmul(
+            // Both split by output neuron: each thread multiplies by the part of Wᵀ it wrote.
+            transpose_ld_by_rows(views[2 * k].slice(), fan_out, fan_in, wt.as_mut(), ld);
+            matmul_split_columns(
                 rows,
                 fan_out,
                 fan_in,
                 out,
-                false,
                 Mat::rows(input, fan_in),
                 Mat {
                     data: wt.as_ref(),
