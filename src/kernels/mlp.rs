@@ -22,6 +22,7 @@
 use candle_core::{CpuStorage, InplaceOp1, Layout, Storage, Tensor};
 
 use super::gemm::{matmul, matmul_split_columns, transpose_ld, transpose_ld_by_rows, Mat};
+use super::pool;
 use crate::error::{Error, Result};
 use crate::model::{Activation, Mlp};
 
@@ -136,6 +137,27 @@ impl<F: Fn(&mut [f32])> InplaceOp1 for WriteWith<'_, F> {
         (self.0)(&mut v[a..b]);
         Ok(())
     }
+}
+
+/// Elements below which an element-wise pass stays on one thread.
+const PARALLEL_MIN_ELEMENTS: usize = 1 << 15;
+
+/// Applies `f` to `data` in two halves on the pool when it is large (cut at a multiple
+/// of `unit`, e.g. a row), serially otherwise. `f` gets the half and its offset.
+fn halves(data: &mut [f32], unit: usize, f: impl Fn(&mut [f32], usize) + Sync) {
+    let units = data.len() / unit.max(1);
+    if data.len() < PARALLEL_MIN_ELEMENTS || units < 2 || pool::threads() < 2 {
+        f(data, 0);
+        return;
+    }
+    let cut = units.div_ceil(2) * unit;
+    let len = data.len();
+    let d = pool::Disjoint::new(data);
+    pool::run(2, &|p| {
+        let (a, b) = if p == 0 { (0, cut) } else { (cut, len) };
+        // SAFETY: the two parts get the disjoint halves 0..cut and cut..len.
+        f(unsafe { d.slice(a, b) }, a);
+    });
 }
 
 /// Adds the bias to every row of `z` (rows × width) and applies the activation.
@@ -322,7 +344,8 @@ impl MlpBackprop {
                 matmul(rows, fan_out, fan_in, out, false, x, w);
             }
             let act = (k + 1 < layers).then_some(self.activation);
-            bias_activation(out, views[2 * k + 1].slice(), act);
+            let bias = views[2 * k + 1].slice();
+            halves(out, fan_out, |half, _| bias_activation(half, bias, act));
         }
     }
 
@@ -378,7 +401,10 @@ impl MlpBackprop {
             let lb = (prior_factor * prior_precision[2 * k + 1]) as f32;
             // ∇W = Δᵀ·A + λW: the prior term first, then the product accumulated onto it.
             self.grads[2 * k].inplace_op1(&WriteWith(&|g: &mut [f32]| {
-                g.iter_mut().zip(w).for_each(|(g, &w)| *g = lw * w);
+                halves(g, 1, |half, at| {
+                    let w = &w[at..at + half.len()];
+                    half.iter_mut().zip(w).for_each(|(g, &w)| *g = lw * w);
+                });
                 matmul(
                     fan_out,
                     fan_in,
@@ -390,9 +416,28 @@ impl MlpBackprop {
                 );
             }))?;
             self.grads[2 * k + 1].inplace_op1(&WriteWith(&|g: &mut [f32]| {
-                g.iter_mut().zip(b).for_each(|(g, &b)| *g = lb * b);
-                for row in delta.chunks_exact(fan_out) {
-                    g.iter_mut().zip(row).for_each(|(g, &d)| *g += d);
+                // ∇b = λb + Σ_rows Δ; large ones in two halves of the columns.
+                let sum_columns = |half: &mut [f32], at: usize| {
+                    let n = half.len();
+                    half.iter_mut()
+                        .zip(&b[at..at + n])
+                        .for_each(|(g, &b)| *g = lb * b);
+                    for row in delta.chunks_exact(fan_out) {
+                        half.iter_mut()
+                            .zip(&row[at..at + n])
+                            .for_each(|(g, &d)| *g += d);
+                    }
+                };
+                if rows * fan_out >= PARALLEL_MIN_ELEMENTS && fan_out >= 32 && pool::threads() > 1 {
+                    let cut = (fan_out / 2).div_ceil(16) * 16;
+                    let out = pool::Disjoint::new(g);
+                    pool::run(2, &|p| {
+                        let (a, e) = if p == 0 { (0, cut) } else { (cut, fan_out) };
+                        // SAFETY: the parts own the disjoint columns a..e of ∇b.
+                        sum_columns(unsafe { out.slice(a, e) }, a);
+                    });
+                } else {
+                    sum_columns(g, 0);
                 }
             }))?;
             if k > 0 {
@@ -406,7 +451,10 @@ impl MlpBackprop {
                     Mat::rows(delta, fan_out),
                     Mat::rows(w, fan_in),
                 );
-                activation_backward(prev, input, self.activation);
+                let act = self.activation;
+                halves(prev, 1, |half, at| {
+                    activation_backward(half, &input[at..at + half.len()], act)
+                });
                 std::mem::swap(&mut self.delta, &mut self.delta_prev);
             }
         }

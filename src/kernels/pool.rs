@@ -73,7 +73,7 @@ fn helper(shared: &'static Shared) {
                 break;
             }
             spins = spins.wrapping_add(1);
-            if spins % 64 == 0 && start.elapsed() > SPIN {
+            if spins.is_multiple_of(64) && start.elapsed() > SPIN {
                 shared.sleeping.fetch_add(1, SeqCst);
                 // Re-check after announcing the sleep: a job published before this point
                 // is seen here; one published after it finds `sleeping` > 0 and unparks.
