@@ -13,7 +13,7 @@
 //! claimed dynamically, so results must not depend on which thread runs a part; the
 //! callers index partial results by part.
 
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Mutex, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -27,6 +27,9 @@ struct Job {
     parts: usize,
     next: AtomicUsize,
     done: AtomicUsize,
+    /// Set when a part panicked (the panic is caught so that the job still completes and
+    /// no thread is left using `f`; `run` panics afterwards).
+    panicked: AtomicBool,
 }
 
 impl Job {
@@ -39,7 +42,10 @@ impl Job {
             }
             // SAFETY: `f` outlives the job: `run` does not return before every part is
             // done and no helper is inside the job (see `Shared::inside`).
-            unsafe { (*self.f)(i) };
+            let part = std::panic::AssertUnwindSafe(|| unsafe { (*self.f)(i) });
+            if std::panic::catch_unwind(part).is_err() {
+                self.panicked.store(true, SeqCst);
+            }
             self.done.fetch_add(1, SeqCst);
         }
     }
@@ -152,6 +158,7 @@ pub fn run(parts: usize, f: &(dyn Fn(usize) + Sync)) {
         parts,
         next: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
+        panicked: AtomicBool::new(false),
     };
     let s = p.shared;
     s.job.store(&job as *const Job as *mut Job, SeqCst);
@@ -168,6 +175,9 @@ pub fn run(parts: usize, f: &(dyn Fn(usize) + Sync)) {
         std::hint::spin_loop();
     }
     drop(guard);
+    if job.panicked.load(SeqCst) {
+        panic!("a part of a parallel job panicked");
+    }
 }
 
 /// A raw pointer that parts of one job share, each touching its own disjoint range.
@@ -221,6 +231,23 @@ mod tests {
             }
         });
         assert!(counts.iter().all(|c| c.load(SeqCst) == 600));
+    }
+
+    #[test]
+    fn a_panicking_part_panics_the_caller_and_leaves_the_pool_usable() {
+        let r = std::panic::catch_unwind(|| {
+            run(8, &|i| {
+                if i == 5 {
+                    panic!("part 5");
+                }
+            })
+        });
+        assert!(r.is_err());
+        let sum = AtomicUsize::new(0);
+        run(8, &|i| {
+            sum.fetch_add(i, SeqCst);
+        });
+        assert_eq!(sum.load(SeqCst), 28);
     }
 
     #[test]
