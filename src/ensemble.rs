@@ -7,18 +7,38 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::{Split, NUM_CLASSES};
 use crate::error::Result;
+use crate::kernels::mlp::MlpBackprop;
 use crate::metrics::{self, Metrics};
 use crate::model::Mlp;
 
 /// Examples per forward pass when predicting a whole split.
 pub const EVAL_BATCH: usize = 1000;
 
-/// Softmax outputs of `model` on every example of `split` (row-major n × classes).
+/// Softmax outputs of `model` on every example of `split` (row-major n × classes). On
+/// the CPU the forward pass is the hand-written one of the training step
+/// ([`MlpBackprop::forward`]); `bnn train` and `bnn eval` both come here, so they agree
+/// exactly.
 pub fn predict(model: &Mlp, split: &Split, device: &Device) -> Result<Vec<f32>> {
     let mut out = Vec::with_capacity(split.len() * NUM_CLASSES);
     let mut x = Vec::new();
     let mut y = Vec::new();
     let indices: Vec<usize> = (0..split.len()).collect();
+    if device.is_cpu() {
+        let mut forward = MlpBackprop::new(model, EVAL_BATCH)?;
+        for chunk in indices.chunks(EVAL_BATCH) {
+            split.gather(chunk, &mut x, &mut y);
+            let logits = forward.forward(model, &x, chunk.len())?;
+            for row in logits.chunks_exact(NUM_CLASSES) {
+                // Softmax in f32, as candle's softmax_last_dim computes it.
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let start = out.len();
+                out.extend(row.iter().map(|&v| (v - max).exp()));
+                let sum: f32 = out[start..].iter().sum();
+                out[start..].iter_mut().for_each(|p| *p /= sum);
+            }
+        }
+        return Ok(out);
+    }
     for chunk in indices.chunks(EVAL_BATCH) {
         split.gather(chunk, &mut x, &mut y);
         let xt = Tensor::from_slice(&x, (chunk.len(), split.dim()), device)?;

@@ -331,3 +331,33 @@ fn training_steps_agree_between_backward_paths() {
         );
     }
 }
+
+/// Prediction on the CPU goes through the custom forward: the same probabilities as
+/// candle's forward and softmax, to f32 rounding.
+#[test]
+fn cpu_prediction_equals_candle_softmax() {
+    let ds = bnn::data::load_builtin().unwrap();
+    let m = net_784(&[100]);
+    let probs = bnn::ensemble::predict(&m, &ds.test, &Device::Cpu).unwrap();
+    assert_eq!(probs.len(), ds.test.len() * 10);
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    let idx: Vec<usize> = (0..ds.test.len()).collect();
+    ds.test.gather(&idx, &mut x, &mut y);
+    let xt = Tensor::from_slice(&x, (idx.len(), 784), &Device::Cpu).unwrap();
+    let reference = flat(&candle_nn::ops::softmax_last_dim(&m.forward(&xt).unwrap()).unwrap());
+    let worst = probs
+        .iter()
+        .zip(&reference)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(worst < 1e-5, "probabilities differ by {worst}");
+}
+
+fn net_784(hidden: &[usize]) -> Mlp {
+    let spec = ModelSpec {
+        kind: ModelKind::Mlp,
+        hidden: hidden.to_vec(),
+        activation: Activation::Relu,
+    };
+    Mlp::new(&spec, 784, 10, 4, &Device::Cpu).unwrap()
+}
