@@ -68,7 +68,24 @@ pub fn matmul(
     lhs: Mat<'_>,
     rhs: Mat<'_>,
 ) {
-    matmul_with(m, n, k, dst, accumulate, lhs, rhs, false);
+    matmul_with(m, n, k, dst, accumulate, lhs, rhs, false, None);
+}
+
+/// dst (m × n) ← lhs · rhs + scale · addend, `addend` laid out like dst (the prior term
+/// of a weight gradient, added as the product is stored instead of in a pass of its own).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_plus_scaled(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    lhs: Mat<'_>,
+    rhs: Mat<'_>,
+    addend: &[f32],
+    scale: f32,
+) {
+    assert!(addend.len() >= m * n, "matmul: addend too small");
+    matmul_with(m, n, k, dst, false, lhs, rhs, false, Some((addend, scale)));
 }
 
 /// [`matmul`] with the threads splitting the columns of dst (and so of rhs) in two halves
@@ -82,7 +99,7 @@ pub fn matmul_split_columns(
     lhs: Mat<'_>,
     rhs: Mat<'_>,
 ) {
-    matmul_with(m, n, k, dst, false, lhs, rhs, true);
+    matmul_with(m, n, k, dst, false, lhs, rhs, true, None);
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -95,6 +112,7 @@ fn matmul_with(
     lhs: Mat<'_>,
     rhs: Mat<'_>,
     split_columns: bool,
+    addend: Option<(&[f32], f32)>,
 ) {
     // Hard checks: everything below reads and writes through raw pointers.
     assert!(dst.len() >= m * n, "matmul: destination too small");
@@ -102,6 +120,18 @@ fn matmul_with(
     assert!(rhs.data.len() >= rhs.extent(k, n), "matmul: rhs too small");
     if m == 0 || n == 0 {
         return;
+    }
+    // The addend's term, where no kernel adds it while storing: written first, then the
+    // product accumulated onto it (the same roundings as the kernel's epilogue).
+    let mut accumulate = accumulate;
+    let kernel = kernel_for(lhs, rhs);
+    let fuse_addend = k > 0 && kernel == Kernel::Nn;
+    if let (Some((w, scale)), false) = (addend, fuse_addend) {
+        dst[..m * n]
+            .iter_mut()
+            .zip(&w[..m * n])
+            .for_each(|(d, &w)| *d = scale * w);
+        accumulate = true;
     }
     if k == 0 {
         if !accumulate {
@@ -115,20 +145,56 @@ fn matmul_with(
         1
     };
     #[cfg(target_arch = "x86_64")]
-    if avx512::available() {
-        // SAFETY: extents checked above; the CPU has AVX-512F (checked).
-        unsafe {
-            if lhs.cs == 1 && rhs.rs == 1 {
-                avx512::nt(m, n, k, dst, accumulate, lhs, rhs, threads);
-                return;
-            }
-            if rhs.cs == 1 {
-                avx512::nn(m, n, k, dst, accumulate, lhs, rhs, threads, split_columns);
-                return;
-            }
-        }
+    match kernel {
+        // SAFETY: extents checked above; the CPU has AVX-512F (checked by kernel_for).
+        Kernel::Nt => unsafe {
+            avx512::nt(m, n, k, dst, accumulate, lhs, rhs, threads);
+            return;
+        },
+        Kernel::Nn => unsafe {
+            let addend = if fuse_addend { addend } else { None };
+            avx512::nn(
+                m,
+                n,
+                k,
+                dst,
+                accumulate,
+                lhs,
+                rhs,
+                threads,
+                split_columns,
+                addend,
+            );
+            return;
+        },
+        Kernel::Fallback => {}
     }
     fallback(m, n, k, dst, accumulate, lhs, rhs, threads);
+}
+
+/// Which code computes a product.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kernel {
+    /// [`avx512::nt`]: both operands contiguous along k.
+    Nt,
+    /// [`avx512::nn`]: rhs contiguous along n.
+    Nn,
+    /// The `gemm` crate.
+    Fallback,
+}
+
+fn kernel_for(lhs: Mat<'_>, rhs: Mat<'_>) -> Kernel {
+    #[cfg(target_arch = "x86_64")]
+    if avx512::available() {
+        if lhs.cs == 1 && rhs.rs == 1 {
+            return Kernel::Nt;
+        }
+        if rhs.cs == 1 {
+            return Kernel::Nn;
+        }
+    }
+    let _ = (lhs, rhs);
+    Kernel::Fallback
 }
 
 /// The `gemm` crate (what candle's CPU matmul calls).
@@ -455,6 +521,15 @@ mod avx512 {
     const NN_V: usize = 3;
     const NN_KC: usize = 128;
 
+    /// What a tile does with its sums: store them, add them to C, or add them to
+    /// `scale · addend` (an addend laid out like C; the prior term of a weight gradient).
+    #[derive(Clone, Copy)]
+    pub enum Store {
+        Overwrite,
+        Accumulate,
+        AddScaled(*const f32, f32),
+    }
+
     /// One tile of R rows × (up to) 16·V columns; `cols` masks the last vector(s).
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
@@ -468,7 +543,7 @@ mod avx512 {
         c: *mut f32,
         ldc: usize,
         cols: usize,
-        accumulate: bool,
+        store: Store,
     ) {
         let mut masks = [0 as __mmask16; V];
         for (v, m) in masks.iter_mut().enumerate() {
@@ -496,10 +571,15 @@ mod avx512 {
             let out = c.add(i * ldc);
             for (v, &val) in row.iter().enumerate() {
                 let o = out.wrapping_add(16 * v);
-                let val = if accumulate {
-                    _mm512_add_ps(val, _mm512_maskz_loadu_ps(masks[v], o))
-                } else {
-                    val
+                let val = match store {
+                    Store::Overwrite => val,
+                    Store::Accumulate => _mm512_add_ps(val, _mm512_maskz_loadu_ps(masks[v], o)),
+                    Store::AddScaled(w, scale) => {
+                        // fl(sum + fl(scale·w)): the same roundings as writing scale·w
+                        // first and accumulating onto it.
+                        let w = _mm512_maskz_loadu_ps(masks[v], w.wrapping_add(i * ldc + 16 * v));
+                        _mm512_add_ps(val, _mm512_mul_ps(_mm512_set1_ps(scale), w))
+                    }
                 };
                 _mm512_mask_storeu_ps(o, masks[v], val);
             }
@@ -519,9 +599,9 @@ mod avx512 {
         c: *mut f32,
         ldc: usize,
         cols: usize,
-        accumulate: bool,
+        store: Store,
     ) {
-        let args = (k, a, a_rs, a_cs, b, ldb, c, ldc, cols, accumulate);
+        let args = (k, a, a_rs, a_cs, b, ldb, c, ldc, cols, store);
         macro_rules! go {
             ($r:literal) => {
                 nn_tile::<$r, V>(
@@ -558,15 +638,16 @@ mod avx512 {
         rhs: Mat<'_>,
         threads: usize,
         split_columns: bool,
+        addend: Option<(&[f32], f32)>,
     ) {
         let (a, a_rs, a_cs) = (lhs.data.as_ptr() as usize, lhs.rs, lhs.cs);
+        let (w, scale) = addend.map_or((0usize, 0f32), |(w, s)| (w.as_ptr() as usize, s));
         let (b, ldb) = (rhs.data.as_ptr() as usize, rhs.rs);
         let c = Disjoint::new(dst);
         let block = |r0: usize, r1: usize, c0: usize, c1: usize| {
             // k in blocks of NN_KC: a (KC × 48) panel of B stays in L1 across the row tiles.
             for p0 in (0..k).step_by(NN_KC) {
                 let kc = NN_KC.min(k - p0);
-                let acc = accumulate || p0 > 0;
                 let mut j = c0;
                 // Column tiles of whole vectors, balanced: 7 vectors → 3, 2, 2.
                 for vectors in balanced((c1 - c0).div_ceil(16), NN_V) {
@@ -578,6 +659,13 @@ mod avx512 {
                             (b as *const f32).add(p0 * ldb + j),
                             c.at(i * n + j),
                         );
+                        let acc = if accumulate || p0 > 0 {
+                            Store::Accumulate
+                        } else if w != 0 {
+                            Store::AddScaled((w as *const f32).wrapping_add(i * n + j), scale)
+                        } else {
+                            Store::Overwrite
+                        };
                         // SAFETY: the tile lies inside the checked extents; masked lanes
                         // beyond `cols` are neither read nor written.
                         unsafe {

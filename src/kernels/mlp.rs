@@ -21,7 +21,9 @@
 
 use candle_core::{CpuStorage, InplaceOp1, Layout, Storage, Tensor};
 
-use super::gemm::{matmul, matmul_split_columns, transpose_ld, transpose_ld_by_rows, Mat};
+use super::gemm::{
+    matmul, matmul_plus_scaled, matmul_split_columns, transpose_ld, transpose_ld_by_rows, Mat,
+};
 use super::pool;
 use crate::error::{Error, Result};
 use crate::model::{Activation, Mlp};
@@ -399,20 +401,17 @@ impl MlpBackprop {
             let (w, b) = (views[2 * k].slice(), views[2 * k + 1].slice());
             let lw = (prior_factor * prior_precision[2 * k]) as f32;
             let lb = (prior_factor * prior_precision[2 * k + 1]) as f32;
-            // ∇W = Δᵀ·A + λW: the prior term first, then the product accumulated onto it.
+            // ∇W = Δᵀ·A + λW, the prior term added as the product is stored.
             self.grads[2 * k].inplace_op1(&WriteWith(&|g: &mut [f32]| {
-                halves(g, 1, |half, at| {
-                    let w = &w[at..at + half.len()];
-                    half.iter_mut().zip(w).for_each(|(g, &w)| *g = lw * w);
-                });
-                matmul(
+                matmul_plus_scaled(
                     fan_out,
                     fan_in,
                     rows,
                     g,
-                    true,
                     Mat::transposed(delta, fan_out),
                     Mat::rows(input, fan_in),
+                    w,
+                    lw,
                 );
             }))?;
             self.grads[2 * k + 1].inplace_op1(&WriteWith(&|g: &mut [f32]| {
