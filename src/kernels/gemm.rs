@@ -17,8 +17,8 @@
 //! the operands. Two threads split the output (rows or columns) above
 //! [`PARALLEL_MIN_MACS`] multiply-adds.
 
-/// Below this many multiply-adds a product runs on one thread: on 2 cores the fork-join
-/// of a second thread costs more than it saves for smaller products (docs/BENCHMARKS.md).
+/// Multiply-adds per thread below which a product is not split further: on 2 cores the
+/// fork-join of a second thread costs more than it saves for smaller products.
 pub const PARALLEL_MIN_MACS: usize = 1_000_000;
 
 /// A matrix operand: element (i, j) at `data[i·rs + j·cs]`.
@@ -139,11 +139,9 @@ fn matmul_with(
         }
         return;
     }
-    let threads = if m * n * k >= PARALLEL_MIN_MACS {
-        super::pool::threads()
-    } else {
-        1
-    };
+    // At least PARALLEL_MIN_MACS multiply-adds per thread (on a many-core machine a small
+    // product does not get split into slivers).
+    let threads = super::pool::threads().min((m * n * k / PARALLEL_MIN_MACS).max(1));
     #[cfg(target_arch = "x86_64")]
     match kernel {
         // SAFETY: extents checked above; the CPU has AVX-512F (checked by kernel_for).
