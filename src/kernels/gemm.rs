@@ -4,14 +4,12 @@
 //! Why our own: the `gemm` crate uses 256-bit kernels on stable Rust (its AVX-512 ones
 //! need nightly), about half of what this CPU can do, and it copies operands into packed
 //! panels, which at batch 100 costs as much as the arithmetic. The three products of an
-//! MLP step need no packing if each gets the kernel that suits its layout:
-//!
-//! - `nt`: C = A·Bᵀ with A and B both row-major along k (forward: Z = X·Wᵀ): a tile of
-//!   4 × 6 outputs keeps 24 vector accumulators over k, loads 10 vectors per 24 FMAs and
-//!   reduces each accumulator once at the end;
-//! - `nn`: C = A·B with B row-major along n (weight gradient Δᵀ·X, input error Δ·W): a
-//!   tile of 8 rows × 48 columns keeps 24 accumulators, loads 3 vectors of B and
-//!   broadcasts 8 scalars of A (any strides) per step of k.
+//! MLP step all take one kernel without packing, C = A·B with B row-major along n: the
+//! forward X·(Wᵀ) on a transposed copy of W ([`transpose_ld`], an AVX-512 register
+//! transpose), the weight gradient Δᵀ·X and the input error Δ·W. A tile of 8 rows × 48
+//! columns keeps 24 vector accumulators, loads 3 vectors of B and broadcasts 8 scalars of
+//! A (any strides) per step of k. (A dot-product kernel for A·Bᵀ was tried first and ran
+//! at half the speed, below the `gemm` crate, which now takes that layout.)
 //!
 //! Edges are handled with masked loads and stores, never by reading or writing outside
 //! the operands. Two threads split the output (rows or columns) above
@@ -145,10 +143,6 @@ fn matmul_with(
     #[cfg(target_arch = "x86_64")]
     match kernel {
         // SAFETY: extents checked above; the CPU has AVX-512F (checked by kernel_for).
-        Kernel::Nt => unsafe {
-            avx512::nt(m, n, k, dst, accumulate, lhs, rhs, threads);
-            return;
-        },
         Kernel::Nn => unsafe {
             let addend = if fuse_addend { addend } else { None };
             avx512::nn(
@@ -173,8 +167,6 @@ fn matmul_with(
 /// Which code computes a product.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kernel {
-    /// [`avx512::nt`]: both operands contiguous along k.
-    Nt,
     /// [`avx512::nn`]: rhs contiguous along n.
     Nn,
     /// The `gemm` crate.
@@ -183,13 +175,8 @@ enum Kernel {
 
 fn kernel_for(lhs: Mat<'_>, rhs: Mat<'_>) -> Kernel {
     #[cfg(target_arch = "x86_64")]
-    if avx512::available() {
-        if lhs.cs == 1 && rhs.rs == 1 {
-            return Kernel::Nt;
-        }
-        if rhs.cs == 1 {
-            return Kernel::Nn;
-        }
+    if avx512::available() && rhs.cs == 1 {
+        return Kernel::Nn;
     }
     let _ = (lhs, rhs);
     Kernel::Fallback
@@ -359,157 +346,6 @@ mod avx512 {
                     }
                 }
             }
-        }
-    }
-
-    // ---- C = A·Bᵀ, A (m × k) and B (n × k) row-major along k ----
-
-    const NT_R: usize = 4;
-    const NT_C: usize = 6;
-
-    /// One tile of R × C outputs: dot products over k, 16 lanes at a time.
-    #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-    unsafe fn nt_tile<const R: usize, const C: usize>(
-        k: usize,
-        a: *const f32,
-        lda: usize,
-        b: *const f32,
-        ldb: usize,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
-        let mut acc = [[_mm512_setzero_ps(); C]; R];
-        let full = k / 16;
-        for q in 0..full {
-            let mut av = [_mm512_setzero_ps(); R];
-            for (i, v) in av.iter_mut().enumerate() {
-                *v = _mm512_loadu_ps(a.add(i * lda + 16 * q));
-            }
-            for j in 0..C {
-                let bv = _mm512_loadu_ps(b.add(j * ldb + 16 * q));
-                for i in 0..R {
-                    acc[i][j] = _mm512_fmadd_ps(av[i], bv, acc[i][j]);
-                }
-            }
-        }
-        let rest = k - 16 * full;
-        if rest > 0 {
-            let m = mask(rest);
-            let mut av = [_mm512_setzero_ps(); R];
-            for (i, v) in av.iter_mut().enumerate() {
-                *v = _mm512_maskz_loadu_ps(m, a.add(i * lda + 16 * full));
-            }
-            for j in 0..C {
-                let bv = _mm512_maskz_loadu_ps(m, b.add(j * ldb + 16 * full));
-                for i in 0..R {
-                    acc[i][j] = _mm512_fmadd_ps(av[i], bv, acc[i][j]);
-                }
-            }
-        }
-        for (i, row) in acc.iter().enumerate() {
-            for (j, v) in row.iter().enumerate() {
-                let out = c.add(i * ldc + j);
-                let s = _mm512_reduce_add_ps(*v);
-                *out = if accumulate { *out + s } else { s };
-            }
-        }
-    }
-
-    macro_rules! nt_dispatch {
-        ($r:expr, $c:expr, $($args:expr),*) => {
-            match ($r, $c) {
-                (4, 6) => nt_tile::<4, 6>($($args),*),
-                (4, 5) => nt_tile::<4, 5>($($args),*),
-                (4, 4) => nt_tile::<4, 4>($($args),*),
-                (4, 3) => nt_tile::<4, 3>($($args),*),
-                (4, 2) => nt_tile::<4, 2>($($args),*),
-                (4, 1) => nt_tile::<4, 1>($($args),*),
-                (3, c) => nt_cols::<3>(c, $($args),*),
-                (2, c) => nt_cols::<2>(c, $($args),*),
-                (1, c) => nt_cols::<1>(c, $($args),*),
-                _ => unreachable!("tile shapes are at most 4 × 6"),
-            }
-        };
-    }
-
-    #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn nt_cols<const R: usize>(
-        cols: usize,
-        k: usize,
-        a: *const f32,
-        lda: usize,
-        b: *const f32,
-        ldb: usize,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
-        match cols {
-            6 => nt_tile::<R, 6>(k, a, lda, b, ldb, c, ldc, accumulate),
-            5 => nt_tile::<R, 5>(k, a, lda, b, ldb, c, ldc, accumulate),
-            4 => nt_tile::<R, 4>(k, a, lda, b, ldb, c, ldc, accumulate),
-            3 => nt_tile::<R, 3>(k, a, lda, b, ldb, c, ldc, accumulate),
-            2 => nt_tile::<R, 2>(k, a, lda, b, ldb, c, ldc, accumulate),
-            _ => nt_tile::<R, 1>(k, a, lda, b, ldb, c, ldc, accumulate),
-        }
-    }
-
-    /// C (m × n) = A·Bᵀ (+ C). Threads split the rows of C (or its columns when it has
-    /// few rows).
-    ///
-    /// # Safety
-    /// AVX-512F present; operand extents checked by the caller; `lhs.cs == 1`,
-    /// `rhs.rs == 1`.
-    #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn nt(
-        m: usize,
-        n: usize,
-        k: usize,
-        dst: &mut [f32],
-        accumulate: bool,
-        lhs: Mat<'_>,
-        rhs: Mat<'_>,
-        threads: usize,
-    ) {
-        let (a, lda) = (lhs.data.as_ptr() as usize, lhs.rs);
-        let (b, ldb) = (rhs.data.as_ptr() as usize, rhs.cs);
-        let c = Disjoint::new(dst);
-        let block = |r0: usize, r1: usize, c0: usize, c1: usize| {
-            // Row tiles outside, column blocks inside: the A rows of a tile stay in L1.
-            let mut i = r0;
-            while i < r1 {
-                let rows = NT_R.min(r1 - i);
-                let mut j = c0;
-                while j < c1 {
-                    let cols = NT_C.min(c1 - j);
-                    // SAFETY: the tile lies inside the checked extents of A, B and C.
-                    unsafe {
-                        nt_dispatch!(
-                            rows,
-                            cols,
-                            k,
-                            (a as *const f32).add(i * lda),
-                            lda,
-                            (b as *const f32).add(j * ldb),
-                            ldb,
-                            c.at(i * n + j),
-                            n,
-                            accumulate
-                        );
-                    }
-                    j += cols;
-                }
-                i += rows;
-            }
-        };
-        if m >= n || threads == 1 {
-            split(m, threads, NT_R, |r0, r1| block(r0, r1, 0, n));
-        } else {
-            split(n, threads, NT_C, |c0, c1| block(0, m, c0, c1));
         }
     }
 
@@ -695,13 +531,8 @@ mod avx512 {
     }
 }
 
-/// dst (cols × rows, row-major) ← srcᵀ for src (rows × cols, row-major).
-pub fn transpose(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
-    transpose_ld(src, rows, cols, dst, rows);
-}
-
-/// dst ← srcᵀ with dst's rows `ld` ≥ `rows` elements apart (a padded stride keeps the rows
-/// of dst aligned to cache lines).
+/// dst (cols × rows) ← srcᵀ for src (rows × cols, row-major), dst's rows `ld` ≥ `rows`
+/// elements apart (a padded stride keeps the rows of dst aligned to cache lines).
 pub fn transpose_ld(src: &[f32], rows: usize, cols: usize, dst: &mut [f32], ld: usize) {
     assert!(ld >= rows && src.len() >= rows * cols);
     assert!(cols == 0 || dst.len() >= (cols - 1) * ld + rows);
@@ -796,9 +627,9 @@ pub fn transpose_scalar(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) 
     }
 }
 
-/// GFLOP/s of [`matmul`] and of the `gemm` crate on one product, median of `repeats`
-/// (for `bnn bench gemm`). `layout` is `nt` (A·Bᵀ, the forward) or `nn` (A·B).
-pub fn bench(m: usize, n: usize, k: usize, nt: bool, repeats: usize) -> (f64, f64) {
+/// GFLOP/s of [`matmul`] and of the `gemm` crate on one product A·B (m × k times k × n,
+/// both row-major), median of `repeats` (for `bnn bench gemm`).
+pub fn bench(m: usize, n: usize, k: usize, repeats: usize) -> (f64, f64) {
     let a: Vec<f32> = (0..m * k)
         .map(|i| ((i * 7919) % 1000) as f32 * 1e-3)
         .collect();
@@ -806,12 +637,7 @@ pub fn bench(m: usize, n: usize, k: usize, nt: bool, repeats: usize) -> (f64, f6
         .map(|i| ((i * 104_729) % 1000) as f32 * 1e-3)
         .collect();
     let mut c = vec![0f32; m * n];
-    let lhs = Mat::rows(&a, k);
-    let rhs = if nt {
-        Mat::transposed(&b, k)
-    } else {
-        Mat::rows(&b, n)
-    };
+    let (lhs, rhs) = (Mat::rows(&a, k), Mat::rows(&b, n));
     let threads = if m * n * k >= PARALLEL_MIN_MACS {
         rayon::current_num_threads()
     } else {
@@ -852,7 +678,7 @@ mod tests {
             let src: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
             let mut fast = vec![-1f32; rows * cols];
             let mut slow = vec![-2f32; rows * cols];
-            transpose(&src, rows, cols, &mut fast);
+            transpose_ld(&src, rows, cols, &mut fast, rows);
             transpose_scalar(&src, rows, cols, &mut slow);
             assert_eq!(fast, slow, "{rows} x {cols}");
             assert_eq!(slow[cols.min(2) - 1], src[(cols.min(2) - 1) * cols]);
@@ -860,8 +686,9 @@ mod tests {
     }
 
     #[test]
-    fn both_kernels_equal_a_naive_product() {
-        // Ragged sizes hit every edge tile; large ones take the two-thread split.
+    fn kernel_and_fallback_equal_a_naive_product() {
+        // Ragged sizes hit every edge tile; large ones take the two-thread split. The "nn"
+        // layout runs on the AVX-512 kernel, the "nt" one (rhs transposed) on the fallback.
         for (m, n, k) in [
             (1, 1, 1),
             (5, 7, 3),
