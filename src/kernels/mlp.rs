@@ -289,6 +289,18 @@ impl MlpBackprop {
         Ok(())
     }
 
+    /// Checks `model` and `x` against the buffers, grows them to `rows` if needed, and
+    /// read-locks the parameters for the pass.
+    fn prepare<'m>(&mut self, model: &'m Mlp, x: &[f32], rows: usize) -> Result<Vec<CpuView<'m>>> {
+        self.check(model, x, rows)?;
+        self.reserve(rows);
+        model
+            .params
+            .iter()
+            .map(|p| CpuView::new(p.var.as_tensor(), &p.name))
+            .collect()
+    }
+
     /// Grows the activation and error buffers to `rows` (once; no-op afterwards).
     fn reserve(&mut self, rows: usize) {
         for (a, w) in self.acts.iter_mut().zip(&self.widths[1..]) {
@@ -306,13 +318,7 @@ impl MlpBackprop {
 
     /// Forward pass on `rows` inputs `x` (row-major); returns the logits (rows × classes).
     pub fn forward(&mut self, model: &Mlp, x: &[f32], rows: usize) -> Result<&[f32]> {
-        self.check(model, x, rows)?;
-        self.reserve(rows);
-        let views = model
-            .params
-            .iter()
-            .map(|p| CpuView::new(p.var.as_tensor(), &p.name))
-            .collect::<Result<Vec<_>>>()?;
+        let views = self.prepare(model, x, rows)?;
         self.forward_with(&views, x, rows);
         let classes = *self.widths.last().unwrap_or(&0);
         Ok(&self.acts[self.acts.len() - 1][..rows * classes])
@@ -364,7 +370,6 @@ impl MlpBackprop {
         prior_factor: f64,
     ) -> Result<BatchLoss> {
         let rows = labels.len();
-        self.check(model, x, rows)?;
         if prior_precision.len() != model.params.len() {
             return Err(Error::Config(format!(
                 "{} prior precisions for {} parameter tensors",
@@ -372,12 +377,7 @@ impl MlpBackprop {
                 model.params.len()
             )));
         }
-        self.reserve(rows);
-        let views = model
-            .params
-            .iter()
-            .map(|p| CpuView::new(p.var.as_tensor(), &p.name))
-            .collect::<Result<Vec<_>>>()?;
+        let views = self.prepare(model, x, rows)?;
         self.forward_with(&views, x, rows);
 
         let layers = self.widths.len() - 1;
