@@ -45,15 +45,9 @@ impl Split {
         y.extend(indices.iter().map(|&i| self.labels[i] as u32));
         x.resize(indices.len() * d, 0.0);
         // Large minibatches convert on two threads, each its own rows of x.
-        let parts = if x.len() >= 1 << 15 { 2 } else { 1 };
-        let per = indices.len().div_ceil(parts);
-        let out = crate::kernels::pool::Disjoint::new(x);
-        crate::kernels::pool::run(parts, &|p| {
-            let rows = (p * per).min(indices.len())..((p + 1) * per).min(indices.len());
-            for j in rows {
-                let i = indices[j];
-                // SAFETY: part p alone writes rows p·per.. of x, inside its length.
-                let row = unsafe { out.slice(j * d, (j + 1) * d) };
+        let work = x.len();
+        crate::kernels::pool::halves(x, d, work, |part, at| {
+            for (row, &i) in part.chunks_exact_mut(d).zip(&indices[at / d..]) {
                 for (o, &px) in row.iter_mut().zip(&self.images[i * d..(i + 1) * d]) {
                     *o = px as f32 / 255.0;
                 }

@@ -141,27 +141,6 @@ impl<F: Fn(&mut [f32])> InplaceOp1 for WriteWith<'_, F> {
     }
 }
 
-/// Elements below which an element-wise pass stays on one thread.
-const PARALLEL_MIN_ELEMENTS: usize = 1 << 15;
-
-/// Applies `f` to `data` in two halves on the pool when it is large (cut at a multiple
-/// of `unit`, e.g. a row), serially otherwise. `f` gets the half and its offset.
-fn halves(data: &mut [f32], unit: usize, f: impl Fn(&mut [f32], usize) + Sync) {
-    let units = data.len() / unit.max(1);
-    if data.len() < PARALLEL_MIN_ELEMENTS || units < 2 || pool::threads() < 2 {
-        f(data, 0);
-        return;
-    }
-    let cut = units.div_ceil(2) * unit;
-    let len = data.len();
-    let d = pool::Disjoint::new(data);
-    pool::run(2, &|p| {
-        let (a, b) = if p == 0 { (0, cut) } else { (cut, len) };
-        // SAFETY: the two parts get the disjoint halves 0..cut and cut..len.
-        f(unsafe { d.slice(a, b) }, a);
-    });
-}
-
 /// Adds the bias to every row of `z` (rows × width) and applies the activation.
 fn bias_activation(z: &mut [f32], bias: &[f32], act: Option<Activation>) {
     for row in z.chunks_exact_mut(bias.len()) {
@@ -353,7 +332,9 @@ impl MlpBackprop {
             }
             let act = (k + 1 < layers).then_some(self.activation);
             let bias = views[2 * k + 1].slice();
-            halves(out, fan_out, |half, _| bias_activation(half, bias, act));
+            pool::halves(out, fan_out, out.len(), |half, _| {
+                bias_activation(half, bias, act)
+            });
         }
     }
 
@@ -427,17 +408,7 @@ impl MlpBackprop {
                             .for_each(|(g, &d)| *g += d);
                     }
                 };
-                if rows * fan_out >= PARALLEL_MIN_ELEMENTS && fan_out >= 32 && pool::threads() > 1 {
-                    let cut = (fan_out / 2).div_ceil(16) * 16;
-                    let out = pool::Disjoint::new(g);
-                    pool::run(2, &|p| {
-                        let (a, e) = if p == 0 { (0, cut) } else { (cut, fan_out) };
-                        // SAFETY: the parts own the disjoint columns a..e of ∇b.
-                        sum_columns(unsafe { out.slice(a, e) }, a);
-                    });
-                } else {
-                    sum_columns(g, 0);
-                }
+                pool::halves(g, 16, rows * fan_out, sum_columns);
             }))?;
             if k > 0 {
                 let prev = &mut self.delta_prev[..rows * fan_in];
@@ -451,7 +422,7 @@ impl MlpBackprop {
                     Mat::rows(w, fan_in),
                 );
                 let act = self.activation;
-                halves(prev, 1, |half, at| {
+                pool::halves(prev, 1, prev.len(), |half, at| {
                     activation_backward(half, &input[at..at + half.len()], act)
                 });
                 std::mem::swap(&mut self.delta, &mut self.delta_prev);

@@ -180,6 +180,33 @@ pub fn run(parts: usize, f: &(dyn Fn(usize) + Sync)) {
     }
 }
 
+/// Elements of work below which [`halves`] stays on one thread.
+pub const PARALLEL_MIN_ELEMENTS: usize = 1 << 15;
+
+/// Applies `f` to `data` in two halves (cut at a multiple of `unit`, e.g. a row) on the
+/// pool when the pass does at least [`PARALLEL_MIN_ELEMENTS`] elements of `work`, to all
+/// of it on the calling thread otherwise. `f` gets the part and its offset in `data`.
+pub fn halves<T: Send>(
+    data: &mut [T],
+    unit: usize,
+    work: usize,
+    f: impl Fn(&mut [T], usize) + Sync,
+) {
+    let units = data.len() / unit.max(1);
+    if work < PARALLEL_MIN_ELEMENTS || units < 2 || threads() < 2 {
+        f(data, 0);
+        return;
+    }
+    let cut = units.div_ceil(2) * unit;
+    let len = data.len();
+    let d = Disjoint::new(data);
+    run(2, &|p| {
+        let (a, b) = if p == 0 { (0, cut) } else { (cut, len) };
+        // SAFETY: the two parts get the disjoint ranges 0..cut and cut..len.
+        f(unsafe { d.slice(a, b) }, a);
+    });
+}
+
 /// A raw pointer that parts of one job share, each touching its own disjoint range.
 #[derive(Clone, Copy)]
 pub struct Disjoint<T>(pub *mut T);
