@@ -10,13 +10,27 @@ use rand::{Rng, SeedableRng};
 const DIM: usize = 9;
 const CLASSES: usize = 4;
 
-fn net(hidden: &[usize], activation: Activation, seed: u64) -> Mlp {
+fn mlp(input: usize, classes: usize, hidden: &[usize], activation: Activation, seed: u64) -> Mlp {
     let spec = ModelSpec {
         kind: ModelKind::Mlp,
         hidden: hidden.to_vec(),
         activation,
     };
-    Mlp::new(&spec, DIM, CLASSES, seed, &Device::Cpu).unwrap()
+    Mlp::new(&spec, input, classes, seed, &Device::Cpu).unwrap()
+}
+
+/// A small network on DIM inputs and CLASSES classes.
+fn net(hidden: &[usize], activation: Activation, seed: u64) -> Mlp {
+    mlp(DIM, CLASSES, hidden, activation, seed)
+}
+
+/// The Gamma(1, 1) hyper-prior of `bnn train`, one precision per tensor of `m`.
+fn gamma_prior(m: &Mlp) -> Prior {
+    let spec = PriorSpec::Gamma {
+        shape: 1.0,
+        rate: 1.0,
+    };
+    Prior::new(spec, m.params.len()).unwrap()
 }
 
 fn batch(rows: usize, seed: u64) -> (Vec<f32>, Vec<u32>) {
@@ -33,14 +47,7 @@ fn batch(rows: usize, seed: u64) -> (Vec<f32>, Vec<u32>) {
 /// A potential with a different prior precision on every tensor and T ≠ 1, so that a
 /// mixed-up tensor index or a missing 1/T shows.
 fn potential(m: &Mlp, n_data: usize) -> Potential {
-    let mut prior = Prior::new(
-        PriorSpec::Gamma {
-            shape: 1.0,
-            rate: 1.0,
-        },
-        m.params.len(),
-    )
-    .unwrap();
+    let mut prior = gamma_prior(m);
     prior.precisions = (0..m.params.len()).map(|i| 0.5 + i as f64).collect();
     Potential::new(n_data, 0.7, prior).unwrap()
 }
@@ -219,20 +226,8 @@ fn custom_backward_equals_autograd_at_full_size() {
         (vec![400, 400], 100),
         (vec![400, 400], 1000),
     ] {
-        let spec = ModelSpec {
-            kind: ModelKind::Mlp,
-            hidden: hidden.clone(),
-            activation: Activation::Relu,
-        };
-        let m = Mlp::new(&spec, 784, 10, 11, &Device::Cpu).unwrap();
-        let mut prior = Prior::new(
-            PriorSpec::Gamma {
-                shape: 1.0,
-                rate: 1.0,
-            },
-            m.params.len(),
-        )
-        .unwrap();
+        let m = mlp(784, 10, &hidden, Activation::Relu, 11);
+        let mut prior = gamma_prior(&m);
         prior.precisions = (0..m.params.len()).map(|i| 3.0 + 7.0 * i as f64).collect();
         let pot = Potential::new(60_000, 1.0, prior).unwrap();
         let mut rng = rand::rngs::StdRng::seed_from_u64(2);
@@ -281,24 +276,11 @@ fn training_steps_agree_between_backward_paths() {
     use bnn::sampler::{Kernel, SamplerKind};
     use bnn::train::Stepper;
     let ds = bnn::data::load_builtin().unwrap();
-    let spec = ModelSpec {
-        kind: ModelKind::Mlp,
-        hidden: vec![400, 400],
-        activation: Activation::Relu,
-    };
     let mut steppers = Vec::new();
     let mut models = Vec::new();
     for backward in [Backward::Custom, Backward::Autograd] {
-        let m = Mlp::new(&spec, 784, 10, 3, &Device::Cpu).unwrap();
-        let prior = Prior::new(
-            PriorSpec::Gamma {
-                shape: 1.0,
-                rate: 1.0,
-            },
-            m.params.len(),
-        )
-        .unwrap();
-        let pot = Potential::new(ds.train.len(), 1.0, prior).unwrap();
+        let m = mlp(784, 10, &[400, 400], Activation::Relu, 3);
+        let pot = Potential::new(ds.train.len(), 1.0, gamma_prior(&m)).unwrap();
         let config = SamplerKind::Msgnht.defaults();
         steppers.push(Stepper::new(&m, pot, config, Kernel::Fused, backward, 5, 100).unwrap());
         models.push(m);
@@ -337,7 +319,7 @@ fn training_steps_agree_between_backward_paths() {
 #[test]
 fn cpu_prediction_equals_candle_softmax() {
     let ds = bnn::data::load_builtin().unwrap();
-    let m = net_784(&[100]);
+    let m = mlp(784, 10, &[100], Activation::Relu, 4);
     let probs = bnn::ensemble::predict(&m, &ds.test, &Device::Cpu).unwrap();
     assert_eq!(probs.len(), ds.test.len() * 10);
     let (mut x, mut y) = (Vec::new(), Vec::new());
@@ -351,13 +333,4 @@ fn cpu_prediction_equals_candle_softmax() {
         .map(|(a, b)| (a - b).abs())
         .fold(0f32, f32::max);
     assert!(worst < 1e-5, "probabilities differ by {worst}");
-}
-
-fn net_784(hidden: &[usize]) -> Mlp {
-    let spec = ModelSpec {
-        kind: ModelKind::Mlp,
-        hidden: hidden.to_vec(),
-        activation: Activation::Relu,
-    };
-    Mlp::new(&spec, 784, 10, 4, &Device::Cpu).unwrap()
 }
