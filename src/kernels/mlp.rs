@@ -82,12 +82,13 @@ pub struct MlpBackprop {
     /// `acts[k]`: output of layer k+1 (after the activation; logits for the last layer).
     acts: Vec<Vec<f32>>,
     /// Wᵀ of each layer (in × out, rows padded to whole cache lines), refreshed every
-    /// forward pass: the forward product X·Wᵀ then runs on the faster of the two kernels.
+    /// forward pass, so that the forward product X·Wᵀ takes the matrix kernel's layout.
     transposed: Vec<Padded>,
     /// Output errors of the current and the previous layer.
     delta: Vec<f32>,
     delta_prev: Vec<f32>,
-    /// ∇Ũ/T per parameter tensor, in the model's order; overwritten by each step.
+    /// ∇Ũ/T per parameter tensor, in the model's order; overwritten by each step. Allocated
+    /// by the first backward pass (a forward-only use, prediction, never needs them).
     grads: Vec<Tensor>,
 }
 
@@ -223,11 +224,6 @@ impl MlpBackprop {
         widths.extend(&model.spec.hidden);
         widths.push(model.num_classes);
         let max_width = widths.iter().copied().max().unwrap_or(0);
-        let grads = model
-            .params
-            .iter()
-            .map(|p| Ok(Tensor::zeros(p.var.shape(), p.var.dtype(), p.var.device())?))
-            .collect::<Result<Vec<_>>>()?;
         Ok(MlpBackprop {
             acts: widths[1..].iter().map(|w| vec![0.0; batch * w]).collect(),
             transposed: widths.windows(2).map(|w| Padded::new(w[0], w[1])).collect(),
@@ -235,12 +231,12 @@ impl MlpBackprop {
             delta_prev: vec![0.0; batch * max_width],
             activation: model.spec.activation,
             widths,
-            grads,
+            grads: Vec::new(),
         })
     }
 
-    /// The gradients of the last [`MlpBackprop::loss_and_grad`], in the model's order.
-    /// They are overwritten in place by the next call.
+    /// The gradients of the last [`MlpBackprop::loss_and_grad`], in the model's order
+    /// (empty before the first). They are overwritten in place by the next call.
     pub fn grads(&self) -> &[Tensor] {
         &self.grads
     }
@@ -359,6 +355,13 @@ impl MlpBackprop {
             )));
         }
         let views = self.prepare(model, x, rows)?;
+        if self.grads.is_empty() {
+            self.grads = model
+                .params
+                .iter()
+                .map(|p| Ok(Tensor::zeros(p.var.shape(), p.var.dtype(), p.var.device())?))
+                .collect::<Result<Vec<_>>>()?;
+        }
         self.forward_with(&views, x, rows);
 
         let layers = self.widths.len() - 1;
