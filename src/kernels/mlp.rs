@@ -17,7 +17,8 @@
 //! steady-state step allocates nothing. The gradient tensors are ordinary candle CPU
 //! tensors written through an in-place op (candle's only sound way to write a tensor's
 //! storage); the samplers read them as usual. The matrix products are
-//! [`super::gemm::matmul`].
+//! [`super::gemm::product`]; the first layer skips the minibatch's zero pixels
+//! ([`super::gemm::NonZero`]).
 
 use candle_core::{CpuStorage, InplaceOp1, Layout, Storage, Tensor};
 
