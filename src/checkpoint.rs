@@ -44,6 +44,9 @@ pub struct RunManifest {
     #[serde(default = "default_poly_steps")]
     pub poly_steps: f64,
     pub seed: u64,
+    /// The per-pixel input standardisation of `--standardize` (absent: pixels in [0, 1]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standardization: Option<crate::data::Standardization>,
 }
 
 fn default_poly_steps() -> f64 {

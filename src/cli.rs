@@ -175,6 +175,10 @@ pub struct TrainArgs {
     /// Hold out the last N training images as a validation set (the papers use 10000).
     #[arg(long, default_value_t = 0)]
     pub valid: usize,
+    /// Standardise each pixel with the training set's mean and standard deviation
+    /// (floored at 0.1) instead of scaling to [0, 1]; recorded in run.json for `bnn eval`.
+    #[arg(long)]
+    pub standardize: bool,
 
     /// Architecture preset (TOML), e.g. models/mlp-400-400.toml.
     #[arg(long)]

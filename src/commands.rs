@@ -244,7 +244,11 @@ fn train_command(args: TrainArgs, quiet: bool) -> Result<String> {
         valid: args.valid,
         builtin_fallback: true,
     };
-    let ds = data::load(&args.data.dataset, &opts)?;
+    let mut ds = data::load(&args.data.dataset, &opts)?;
+    if args.standardize {
+        let s = data::Standardization::of(&ds.train, data::Standardization::DEFAULT_FLOOR)?;
+        ds.set_standardization(Some(s))?;
+    }
     let run_name = args.run_name.clone().unwrap_or_else(|| {
         format!(
             "{}-{}-{}-seed{}",

@@ -41,6 +41,23 @@ pub enum Error {
         loss: f64,
         suggestion: f64,
     },
+
+    /// The parameters grew without bound while the loss stayed finite (caught when the
+    /// prior's Gibbs step sums θ²).
+    #[error(
+        "the chain diverged by step {step} (epoch {epoch}): {what} is not finite; \
+         try a smaller step size, e.g. --step-size {suggestion:e}; samples saved so far are valid"
+    )]
+    Exploded {
+        step: u64,
+        epoch: usize,
+        what: String,
+        suggestion: f64,
+    },
+
+    /// A quantity that must be finite is not; the caller knows where in the run.
+    #[error("{0} is not finite")]
+    NotFinite(String),
 }
 
 impl Error {

@@ -43,7 +43,8 @@ pub fn load_run_data(
         valid: manifest.valid,
         builtin_fallback: false,
     };
-    let ds = data::load(&manifest.dataset, &opts)?;
+    let mut ds = data::load(&manifest.dataset, &opts)?;
+    ds.set_standardization(manifest.standardization.clone())?;
     if ds.train.len() != manifest.train_examples || ds.train.dim() != manifest.input_dim {
         return Err(Error::Data(format!(
             "the data found ({} training examples of dimension {}) is not what the run was trained on ({} of dimension {})",

@@ -92,6 +92,13 @@ impl Prior {
         for (lambda, p) in self.precisions.iter_mut().zip(params) {
             let n = p.elem_count() as f64;
             let s = p.as_tensor().sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
+            if !s.is_finite() {
+                // θ² overflows f32 long before θ does: a chain that blew up lands here.
+                return Err(Error::NotFinite(format!(
+                    "the sum of squares of a parameter tensor ({} elements)",
+                    p.elem_count()
+                )));
+            }
             let k = (shape - 1.0 + n / 2.0) / temperature + 1.0;
             let r = (rate + s / 2.0) / temperature;
             let g = rand_distr::Gamma::new(k, 1.0 / r)

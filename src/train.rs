@@ -168,6 +168,8 @@ pub struct EpochRecord {
 pub struct Summary {
     pub dataset: String,
     pub data_source: String,
+    /// Pixels standardised per pixel (`--standardize`) rather than scaled to [0, 1].
+    pub standardized_inputs: bool,
     pub model: String,
     pub num_params: usize,
     pub sampler: SamplerConfig,
@@ -352,6 +354,7 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
         poly_gamma: cfg.poly_gamma,
         poly_steps: cfg.poly_steps,
         seed: cfg.seed,
+        standardization: ds.train.standardization.as_deref().cloned(),
     };
     manifest.write(run_dir)?;
     // A rerun under the same name starts afresh: old samples must not join the ensemble.
@@ -449,11 +452,20 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
             }
         }
         bar.finish_and_clear();
-        stepper.potential.prior.gibbs_step(
+        let gibbs = stepper.potential.prior.gibbs_step(
             &vars,
             cfg.temperature,
             cfg.seed ^ GIBBS_STREAM ^ epoch as u64,
-        )?;
+        );
+        if let Err(Error::NotFinite(what)) = gibbs {
+            return Err(Error::Exploded {
+                step,
+                epoch: epoch + 1,
+                what,
+                suggestion: cfg.sampler.step_size / 4.0,
+            });
+        }
+        gibbs?;
         let diag = stepper.sampler.diagnostics();
         let record = EpochRecord {
             epoch: epoch + 1,
@@ -487,6 +499,7 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
     let summary = Summary {
         dataset: ds.name.clone(),
         data_source: ds.source.clone(),
+        standardized_inputs: ds.train.standardization.is_some(),
         model: cfg.model.label(),
         num_params: model.num_params(),
         sampler: cfg.sampler,

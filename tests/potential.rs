@@ -167,3 +167,26 @@ fn gamma_gibbs_step_tracks_weight_scale() {
         prior.precisions[0]
     );
 }
+
+#[test]
+fn gamma_gibbs_step_reports_overflowing_parameters() {
+    // |θ| = 1e20 is finite in f32 but θ² is not: a blown-up chain, reported as such
+    // (train turns it into a "diverged, try a smaller step size" error).
+    let mut prior = Prior::new(
+        PriorSpec::Gamma {
+            shape: 1.0,
+            rate: 1.0,
+        },
+        1,
+    )
+    .unwrap();
+    let huge = Tensor::ones((4, 4), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let v = candle_core::Var::from_tensor(&(huge * 1e20).unwrap()).unwrap();
+    let err = prior.gibbs_step(&[v], 1.0, 3).unwrap_err();
+    assert!(matches!(err, bnn::error::Error::NotFinite(_)), "{err}");
+    assert_eq!(
+        prior.precisions,
+        vec![1.0],
+        "a failed step leaves λ as it was"
+    );
+}

@@ -6,6 +6,9 @@ pub mod idx;
 pub mod registry;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 pub use registry::{DatasetSpec, FileSpec};
@@ -15,13 +18,77 @@ use registry::{TEST_IMAGES, TEST_LABELS, TRAIN_IMAGES, TRAIN_LABELS};
 pub const NUM_CLASSES: usize = 10;
 
 /// Images (`u8`, row-major, `n × dim`) and labels of one split, kept as bytes: a minibatch
-/// is scaled to `[0, 1]` as it is gathered, so the dataset is never copied as floats.
+/// is scaled to `[0, 1]` (or standardised) as it is gathered, so the dataset is never
+/// copied as floats.
 #[derive(Debug, Clone)]
 pub struct Split {
     pub images: Vec<u8>,
     pub labels: Vec<u8>,
     pub rows: usize,
     pub cols: usize,
+    /// Per-pixel standardisation applied by [`Split::gather`] (`--standardize`); `None`:
+    /// pixels scaled to `[0, 1]`.
+    pub standardization: Option<Arc<Standardization>>,
+}
+
+/// Per-pixel standardisation, x = (p/255 − mean) / std, with the training set's mean and
+/// standard deviation of each pixel (in `[0, 1]` units) and the deviation floored at
+/// `floor` (a pixel that is nearly constant, such as MNIST's blank border, is not blown
+/// up). Recorded in `run.json`, so that `bnn eval` applies the same map.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Standardization {
+    pub floor: f32,
+    pub mean: Vec<f32>,
+    pub std: Vec<f32>,
+}
+
+impl Standardization {
+    /// The floor `--standardize` uses.
+    pub const DEFAULT_FLOOR: f32 = 0.1;
+
+    /// Each pixel's mean and (population) standard deviation over `split`.
+    pub fn of(split: &Split, floor: f32) -> Result<Self> {
+        if !(floor > 0.0 && floor.is_finite()) {
+            return Err(Error::Config(format!(
+                "the standardisation floor must be positive, got {floor}"
+            )));
+        }
+        if split.is_empty() {
+            return Err(Error::Data("cannot standardise an empty split".into()));
+        }
+        let d = split.dim();
+        let (mut sum, mut sq) = (vec![0u64; d], vec![0u64; d]);
+        for image in split.images.chunks_exact(d) {
+            for ((s, q), &p) in sum.iter_mut().zip(&mut sq).zip(image) {
+                *s += p as u64;
+                *q += (p as u64) * (p as u64);
+            }
+        }
+        // Integer sums are exact: the statistics do not depend on the order of images.
+        let n = split.len() as f64;
+        let (mut mean, mut std) = (Vec::with_capacity(d), Vec::with_capacity(d));
+        for (&s, &q) in sum.iter().zip(&sq) {
+            let m = s as f64 / n / 255.0;
+            let var = (q as f64 / n / (255.0 * 255.0) - m * m).max(0.0);
+            mean.push(m as f32);
+            std.push((var.sqrt() as f32).max(floor));
+        }
+        Ok(Standardization { floor, mean, std })
+    }
+
+    fn check(&self, dim: usize) -> Result<()> {
+        let ok = self.mean.len() == dim
+            && self.std.len() == dim
+            && self.std.iter().all(|s| *s > 0.0 && s.is_finite())
+            && self.mean.iter().all(|m| m.is_finite());
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::Data(format!(
+                "the input standardisation does not fit images of {dim} pixels (or has a zero or non-finite deviation)"
+            )))
+        }
+    }
 }
 
 impl Split {
@@ -38,7 +105,8 @@ impl Split {
         self.rows * self.cols
     }
 
-    /// Writes the images at `indices`, scaled to `[0, 1]`, into `x` and their labels into `y`.
+    /// Writes the images at `indices`, scaled to `[0, 1]` (or standardised), into `x` and
+    /// their labels into `y`.
     pub fn gather(&self, indices: &[usize], x: &mut Vec<f32>, y: &mut Vec<u32>) {
         let d = self.dim();
         y.clear();
@@ -46,10 +114,23 @@ impl Split {
         x.resize(indices.len() * d, 0.0);
         // Large minibatches convert on two threads, each its own rows of x.
         let work = x.len();
+        let std = self.standardization.as_deref();
         crate::kernels::pool::halves(x, d, work, |part, at| {
             for (row, &i) in part.chunks_exact_mut(d).zip(&indices[at / d..]) {
-                for (o, &px) in row.iter_mut().zip(&self.images[i * d..(i + 1) * d]) {
-                    *o = px as f32 / 255.0;
+                let pixels = &self.images[i * d..(i + 1) * d];
+                match std {
+                    None => {
+                        for (o, &px) in row.iter_mut().zip(pixels) {
+                            *o = px as f32 / 255.0;
+                        }
+                    }
+                    Some(s) => {
+                        for (((o, &px), &m), &sd) in
+                            row.iter_mut().zip(pixels).zip(&s.mean).zip(&s.std)
+                        {
+                            *o = (px as f32 / 255.0 - m) / sd;
+                        }
+                    }
                 }
             }
         });
@@ -63,6 +144,7 @@ impl Split {
             labels: self.labels.split_off(keep),
             rows: self.rows,
             cols: self.cols,
+            standardization: self.standardization.clone(),
         }
     }
 }
@@ -77,6 +159,22 @@ pub struct Dataset {
     pub train: Split,
     pub valid: Option<Split>,
     pub test: Split,
+}
+
+impl Dataset {
+    /// Standardises every split's pixels with `s` (computed on the training split).
+    pub fn set_standardization(&mut self, s: Option<Standardization>) -> Result<()> {
+        if let Some(s) = &s {
+            s.check(self.train.dim())?;
+        }
+        let s = s.map(Arc::new);
+        self.train.standardization = s.clone();
+        if let Some(v) = self.valid.as_mut() {
+            v.standardization = s.clone();
+        }
+        self.test.standardization = s;
+        Ok(())
+    }
 }
 
 fn split_from_idx(images: idx::IdxArray, labels: idx::IdxArray, origin: &str) -> Result<Split> {
@@ -107,6 +205,7 @@ fn split_from_idx(images: idx::IdxArray, labels: idx::IdxArray, origin: &str) ->
         cols: images.dims[2],
         images: images.data,
         labels: labels.data,
+        standardization: None,
     })
 }
 
@@ -297,4 +396,71 @@ fn locate_or_fetch(spec: &DatasetSpec, opts: &LoadOptions) -> Result<Dataset> {
         return load_builtin();
     }
     Err(Error::Data(missing_message(spec, &dirs, &why)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(images: Vec<u8>, cols: usize) -> Split {
+        let n = images.len() / cols;
+        Split {
+            images,
+            labels: vec![0; n],
+            rows: 1,
+            cols,
+            standardization: None,
+        }
+    }
+
+    #[test]
+    fn standardization_uses_each_pixels_mean_and_floored_deviation() {
+        // Pixel 0: 0 and 255 (mean 0.5, std 0.5); pixel 1: 51 twice (std 0 → floor);
+        // pixel 2: 0 and 51 (mean 0.1, std 0.1, just above a floor of 0.05).
+        let s = split(vec![0, 51, 0, 255, 51, 51], 3);
+        let st = Standardization::of(&s, 0.05).unwrap();
+        let close = |a: f32, b: f32| (a - b).abs() < 1e-6;
+        assert!(close(st.mean[0], 0.5) && close(st.std[0], 0.5));
+        assert!(close(st.mean[1], 0.2) && close(st.std[1], 0.05));
+        assert!(close(st.mean[2], 0.1) && close(st.std[2], 0.1));
+
+        let mut ds = Dataset {
+            name: "t".into(),
+            source: "t".into(),
+            train: s.clone(),
+            valid: None,
+            test: s,
+        };
+        ds.set_standardization(Some(st.clone())).unwrap();
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        ds.test.gather(&[1, 0], &mut x, &mut y);
+        let want = [1.0, 0.0, 1.0, -1.0, 0.0, -1.0];
+        for (g, w) in x.iter().zip(want) {
+            assert!(close(*g, w), "{x:?}");
+        }
+        // Without it, pixels in [0, 1].
+        ds.set_standardization(None).unwrap();
+        ds.test.gather(&[1], &mut x, &mut y);
+        assert_eq!(x, vec![1.0, 0.2, 0.2]);
+    }
+
+    #[test]
+    fn standardization_rejects_bad_input() {
+        let s = split(vec![1, 2, 3, 4], 2);
+        assert!(Standardization::of(&s, 0.0).is_err());
+        assert!(Standardization::of(&split(vec![], 2), 0.1).is_err());
+        let mut st = Standardization::of(&s, 0.1).unwrap();
+        let mut ds = Dataset {
+            name: "t".into(),
+            source: "t".into(),
+            train: split(vec![1, 2, 3], 3),
+            valid: None,
+            test: split(vec![1, 2, 3], 3),
+        };
+        // Two pixels' statistics for three-pixel images.
+        assert!(ds.set_standardization(Some(st.clone())).is_err());
+        st.mean.push(0.0);
+        st.std.push(0.0);
+        assert!(ds.set_standardization(Some(st)).is_err());
+    }
 }

@@ -32,6 +32,11 @@ use crate::model::{Activation, Mlp};
 /// Layers with at least this many neurons split their forward product by neuron.
 const SPLIT_BY_NEURON: usize = 256;
 
+/// Input density (fraction of non-zero inputs) above which the first layer's products run
+/// dense: MNIST is 0.19, Fashion-MNIST 0.50 (measured no faster or slower either way),
+/// standardised inputs ≈ 1.
+const MAX_SKIPPING_DENSITY: f64 = 0.6;
+
 /// A (rows × cols) matrix whose rows start on 64-byte boundaries (`ld` a multiple of 16).
 #[derive(Debug)]
 struct Padded {
@@ -88,6 +93,8 @@ pub struct MlpBackprop {
     /// The minibatch's non-zero inputs (recorded where the products can skip zeros):
     /// the first layer's forward product and weight gradient skip blank pixels.
     input_nonzero: Option<NonZero>,
+    /// Whether this minibatch has zeros enough for skipping them to pay.
+    sparse_input: bool,
     /// Output errors of the current and the previous layer.
     delta: Vec<f32>,
     delta_prev: Vec<f32>,
@@ -235,6 +242,7 @@ impl MlpBackprop {
             delta_prev: vec![0.0; batch * max_width],
             activation: model.spec.activation,
             input_nonzero: skips_zeros().then(NonZero::default),
+            sparse_input: false,
             widths,
             grads: Vec::new(),
         })
@@ -306,9 +314,14 @@ impl MlpBackprop {
 
     fn forward_with(&mut self, views: &[CpuView<'_>], x: &[f32], rows: usize) {
         let layers = self.widths.len() - 1;
-        if let Some(nz) = &mut self.input_nonzero {
-            nz.record(x, rows, self.widths[0]);
-        }
+        self.sparse_input = match &mut self.input_nonzero {
+            Some(nz) => {
+                nz.record(x, rows, self.widths[0]);
+                // Standardised inputs have (almost) no zeros: the lists would be full.
+                nz.density() <= MAX_SKIPPING_DENSITY
+            }
+            None => false,
+        };
         for k in 0..layers {
             let (fan_in, fan_out) = (self.widths[k], self.widths[k + 1]);
             let (before, after) = self.acts.split_at_mut(k);
@@ -322,7 +335,7 @@ impl MlpBackprop {
                 cs: 1,
             };
             let zeros = match (&self.input_nonzero, k) {
-                (Some(nz), 0) => Zeros::Lhs(nz),
+                (Some(nz), 0) if self.sparse_input => Zeros::Lhs(nz),
                 _ => Zeros::Unknown,
             };
             // Many neurons: both split by output neuron, each thread multiplying by the
@@ -405,7 +418,7 @@ impl MlpBackprop {
             let opts = Options {
                 addend: Some((w, lw)),
                 zeros: match (&self.input_nonzero, k) {
-                    (Some(nz), 0) => Zeros::Rhs(nz),
+                    (Some(nz), 0) if self.sparse_input => Zeros::Rhs(nz),
                     _ => Zeros::Unknown,
                 },
                 ..Options::default()
