@@ -218,3 +218,94 @@ pub fn train(opts: &TrainBenchOptions) -> Result<Vec<TrainBench>> {
     }
     Ok(rows)
 }
+
+/// One first-layer product on real MNIST pixels, dense and skipping the zero pixels.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ZeroSkipBench {
+    pub product: String,
+    pub batch: usize,
+    /// Fraction of the minibatch's pixels that are not zero.
+    pub input_density: f64,
+    pub dense_us: f64,
+    pub skipping_us: f64,
+    /// dense time / skipping time.
+    pub speedup: f64,
+}
+
+/// Times the first layer's two products (forward X·W₁ᵀ and weight gradient Δᵀ·X) on
+/// minibatches of the built-in MNIST images, with and without skipping zero pixels
+/// (`gemm::Zeros`); the median of `repeats`.
+pub fn zero_skipping(repeats: usize) -> Result<Vec<ZeroSkipBench>> {
+    use crate::kernels::gemm::{product, Mat, NonZero, Options, Zeros};
+    let ds = crate::data::load_builtin()?;
+    let d = ds.train.dim();
+    let mut rows = Vec::new();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+    for batch in [100, 1000] {
+        let mut idx: Vec<usize> = (0..ds.train.len()).collect();
+        idx.shuffle(&mut rng);
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        ds.train.gather(&idx[..batch], &mut x, &mut y);
+        let mut nz = NonZero::default();
+        nz.record(&x, batch, d);
+        for hidden in [100, 400] {
+            let wt: Vec<f32> = (0..d * hidden)
+                .map(|_| rng.random_range(-0.1..0.1))
+                .collect();
+            let delta: Vec<f32> = (0..batch * hidden)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
+            let mut out = vec![0f32; batch * hidden.max(d)];
+            let mut grad = vec![0f32; hidden * d];
+            let mut pair =
+                |what: String, run: &mut dyn FnMut(&mut [f32], Zeros<'_>)| -> Result<()> {
+                    let mut us = [0f64; 2];
+                    for (t, zeros) in us.iter_mut().zip([Zeros::Unknown, Zeros::Lhs(&nz)]) {
+                        *t = 1e6
+                            * time(repeats, || {
+                                run(&mut out, zeros);
+                                Ok(())
+                            })?;
+                    }
+                    rows.push(ZeroSkipBench {
+                        product: what,
+                        batch,
+                        input_density: nz.density(),
+                        dense_us: us[0],
+                        skipping_us: us[1],
+                        speedup: us[0] / us[1],
+                    });
+                    Ok(())
+                };
+            pair(format!("forward 784→{hidden}"), &mut |c, zeros| {
+                let opts = Options {
+                    zeros,
+                    ..Options::default()
+                };
+                product(
+                    batch,
+                    hidden,
+                    d,
+                    c,
+                    Mat::rows(&x, d),
+                    Mat::rows(&wt, hidden),
+                    opts,
+                )
+            })?;
+            pair(format!("weight grad {hidden}×784"), &mut |_, zeros| {
+                // The same map, as the right operand's: images blank in a tile's pixels.
+                let zeros = match zeros {
+                    Zeros::Lhs(z) => Zeros::Rhs(z),
+                    other => other,
+                };
+                let opts = Options {
+                    zeros,
+                    ..Options::default()
+                };
+                let lhs = Mat::transposed(&delta, hidden);
+                product(hidden, d, batch, &mut grad, lhs, Mat::rows(&x, d), opts)
+            })?;
+        }
+    }
+    Ok(rows)
+}

@@ -98,7 +98,8 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
                     }));
                 }
             }
-            json(&rows)
+            let skipping = crate::bench::zero_skipping(repeats.max(1))?;
+            json(&serde_json::json!({ "products": rows, "first_layer_zero_skipping": skipping }))
         }
         Command::Bench(BenchCommand::Train {
             hidden,
