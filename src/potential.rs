@@ -156,13 +156,27 @@ impl Potential {
         x: &[f32],
         y: &[u32],
     ) -> Result<BatchLoss> {
-        backprop.loss_and_grad(
+        self.evaluate_fast_then(backprop, model, x, y, None)
+    }
+
+    /// [`Potential::evaluate_fast`], handing each parameter tensor's gradient to `ready`
+    /// as soon as it is final ([`MlpBackprop::loss_and_grad_then`]).
+    pub fn evaluate_fast_then(
+        &self,
+        backprop: &mut MlpBackprop,
+        model: &Mlp,
+        x: &[f32],
+        y: &[u32],
+        ready: Option<crate::kernels::mlp::GradientReady<'_>>,
+    ) -> Result<BatchLoss> {
+        backprop.loss_and_grad_then(
             model,
             x,
             y,
             self.likelihood_scale(y.len()),
             &self.prior.precisions,
             1.0 / self.temperature,
+            ready,
         )
     }
 

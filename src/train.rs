@@ -257,6 +257,9 @@ pub struct Stepper {
     /// The gradient implementation in use (`auto` resolved).
     pub backward: Backward,
     backprop: Option<MlpBackprop>,
+    /// With the custom backward and a sampler that steps by tensor: update each layer
+    /// as soon as its gradient is ready (default), instead of after the whole backward.
+    pub by_layer: bool,
     xbuf: Vec<f32>,
     ybuf: Vec<u32>,
 }
@@ -287,6 +290,7 @@ impl Stepper {
             potential,
             backward,
             backprop,
+            by_layer: true,
             xbuf: Vec::new(),
             ybuf: Vec::new(),
         })
@@ -297,6 +301,32 @@ impl Stepper {
     pub fn step(&mut self, split: &Split, idx: &[usize]) -> Result<BatchLoss> {
         split.gather(idx, &mut self.xbuf, &mut self.ybuf);
         if let Some(bp) = self.backprop.as_mut() {
+            if self.by_layer {
+                if let Some(sampler) = self.sampler.by_tensor() {
+                    // Each layer is updated as soon as its gradient is ready (while it
+                    // is in cache); bit-identical to the whole-model step below.
+                    let vars = &self.vars;
+                    let mut begun = false;
+                    let mut ready = |t: usize, g: &Tensor| -> Result<()> {
+                        if !begun {
+                            sampler.begin()?;
+                            begun = true;
+                        }
+                        sampler.tensor(t, &vars[t], g)
+                    };
+                    let loss = self.potential.evaluate_fast_then(
+                        bp,
+                        &self.model,
+                        &self.xbuf,
+                        &self.ybuf,
+                        Some(&mut ready),
+                    )?;
+                    if begun {
+                        sampler.finish()?;
+                    }
+                    return Ok(loss);
+                }
+            }
             let loss = self
                 .potential
                 .evaluate_fast(bp, &self.model, &self.xbuf, &self.ybuf)?;

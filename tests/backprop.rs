@@ -314,6 +314,78 @@ fn training_steps_agree_between_backward_paths() {
     }
 }
 
+/// Updating each layer as soon as its gradient is ready (the default with the custom
+/// backward) gives bit for bit the parameters, momenta and thermostat of the whole-model
+/// step after it, for every fused sampler, integrator and a network of three layers.
+#[test]
+fn layer_by_layer_update_is_bit_identical_to_the_whole_step() {
+    use bnn::potential::Backward;
+    use bnn::sampler::{Integrator, Kernel, SamplerKind};
+    use bnn::train::Stepper;
+    let ds = bnn::data::load_builtin().unwrap();
+    for (kind, integrator) in [
+        (SamplerKind::Sghmc, Integrator::Euler),
+        (SamplerKind::Sgnht, Integrator::Splitting),
+        (SamplerKind::Sgld, Integrator::Euler),
+        (SamplerKind::Msgnht, Integrator::Splitting),
+    ] {
+        let mut steppers = Vec::new();
+        let mut models = Vec::new();
+        for by_layer in [true, false] {
+            let m = mlp(784, 10, &[64, 32], Activation::Relu, 6);
+            let pot = Potential::new(ds.train.len(), 1.0, gamma_prior(&m)).unwrap();
+            let mut config = kind.defaults();
+            config.integrator = integrator;
+            let mut s =
+                Stepper::new(&m, pot, config, Kernel::Fused, Backward::Custom, 8, 50).unwrap();
+            s.by_layer = by_layer;
+            steppers.push(s);
+            models.push(m);
+        }
+        for step in 0..12 {
+            let idx: Vec<usize> = (0..50)
+                .map(|i| (step * 50 + i * 13) % ds.train.len())
+                .collect();
+            let a = steppers[0].step(&ds.train, &idx).unwrap();
+            let b = steppers[1].step(&ds.train, &idx).unwrap();
+            assert_eq!(a.nll.to_bits(), b.nll.to_bits(), "{kind:?} step {step}");
+        }
+        for (p, q) in models[0].params.iter().zip(&models[1].params) {
+            let (x, y) = (flat(p.var.as_tensor()), flat(q.var.as_tensor()));
+            assert!(
+                x.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{kind:?} {}",
+                p.name
+            );
+        }
+        let (da, db) = (
+            steppers[0].sampler.diagnostics(),
+            steppers[1].sampler.diagnostics(),
+        );
+        assert_eq!(format!("{da:?}"), format!("{db:?}"), "{kind:?}");
+        assert_eq!(steppers[0].sampler.steps(), 12);
+        assert_eq!(steppers[1].sampler.steps(), 12);
+        // The by-layer path was taken: these samplers step by tensor.
+        assert!(steppers[0].sampler.by_tensor().is_some(), "{kind:?}");
+    }
+    // A tensor stepped twice, or a step finished early, is an error, not a silent skip.
+    let m = mlp(784, 10, &[16], Activation::Relu, 1);
+    let vars = m.vars();
+    let mut s = bnn::sampler::build_with(
+        SamplerKind::Sghmc.defaults(),
+        &vars,
+        0,
+        bnn::sampler::Kernel::Fused,
+    )
+    .unwrap();
+    let tw = s.by_tensor().unwrap();
+    let g = vars[0].as_tensor().zeros_like().unwrap();
+    tw.begin().unwrap();
+    tw.tensor(0, &vars[0], &g).unwrap();
+    assert!(tw.tensor(0, &vars[0], &g).is_err());
+    assert!(tw.finish().is_err());
+}
+
 /// Prediction on the CPU goes through the custom forward: the same probabilities as
 /// candle's forward and softmax, to f32 rounding.
 #[test]

@@ -70,6 +70,10 @@ impl Padded {
     }
 }
 
+/// Called with a parameter tensor's index and final gradient as soon as the backward no
+/// longer reads that tensor ([`MlpBackprop::loss_and_grad_then`]).
+pub type GradientReady<'a> = &'a mut dyn FnMut(usize, &Tensor) -> Result<()>;
+
 /// Loss statistics of one minibatch.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BatchLoss {
@@ -307,12 +311,13 @@ impl MlpBackprop {
     /// Forward pass on `rows` inputs `x` (row-major); returns the logits (rows × classes).
     pub fn forward(&mut self, model: &Mlp, x: &[f32], rows: usize) -> Result<&[f32]> {
         let views = self.prepare(model, x, rows)?;
-        self.forward_with(&views, x, rows);
+        let held: Vec<&CpuView<'_>> = views.iter().collect();
+        self.forward_with_refs(&held, x, rows);
         let classes = *self.widths.last().unwrap_or(&0);
         Ok(&self.acts[self.acts.len() - 1][..rows * classes])
     }
 
-    fn forward_with(&mut self, views: &[CpuView<'_>], x: &[f32], rows: usize) {
+    fn forward_with_refs(&mut self, views: &[&CpuView<'_>], x: &[f32], rows: usize) {
         let layers = self.widths.len() - 1;
         self.sparse_input = match &mut self.input_nonzero {
             Some(nz) => {
@@ -375,6 +380,33 @@ impl MlpBackprop {
         prior_precision: &[f64],
         prior_factor: f64,
     ) -> Result<BatchLoss> {
+        self.loss_and_grad_then(
+            model,
+            x,
+            labels,
+            likelihood_scale,
+            prior_precision,
+            prior_factor,
+            None,
+        )
+    }
+
+    /// [`MlpBackprop::loss_and_grad`], calling `ready(t, ∇_t)` for each parameter tensor t
+    /// as soon as its gradient is final and the pass no longer reads θ_t (a layer's
+    /// weights and bias once its input error is computed, last layer first), so that the
+    /// caller may update θ_t in place while ∇_t is still in cache. Not called when the
+    /// loss is not finite (the parameters then stay as they were).
+    #[allow(clippy::too_many_arguments)]
+    pub fn loss_and_grad_then(
+        &mut self,
+        model: &Mlp,
+        x: &[f32],
+        labels: &[u32],
+        likelihood_scale: f64,
+        prior_precision: &[f64],
+        prior_factor: f64,
+        mut ready: Option<GradientReady<'_>>,
+    ) -> Result<BatchLoss> {
         let rows = labels.len();
         if prior_precision.len() != model.params.len() {
             return Err(Error::Config(format!(
@@ -383,7 +415,12 @@ impl MlpBackprop {
                 model.params.len()
             )));
         }
-        let views = self.prepare(model, x, rows)?;
+        // Options, so that a layer's read locks can be released before `ready` writes it.
+        let mut views: Vec<Option<CpuView<'_>>> = self
+            .prepare(model, x, rows)?
+            .into_iter()
+            .map(Some)
+            .collect();
         if self.grads.is_empty() {
             self.grads = model
                 .params
@@ -391,7 +428,10 @@ impl MlpBackprop {
                 .map(|p| Ok(Tensor::zeros(p.var.shape(), p.var.dtype(), p.var.device())?))
                 .collect::<Result<Vec<_>>>()?;
         }
-        self.forward_with(&views, x, rows);
+        {
+            let held: Vec<&CpuView<'_>> = views.iter().flatten().collect();
+            self.forward_with_refs(&held, x, rows);
+        }
 
         let layers = self.widths.len() - 1;
         let classes = self.widths[layers];
@@ -411,7 +451,12 @@ impl MlpBackprop {
                 &self.acts[k - 1][..rows * fan_in]
             };
             let delta = &self.delta[..rows * fan_out];
-            let (w, b) = (views[2 * k].slice(), views[2 * k + 1].slice());
+            let held = |t: usize| views[t].as_ref().map(CpuView::slice);
+            let (Some(w), Some(b)) = (held(2 * k), held(2 * k + 1)) else {
+                return Err(Error::Config(
+                    "internal: a layer's parameters were released early".into(),
+                ));
+            };
             let lw = (prior_factor * prior_precision[2 * k]) as f32;
             let lb = (prior_factor * prior_precision[2 * k + 1]) as f32;
             // ∇W = Δᵀ·A + λW, the prior term added as the product is stored.
@@ -458,6 +503,14 @@ impl MlpBackprop {
                     activation_backward(half, &input[at..at + half.len()], act)
                 });
                 std::mem::swap(&mut self.delta, &mut self.delta_prev);
+            }
+            if let (Some(ready), true) = (ready.as_mut(), nll.is_finite()) {
+                // Nothing below reads this layer's parameters: release them, then hand
+                // over their final gradients.
+                for t in [2 * k, 2 * k + 1] {
+                    views[t] = None;
+                    ready(t, &self.grads[t])?;
+                }
             }
         }
         Ok(BatchLoss {

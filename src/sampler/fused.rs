@@ -10,6 +10,7 @@ use candle_core::{Device, Tensor, Var};
 
 use super::{
     check_lengths, init_momentum, Diagnostics, Integrator, Sampler, SamplerConfig, SamplerKind,
+    TensorwiseStep,
 };
 use crate::error::{Error, Result};
 use crate::kernels::{buffer::StateBuffer, cpu::FusedStepOp, StepConsts, Update};
@@ -28,7 +29,21 @@ pub struct Fused {
     /// mSGNHT's αᵢ per parameter tensor (empty otherwise).
     pub thermostats: Vec<StateBuffer>,
     n: usize,
+    /// Number of parameter tensors.
+    tensors: usize,
     kinetic: f64,
+    /// The step in progress ([`TensorwiseStep`]): its update and constants, and Σv² and
+    /// Σα per tensor (summed in tensor order at the end, whatever order they came in).
+    pending: Option<Pending>,
+}
+
+#[derive(Debug, Clone)]
+struct Pending {
+    update: Update,
+    consts: StepConsts,
+    sum_sq: Vec<f64>,
+    sum_thermostat: Vec<f64>,
+    done: Vec<bool>,
 }
 
 impl Fused {
@@ -86,7 +101,9 @@ impl Fused {
             thermostat: config.diffusion,
             thermostats,
             n,
+            tensors: params.len(),
             kinetic: 0.0,
+            pending: None,
         };
         s.kinetic = s.kinetic_from(sum_sq);
         if config.integrator == Integrator::Splitting {
@@ -128,6 +145,84 @@ impl Fused {
     }
 }
 
+impl TensorwiseStep for Fused {
+    fn begin(&mut self) -> Result<()> {
+        let update = update_of(self.config.kind, self.config.integrator)?;
+        let (alpha, sigma) = self.friction_and_noise();
+        let consts = match self.config.integrator {
+            Integrator::Euler => StepConsts::new(self.config.step_size, alpha, sigma),
+            Integrator::Splitting => StepConsts::splitting(self.config.step_size, alpha, sigma),
+        };
+        let tensors = self.tensors;
+        self.pending = Some(Pending {
+            update,
+            consts,
+            sum_sq: vec![0.0; tensors],
+            sum_thermostat: vec![0.0; tensors],
+            done: vec![false; tensors],
+        });
+        Ok(())
+    }
+
+    fn tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
+        let Some(pending) = self.pending.as_mut() else {
+            return Err(Error::Config(
+                "sampler: tensor step outside begin/finish".into(),
+            ));
+        };
+        if i >= pending.done.len() || pending.done[i] {
+            return Err(Error::Config(format!(
+                "sampler: parameter tensor {i} stepped twice or out of range"
+            )));
+        }
+        let op = FusedStepOp {
+            update: pending.update,
+            consts: pending.consts,
+            key: NoiseKey {
+                seed: self.seed,
+                step: self.step,
+                param: i as u32,
+            },
+            momentum: RefCell::new(self.momentum.get_mut(i)),
+            thermostat: RefCell::new(self.thermostats.get_mut(i)),
+            sum_sq: Cell::new(0.0),
+            sum_thermostat: Cell::new(0.0),
+        };
+        let g = g.detach().contiguous()?;
+        p.as_detached_tensor().inplace_op2(&g, &op)?;
+        pending.sum_sq[i] = op.sum_sq.get();
+        pending.sum_thermostat[i] = op.sum_thermostat.get();
+        pending.done[i] = true;
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        let Some(pending) = self.pending.take() else {
+            return Err(Error::Config("sampler: finish without begin".into()));
+        };
+        if !pending.done.iter().all(|&d| d) {
+            return Err(Error::Config(
+                "sampler: a step ended before every parameter tensor was updated".into(),
+            ));
+        }
+        // Summed in tensor order from 0, as a whole-model step sums them.
+        let sum_sq = pending.sum_sq.iter().fold(0f64, |a, &s| a + s);
+        let sum_thermostat = pending.sum_thermostat.iter().fold(0f64, |a, &s| a + s);
+        if pending.update != Update::Sgld {
+            self.kinetic = self.kinetic_from(sum_sq);
+        }
+        if self.config.kind == SamplerKind::Sgnht {
+            // Ding et al. Alg. 2: α ← α + uᵀu/n − η, with uᵀu from the same pass.
+            self.thermostat += sum_sq / self.n as f64 - self.config.step_size;
+        }
+        if self.config.kind == SamplerKind::Msgnht {
+            self.thermostat = sum_thermostat / self.n as f64;
+        }
+        self.step += 1;
+        Ok(())
+    }
+}
+
 fn update_of(kind: SamplerKind, integrator: Integrator) -> Result<Update> {
     match kind {
         SamplerKind::Sgld => Ok(Update::Sgld),
@@ -149,45 +244,15 @@ impl Sampler for Fused {
 
     fn step(&mut self, params: &[Var], grads: &[Tensor]) -> Result<()> {
         check_lengths(params, grads)?;
-        let update = update_of(self.config.kind, self.config.integrator)?;
-        let (alpha, sigma) = self.friction_and_noise();
-        let consts = match self.config.integrator {
-            Integrator::Euler => StepConsts::new(self.config.step_size, alpha, sigma),
-            Integrator::Splitting => StepConsts::splitting(self.config.step_size, alpha, sigma),
-        };
-        let mut sum_sq = 0f64;
-        let mut sum_thermostat = 0f64;
+        self.begin()?;
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
-            let op = FusedStepOp {
-                update,
-                consts,
-                key: NoiseKey {
-                    seed: self.seed,
-                    step: self.step,
-                    param: i as u32,
-                },
-                momentum: RefCell::new(self.momentum.get_mut(i)),
-                thermostat: RefCell::new(self.thermostats.get_mut(i)),
-                sum_sq: Cell::new(0.0),
-                sum_thermostat: Cell::new(0.0),
-            };
-            let g = g.detach().contiguous()?;
-            p.as_detached_tensor().inplace_op2(&g, &op)?;
-            sum_sq += op.sum_sq.get();
-            sum_thermostat += op.sum_thermostat.get();
+            self.tensor(i, p, g)?;
         }
-        if update != Update::Sgld {
-            self.kinetic = self.kinetic_from(sum_sq);
-        }
-        if self.config.kind == SamplerKind::Sgnht {
-            // Ding et al. Alg. 2: α ← α + uᵀu/n − η, with uᵀu from the same pass.
-            self.thermostat += sum_sq / self.n as f64 - self.config.step_size;
-        }
-        if self.config.kind == SamplerKind::Msgnht {
-            self.thermostat = sum_thermostat / self.n as f64;
-        }
-        self.step += 1;
-        Ok(())
+        self.finish()
+    }
+
+    fn by_tensor(&mut self) -> Option<&mut dyn TensorwiseStep> {
+        Some(self)
     }
 
     fn diagnostics(&self) -> Diagnostics {

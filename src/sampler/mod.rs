@@ -229,6 +229,21 @@ pub trait Sampler {
     /// Changes the step size η (for a schedule). Momentum samplers rescale v = p·h by
     /// √(η'/η), so that the momentum p of the continuous dynamics is unchanged.
     fn set_step_size(&mut self, step_size: f64) -> Result<()>;
+    /// The same step, one parameter tensor at a time, where the sampler can do that (the
+    /// fused samplers): the hand-written backward then updates each layer as soon as its
+    /// gradient is ready, while the gradient is still in cache.
+    fn by_tensor(&mut self) -> Option<&mut dyn TensorwiseStep> {
+        None
+    }
+}
+
+/// A sampler step split by parameter tensor: `begin`, then `tensor` once for every
+/// parameter tensor (in any order), then `finish`. The result is bit-identical to
+/// [`Sampler::step`] with the same gradients.
+pub trait TensorwiseStep {
+    fn begin(&mut self) -> Result<()>;
+    fn tensor(&mut self, index: usize, param: &Var, grad: &Tensor) -> Result<()>;
+    fn finish(&mut self) -> Result<()>;
 }
 
 /// How a sampler's update is computed.
