@@ -249,7 +249,7 @@ pub fn zero_skipping(repeats: usize) -> Result<Vec<ZeroSkipBench>> {
         let mut nz = NonZero::default();
         nz.record(&x, batch, d);
         for hidden in [100, 400] {
-            let wt: Vec<f32> = (0..d * hidden)
+            let w: Vec<f32> = (0..d * hidden)
                 .map(|_| rng.random_range(-0.1..0.1))
                 .collect();
             let delta: Vec<f32> = (0..batch * hidden)
@@ -288,7 +288,8 @@ pub fn zero_skipping(repeats: usize) -> Result<Vec<ZeroSkipBench>> {
                     d,
                     c,
                     Mat::rows(&x, d),
-                    Mat::rows(&wt, hidden),
+                    // W (hidden × 784) read in place as Wᵀ, as the step does.
+                    Mat::transposed(&w, d),
                     opts,
                 )
             })?;

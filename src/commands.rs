@@ -79,19 +79,20 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
         }
         Command::Bench(BenchCommand::Gemm { repeats }) => {
             let mut rows = Vec::new();
-            // (m, n, k): forward (X·Wᵀ with Wᵀ stored), weight gradient and input error of
-            // the MNIST MLPs.
+            // (m, n, k): forward (X·Wᵀ, W read in place), weight gradient and input error
+            // of the MNIST MLPs.
             for batch in [100, 1000] {
-                for (m, n, k, what) in [
-                    (batch, 100, 784, "forward 784→100"),
-                    (batch, 400, 784, "forward 784→400"),
-                    (batch, 400, 400, "forward 400→400"),
-                    (100, 784, batch, "weight grad 100×784"),
-                    (400, 784, batch, "weight grad 400×784"),
-                    (400, 400, batch, "weight grad 400×400"),
-                    (batch, 400, 400, "input error 400×400"),
+                for (m, n, k, transposed, what) in [
+                    (batch, 100, 784, true, "forward 784→100"),
+                    (batch, 400, 784, true, "forward 784→400"),
+                    (batch, 400, 400, true, "forward 400→400"),
+                    (100, 784, batch, false, "weight grad 100×784"),
+                    (400, 784, batch, false, "weight grad 400×784"),
+                    (400, 400, batch, false, "weight grad 400×400"),
+                    (batch, 400, 400, false, "input error 400×400"),
                 ] {
-                    let (ours, crate_gemm) = crate::kernels::gemm::bench(m, n, k, repeats.max(1));
+                    let (ours, crate_gemm) =
+                        crate::kernels::gemm::bench(m, n, k, transposed, repeats.max(1));
                     rows.push(serde_json::json!({
                         "product": what, "batch": batch, "m": m, "n": n, "k": k,
                         "bnn_gflop_per_s": ours, "gemm_crate_gflop_per_s": crate_gemm,

@@ -1,15 +1,17 @@
-//! Single-precision matrix products for the MLP backward, with AVX-512 micro-kernels
-//! that need no packing, and the `gemm` crate (candle's CPU matmul) as the fallback.
+//! Single-precision matrix products for the MLP's forward and backward, with AVX-512
+//! micro-kernels, and the `gemm` crate (candle's CPU matmul) as the fallback.
 //!
 //! Why our own: the `gemm` crate uses 256-bit kernels on stable Rust (its AVX-512 ones
-//! need nightly), about half of what this CPU can do, and it copies operands into packed
-//! panels, which at batch 100 costs as much as the arithmetic. The three products of an
-//! MLP step all take one kernel without packing, C = A·B with B row-major along n: the
-//! forward X·(Wᵀ) on a transposed copy of W ([`transpose_ld`], an AVX-512 register
-//! transpose), the weight gradient Δᵀ·X and the input error Δ·W. A tile of 8 rows × 48
-//! columns keeps 24 vector accumulators, loads 3 vectors of B and broadcasts 8 scalars of
-//! A (any strides) per step of k. (A dot-product kernel for A·Bᵀ was tried first and ran
-//! at half the speed, below the `gemm` crate, which now takes that layout.)
+//! need nightly), about half of what this CPU can do, and it packs both operands, which
+//! at batch 100 costs as much as the arithmetic. One kernel takes the three products of
+//! an MLP step, C = A·B: a tile of 8 rows × 48 columns keeps 24 vector accumulators, loads
+//! 3 vectors of B and broadcasts 8 scalars of A (any strides) per step of k. B is either
+//! row-major along n (the weight gradient Δᵀ·X, the input error Δ·W), read in place, or
+//! the transpose of a row-major matrix (the forward X·Wᵀ), packed one (128 × 48) panel at
+//! a time by an AVX-512 16 × 16 register transpose into a per-thread buffer that stays in
+//! L1 while the row tiles run (this replaced transposing all of W every step: −110 µs per
+//! forward of 784-400-400-10 at batch 100). (A dot-product kernel for A·Bᵀ was tried first
+//! and ran at half the speed.)
 //!
 //! Edges are handled with masked loads and stores, never by reading or writing outside
 //! the operands. Two threads split the output (rows or columns) above
@@ -78,9 +80,9 @@ pub fn matmul(
 pub struct Options<'a> {
     /// Add the product to the old dst instead of overwriting it.
     pub accumulate: bool,
-    /// Threads split the columns of dst (and so of rhs) in two halves of whole vectors:
-    /// for a rhs that [`transpose_ld_by_rows`] just wrote, each thread reads what it
-    /// wrote. Otherwise rows when there are enough of them.
+    /// Threads split the columns of dst (and so of rhs) in two halves of whole vectors,
+    /// each packing only its half of a transposed rhs. Otherwise rows when there are
+    /// enough of them.
     pub split_columns: bool,
     /// dst ← lhs · rhs + scale · addend, `addend` laid out like dst (the prior term of a
     /// weight gradient, added as the product is stored instead of in a pass of its own).
@@ -257,7 +259,8 @@ pub fn skips_zeros() -> bool {
 /// Which code computes a product.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kernel {
-    /// [`avx512::nn`]: rhs contiguous along n.
+    /// [`avx512::nn`]: rhs contiguous along n, or along k (the transpose of a row-major
+    /// matrix, such as Wᵀ for the forward X·Wᵀ), which the kernel packs panel by panel.
     Nn,
     /// The `gemm` crate.
     Fallback,
@@ -265,7 +268,7 @@ enum Kernel {
 
 fn kernel_for(lhs: Mat<'_>, rhs: Mat<'_>) -> Kernel {
     #[cfg(target_arch = "x86_64")]
-    if avx512::available() && rhs.cs == 1 {
+    if avx512::available() && (rhs.cs == 1 || rhs.rs == 1) {
         return Kernel::Nn;
     }
     let _ = (lhs, rhs);
@@ -605,6 +608,8 @@ mod avx512 {
     }
 
     thread_local! {
+        /// Per thread: the packed (k block × 48) panel of B when rhs is a transpose.
+        static PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
         /// Per thread: the k lists of its row tiles for one k block (lhs zeros).
         static ROW_TILE_KS: RefCell<(Vec<u32>, Vec<usize>)> =
             const { RefCell::new((Vec::new(), Vec::new())) };
@@ -637,79 +642,111 @@ mod avx512 {
             .addend
             .map_or((0usize, 0f32), |(w, s)| (w.as_ptr() as usize, s));
         let (b, ldb) = (rhs.data.as_ptr() as usize, rhs.rs);
+        // rhs = Sᵀ for a row-major S (n × k, rows rhs.cs apart): each (k block × column
+        // tile) panel of B is transposed from S into a small buffer before its tiles run,
+        // instead of the caller transposing all of S first.
+        let packed = rhs.cs != 1;
         let c = Disjoint::new(dst);
         let block = |r0: usize, r1: usize, c0: usize, c1: usize| {
-            ROW_TILE_KS.with_borrow_mut(|(lists, lens)| {
-                // k in blocks of NN_KC: a (KC × 48) panel of B stays in L1 across the row tiles.
-                for p0 in (0..k).step_by(NN_KC) {
-                    let kc = NN_KC.min(k - p0);
-                    if let Zeros::Lhs(z) = opts.zeros {
-                        // The k of this block where some row of the tile is not zero.
-                        lens.clear();
-                        lists.resize(NN_KC * (r1 - r0).div_ceil(NN_R).max(1), 0);
-                        let mut i = r0;
-                        for (t, rows) in balanced(r1 - r0, NN_R).enumerate() {
-                            let list = &mut lists[t * NN_KC..(t + 1) * NN_KC];
-                            lens.push(block_ks(kc, list, |word| {
-                                (i..i + rows).fold(0, |acc, r| acc | z.row(r)[p0 / 64 + word])
-                            }));
-                            i += rows;
-                        }
+            PANEL.with_borrow_mut(|panel| {
+                ROW_TILE_KS.with_borrow_mut(|(lists, lens)| {
+                    if packed && panel.len() < NN_KC * NN_V * 16 {
+                        panel.resize(NN_KC * NN_V * 16, 0.0);
                     }
-                    let mut j = c0;
-                    // Column tiles of whole vectors, balanced: 7 vectors → 3, 2, 2.
-                    for vectors in balanced((c1 - c0).div_ceil(16), NN_V) {
-                        let cols = (16 * vectors).min(c1 - j);
-                        // The k of this block where rhs is not zero in the tile's columns.
-                        let mut rhs_list = [0u32; NN_KC];
-                        let mut rhs_len = 0;
-                        if let Zeros::Rhs(z) = opts.zeros {
-                            for p in 0..kc {
-                                if z.any(p0 + p, j, j + cols) {
-                                    rhs_list[rhs_len] = p as u32;
-                                    rhs_len += 1;
-                                }
+                    // k in blocks of NN_KC: a (KC × 48) panel of B stays in L1 across the row tiles.
+                    for p0 in (0..k).step_by(NN_KC) {
+                        let kc = NN_KC.min(k - p0);
+                        if let Zeros::Lhs(z) = opts.zeros {
+                            // The k of this block where some row of the tile is not zero.
+                            lens.clear();
+                            lists.resize(NN_KC * (r1 - r0).div_ceil(NN_R).max(1), 0);
+                            let mut i = r0;
+                            for (t, rows) in balanced(r1 - r0, NN_R).enumerate() {
+                                let list = &mut lists[t * NN_KC..(t + 1) * NN_KC];
+                                lens.push(block_ks(kc, list, |word| {
+                                    (i..i + rows).fold(0, |acc, r| acc | z.row(r)[p0 / 64 + word])
+                                }));
+                                i += rows;
                             }
                         }
-                        let mut i = r0;
-                        for (t, rows) in balanced(r1 - r0, NN_R).enumerate() {
-                            let (ap, bp, cp) = (
-                                (a as *const f32).add(i * a_rs + p0 * a_cs),
-                                (b as *const f32).add(p0 * ldb + j),
-                                c.at(i * n + j),
-                            );
-                            let acc = if opts.accumulate || p0 > 0 {
-                                Store::Accumulate
-                            } else if w != 0 {
-                                Store::AddScaled((w as *const f32).wrapping_add(i * n + j), scale)
+                        let mut j = c0;
+                        // Column tiles of whole vectors, balanced: 7 vectors → 3, 2, 2.
+                        for vectors in balanced((c1 - c0).div_ceil(16), NN_V) {
+                            let cols = (16 * vectors).min(c1 - j);
+                            let (b_tile, ld_tile) = if packed {
+                                // panel[(p − p0)·48 + (r − j)] = S[r, p] for r in j..j+cols:
+                                // source rows j..j+cols, columns p0..p0+kc (inside the checked
+                                // extent of rhs).
+                                transpose(
+                                    rhs.data,
+                                    n,
+                                    rhs.cs,
+                                    (j, j + cols),
+                                    p0,
+                                    p0 + kc,
+                                    panel.as_mut_ptr().wrapping_sub(j),
+                                    NN_V * 16,
+                                );
+                                (panel.as_ptr(), NN_V * 16)
                             } else {
-                                Store::Overwrite
+                                ((b as *const f32).add(p0 * ldb + j), ldb)
                             };
-                            let ks = match opts.zeros {
-                                Zeros::Unknown => Ks::All(kc),
-                                Zeros::Lhs(_) => Ks::List(&lists[t * NN_KC..t * NN_KC + lens[t]]),
-                                Zeros::Rhs(_) => Ks::List(&rhs_list[..rhs_len]),
-                            };
-                            // SAFETY: the tile lies inside the checked extents; masked lanes
-                            // beyond `cols` are neither read nor written.
-                            unsafe {
-                                match cols.div_ceil(16) {
-                                    3 => nn_rows::<3>(
-                                        rows, ks, ap, a_rs, a_cs, bp, ldb, cp, n, cols, acc,
-                                    ),
-                                    2 => nn_rows::<2>(
-                                        rows, ks, ap, a_rs, a_cs, bp, ldb, cp, n, cols, acc,
-                                    ),
-                                    _ => nn_rows::<1>(
-                                        rows, ks, ap, a_rs, a_cs, bp, ldb, cp, n, cols, acc,
-                                    ),
+                            // The k of this block where rhs is not zero in the tile's columns.
+                            let mut rhs_list = [0u32; NN_KC];
+                            let mut rhs_len = 0;
+                            if let Zeros::Rhs(z) = opts.zeros {
+                                for p in 0..kc {
+                                    if z.any(p0 + p, j, j + cols) {
+                                        rhs_list[rhs_len] = p as u32;
+                                        rhs_len += 1;
+                                    }
                                 }
                             }
-                            i += rows;
+                            let mut i = r0;
+                            for (t, rows) in balanced(r1 - r0, NN_R).enumerate() {
+                                let (ap, bp, cp) = (
+                                    (a as *const f32).add(i * a_rs + p0 * a_cs),
+                                    b_tile,
+                                    c.at(i * n + j),
+                                );
+                                let acc = if opts.accumulate || p0 > 0 {
+                                    Store::Accumulate
+                                } else if w != 0 {
+                                    Store::AddScaled(
+                                        (w as *const f32).wrapping_add(i * n + j),
+                                        scale,
+                                    )
+                                } else {
+                                    Store::Overwrite
+                                };
+                                let ks = match opts.zeros {
+                                    Zeros::Unknown => Ks::All(kc),
+                                    Zeros::Lhs(_) => {
+                                        Ks::List(&lists[t * NN_KC..t * NN_KC + lens[t]])
+                                    }
+                                    Zeros::Rhs(_) => Ks::List(&rhs_list[..rhs_len]),
+                                };
+                                // SAFETY: the tile lies inside the checked extents; masked lanes
+                                // beyond `cols` are neither read nor written.
+                                unsafe {
+                                    match cols.div_ceil(16) {
+                                        3 => nn_rows::<3>(
+                                            rows, ks, ap, a_rs, a_cs, bp, ld_tile, cp, n, cols, acc,
+                                        ),
+                                        2 => nn_rows::<2>(
+                                            rows, ks, ap, a_rs, a_cs, bp, ld_tile, cp, n, cols, acc,
+                                        ),
+                                        _ => nn_rows::<1>(
+                                            rows, ks, ap, a_rs, a_cs, bp, ld_tile, cp, n, cols, acc,
+                                        ),
+                                    }
+                                }
+                                i += rows;
+                            }
+                            j += cols;
                         }
-                        j += cols;
                     }
-                }
+                })
             })
         };
         // Rows when each thread gets at least two row tiles (every thread then runs the
@@ -743,87 +780,9 @@ mod avx512 {
     }
 }
 
-/// dst (cols × rows) ← srcᵀ for src (rows × cols, row-major), dst's rows `ld` ≥ `rows`
-/// elements apart (a padded stride keeps the rows of dst aligned to cache lines).
-pub fn transpose_ld(src: &[f32], rows: usize, cols: usize, dst: &mut [f32], ld: usize) {
-    assert!(ld >= rows && src.len() >= rows * cols);
-    assert!(cols == 0 || dst.len() >= (cols - 1) * ld + rows);
-    // Large transposes are bandwidth-bound: two threads take half the columns each, i.e.
-    // disjoint rows of dst.
-    if rows * cols >= 1 << 15 && cols >= 32 && super::pool::threads() > 1 {
-        let half = (cols / 2).div_ceil(16) * 16;
-        let d = super::pool::Disjoint::new(dst);
-        super::pool::run(2, &|p| {
-            let (c0, c1) = if p == 0 { (0, half) } else { (half, cols) };
-            // SAFETY: the two parts write the disjoint rows c0..c1 of dst, inside it
-            // (checked above).
-            unsafe { transpose_block(src, rows, cols, (0, rows), c0, c1, d.at(c0 * ld), ld) };
-        });
-        return;
-    }
-    // SAFETY: dst holds the whole transpose (checked above).
-    unsafe { transpose_block(src, rows, cols, (0, rows), 0, cols, dst.as_mut_ptr(), ld) };
-}
-
-/// [`transpose_ld`] split between two threads by the rows of src (the columns of dst),
-/// at the boundary [`Options::split_columns`] uses for a product with dst as its right
-/// operand: each thread then reads back the part of dst it wrote.
-pub fn transpose_ld_by_rows(src: &[f32], rows: usize, cols: usize, dst: &mut [f32], ld: usize) {
-    assert!(ld >= rows && src.len() >= rows * cols);
-    assert!(cols == 0 || dst.len() >= (cols - 1) * ld + rows);
-    if cols == 0 {
-        return;
-    }
-    let threads = super::pool::threads().min(2);
-    if rows * cols < 1 << 15 || rows < 32 || threads < 2 {
-        // SAFETY: dst holds the whole transpose (checked above).
-        unsafe { transpose_block(src, rows, cols, (0, rows), 0, cols, dst.as_mut_ptr(), ld) };
-        return;
-    }
-    let half = rows.div_ceil(2).div_ceil(16) * 16;
-    let d = super::pool::Disjoint::new(dst);
-    super::pool::run(2, &|p| {
-        let r = if p == 0 { (0, half) } else { (half, rows) };
-        // SAFETY: part p writes only columns r.0..r.1 of the dst rows (through a raw
-        // pointer, no slice), disjoint from the other part's; dst holds the transpose.
-        unsafe { transpose_block(src, rows, cols, r, 0, cols, d.at(0), ld) };
-    });
-}
-
-/// Source rows `r`, source columns `c0..c1` into `dst`, which points at dst row c0.
-///
-/// # Safety
-/// Rows c0..c1 of dst (stride `ld` ≥ rows) are writable through `dst`, and nothing else
-/// accesses their columns `r` meanwhile.
-#[allow(clippy::too_many_arguments)]
-unsafe fn transpose_block(
-    src: &[f32],
-    rows: usize,
-    cols: usize,
-    r: (usize, usize),
-    c0: usize,
-    c1: usize,
-    dst: *mut f32,
-    ld: usize,
-) {
-    assert!(c0 < c1 && c1 <= cols && r.0 <= r.1 && r.1 <= rows && ld >= rows);
-    assert!(src.len() >= rows * cols);
-    #[cfg(target_arch = "x86_64")]
-    if avx512::available() {
-        // SAFETY: the caller's contract; AVX-512F present.
-        unsafe { avx512::transpose(src, rows, cols, r, c0, c1, dst, ld) };
-        return;
-    }
-    for i in r.0..r.1 {
-        for c in c0..c1 {
-            // SAFETY: inside rows c0..c1, columns r of dst (the caller's contract).
-            unsafe { *dst.add((c - c0) * ld + i) = src[i * cols + c] };
-        }
-    }
-}
-
-/// The portable transpose, in 16 × 16 blocks so that both sides move whole cache lines.
-pub fn transpose_scalar(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
+/// The portable transpose (tests build transposed operands with it).
+#[cfg(test)]
+fn transpose_scalar(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
     const B: usize = 16;
     for r0 in (0..rows).step_by(B) {
         let r1 = (r0 + B).min(rows);
@@ -839,9 +798,10 @@ pub fn transpose_scalar(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) 
     }
 }
 
-/// GFLOP/s of [`matmul`] and of the `gemm` crate on one product A·B (m × k times k × n,
-/// both row-major), median of `repeats` (for `bnn bench gemm`).
-pub fn bench(m: usize, n: usize, k: usize, repeats: usize) -> (f64, f64) {
+/// GFLOP/s of [`matmul`] and of the `gemm` crate on one product A·B (m × k times k × n;
+/// B row-major, or with `rhs_transposed` the transpose of a row-major n × k matrix, as
+/// the forward reads W), median of `repeats` (for `bnn bench gemm`).
+pub fn bench(m: usize, n: usize, k: usize, rhs_transposed: bool, repeats: usize) -> (f64, f64) {
     let a: Vec<f32> = (0..m * k)
         .map(|i| ((i * 7919) % 1000) as f32 * 1e-3)
         .collect();
@@ -849,7 +809,12 @@ pub fn bench(m: usize, n: usize, k: usize, repeats: usize) -> (f64, f64) {
         .map(|i| ((i * 104_729) % 1000) as f32 * 1e-3)
         .collect();
     let mut c = vec![0f32; m * n];
-    let (lhs, rhs) = (Mat::rows(&a, k), Mat::rows(&b, n));
+    let rhs = if rhs_transposed {
+        Mat::transposed(&b, k)
+    } else {
+        Mat::rows(&b, n)
+    };
+    let lhs = Mat::rows(&a, k);
     let threads = if m * n * k >= PARALLEL_MIN_MACS {
         rayon::current_num_threads()
     } else {
@@ -877,23 +842,47 @@ mod tests {
     use super::*;
 
     #[test]
-    fn transpose_equals_scalar_on_ragged_shapes() {
-        for (rows, cols) in [
-            (1, 1),
-            (16, 16),
-            (17, 5),
-            (3, 40),
-            (100, 784),
-            (33, 47),
-            (400, 170),
+    fn packed_transposed_rhs_is_bit_identical_to_a_row_major_copy() {
+        // rhs given as Sᵀ (packed inside the kernel, 16 × 16 register transposes with
+        // ragged edges) against the same values stored row-major; several k blocks,
+        // both thread splits, with and without skipped zeros.
+        for (m, n, k) in [
+            (100, 400, 784),
+            (100, 100, 784),
+            (13, 50, 300),
+            (7, 17, 19),
+            (1, 1, 1),
         ] {
-            let src: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
-            let mut fast = vec![-1f32; rows * cols];
-            let mut slow = vec![-2f32; rows * cols];
-            transpose_ld(&src, rows, cols, &mut fast, rows);
-            transpose_scalar(&src, rows, cols, &mut slow);
-            assert_eq!(fast, slow, "{rows} x {cols}");
-            assert_eq!(slow[cols.min(2) - 1], src[(cols.min(2) - 1) * cols]);
+            let a = sparse_values(m * k, k, 0.6, 11 + n as u64);
+            let s_nk = sparse_values(n * k, k, 0.0, 12 + k as u64); // S: n × k
+            let mut b = vec![0f32; k * n]; // B = Sᵀ, row-major k × n
+            transpose_scalar(&s_nk, n, k, &mut b);
+            let mut za = NonZero::default();
+            za.record(&a, m, k);
+            for split_columns in [false, true] {
+                for zeros in [Zeros::Unknown, Zeros::Lhs(&za)] {
+                    let opts = Options {
+                        split_columns,
+                        zeros,
+                        ..Options::default()
+                    };
+                    let (mut x, mut y) = (vec![0f32; m * n], vec![1f32; m * n]);
+                    product(m, n, k, &mut x, Mat::rows(&a, k), Mat::rows(&b, n), opts);
+                    product(
+                        m,
+                        n,
+                        k,
+                        &mut y,
+                        Mat::rows(&a, k),
+                        Mat::transposed(&s_nk, k),
+                        opts,
+                    );
+                    assert!(
+                        x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits()),
+                        "{m}x{n}x{k} split_columns {split_columns}"
+                    );
+                }
+            }
         }
     }
 

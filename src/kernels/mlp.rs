@@ -22,9 +22,7 @@
 
 use candle_core::{CpuStorage, InplaceOp1, Layout, Storage, Tensor};
 
-use super::gemm::{
-    matmul, product, skips_zeros, transpose_ld, transpose_ld_by_rows, Mat, NonZero, Options, Zeros,
-};
+use super::gemm::{matmul, product, skips_zeros, Mat, NonZero, Options, Zeros};
 use super::pool;
 use crate::error::{Error, Result};
 use crate::model::{Activation, Mlp};
@@ -36,39 +34,6 @@ const SPLIT_BY_NEURON: usize = 256;
 /// dense: MNIST is 0.19, Fashion-MNIST 0.50 (measured no faster or slower either way),
 /// standardised inputs ≈ 1.
 const MAX_SKIPPING_DENSITY: f64 = 0.6;
-
-/// A (rows × cols) matrix whose rows start on 64-byte boundaries (`ld` a multiple of 16).
-#[derive(Debug)]
-struct Padded {
-    buf: Vec<f32>,
-    offset: usize,
-    len: usize,
-    ld: usize,
-}
-
-impl Padded {
-    fn new(rows: usize, cols: usize) -> Self {
-        let ld = cols.div_ceil(16) * 16;
-        let len = rows * ld;
-        let buf = vec![0f32; len + 16];
-        // Elements to skip so that the first row starts on a 64-byte boundary.
-        let offset = buf.as_ptr().align_offset(64).min(15);
-        Padded {
-            buf,
-            offset,
-            len,
-            ld,
-        }
-    }
-
-    fn as_ref(&self) -> &[f32] {
-        &self.buf[self.offset..self.offset + self.len]
-    }
-
-    fn as_mut(&mut self) -> &mut [f32] {
-        &mut self.buf[self.offset..self.offset + self.len]
-    }
-}
 
 /// Called with a parameter tensor's index and final gradient as soon as the backward no
 /// longer reads that tensor ([`MlpBackprop::loss_and_grad_then`]).
@@ -91,9 +56,6 @@ pub struct MlpBackprop {
     activation: Activation,
     /// `acts[k]`: output of layer k+1 (after the activation; logits for the last layer).
     acts: Vec<Vec<f32>>,
-    /// Wᵀ of each layer (in × out, rows padded to whole cache lines), refreshed every
-    /// forward pass, so that the forward product X·Wᵀ takes the matrix kernel's layout.
-    transposed: Vec<Padded>,
     /// The minibatch's non-zero inputs (recorded where the products can skip zeros):
     /// the first layer's forward product and weight gradient skip blank pixels.
     input_nonzero: Option<NonZero>,
@@ -241,7 +203,6 @@ impl MlpBackprop {
         let max_width = widths.iter().copied().max().unwrap_or(0);
         Ok(MlpBackprop {
             acts: widths[1..].iter().map(|w| vec![0.0; batch * w]).collect(),
-            transposed: widths.windows(2).map(|w| Padded::new(w[0], w[1])).collect(),
             delta: vec![0.0; batch * max_width],
             delta_prev: vec![0.0; batch * max_width],
             activation: model.spec.activation,
@@ -332,28 +293,19 @@ impl MlpBackprop {
             let (before, after) = self.acts.split_at_mut(k);
             let input = if k == 0 { x } else { &before[k - 1][..] };
             let out = &mut after[0][..rows * fan_out];
-            let wt = &mut self.transposed[k];
-            let ld = wt.ld;
-            let wt_mat = |data| Mat {
-                data,
-                rs: ld,
-                cs: 1,
-            };
             let zeros = match (&self.input_nonzero, k) {
                 (Some(nz), 0) if self.sparse_input => Zeros::Lhs(nz),
                 _ => Zeros::Unknown,
             };
-            // Many neurons: both split by output neuron, each thread multiplying by the
-            // part of Wᵀ it wrote (measured: +7% steps/s for 784-400-400-10 at batch 100).
-            // Few: halves of whole vectors would be uneven (100 → 64 + 36), so the product
-            // splits the batch instead.
+            // Many neurons: split by output neuron (each thread packs and multiplies its
+            // half of W). Few: halves of whole vectors would be uneven (100 → 64 + 36),
+            // so the product splits the batch instead. B = Wᵀ is read straight from W,
+            // packed panel by panel inside the product (no transposed copy of W).
             let split_columns = fan_out >= SPLIT_BY_NEURON;
-            if split_columns {
-                transpose_ld_by_rows(views[2 * k].slice(), fan_out, fan_in, wt.as_mut(), ld);
-            } else {
-                transpose_ld(views[2 * k].slice(), fan_out, fan_in, wt.as_mut(), ld);
-            }
-            let (x, w) = (Mat::rows(input, fan_in), wt_mat(wt.as_ref()));
+            let (x, w) = (
+                Mat::rows(input, fan_in),
+                Mat::transposed(views[2 * k].slice(), fan_in),
+            );
             let opts = Options {
                 split_columns,
                 zeros,
