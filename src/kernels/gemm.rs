@@ -373,13 +373,14 @@ mod avx512 {
     /// Transpose in 16 × 16 blocks held in registers: unpack pairs of rows, shuffle
     /// within 128-bit lanes, then exchange lanes (partial blocks by masks).
     ///
-    /// Source rows `row_range`, source columns `first..end` (dst rows, dst starting at row
-    /// `first`).
+    /// Source rows `row_range`, source columns `first..end` of `src` (row stride `cols`):
+    /// source element (r, c) goes to `dst + (c − first)·ld + r` (with `dst` offset by
+    /// −row_range.0 this packs the block into a buffer of row stride `ld`).
     ///
     /// # Safety
-    /// AVX-512F present; `src` holds `rows · cols` elements; `dst` points at row `first`
-    /// of the transpose (row stride `ld` ≥ rows) and rows `first..end` are writable, with
-    /// no other reference to columns `row_range` of them.
+    /// AVX-512F present; `src` holds every element (r, c) read, r in `row_range`, c in
+    /// `first..end`; every written location is writable and not otherwise accessed
+    /// meanwhile.
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn transpose(
@@ -674,9 +675,11 @@ mod avx512 {
                         for vectors in balanced((c1 - c0).div_ceil(16), NN_V) {
                             let cols = (16 * vectors).min(c1 - j);
                             let (b_tile, ld_tile) = if packed {
-                                // panel[(p − p0)·48 + (r − j)] = S[r, p] for r in j..j+cols:
-                                // source rows j..j+cols, columns p0..p0+kc (inside the checked
-                                // extent of rhs).
+                                // panel[(p − p0)·48 + (r − j)] = S[r, p] for r in j..j+cols.
+                                // SAFETY: source rows j..j+cols < n, columns p0..p0+kc ≤ k:
+                                // inside the extent of rhs checked by `product`; the writes
+                                // land in panel[0..kc·48] (r − j < cols ≤ 48), this thread's
+                                // own buffer.
                                 transpose(
                                     rhs.data,
                                     n,
