@@ -13,8 +13,9 @@
 //!   into the gradient tensors; Δₖ₋₁ = (Δₖ·Wₖ) ⊙ act′(Aₖ₋₁) only for k > 1 (no input
 //!   gradient).
 //!
-//! All buffers (activations, errors, gradient tensors) are allocated once and reused: a
-//! steady-state step allocates nothing. The gradient tensors are ordinary candle CPU
+//! All buffers (activations, errors, gradient tensors) are allocated once and reused; a
+//! steady-state step allocates only a few small vectors (the parameter views). The
+//! gradient tensors are ordinary candle CPU
 //! tensors written through an in-place op (candle's only sound way to write a tensor's
 //! storage); the samplers read them as usual. The matrix products are
 //! [`super::gemm::product`]; the first layer skips the minibatch's zero pixels
