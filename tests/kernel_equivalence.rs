@@ -129,6 +129,15 @@ fn params(rng: &mut impl Rng) -> (Vec<Var>, Vec<Tensor>) {
     (ps, gs)
 }
 
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let b = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
 fn max_rel_diff(a: &Tensor, b: &Tensor) -> f32 {
     let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     let b = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
@@ -174,6 +183,19 @@ fn fused_equals_composed_reference() {
                 b.step(&pb, &grads).unwrap();
             }
             for (x, y) in pa.iter().zip(&pb) {
+                if (kind, integrator) == (SamplerKind::Msgnht, Splitting) {
+                    // The fused damping e^{−α/2} is a polynomial within 2 ulp of candle's
+                    // exp (a libm call per element would not vectorise): v differs by a few
+                    // ulp of v (|v| ≲ 0.05 here) per step, which flips the rounding of
+                    // θ + v now and then: compare absolutely, at 4 ulp of the parameters'
+                    // scale 1 (4.8e-7), not relative to parameters near zero.
+                    let d = max_abs_diff(x.as_tensor(), y.as_tensor());
+                    assert!(
+                        d <= 4.0 * f32::EPSILON,
+                        "{kind:?} {integrator:?} seed {seed}: positions differ by {d}"
+                    );
+                    continue;
+                }
                 let d = max_rel_diff(x.as_tensor(), y.as_tensor());
                 assert!(
                     d <= 1e-6,

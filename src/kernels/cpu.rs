@@ -257,8 +257,33 @@ pub fn step(
     partials.iter().sum()
 }
 
+/// e^x in plain f32 operations that vectorise (libm's `expf` is a call per element):
+/// Cody–Waite reduction x = n·ln 2 + r, Cephes' `expf` polynomial on |r| ≤ ln2/2 (within
+/// 2 ulp of the true value), and 2ⁿ assembled in the exponent bits. x is clamped to
+/// [−87, 88], where 2ⁿ stays a normal number (the splitting scheme's damping e^{−α/2}
+/// needs nothing outside it).
+#[allow(clippy::excessive_precision)] // Cephes' published digits
+#[inline(always)]
+pub fn exp_f32(x: f32) -> f32 {
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
+    let r = (x - n * 0.693_359_375) - n * -2.121_944_4e-4;
+    let mut p = 1.987_569_15e-4;
+    p = p * r + 1.398_199_95e-3;
+    p = p * r + 8.333_451_9e-3;
+    p = p * r + 4.166_579_59e-2;
+    p = p * r + 1.666_666_55e-1;
+    p = p * r + 5.000_000_12e-1;
+    let y = p * (r * r) + r + 1.0;
+    // n + 127 in [1, 254]: its low 8 bits by the 2²³ trick (no float→int conversion).
+    let biased = (n + (127.0 + 8_388_608.0)).to_bits() & 0xff;
+    y * f32::from_bits(biased << 23)
+}
+
 /// One tile of the per-element-thermostat update ([`Update::Thermostat`]), with the
-/// composed mSGNHT's f32 operations in its order. Returns (Σv², Σα) after the update.
+/// composed mSGNHT's f32 operations in its order (e^{−α/2} by [`exp_f32`]). Returns
+/// (Σv², Σα) after the update, summed in eight fixed f64 lanes (vectorisable, and the same
+/// order whatever the threads).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn thermostat_tile(
@@ -274,27 +299,93 @@ fn thermostat_tile(
     let n = theta.len();
     let mut z = [0f32; TILE];
     normals_tile(key, first_block, &mut z);
-    let (mut sum_sq, mut sum_alpha) = (0f64, 0f64);
-    for ((((t, m), a), &g), &z) in theta
+    // z is reused for v², and `alpha` holds the new α: both summed below.
+    for ((((t, m), a), &g), z) in theta
         .iter_mut()
         .zip(momentum.iter_mut())
         .zip(alpha.iter_mut())
         .zip(grad)
-        .zip(&z[..n])
+        .zip(z[..n].iter_mut())
     {
         let v = if splitting {
-            let d = (*a * -0.5).exp();
-            ((*m * d - g * c.step_size) + z * c.noise_scale) * d
+            let d = exp_f32(*a * -0.5);
+            ((*m * d - g * c.step_size) + *z * c.noise_scale) * d
         } else {
-            ((*m - *m * *a) - g * c.step_size) + z * c.noise_scale
+            ((*m - *m * *a) - g * c.step_size) + *z * c.noise_scale
         };
         *m = v;
         *t += v;
         *a += v * v - c.step_size;
-        sum_sq += (v * v) as f64;
-        sum_alpha += *a as f64;
+        *z = v * v;
     }
-    (sum_sq, sum_alpha)
+    (lanes8(&z[..n]), lanes8(alpha))
+}
+
+/// Σ of `values` in eight f64 lanes, added up at the end.
+#[inline(always)]
+fn lanes8(values: &[f32]) -> f64 {
+    let mut lanes = [0f64; 8];
+    let full = values.chunks_exact(8);
+    let rest = full.remainder();
+    for ch in full {
+        for l in 0..8 {
+            lanes[l] += ch[l] as f64;
+        }
+    }
+    for (l, &v) in rest.iter().enumerate() {
+        lanes[l] += v as f64;
+    }
+    lanes.iter().sum()
+}
+
+/// The thermostat tiles of one chunk (`first` its first element).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn thermostat_chunk(
+    theta: &mut [f32],
+    momentum: &mut [f32],
+    alpha: &mut [f32],
+    grad: &[f32],
+    key: &NoiseKey,
+    first: usize,
+    c: StepConsts,
+    splitting: bool,
+) -> (f64, f64) {
+    let mut sums = (0f64, 0f64);
+    let mut start = 0;
+    while start < theta.len() {
+        let end = (start + TILE).min(theta.len());
+        let (a, b) = thermostat_tile(
+            &mut theta[start..end],
+            &mut momentum[start..end],
+            &mut alpha[start..end],
+            &grad[start..end],
+            key,
+            ((first + start) / 4) as u32,
+            c,
+            splitting,
+        );
+        sums = (sums.0 + a, sums.1 + b);
+        start = end;
+    }
+    sums
+}
+
+/// [`thermostat_chunk`] compiled for 512-bit vectors.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn thermostat_chunk_avx512(
+    theta: &mut [f32],
+    momentum: &mut [f32],
+    alpha: &mut [f32],
+    grad: &[f32],
+    key: &NoiseKey,
+    first: usize,
+    c: StepConsts,
+    splitting: bool,
+) -> (f64, f64) {
+    thermostat_chunk(theta, momentum, alpha, grad, key, first, c, splitting)
 }
 
 /// The per-element-thermostat update of a whole parameter tensor (θ, v, α, gradient),
@@ -333,24 +424,19 @@ pub fn thermostat_step(
             )
         };
         let grad = &grad[first..last];
-        let mut sums = (0f64, 0f64);
-        let mut start = 0;
-        while start < theta.len() {
-            let end = (start + TILE).min(theta.len());
-            let (a, b) = thermostat_tile(
-                &mut theta[start..end],
-                &mut momentum[start..end],
-                &mut alpha[start..end],
-                &grad[start..end],
-                &key,
-                ((first + start) / 4) as u32,
-                c,
-                splitting,
-            );
-            sums = (sums.0 + a, sums.1 + b);
-            start = end;
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+        {
+            // SAFETY: the CPU supports these features, checked just above.
+            *partial = unsafe {
+                thermostat_chunk_avx512(theta, momentum, alpha, grad, &key, first, c, splitting)
+            };
+            return;
         }
-        *partial = sums;
+        *partial = thermostat_chunk(theta, momentum, alpha, grad, &key, first, c, splitting);
     });
     partials
         .iter()
@@ -457,5 +543,58 @@ impl InplaceOp2 for FusedStepOp<'_> {
         let s = super::cuda::step(self.update, s1, l1, s2, l2, m, self.key, self.consts)?;
         self.sum_sq.set(s);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exp_f32;
+
+    #[test]
+    fn exp_f32_is_within_two_ulp_of_exp() {
+        // Every 97th float in [−87, 88] plus the edges and the damping range of the
+        // thermostat; the reference in f64, rounded.
+        let mut x = -87.0f32;
+        let mut checked = 0;
+        let check = |x: f32| {
+            let want = (x as f64).exp();
+            let got = exp_f32(x) as f64;
+            let ulp = (want as f32).abs() * f32::EPSILON;
+            assert!(
+                (got - want).abs() <= 2.0 * ulp as f64,
+                "exp({x}) = {got}, want {want}"
+            );
+        };
+        while x <= 88.0 {
+            check(x);
+            checked += 1;
+            x = f32::from_bits(if x < 0.0 {
+                x.to_bits() - 97 * 4096
+            } else {
+                x.to_bits() + 97 * 4096
+            });
+            if x.abs() < 1e-30 {
+                x = 1e-30;
+            }
+        }
+        for x in [
+            0.0,
+            -0.0,
+            1e-8,
+            -1e-8,
+            -0.05,
+            -0.5,
+            -2.0,
+            std::f32::consts::LN_2,
+            88.0,
+            -87.0,
+        ] {
+            check(x);
+        }
+        assert!(checked > 1000, "{checked}");
+        // Outside the range: clamped, finite, monotone; NaN stays NaN.
+        assert_eq!(exp_f32(-200.0), exp_f32(-87.0));
+        assert!(exp_f32(200.0).is_finite());
+        assert!(exp_f32(f32::NAN).is_nan());
     }
 }
