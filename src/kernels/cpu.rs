@@ -106,19 +106,7 @@ fn tile_update(
                 *t += vn;
                 *z = vn * vn;
             }
-            // Eight fixed f64 lanes: vectorisable, and the same order whatever the threads.
-            let mut lanes = [0f64; 8];
-            let full = z[..n].chunks_exact(8);
-            let rest = full.remainder();
-            for ch in full {
-                for l in 0..8 {
-                    lanes[l] += ch[l] as f64;
-                }
-            }
-            for (l, &sq) in rest.iter().enumerate() {
-                lanes[l] += sq as f64;
-            }
-            sum = lanes.iter().sum();
+            sum = lanes8(&z[..n]);
         }
     }
     sum
@@ -184,14 +172,19 @@ unsafe fn chunk_update_avx512(job: Chunk<'_>) -> f64 {
     chunk_update(job)
 }
 
+/// Whether the CPU has the AVX-512 subsets the 512-bit builds of the update enable.
+#[cfg(target_arch = "x86_64")]
+fn has_avx512() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512dq")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+}
+
 fn chunk_dispatch(job: Chunk<'_>) -> f64 {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512dq")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-        {
+        if has_avx512() {
             // SAFETY: the CPU supports these features, checked just above.
             return unsafe { chunk_update_avx512(job) };
         }
@@ -321,7 +314,8 @@ fn thermostat_tile(
     (lanes8(&z[..n]), lanes8(alpha))
 }
 
-/// Σ of `values` in eight f64 lanes, added up at the end.
+/// Σ of `values` in eight fixed f64 lanes, added up at the end: vectorisable, and the
+/// same order whatever the threads.
 #[inline(always)]
 fn lanes8(values: &[f32]) -> f64 {
     let mut lanes = [0f64; 8];
@@ -425,11 +419,7 @@ pub fn thermostat_step(
         };
         let grad = &grad[first..last];
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512dq")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-        {
+        if has_avx512() {
             // SAFETY: the CPU supports these features, checked just above.
             *partial = unsafe {
                 thermostat_chunk_avx512(theta, momentum, alpha, grad, &key, first, c, splitting)

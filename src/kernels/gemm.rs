@@ -1027,7 +1027,9 @@ mod tests {
     #[test]
     fn kernel_and_fallback_equal_a_naive_product() {
         // Ragged sizes hit every edge tile; large ones take the two-thread split. The "nn"
-        // layout runs on the AVX-512 kernel, the "nt" one (rhs transposed) on the fallback.
+        // layout (rhs row-major) is read in place, the "nt" one (rhs the transpose of a
+        // row-major matrix) is packed panel by panel; both on the AVX-512 kernel where the
+        // CPU has it, on the `gemm` crate otherwise.
         for (m, n, k) in [
             (1, 1, 1),
             (5, 7, 3),

@@ -99,6 +99,22 @@ impl<'a> CpuView<'a> {
     }
 }
 
+/// The input's zero map for layer `k`'s products, where skipping zeros pays (the first
+/// layer on sparse inputs). A function of the two fields, not a method, so that it can be
+/// used while the activations are borrowed mutably.
+fn input_zeros(nonzero: &Option<NonZero>, sparse: bool, k: usize) -> Option<&NonZero> {
+    nonzero.as_ref().filter(|_| k == 0 && sparse)
+}
+
+/// Parameter tensor `t` of a pass, while its read lock is held.
+fn held<'a>(views: &'a [Option<CpuView<'_>>], t: usize) -> Result<&'a [f32]> {
+    views
+        .get(t)
+        .and_then(Option::as_ref)
+        .map(CpuView::slice)
+        .ok_or_else(|| Error::Config(format!("internal: parameter tensor {t} is not held")))
+}
+
 /// An in-place op that hands the destination's f32 data to a closure: how the backward
 /// writes gradients into candle tensors without an intermediate copy.
 struct WriteWith<'a, F: Fn(&mut [f32])>(&'a F);
@@ -244,14 +260,20 @@ impl MlpBackprop {
     }
 
     /// Checks `model` and `x` against the buffers, grows them to `rows` if needed, and
-    /// read-locks the parameters for the pass.
-    fn prepare<'m>(&mut self, model: &'m Mlp, x: &[f32], rows: usize) -> Result<Vec<CpuView<'m>>> {
+    /// read-locks the parameters for the pass (options, so that a layer's locks can be
+    /// released before its parameters are written).
+    fn prepare<'m>(
+        &mut self,
+        model: &'m Mlp,
+        x: &[f32],
+        rows: usize,
+    ) -> Result<Vec<Option<CpuView<'m>>>> {
         self.check(model, x, rows)?;
         self.reserve(rows);
         model
             .params
             .iter()
-            .map(|p| CpuView::new(p.var.as_tensor(), &p.name))
+            .map(|p| Ok(Some(CpuView::new(p.var.as_tensor(), &p.name)?)))
             .collect()
     }
 
@@ -273,13 +295,17 @@ impl MlpBackprop {
     /// Forward pass on `rows` inputs `x` (row-major); returns the logits (rows × classes).
     pub fn forward(&mut self, model: &Mlp, x: &[f32], rows: usize) -> Result<&[f32]> {
         let views = self.prepare(model, x, rows)?;
-        let held: Vec<&CpuView<'_>> = views.iter().collect();
-        self.forward_with_refs(&held, x, rows);
+        self.forward_with(&views, x, rows)?;
         let classes = *self.widths.last().unwrap_or(&0);
         Ok(&self.acts[self.acts.len() - 1][..rows * classes])
     }
 
-    fn forward_with_refs(&mut self, views: &[&CpuView<'_>], x: &[f32], rows: usize) {
+    fn forward_with(
+        &mut self,
+        views: &[Option<CpuView<'_>>],
+        x: &[f32],
+        rows: usize,
+    ) -> Result<()> {
         let layers = self.widths.len() - 1;
         self.sparse_input = match &mut self.input_nonzero {
             Some(nz) => {
@@ -294,10 +320,8 @@ impl MlpBackprop {
             let (before, after) = self.acts.split_at_mut(k);
             let input = if k == 0 { x } else { &before[k - 1][..] };
             let out = &mut after[0][..rows * fan_out];
-            let zeros = match (&self.input_nonzero, k) {
-                (Some(nz), 0) if self.sparse_input => Zeros::Lhs(nz),
-                _ => Zeros::Unknown,
-            };
+            let zeros = input_zeros(&self.input_nonzero, self.sparse_input, k)
+                .map_or(Zeros::Unknown, Zeros::Lhs);
             // Many neurons: split by output neuron (each thread packs and multiplies its
             // half of W). Few: halves of whole vectors would be uneven (100 → 64 + 36),
             // so the product splits the batch instead. B = Wᵀ is read straight from W,
@@ -305,7 +329,7 @@ impl MlpBackprop {
             let split_columns = fan_out >= SPLIT_BY_NEURON;
             let (x, w) = (
                 Mat::rows(input, fan_in),
-                Mat::transposed(views[2 * k].slice(), fan_in),
+                Mat::transposed(held(views, 2 * k)?, fan_in),
             );
             let opts = Options {
                 split_columns,
@@ -314,11 +338,12 @@ impl MlpBackprop {
             };
             product(rows, fan_out, fan_in, out, x, w, opts);
             let act = (k + 1 < layers).then_some(self.activation);
-            let bias = views[2 * k + 1].slice();
+            let bias = held(views, 2 * k + 1)?;
             pool::halves(out, fan_out, out.len(), |half, _| {
                 bias_activation(half, bias, act)
             });
         }
+        Ok(())
     }
 
     /// Forward and backward pass on a minibatch: the mean NLL and correct count, and
@@ -368,12 +393,7 @@ impl MlpBackprop {
                 model.params.len()
             )));
         }
-        // Options, so that a layer's read locks can be released before `ready` writes it.
-        let mut views: Vec<Option<CpuView<'_>>> = self
-            .prepare(model, x, rows)?
-            .into_iter()
-            .map(Some)
-            .collect();
+        let mut views = self.prepare(model, x, rows)?;
         if self.grads.is_empty() {
             self.grads = model
                 .params
@@ -381,10 +401,7 @@ impl MlpBackprop {
                 .map(|p| Ok(Tensor::zeros(p.var.shape(), p.var.dtype(), p.var.device())?))
                 .collect::<Result<Vec<_>>>()?;
         }
-        {
-            let held: Vec<&CpuView<'_>> = views.iter().flatten().collect();
-            self.forward_with_refs(&held, x, rows);
-        }
+        self.forward_with(&views, x, rows)?;
 
         let layers = self.widths.len() - 1;
         let classes = self.widths[layers];
@@ -404,21 +421,14 @@ impl MlpBackprop {
                 &self.acts[k - 1][..rows * fan_in]
             };
             let delta = &self.delta[..rows * fan_out];
-            let held = |t: usize| views[t].as_ref().map(CpuView::slice);
-            let (Some(w), Some(b)) = (held(2 * k), held(2 * k + 1)) else {
-                return Err(Error::Config(
-                    "internal: a layer's parameters were released early".into(),
-                ));
-            };
+            let (w, b) = (held(&views, 2 * k)?, held(&views, 2 * k + 1)?);
             let lw = (prior_factor * prior_precision[2 * k]) as f32;
             let lb = (prior_factor * prior_precision[2 * k + 1]) as f32;
             // ∇W = Δᵀ·A + λW, the prior term added as the product is stored.
             let opts = Options {
                 addend: Some((w, lw)),
-                zeros: match (&self.input_nonzero, k) {
-                    (Some(nz), 0) if self.sparse_input => Zeros::Rhs(nz),
-                    _ => Zeros::Unknown,
-                },
+                zeros: input_zeros(&self.input_nonzero, self.sparse_input, k)
+                    .map_or(Zeros::Unknown, Zeros::Rhs),
                 ..Options::default()
             };
             self.grads[2 * k].inplace_op1(&WriteWith(&|g: &mut [f32]| {
