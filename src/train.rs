@@ -16,11 +16,12 @@ use crate::checkpoint::{self, RunManifest};
 use crate::data::{Dataset, Split, NUM_CLASSES};
 use crate::ensemble::{self, Accumulator};
 use crate::error::{Error, Result};
-use crate::kernels::mlp::{BatchLoss, MlpBackprop};
+use crate::kernels::mlp::{BatchLoss, GradientSink, MlpBackprop};
+use crate::kernels::InlineUpdate;
 use crate::metrics::Metrics;
 use crate::model::{Mlp, ModelSpec};
 use crate::potential::{Backward, Potential, Prior, PriorSpec};
-use crate::sampler::{self, Kernel, Sampler, SamplerConfig};
+use crate::sampler::{self, Kernel, Sampler, SamplerConfig, TensorwiseStep};
 
 /// Everything a training run needs besides the data.
 #[derive(Debug, Clone)]
@@ -260,6 +261,11 @@ pub struct Stepper {
     /// With the custom backward and a sampler that steps by tensor: update each layer
     /// as soon as its gradient is ready (default), instead of after the whole backward.
     pub by_layer: bool,
+    /// With `by_layer`: apply the update of each weight tensor inside its gradient's
+    /// product (default) rather than in a pass of its own.
+    pub inline_update: bool,
+    /// Weight tensors updated inside their gradient's product so far.
+    inline_updates: u64,
     xbuf: Vec<f32>,
     ybuf: Vec<u32>,
 }
@@ -291,9 +297,17 @@ impl Stepper {
             backward,
             backprop,
             by_layer: true,
+            inline_update: true,
+            inline_updates: 0,
             xbuf: Vec::new(),
             ybuf: Vec::new(),
         })
+    }
+
+    /// Weight tensors updated inside their gradient's product so far (see
+    /// [`Stepper::inline_update`]).
+    pub fn inline_updates(&self) -> u64 {
+        self.inline_updates
     }
 
     /// One update on the examples `idx` of `split`. Returns the minibatch loss; when it is
@@ -304,26 +318,26 @@ impl Stepper {
             if self.by_layer {
                 if let Some(sampler) = self.sampler.by_tensor() {
                     // Each layer is updated as soon as its gradient is ready (while it
-                    // is in cache); bit-identical to the whole-model step below.
-                    let vars = &self.vars;
-                    let mut begun = false;
-                    let mut ready = |t: usize, g: &Tensor| -> Result<()> {
-                        if !begun {
-                            sampler.begin()?;
-                            begun = true;
-                        }
-                        sampler.tensor(t, &vars[t], g)
+                    // is in cache), its weights inside their gradient's product where the
+                    // sampler can; θ and v bit-identical to the whole-model step below.
+                    let mut sink = LayerSink {
+                        sampler,
+                        vars: &self.vars,
+                        begun: false,
+                        inline: self.inline_update,
+                        updated: 0,
                     };
                     let loss = self.potential.evaluate_fast_then(
                         bp,
                         &self.model,
                         &self.xbuf,
                         &self.ybuf,
-                        Some(&mut ready),
+                        Some(&mut sink),
                     )?;
-                    if begun {
-                        sampler.finish()?;
+                    if sink.begun {
+                        sink.sampler.finish()?;
                     }
+                    self.inline_updates += sink.updated;
                     return Ok(loss);
                 }
             }
@@ -348,6 +362,47 @@ impl Stepper {
             nll: eval.nll,
             correct,
         })
+    }
+}
+
+/// The backward's gradient sink for a sampler that steps tensor by tensor: begins the
+/// step at the first tensor.
+struct LayerSink<'s> {
+    sampler: &'s mut dyn TensorwiseStep,
+    vars: &'s [Var],
+    begun: bool,
+    inline: bool,
+    /// Tensors updated inline in this step.
+    updated: u64,
+}
+
+impl LayerSink<'_> {
+    fn begin(&mut self) -> Result<()> {
+        if !self.begun {
+            self.sampler.begin()?;
+            self.begun = true;
+        }
+        Ok(())
+    }
+}
+
+impl GradientSink for LayerSink<'_> {
+    fn ready(&mut self, t: usize, grad: &Tensor) -> Result<()> {
+        self.begin()?;
+        self.sampler.tensor(t, &self.vars[t], grad)
+    }
+
+    fn inline(&mut self, t: usize) -> Result<Option<InlineUpdate<'_>>> {
+        if !self.inline {
+            return Ok(None);
+        }
+        self.begin()?;
+        self.sampler.inline(t)
+    }
+
+    fn updated(&mut self, t: usize, sum_sq: f64) -> Result<()> {
+        self.updated += 1;
+        self.sampler.updated(t, sum_sq)
     }
 }
 

@@ -20,19 +20,29 @@ const TILE: usize = 256;
 /// Philox blocks per tile.
 const BLOCKS: usize = TILE / 4;
 
-/// The normals of elements `4·first_block ..` of a tile, computed stage by stage over
-/// arrays (structure of arrays) so that each loop vectorises: Philox for all blocks, then
-/// Box–Muller for all pairs. Same f32 operations as [`NoiseKey::normals4`] and the kernel
-/// header, hence the same bits.
+/// The normals of elements `4·first_block ..` of a tile (see [`normals_blocks`]).
+#[inline(always)]
+fn normals_tile(key: &NoiseKey, first_block: u32, z: &mut [[f32; 4]; BLOCKS]) {
+    let mut counters = [0u32; BLOCKS];
+    for (b, c) in counters.iter_mut().enumerate() {
+        *c = first_block.wrapping_add(b as u32);
+    }
+    normals_blocks(key, &counters, z);
+}
+
+/// The four normals of each Philox block `counters[b]` (elements 4·counters[b] ..+4 of the
+/// key's tensor) into `z[b]`, computed stage by stage over arrays (structure of arrays) so
+/// that each loop vectorises: Philox for all blocks, then Box–Muller for all pairs. Same
+/// f32 operations as [`NoiseKey::normals4`] and the kernel header, hence the same bits.
 #[allow(clippy::needless_range_loop)] // index-parallel arrays are what vectorises
 #[inline(always)]
-fn normals_tile(key: &NoiseKey, first_block: u32, z: &mut [f32; TILE]) {
+pub fn normals_blocks<const B: usize>(key: &NoiseKey, counters: &[u32; B], z: &mut [[f32; 4]; B]) {
     let (k0, k1) = (key.seed as u32, (key.seed >> 32) as u32);
     let (c1, c3) = (key.param, (key.step >> 32) as u32);
     let c2 = key.step as u32;
-    let mut r = [[0u32; BLOCKS]; 4];
-    for b in 0..BLOCKS {
-        let mut c = [first_block.wrapping_add(b as u32), c1, c2, c3];
+    let mut r = [[0u32; B]; 4];
+    for b in 0..B {
+        let mut c = [counters[b], c1, c2, c3];
         let mut k = [k0, k1];
         for round in 0..10 {
             let p0 = 0xD251_1F53u64 * c[0] as u64;
@@ -55,9 +65,9 @@ fn normals_tile(key: &NoiseKey, first_block: u32, z: &mut [f32; TILE]) {
         }
     }
     // Box–Muller on the pairs (r0, r1) → elements 4b, 4b+1 and (r2, r3) → 4b+2, 4b+3.
-    let mut out = [[0f32; BLOCKS]; 4];
+    let mut out = [[0f32; B]; 4];
     for pair in 0..2 {
-        for b in 0..BLOCKS {
+        for b in 0..B {
             let u1 = uniform_open0(r[2 * pair][b]);
             let u2 = uniform_open0(r[2 * pair + 1][b]);
             let rad = (-2.0 * log_unit(u1)).sqrt();
@@ -66,9 +76,9 @@ fn normals_tile(key: &NoiseKey, first_block: u32, z: &mut [f32; TILE]) {
             out[2 * pair + 1][b] = rad * sn;
         }
     }
-    for b in 0..BLOCKS {
+    for b in 0..B {
         for w in 0..4 {
-            z[4 * b + w] = out[w][b];
+            z[b][w] = out[w][b];
         }
     }
 }
@@ -84,8 +94,9 @@ fn tile_update(
     c: StepConsts,
 ) -> f64 {
     let n = theta.len();
-    let mut z = [0f32; TILE];
-    normals_tile(key, first_block, &mut z);
+    let mut blocks = [[0f32; 4]; BLOCKS];
+    normals_tile(key, first_block, &mut blocks);
+    let z = blocks.as_flattened_mut();
     let mut sum = 0f64;
     match update {
         Update::Thermostat { .. } => unreachable!("the thermostat update runs in thermostat_step"),
@@ -290,8 +301,9 @@ fn thermostat_tile(
     splitting: bool,
 ) -> (f64, f64) {
     let n = theta.len();
-    let mut z = [0f32; TILE];
-    normals_tile(key, first_block, &mut z);
+    let mut blocks = [[0f32; 4]; BLOCKS];
+    normals_tile(key, first_block, &mut blocks);
+    let z = blocks.as_flattened_mut();
     // z is reused for v², and `alpha` holds the new α: both summed below.
     for ((((t, m), a), &g), z) in theta
         .iter_mut()

@@ -246,6 +246,90 @@ pub fn product(
     fallback(m, n, k, dst, accumulate, lhs, rhs, threads);
 }
 
+/// Whether [`product_then_update`] can take a product of `n` columns on this CPU (the
+/// AVX-512 kernel; rows of whole Philox blocks of 4 elements).
+pub fn updates_inline(n: usize) -> bool {
+    kernel_for(Mat::rows(&[], 1), Mat::rows(&[], 1)) == Kernel::Nn && n.is_multiple_of(4)
+}
+
+/// ∇ = lhs (m × k) · rhs (k × n) + `prior_scale`·θ, the gradient of θ (m × n, row-major),
+/// and at once θ (and v) updated from it by `step`, element by element as the product
+/// stores its sums: ∇ itself is not stored (`scratch`, m × n, holds the partial sums
+/// when k spans several blocks). θ and v end up bit-identical to [`product`] with the
+/// addend (θ, `prior_scale`) followed by the fused update of [`super::cpu::step`].
+/// Returns Σv² after the update (0 for SGLD), summed per row in order — thread-count
+/// independent, though not in the fused pass's chunk order. `row_sums` is scratch.
+///
+/// # Panics
+/// Where [`updates_inline`] is false for `n`, or on operands of the wrong size.
+#[allow(clippy::too_many_arguments)]
+pub fn product_then_update(
+    m: usize,
+    n: usize,
+    k: usize,
+    scratch: &mut [f32],
+    lhs: Mat<'_>,
+    rhs: Mat<'_>,
+    zeros: Zeros<'_>,
+    theta: &mut [f32],
+    prior_scale: f32,
+    step: super::InlineUpdate<'_>,
+    row_sums: &mut Vec<f64>,
+) -> f64 {
+    assert!(
+        updates_inline(n),
+        "product_then_update: no inline update here"
+    );
+    assert!(
+        matches!(step.update, super::Update::Sgld | super::Update::Momentum),
+        "product_then_update: SGLD, SGHMC or SGNHT updates only"
+    );
+    assert!(
+        theta.len() == m * n,
+        "product_then_update: θ of the wrong size"
+    );
+    if step.update == super::Update::Momentum {
+        assert!(
+            step.momentum.len() == m * n,
+            "product_then_update: v of the wrong size"
+        );
+    }
+    assert!(scratch.len() >= m * n, "matmul: destination too small");
+    assert!(lhs.data.len() >= lhs.extent(m, k), "matmul: lhs too small");
+    assert!(rhs.data.len() >= rhs.extent(k, n), "matmul: rhs too small");
+    match zeros {
+        Zeros::Unknown => {}
+        Zeros::Lhs(z) => assert!(z.rows == m && z.cols == k, "matmul: lhs zeros mismatch"),
+        Zeros::Rhs(z) => assert!(z.rows == k && z.cols == n, "matmul: rhs zeros mismatch"),
+    }
+    row_sums.clear();
+    row_sums.resize(m, 0.0);
+    if m == 0 || n == 0 {
+        return 0.0;
+    }
+    let fuse = avx512::Fuse {
+        theta: theta.as_mut_ptr(),
+        momentum: step.momentum.as_mut_ptr(),
+        row_sums: row_sums.as_mut_ptr(),
+        update: step.update,
+        consts: step.consts,
+        key: step.key,
+        prior_scale,
+    };
+    let threads = super::pool::threads().min((m * n * k / PARALLEL_MIN_MACS).max(1));
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: extents checked above, θ and v are m·n long and borrowed uniquely for the
+    // call; the CPU has AVX-512F (updates_inline).
+    unsafe {
+        let opts = Options {
+            zeros,
+            ..Options::default()
+        };
+        avx512::nn_update(m, n, k, scratch, lhs, rhs, threads, opts, &fuse);
+    }
+    row_sums.iter().sum()
+}
+
 /// Whether [`product`] skips the zeros of a [`NonZero`] map on this CPU (otherwise
 /// recording one is wasted work).
 pub fn skips_zeros() -> bool {
@@ -478,6 +562,112 @@ mod avx512 {
         Overwrite,
         Accumulate,
         AddScaled(*const f32, f32),
+        /// The sums complete the gradient of θ at element offset `at` of C (with the
+        /// prior term, or, when `from_dst`, with the partial sums in C): update θ.
+        Update {
+            fuse: *const Fuse,
+            at: usize,
+            from_dst: bool,
+        },
+    }
+
+    /// What [`super::product_then_update`] updates, as raw pointers into its borrows.
+    pub struct Fuse {
+        pub theta: *mut f32,
+        pub momentum: *mut f32,
+        /// Σv² of each row of C, accumulated tile by tile in column order.
+        pub row_sums: *mut f64,
+        pub update: crate::kernels::Update,
+        pub consts: crate::kernels::StepConsts,
+        pub key: crate::rng::NoiseKey,
+        pub prior_scale: f32,
+    }
+
+    /// The update of one tile's R rows × V vectors of sums (`cols` valid columns) into θ
+    /// and v at element offset `at` (row stride `n`): ∇ = sum + λθ (or + the partial
+    /// sums in C), noise for the tile's Philox blocks, then the fused element update in
+    /// the kernel header's f32 operations and order.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn update_tile<const R: usize, const V: usize>(
+        acc: &[[__m512; V]; R],
+        masks: &[__mmask16; V],
+        c: *mut f32,
+        n: usize,
+        f: &Fuse,
+        at: usize,
+        from_dst: bool,
+    ) {
+        // The tile's rows are whole Philox blocks (at and n are multiples of 4): block
+        // (at + r·n)/4 + b holds elements 4b .. 4b+3 of row r.
+        let per_row = 4 * V; // blocks per row of the tile
+        let mut counters = [0u32; 8 * 12];
+        for r in 0..R {
+            let first = ((at + r * n) / 4) as u32;
+            for b in 0..per_row {
+                counters[r * per_row + b] = first.wrapping_add(b as u32);
+            }
+        }
+        let mut z = [[0f32; 4]; 8 * 12];
+        match V {
+            3 => super::super::cpu::normals_blocks::<96>(&f.key, &counters, &mut z),
+            2 => {
+                let (cnt, zz) = (counters.first_chunk::<64>(), z.first_chunk_mut::<64>());
+                if let (Some(cnt), Some(zz)) = (cnt, zz) {
+                    super::super::cpu::normals_blocks::<64>(&f.key, cnt, zz);
+                }
+            }
+            _ => {
+                let (cnt, zz) = (counters.first_chunk::<32>(), z.first_chunk_mut::<32>());
+                if let (Some(cnt), Some(zz)) = (cnt, zz) {
+                    super::super::cpu::normals_blocks::<32>(&f.key, cnt, zz);
+                }
+            }
+        }
+        let z = z.as_flattened();
+        let k = f.consts;
+        let (eta, sigma) = (_mm512_set1_ps(k.step_size), _mm512_set1_ps(k.noise_scale));
+        let (decay, post) = (_mm512_set1_ps(k.decay), _mm512_set1_ps(k.post));
+        let lambda = _mm512_set1_ps(f.prior_scale);
+        let momentum = f.update == crate::kernels::Update::Momentum;
+        for (r, row) in acc.iter().enumerate() {
+            let mut sq = _mm512_setzero_pd();
+            for (v, &sum) in row.iter().enumerate() {
+                let (m, off) = (masks[v], at + r * n + 16 * v);
+                let theta = _mm512_maskz_loadu_ps(m, f.theta.add(off));
+                // ∇: the roundings of the stored gradient (see Store::AddScaled).
+                let g = if from_dst {
+                    _mm512_add_ps(sum, _mm512_maskz_loadu_ps(m, c.add(off)))
+                } else {
+                    _mm512_add_ps(sum, _mm512_mul_ps(lambda, theta))
+                };
+                let zv = _mm512_maskz_loadu_ps(m, z.as_ptr().add(r * 4 * per_row + 16 * v));
+                let kick = _mm512_mul_ps(g, eta);
+                let noise = _mm512_mul_ps(zv, sigma);
+                if momentum {
+                    // bnn_momentum_step: vn = (v·decay − g·η + z·σ)·post; θ += vn.
+                    let old = _mm512_maskz_loadu_ps(m, f.momentum.add(off));
+                    let vn = _mm512_mul_ps(
+                        _mm512_add_ps(_mm512_sub_ps(_mm512_mul_ps(old, decay), kick), noise),
+                        post,
+                    );
+                    _mm512_mask_storeu_ps(f.momentum.add(off), m, vn);
+                    _mm512_mask_storeu_ps(f.theta.add(off), m, _mm512_add_ps(theta, vn));
+                    let vv = _mm512_maskz_mul_ps(m, vn, vn);
+                    sq = _mm512_add_pd(sq, _mm512_cvtps_pd(_mm512_castps512_ps256(vv)));
+                    // (The upper eight lanes through an AVX-512F extract.)
+                    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(vv)));
+                    sq = _mm512_add_pd(sq, _mm512_cvtps_pd(hi));
+                } else {
+                    // bnn_sgld: θ ← θ − g·η + z·σ.
+                    let t = _mm512_add_ps(_mm512_sub_ps(theta, kick), noise);
+                    _mm512_mask_storeu_ps(f.theta.add(off), m, t);
+                }
+            }
+            if momentum {
+                *f.row_sums.add(at / n + r) += _mm512_reduce_add_pd(sq);
+            }
+        }
     }
 
     /// The k a tile runs over: all of `0..k`, or a list of the k whose terms are not all
@@ -554,11 +744,16 @@ mod avx512 {
                 }
             }
         }
+        if let Store::Update { fuse, at, from_dst } = store {
+            update_tile::<R, V>(&acc, &masks, c.wrapping_sub(at), ldc, &*fuse, at, from_dst);
+            return;
+        }
         for (i, row) in acc.iter().enumerate() {
             let out = c.add(i * ldc);
             for (v, &val) in row.iter().enumerate() {
                 let o = out.wrapping_add(16 * v);
                 let val = match store {
+                    Store::Update { .. } => unreachable!("handled above"),
                     Store::Overwrite => val,
                     Store::Accumulate => _mm512_add_ps(val, _mm512_maskz_loadu_ps(masks[v], o)),
                     Store::AddScaled(w, scale) => {
@@ -638,10 +833,53 @@ mod avx512 {
         threads: usize,
         opts: Options<'_>,
     ) {
+        nn_with(m, n, k, dst, lhs, rhs, threads, opts, None)
+    }
+
+    /// [`nn`] whose last k block updates θ from the completed gradient (`fuse`; the
+    /// prior addend is θ itself, read through the same pointer). Threads split the rows,
+    /// so each row's Σv² is summed by one thread in column order.
+    ///
+    /// # Safety
+    /// As [`nn`]; `fuse`'s θ, v (m·n each) and row sums (m) valid and not otherwise
+    /// accessed during the call; n a multiple of 4.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn nn_update(
+        m: usize,
+        n: usize,
+        k: usize,
+        dst: &mut [f32],
+        lhs: Mat<'_>,
+        rhs: Mat<'_>,
+        threads: usize,
+        opts: Options<'_>,
+        fuse: &Fuse,
+    ) {
+        nn_with(m, n, k, dst, lhs, rhs, threads, opts, Some(fuse))
+    }
+
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn nn_with(
+        m: usize,
+        n: usize,
+        k: usize,
+        dst: &mut [f32],
+        lhs: Mat<'_>,
+        rhs: Mat<'_>,
+        threads: usize,
+        opts: Options<'_>,
+        fuse: Option<&Fuse>,
+    ) {
         let (a, a_rs, a_cs) = (lhs.data.as_ptr() as usize, lhs.rs, lhs.cs);
-        let (w, scale) = opts
-            .addend
-            .map_or((0usize, 0f32), |(w, s)| (w.as_ptr() as usize, s));
+        let (w, scale) = match fuse {
+            Some(f) => (f.theta as usize, f.prior_scale),
+            None => opts
+                .addend
+                .map_or((0usize, 0f32), |(w, s)| (w.as_ptr() as usize, s)),
+        };
+        let fuse = fuse.map(|f| f as *const Fuse as usize);
         let (b, ldb) = (rhs.data.as_ptr() as usize, rhs.rs);
         // rhs = Sᵀ for a row-major S (n × k, rows rhs.cs apart): each (k block × column
         // tile) panel of B is transposed from S into a small buffer before its tiles run,
@@ -712,7 +950,13 @@ mod avx512 {
                                     b_tile,
                                     c.at(i * n + j),
                                 );
-                                let acc = if opts.accumulate || p0 > 0 {
+                                let acc = if let (Some(f), true) = (fuse, p0 + kc == k) {
+                                    Store::Update {
+                                        fuse: f as *const Fuse,
+                                        at: i * n + j,
+                                        from_dst: p0 > 0,
+                                    }
+                                } else if opts.accumulate || p0 > 0 {
                                     Store::Accumulate
                                 } else if w != 0 {
                                     Store::AddScaled(
@@ -754,7 +998,7 @@ mod avx512 {
         };
         // Rows when each thread gets at least two row tiles (every thread then runs the
         // same column tiles); columns, in whole vectors, otherwise.
-        if !opts.split_columns && (m >= 2 * NN_R * threads || threads == 1) {
+        if fuse.is_some() || !opts.split_columns && (m >= 2 * NN_R * threads || threads == 1) {
             split(m, threads, 1, |r0, r1| block(r0, r1, 0, n));
         } else {
             split(n, threads, 16, |c0, c1| block(0, m, c0, c1));
@@ -958,6 +1202,95 @@ mod tests {
                 }
                 if zero_frac == 1.0 {
                     assert_eq!(za.density(), 0.0);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn update_in_the_epilogue_is_bit_identical_to_product_then_fused_step() {
+        // The weight gradient's layout (lhs = Δᵀ from a row-major Δ, rhs row-major with
+        // zeros), shapes of 784-400-400-10 and ragged ones, one and several k blocks; SGLD
+        // and the momentum update with Euler and splitting constants.
+        use crate::kernels::{cpu, InlineUpdate, StepConsts, Update};
+        use crate::rng::NoiseKey;
+        if !updates_inline(4) {
+            return; // no AVX-512 here: the step takes the separate pass (tested elsewhere)
+        }
+        for (m, n, k) in [(400, 784, 100), (10, 400, 100), (37, 68, 129), (9, 12, 300)] {
+            let delta = sparse_values(k * m, m, 0.0, 21 + m as u64); // k × m
+            let x = sparse_values(k * n, n, 0.7, 22 + n as u64);
+            let theta0 = sparse_values(m * n, n, 0.0, 23);
+            let v0 = sparse_values(m * n, n, 0.0, 24);
+            let mut zx = NonZero::default();
+            zx.record(&x, k, n);
+            let (lhs, rhs) = (Mat::transposed(&delta, m), Mat::rows(&x, n));
+            let key = NoiseKey {
+                seed: 7,
+                step: 3,
+                param: 2,
+            };
+            for (update, consts) in [
+                (Update::Sgld, StepConsts::new(1e-3, 0.0, 0.05)),
+                (Update::Momentum, StepConsts::new(1e-3, 0.1, 0.02)),
+                (Update::Momentum, StepConsts::splitting(1e-3, 0.1, 0.02)),
+            ] {
+                let lambda = 0.3f32;
+                // Reference: the gradient stored, then the fused pass.
+                let mut grad = vec![0f32; m * n];
+                let opts = Options {
+                    addend: Some((&theta0, lambda)),
+                    zeros: Zeros::Rhs(&zx),
+                    ..Options::default()
+                };
+                product(m, n, k, &mut grad, lhs, rhs, opts);
+                let (mut theta_ref, mut v_ref) = (theta0.clone(), v0.clone());
+                let v_ref_slice: &mut [f32] = if update == Update::Sgld {
+                    &mut []
+                } else {
+                    &mut v_ref
+                };
+                let sum_ref = cpu::step(update, &mut theta_ref, v_ref_slice, &grad, key, consts);
+                // In the epilogue.
+                let (mut theta, mut v) = (theta0.clone(), v0.clone());
+                let mut scratch = vec![0f32; m * n];
+                let mut rows = Vec::new();
+                let momentum: &mut [f32] = if update == Update::Sgld {
+                    &mut []
+                } else {
+                    &mut v
+                };
+                let step = InlineUpdate {
+                    update,
+                    consts,
+                    key,
+                    momentum,
+                };
+                let sum = product_then_update(
+                    m,
+                    n,
+                    k,
+                    &mut scratch,
+                    lhs,
+                    rhs,
+                    Zeros::Rhs(&zx),
+                    &mut theta,
+                    lambda,
+                    step,
+                    &mut rows,
+                );
+                let same =
+                    |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
+                assert!(same(&theta, &theta_ref), "θ {m}x{n}x{k} {update:?}");
+                if update == Update::Sgld {
+                    assert!(same(&v, &v0) && sum == 0.0);
+                } else {
+                    assert!(same(&v, &v_ref), "v {m}x{n}x{k} {update:?}");
+                    // Σv² in another order: f64 sums of m·n f32 squares agree to ~1e-15.
+                    assert!(
+                        (sum - sum_ref).abs() <= 1e-12 * sum_ref,
+                        "{sum} vs {sum_ref}"
+                    );
                 }
             }
         }

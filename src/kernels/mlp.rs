@@ -23,8 +23,11 @@
 
 use candle_core::{CpuStorage, InplaceOp1, Layout, Storage, Tensor};
 
-use super::gemm::{matmul, product, skips_zeros, Mat, NonZero, Options, Zeros};
+use super::gemm::{
+    matmul, product, product_then_update, skips_zeros, updates_inline, Mat, NonZero, Options, Zeros,
+};
 use super::pool;
+use super::InlineUpdate;
 use crate::error::{Error, Result};
 use crate::model::{Activation, Mlp};
 
@@ -36,9 +39,29 @@ const SPLIT_BY_NEURON: usize = 256;
 /// standardised inputs ≈ 1.
 const MAX_SKIPPING_DENSITY: f64 = 0.6;
 
-/// Called with a parameter tensor's index and final gradient as soon as the backward no
-/// longer reads that tensor ([`MlpBackprop::loss_and_grad_then`]).
-pub type GradientReady<'a> = &'a mut dyn FnMut(usize, &Tensor) -> Result<()>;
+/// Where [`MlpBackprop::loss_and_grad_then`] hands each parameter tensor as soon as its
+/// gradient is final and the pass no longer reads it (a layer-by-layer sampler step).
+pub trait GradientSink {
+    /// ∇_t is final: update θ_t now.
+    fn ready(&mut self, t: usize, grad: &Tensor) -> Result<()>;
+    /// The update of weight tensor `t` if it can be applied inside the weight-gradient
+    /// product ([`super::gemm::product_then_update`]); `ready` is then not called for t,
+    /// but [`GradientSink::updated`] with the update's Σv².
+    fn inline(&mut self, t: usize) -> Result<Option<InlineUpdate<'_>>> {
+        let _ = t;
+        Ok(None)
+    }
+    /// θ_t was updated inside the product; `sum_sq` = Σv² after the update.
+    fn updated(&mut self, t: usize, sum_sq: f64) -> Result<()> {
+        let _ = sum_sq;
+        Err(Error::Config(format!(
+            "internal: tensor {t} updated inline without an inline update"
+        )))
+    }
+}
+
+/// The sink of one call, if any.
+pub type GradientReady<'a> = &'a mut dyn GradientSink;
 
 /// Loss statistics of one minibatch.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -67,7 +90,11 @@ pub struct MlpBackprop {
     delta_prev: Vec<f32>,
     /// ∇Ũ/T per parameter tensor, in the model's order; overwritten by each step. Allocated
     /// by the first backward pass (a forward-only use, prediction, never needs them).
+    /// A weight tensor updated inside its product ([`GradientSink::inline`]) keeps stale
+    /// values here.
     grads: Vec<Tensor>,
+    /// Per-row Σv² of an inline update.
+    row_sums: Vec<f64>,
 }
 
 /// Read access to a CPU f32 tensor's contiguous data, holding its storage lock.
@@ -113,6 +140,35 @@ fn held<'a>(views: &'a [Option<CpuView<'_>>], t: usize) -> Result<&'a [f32]> {
         .and_then(Option::as_ref)
         .map(CpuView::slice)
         .ok_or_else(|| Error::Config(format!("internal: parameter tensor {t} is not held")))
+}
+
+/// Runs `f` on the f32 data of `t` (contiguous, CPU), mutably: candle's in-place op, the
+/// only sound way to write a tensor's storage (it holds the storage's write lock).
+fn with_data_mut<R>(t: &Tensor, f: impl FnOnce(&mut [f32]) -> R) -> Result<R> {
+    struct Once<F, R>(std::cell::RefCell<(Option<F>, Option<R>)>);
+    impl<F: FnOnce(&mut [f32]) -> R, R> InplaceOp1 for Once<F, R> {
+        fn name(&self) -> &'static str {
+            "bnn-mlp-update"
+        }
+        fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
+            let CpuStorage::F32(v) = storage else {
+                candle_core::bail!("bnn-mlp-update: parameter tensors are f32");
+            };
+            let Some((a, b)) = layout.contiguous_offsets() else {
+                candle_core::bail!("bnn-mlp-update: parameter tensors are contiguous");
+            };
+            let mut cell = self.0.borrow_mut();
+            if let Some(f) = cell.0.take() {
+                cell.1 = Some(f(&mut v[a..b]));
+            }
+            Ok(())
+        }
+    }
+    let op = Once(std::cell::RefCell::new((Some(f), None)));
+    t.inplace_op1(&op)?;
+    op.0.into_inner()
+        .1
+        .ok_or_else(|| Error::Config("internal: in-place op did not run".into()))
 }
 
 /// An in-place op that hands the destination's f32 data to a closure: how the backward
@@ -227,6 +283,7 @@ impl MlpBackprop {
             sparse_input: false,
             widths,
             grads: Vec::new(),
+            row_sums: Vec::new(),
         })
     }
 
@@ -421,20 +478,32 @@ impl MlpBackprop {
                 &self.acts[k - 1][..rows * fan_in]
             };
             let delta = &self.delta[..rows * fan_out];
-            let (w, b) = (held(&views, 2 * k)?, held(&views, 2 * k + 1)?);
             let lw = (prior_factor * prior_precision[2 * k]) as f32;
             let lb = (prior_factor * prior_precision[2 * k + 1]) as f32;
-            // ∇W = Δᵀ·A + λW, the prior term added as the product is stored.
-            let opts = Options {
-                addend: Some((w, lw)),
-                zeros: input_zeros(&self.input_nonzero, self.sparse_input, k)
-                    .map_or(Zeros::Unknown, Zeros::Rhs),
-                ..Options::default()
+            let zeros = input_zeros(&self.input_nonzero, self.sparse_input, k)
+                .map_or(Zeros::Unknown, Zeros::Rhs);
+            let (delta_t, input_mat) = (Mat::transposed(delta, fan_out), Mat::rows(input, fan_in));
+            // The sampler may update W inside its gradient's product; then everything that
+            // reads W (the input error) runs first.
+            let sink = ready.as_mut().filter(|_| nll.is_finite());
+            let inline = match sink {
+                Some(sink) if updates_inline(fan_in) => sink.inline(2 * k)?,
+                _ => None,
             };
-            self.grads[2 * k].inplace_op1(&WriteWith(&|g: &mut [f32]| {
-                let (delta_t, input) = (Mat::transposed(delta, fan_out), Mat::rows(input, fan_in));
-                product(fan_out, fan_in, rows, g, delta_t, input, opts);
-            }))?;
+            let updated_inline = inline.is_some();
+            if !updated_inline {
+                // ∇W = Δᵀ·A + λW, the prior term added as the product is stored.
+                let w = held(&views, 2 * k)?;
+                let opts = Options {
+                    addend: Some((w, lw)),
+                    zeros,
+                    ..Options::default()
+                };
+                self.grads[2 * k].inplace_op1(&WriteWith(&|g: &mut [f32]| {
+                    product(fan_out, fan_in, rows, g, delta_t, input_mat, opts);
+                }))?;
+            }
+            let b = held(&views, 2 * k + 1)?;
             self.grads[2 * k + 1].inplace_op1(&WriteWith(&|g: &mut [f32]| {
                 // ∇b = λb + Σ_rows Δ; large ones in two halves of the columns.
                 let sum_columns = |half: &mut [f32], at: usize| {
@@ -459,20 +528,45 @@ impl MlpBackprop {
                     prev,
                     false,
                     Mat::rows(delta, fan_out),
-                    Mat::rows(w, fan_in),
+                    Mat::rows(held(&views, 2 * k)?, fan_in),
                 );
                 let act = self.activation;
                 pool::halves(prev, 1, prev.len(), |half, at| {
                     activation_backward(half, &input[at..at + half.len()], act)
                 });
+            }
+            if let Some(step) = inline {
+                // Nothing reads W any more: release it, and run its gradient's product with
+                // the update in the epilogue (the gradient tensor holds partial sums only).
+                views[2 * k] = None;
+                let theta = model.params[2 * k].var.as_detached_tensor();
+                let row_sums = &mut self.row_sums;
+                let sum_sq = with_data_mut(&self.grads[2 * k], |scratch| {
+                    with_data_mut(&theta, |theta| {
+                        product_then_update(
+                            fan_out, fan_in, rows, scratch, delta_t, input_mat, zeros, theta, lw,
+                            step, row_sums,
+                        )
+                    })
+                })??;
+                if let Some(sink) = ready.as_mut() {
+                    sink.updated(2 * k, sum_sq)?;
+                }
+            }
+            if k > 0 {
                 std::mem::swap(&mut self.delta, &mut self.delta_prev);
             }
-            if let (Some(ready), true) = (ready.as_mut(), nll.is_finite()) {
+            if let (Some(sink), true) = (ready.as_mut(), nll.is_finite()) {
                 // Nothing below reads this layer's parameters: release them, then hand
                 // over their final gradients.
-                for t in [2 * k, 2 * k + 1] {
+                let tensors = if updated_inline {
+                    2 * k + 1..2 * k + 2
+                } else {
+                    2 * k..2 * k + 2
+                };
+                for t in tensors {
                     views[t] = None;
-                    ready(t, &self.grads[t])?;
+                    sink.ready(t, &self.grads[t])?;
                 }
             }
         }

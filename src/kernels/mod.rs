@@ -38,6 +38,20 @@ pub enum Update {
     Thermostat { splitting: bool },
 }
 
+/// A sampler update applied by the weight-gradient product as it stores each element of
+/// the gradient ([`gemm::product_then_update`]) instead of writing ∇ and updating θ in a
+/// pass of its own. Why: on the CPU that pass is memory-bound (it reads θ, v, ∇ and
+/// writes θ, v after the product wrote ∇ and read θ for the prior term); in the epilogue
+/// only v is extra. Same element math as the fused op, so the same bits.
+pub struct InlineUpdate<'a> {
+    /// [`Update::Sgld`] or [`Update::Momentum`].
+    pub update: Update,
+    pub consts: StepConsts,
+    pub key: crate::rng::NoiseKey,
+    /// v of the tensor (empty for SGLD).
+    pub momentum: &'a mut [f32],
+}
+
 /// Constants of one update in f32, as the kernels use them (`bnn_step_consts`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepConsts {

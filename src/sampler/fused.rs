@@ -13,7 +13,7 @@ use super::{
     TensorwiseStep,
 };
 use crate::error::{Error, Result};
-use crate::kernels::{buffer::StateBuffer, cpu::FusedStepOp, StepConsts, Update};
+use crate::kernels::{buffer::StateBuffer, cpu::FusedStepOp, InlineUpdate, StepConsts, Update};
 use crate::rng::NoiseKey;
 
 #[derive(Debug, Clone)]
@@ -193,6 +193,53 @@ impl TensorwiseStep for Fused {
         pending.sum_sq[i] = op.sum_sq.get();
         pending.sum_thermostat[i] = op.sum_thermostat.get();
         pending.done[i] = true;
+        Ok(())
+    }
+
+    fn inline(&mut self, index: usize) -> Result<Option<InlineUpdate<'_>>> {
+        let Some(pending) = self.pending.as_ref() else {
+            return Err(Error::Config(
+                "sampler: tensor step outside begin/finish".into(),
+            ));
+        };
+        if index >= pending.done.len() || pending.done[index] {
+            return Err(Error::Config(format!(
+                "sampler: parameter tensor {index} stepped twice or out of range"
+            )));
+        }
+        let (update, consts) = (pending.update, pending.consts);
+        let momentum: &mut [f32] = match (update, self.momentum.get_mut(index)) {
+            (Update::Sgld, _) => &mut [],
+            (Update::Momentum, Some(StateBuffer::Host(v))) => v,
+            // mSGNHT's per-element thermostats, or state on a GPU: the separate pass.
+            #[allow(unreachable_patterns)]
+            _ => return Ok(None),
+        };
+        Ok(Some(InlineUpdate {
+            update,
+            consts,
+            key: NoiseKey {
+                seed: self.seed,
+                step: self.step,
+                param: index as u32,
+            },
+            momentum,
+        }))
+    }
+
+    fn updated(&mut self, index: usize, sum_sq: f64) -> Result<()> {
+        let Some(pending) = self.pending.as_mut() else {
+            return Err(Error::Config(
+                "sampler: tensor step outside begin/finish".into(),
+            ));
+        };
+        if index >= pending.done.len() || pending.done[index] {
+            return Err(Error::Config(format!(
+                "sampler: parameter tensor {index} stepped twice or out of range"
+            )));
+        }
+        pending.sum_sq[index] = sum_sq;
+        pending.done[index] = true;
         Ok(())
     }
 

@@ -244,6 +244,23 @@ pub trait TensorwiseStep {
     fn begin(&mut self) -> Result<()>;
     fn tensor(&mut self, index: usize, param: &Var, grad: &Tensor) -> Result<()>;
     fn finish(&mut self) -> Result<()>;
+    /// Instead of [`TensorwiseStep::tensor`]: the update of tensor `index` for a weight
+    /// gradient product to apply as it stores the gradient
+    /// ([`crate::kernels::gemm::product_then_update`]), where the sampler can; the caller
+    /// then reports Σv² through [`TensorwiseStep::updated`]. θ and v come out
+    /// bit-identical; Σv² is summed in another order (SGNHT's thermostat differs at the
+    /// rounding level).
+    fn inline(&mut self, index: usize) -> Result<Option<crate::kernels::InlineUpdate<'_>>> {
+        let _ = index;
+        Ok(None)
+    }
+    /// Tensor `index` was updated inline; `sum_sq` = Σv² after the update.
+    fn updated(&mut self, index: usize, sum_sq: f64) -> Result<()> {
+        let _ = sum_sq;
+        Err(crate::error::Error::Config(format!(
+            "sampler: tensor {index} updated inline without an inline update"
+        )))
+    }
 }
 
 /// How a sampler's update is computed.
