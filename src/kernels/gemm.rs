@@ -589,6 +589,7 @@ mod avx512 {
     /// the kernel header's f32 operations and order.
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
     unsafe fn update_tile<const R: usize, const V: usize>(
         acc: &[[__m512; V]; R],
         masks: &[__mmask16; V],
@@ -609,18 +610,19 @@ mod avx512 {
             }
         }
         let mut z = [[0f32; 4]; 8 * 12];
+        use super::super::cpu::normals_blocks_avx512 as normals;
         match V {
-            3 => super::super::cpu::normals_blocks::<96>(&f.key, &counters, &mut z),
+            3 => normals::<96>(&f.key, &counters, &mut z),
             2 => {
                 let (cnt, zz) = (counters.first_chunk::<64>(), z.first_chunk_mut::<64>());
                 if let (Some(cnt), Some(zz)) = (cnt, zz) {
-                    super::super::cpu::normals_blocks::<64>(&f.key, cnt, zz);
+                    normals::<64>(&f.key, cnt, zz);
                 }
             }
             _ => {
                 let (cnt, zz) = (counters.first_chunk::<32>(), z.first_chunk_mut::<32>());
                 if let (Some(cnt), Some(zz)) = (cnt, zz) {
-                    super::super::cpu::normals_blocks::<32>(&f.key, cnt, zz);
+                    normals::<32>(&f.key, cnt, zz);
                 }
             }
         }
