@@ -20,19 +20,12 @@ const TILE: usize = 256;
 /// Philox blocks per tile.
 const BLOCKS: usize = TILE / 4;
 
-/// The normals of elements `4·first_block ..` of a tile (see [`normals_blocks`]);
-/// `AVX512`: through [`normals_blocks_avx512`], for callers compiled with AVX-512F that
-/// run only where the CPU has it.
+/// The normals of elements `4·first_block ..` of a tile (see [`normals_blocks`]).
 #[inline(always)]
-fn normals_tile<const AVX512: bool>(key: &NoiseKey, first_block: u32, z: &mut [[f32; 4]; BLOCKS]) {
+fn normals_tile(key: &NoiseKey, first_block: u32, z: &mut [[f32; 4]; BLOCKS]) {
     let mut counters = [0u32; BLOCKS];
     for (b, c) in counters.iter_mut().enumerate() {
         *c = first_block.wrapping_add(b as u32);
-    }
-    #[cfg(target_arch = "x86_64")]
-    if AVX512 {
-        // SAFETY: AVX512 is set only in the builds dispatched after `has_avx512()`.
-        return unsafe { normals_blocks_avx512(key, &counters, z) };
     }
     normals_blocks(key, &counters, z);
 }
@@ -74,61 +67,6 @@ pub fn normals_blocks<const B: usize>(key: &NoiseKey, counters: &[u32; B], z: &m
     box_muller_blocks(&r, z);
 }
 
-/// [`normals_blocks`] with Philox written in AVX-512 intrinsics, 16 blocks per vector (B a
-/// multiple of 16): the 32 × 32 → 64-bit products of even and odd lanes by two
-/// `vpmuludq` and their halves put together by blends, where the compiler's widening of
-/// the portable loop spends more instructions. The same words, hence the same
-/// bits (tested). Measured on one core: 1.20 → 0.99 ns per normal with Box–Muller, a
-/// sixth off the noise (the portable loop vectorises well enough; the transcendental part
-/// is the other half).
-///
-/// # Safety
-/// AVX-512 F, DQ, VL and BW present ([`has_avx512`]).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2")]
-#[inline]
-pub unsafe fn normals_blocks_avx512<const B: usize>(
-    key: &NoiseKey,
-    counters: &[u32; B],
-    z: &mut [[f32; 4]; B],
-) {
-    use std::arch::x86_64::*;
-    const { assert!(B.is_multiple_of(16), "whole vectors of 16 blocks") };
-    #[inline(always)]
-    unsafe fn mulhilo(m: __m512i, c: __m512i) -> (__m512i, __m512i) {
-        let even = _mm512_mul_epu32(c, m);
-        let odd = _mm512_mul_epu32(_mm512_srli_epi64::<32>(c), m);
-        let hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64::<32>(even), odd);
-        let lo = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64::<32>(odd));
-        (hi, lo)
-    }
-    let m0 = _mm512_set1_epi32(0xD251_1F53u32 as i32);
-    let m1 = _mm512_set1_epi32(0xCD9E_8D57u32 as i32);
-    let (k0, k1) = (key.seed as u32, (key.seed >> 32) as u32);
-    let mut r = [[0u32; B]; 4];
-    for g in (0..B).step_by(16) {
-        let mut c0 = _mm512_loadu_si512(counters.as_ptr().add(g) as *const _);
-        let mut c1 = _mm512_set1_epi32(key.param as i32);
-        let mut c2 = _mm512_set1_epi32(key.step as u32 as i32);
-        let mut c3 = _mm512_set1_epi32((key.step >> 32) as u32 as i32);
-        let (mut ka, mut kb) = (k0, k1);
-        for _ in 0..10 {
-            let (hi0, lo0) = mulhilo(m0, c0);
-            let (hi1, lo1) = mulhilo(m1, c2);
-            // 0x96: a ^ b ^ c.
-            c0 = _mm512_ternarylogic_epi32::<0x96>(hi1, c1, _mm512_set1_epi32(ka as i32));
-            c2 = _mm512_ternarylogic_epi32::<0x96>(hi0, c3, _mm512_set1_epi32(kb as i32));
-            (c1, c3) = (lo1, lo0);
-            ka = ka.wrapping_add(0x9E37_79B9);
-            kb = kb.wrapping_add(0xBB67_AE85);
-        }
-        for (w, v) in [c0, c1, c2, c3].into_iter().enumerate() {
-            _mm512_storeu_si512(r[w].as_mut_ptr().add(g) as *mut _, v);
-        }
-    }
-    box_muller_blocks(&r, z);
-}
-
 /// Box–Muller on the Philox words of each block b: the pairs (r0, r1) → elements 4b,
 /// 4b+1 and (r2, r3) → 4b+2, 4b+3, stage by stage over arrays.
 #[allow(clippy::needless_range_loop)] // index-parallel arrays are what vectorises
@@ -153,7 +91,7 @@ fn box_muller_blocks<const B: usize>(r: &[[u32; B]; 4], z: &mut [[f32; 4]; B]) {
 }
 
 #[inline(always)]
-fn tile_update<const AVX512: bool>(
+fn tile_update(
     update: Update,
     theta: &mut [f32],
     momentum: &mut [f32],
@@ -164,7 +102,7 @@ fn tile_update<const AVX512: bool>(
 ) -> f64 {
     let n = theta.len();
     let mut blocks = [[0f32; 4]; BLOCKS];
-    normals_tile::<AVX512>(key, first_block, &mut blocks);
+    normals_tile(key, first_block, &mut blocks);
     let z = blocks.as_flattened_mut();
     let mut sum = 0f64;
     match update {
@@ -204,7 +142,7 @@ struct Chunk<'a> {
 }
 
 #[inline(always)]
-fn chunk_update<const AVX512: bool>(job: Chunk<'_>) -> f64 {
+fn chunk_update(job: Chunk<'_>) -> f64 {
     let Chunk {
         update,
         theta,
@@ -223,7 +161,7 @@ fn chunk_update<const AVX512: bool>(job: Chunk<'_>) -> f64 {
         } else {
             &mut momentum[start..end]
         };
-        sum += tile_update::<AVX512>(
+        sum += tile_update(
             update,
             &mut theta[start..end],
             m,
@@ -242,14 +180,14 @@ fn chunk_update<const AVX512: bool>(job: Chunk<'_>) -> f64 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn chunk_update_avx2(job: Chunk<'_>) -> f64 {
-    chunk_update::<false>(job)
+    chunk_update(job)
 }
 
 /// The same code for 512-bit vectors (16 Philox blocks or normals per instruction).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2")]
 unsafe fn chunk_update_avx512(job: Chunk<'_>) -> f64 {
-    chunk_update::<true>(job)
+    chunk_update(job)
 }
 
 /// Whether the CPU has the AVX-512 subsets the 512-bit builds of the update enable.
@@ -273,7 +211,7 @@ fn chunk_dispatch(job: Chunk<'_>) -> f64 {
             return unsafe { chunk_update_avx2(job) };
         }
     }
-    chunk_update::<false>(job)
+    chunk_update(job)
 }
 
 /// Applies one fused update to a whole parameter tensor (`theta`, its `momentum` — empty
@@ -359,7 +297,7 @@ pub fn exp_f32(x: f32) -> f32 {
 /// order whatever the threads).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn thermostat_tile<const AVX512: bool>(
+fn thermostat_tile(
     theta: &mut [f32],
     momentum: &mut [f32],
     alpha: &mut [f32],
@@ -371,7 +309,7 @@ fn thermostat_tile<const AVX512: bool>(
 ) -> (f64, f64) {
     let n = theta.len();
     let mut blocks = [[0f32; 4]; BLOCKS];
-    normals_tile::<AVX512>(key, first_block, &mut blocks);
+    normals_tile(key, first_block, &mut blocks);
     let z = blocks.as_flattened_mut();
     // z is reused for v², and `alpha` holds the new α: both summed below.
     for ((((t, m), a), &g), z) in theta
@@ -416,7 +354,7 @@ fn lanes8(values: &[f32]) -> f64 {
 /// The thermostat tiles of one chunk (`first` its first element).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn thermostat_chunk<const AVX512: bool>(
+fn thermostat_chunk(
     theta: &mut [f32],
     momentum: &mut [f32],
     alpha: &mut [f32],
@@ -430,7 +368,7 @@ fn thermostat_chunk<const AVX512: bool>(
     let mut start = 0;
     while start < theta.len() {
         let end = (start + TILE).min(theta.len());
-        let (a, b) = thermostat_tile::<AVX512>(
+        let (a, b) = thermostat_tile(
             &mut theta[start..end],
             &mut momentum[start..end],
             &mut alpha[start..end],
@@ -460,7 +398,7 @@ unsafe fn thermostat_chunk_avx512(
     c: StepConsts,
     splitting: bool,
 ) -> (f64, f64) {
-    thermostat_chunk::<true>(theta, momentum, alpha, grad, key, first, c, splitting)
+    thermostat_chunk(theta, momentum, alpha, grad, key, first, c, splitting)
 }
 
 /// The per-element-thermostat update of a whole parameter tensor (θ, v, α, gradient),
@@ -507,8 +445,7 @@ pub fn thermostat_step(
             };
             return;
         }
-        *partial =
-            thermostat_chunk::<false>(theta, momentum, alpha, grad, &key, first, c, splitting);
+        *partial = thermostat_chunk(theta, momentum, alpha, grad, &key, first, c, splitting);
     });
     partials
         .iter()
@@ -621,34 +558,6 @@ impl InplaceOp2 for FusedStepOp<'_> {
 #[cfg(test)]
 mod tests {
     use super::exp_f32;
-
-    #[test]
-    fn avx512_philox_gives_the_portable_normals() {
-        #[cfg(target_arch = "x86_64")]
-        if super::has_avx512() {
-            use crate::rng::NoiseKey;
-            // Counters near 0 and 2³², keys with both halves of seed and step set.
-            for (seed, step, param, first) in [
-                (0u64, 0u64, 0u32, 0u32),
-                (7, 3, 2, 1000),
-                (0xDEAD_BEEF_0123_4567, 0x1_0000_0005, 9, u32::MAX - 40),
-            ] {
-                let key = NoiseKey { seed, step, param };
-                let mut counters = [0u32; 64];
-                for (b, c) in counters.iter_mut().enumerate() {
-                    *c = first.wrapping_add((b * 3) as u32);
-                }
-                let (mut a, mut b) = ([[0f32; 4]; 64], [[0f32; 4]; 64]);
-                super::normals_blocks(&key, &counters, &mut a);
-                // SAFETY: AVX-512F checked above.
-                unsafe { super::normals_blocks_avx512(&key, &counters, &mut b) };
-                for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-                    assert_eq!(x.map(f32::to_bits), y.map(f32::to_bits), "block {i}");
-                    assert_eq!(*x, key.normals4(counters[i]), "block {i} vs normals4");
-                }
-            }
-        }
-    }
 
     #[test]
     fn exp_f32_is_within_two_ulp_of_exp() {

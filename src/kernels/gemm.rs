@@ -593,7 +593,11 @@ mod avx512 {
     /// and v at element offset `at` (row stride `n`): ∇ = sum + λθ (or + the partial
     /// sums in C), noise for the tile's Philox blocks, then the fused element update in
     /// the kernel header's f32 operations and order.
-    #[target_feature(enable = "avx512f")]
+    ///
+    /// # Safety
+    /// AVX-512 F, DQ, VL and BW present (the feature set of the fused pass's AVX-512
+    /// build, under which its noise vectorises best); pointers as [`Fuse`] says.
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2")]
     #[allow(clippy::too_many_arguments)]
     #[inline(never)]
     unsafe fn update_tile<const R: usize, const V: usize>(
@@ -616,9 +620,7 @@ mod avx512 {
             }
         }
         let mut z = [[0f32; 4]; 8 * 12];
-        // SAFETY (of the calls below): product_then_update runs only where
-        // updates_inline() found AVX-512 F, DQ, VL and BW.
-        use super::super::cpu::normals_blocks_avx512 as normals;
+        use super::super::cpu::normals_blocks as normals;
         match V {
             3 => normals::<96>(&f.key, &counters, &mut z),
             2 => {
