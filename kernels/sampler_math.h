@@ -2,7 +2,8 @@
  * (sampler_step.cu) and by a host build used in tests (host_shim.c), which checks that it
  * gives the same bits as the Rust CPU op (src/kernels/cpu.rs and src/rng.rs).
  *
- * Bit-exactness rules: only IEEE +, −, ×, sqrt in f32, in the order written; no FMA
+ * Bit-exactness rules: only IEEE +, −, ×, sqrt and explicit fmaf (each one correctly
+ * rounded operation on every platform) in f32, in the order written; no implicit FMA
  * contraction (host: -ffp-contract=off; nvcc: --fmad=false); no libm transcendental
  * (logf/sinf/cosf differ between libraries), but the polynomials below.
  *
@@ -14,6 +15,9 @@
 #define BNN_SAMPLER_MATH_H
 
 #include <stdint.h>
+#ifndef __CUDACC__
+#include <math.h>
+#endif
 
 #ifdef __CUDACC__
 #define BNN_HD __host__ __device__ __forceinline__
@@ -70,19 +74,19 @@ BNN_HD float bnn_log_unit(float x) {
     float xm = m - 1.0f;
     float z = xm * xm;
     float y = 7.0376836e-2f;
-    y = y * xm - 1.15146103e-1f;
-    y = y * xm + 1.16769987e-1f;
-    y = y * xm - 1.24201408e-1f;
-    y = y * xm + 1.42493228e-1f;
-    y = y * xm - 1.66680577e-1f;
-    y = y * xm + 2.00007148e-1f;
-    y = y * xm - 2.4999994e-1f;
-    y = y * xm + 3.3333331e-1f;
+    y = fmaf(y, xm, -1.15146103e-1f);
+    y = fmaf(y, xm, 1.16769987e-1f);
+    y = fmaf(y, xm, -1.24201408e-1f);
+    y = fmaf(y, xm, 1.42493228e-1f);
+    y = fmaf(y, xm, -1.66680577e-1f);
+    y = fmaf(y, xm, 2.00007148e-1f);
+    y = fmaf(y, xm, -2.4999994e-1f);
+    y = fmaf(y, xm, 3.3333331e-1f);
     y = y * xm * z;
     float ef = (float)e;
-    y += ef * -2.1219444e-4f;
-    y += -0.5f * z;
-    return (xm + y) + ef * 0.6933594f;
+    y = fmaf(ef, -2.1219444e-4f, y);
+    y = fmaf(-0.5f, z, y);
+    return fmaf(ef, 0.6933594f, xm + y);
 }
 
 /* sin(2 pi u), cos(2 pi u) for u in [0, 1]. */
@@ -90,8 +94,10 @@ BNN_HD void bnn_sincos_turn(float u, float *sn, float *cs) {
     int q = (int)(u * 4.0f + 0.5f);
     float a = (u * 4.0f - (float)q) * 1.5707964f;
     float a2 = a * a;
-    float s = a + a * a2 * (-1.6666655e-1f + a2 * (8.332161e-3f + a2 * -1.9515296e-4f));
-    float c = 1.0f - 0.5f * a2 + a2 * a2 * (4.1666646e-2f + a2 * (-1.3887316e-3f + a2 * 2.4433157e-5f));
+    float ps = fmaf(fmaf(a2, -1.9515296e-4f, 8.332161e-3f), a2, -1.6666655e-1f);
+    float s = fmaf(a * a2, ps, a);
+    float pc = fmaf(fmaf(a2, 2.4433157e-5f, -1.3887316e-3f), a2, 4.1666646e-2f);
+    float c = fmaf(a2 * a2, pc, fmaf(-0.5f, a2, 1.0f));
     switch (q & 3) {
     case 0: *sn = s; *cs = c; break;
     case 1: *sn = c; *cs = -s; break;

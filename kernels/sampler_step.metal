@@ -37,19 +37,21 @@ static inline float log_unit(float x) {
     float m = as_type<float>((bits & 0x007fffffu) | 0x3f000000u);
     if (m < 0.70710677f) { e -= 1; m = m + m; }
     float xm = m - 1.0f, z = xm * xm, y = 7.0376836e-2f;
-    y = y * xm - 1.15146103e-1f; y = y * xm + 1.16769987e-1f; y = y * xm - 1.24201408e-1f;
-    y = y * xm + 1.42493228e-1f; y = y * xm - 1.66680577e-1f; y = y * xm + 2.00007148e-1f;
-    y = y * xm - 2.4999994e-1f;  y = y * xm + 3.3333331e-1f;  y = y * xm * z;
+    y = fma(y, xm, -1.15146103e-1f); y = fma(y, xm, 1.16769987e-1f);
+    y = fma(y, xm, -1.24201408e-1f); y = fma(y, xm, 1.42493228e-1f);
+    y = fma(y, xm, -1.66680577e-1f); y = fma(y, xm, 2.00007148e-1f);
+    y = fma(y, xm, -2.4999994e-1f);  y = fma(y, xm, 3.3333331e-1f);  y = y * xm * z;
     float ef = float(e);
-    y += ef * -2.1219444e-4f; y += -0.5f * z;
-    return (xm + y) + ef * 0.6933594f;
+    y = fma(ef, -2.1219444e-4f, y); y = fma(-0.5f, z, y);
+    return fma(ef, 0.6933594f, xm + y);
 }
 
 static inline float2 sincos_turn(float u) {
     int q = int(u * 4.0f + 0.5f);
     float a = (u * 4.0f - float(q)) * 1.5707964f, a2 = a * a;
-    float s = a + a * a2 * (-1.6666655e-1f + a2 * (8.332161e-3f + a2 * -1.9515296e-4f));
-    float c = 1.0f - 0.5f * a2 + a2 * a2 * (4.1666646e-2f + a2 * (-1.3887316e-3f + a2 * 2.4433157e-5f));
+    float s = fma(a * a2, fma(fma(a2, -1.9515296e-4f, 8.332161e-3f), a2, -1.6666655e-1f), a);
+    float c = fma(a2 * a2, fma(fma(a2, 2.4433157e-5f, -1.3887316e-3f), a2, 4.1666646e-2f),
+                  fma(-0.5f, a2, 1.0f));
     switch (q & 3) {
     case 0: return float2(s, c);
     case 1: return float2(c, -s);

@@ -39,11 +39,14 @@ pub fn uniform_open0(x: u32) -> f32 {
     ((x >> 8) + 1) as f32 * (1.0 / 16_777_216.0)
 }
 
-/// Natural logarithm for x in (0, 1], in plain f32 additions and multiplications (Cephes'
-/// `logf` polynomial, within 2 ulp). Written out here, and identically in
-/// `kernels/sampler_math.h`, so that the CPU op, the host-compiled kernel header and the
-/// GPU kernels produce the same bits; a libm `logf` differs between platforms. Branches
-/// are written as selects so that the fused CPU op's loops vectorise.
+/// Natural logarithm for x in (0, 1], in f32 multiplications, additions and explicit fused
+/// multiply-adds (Cephes' `logf` polynomial by Horner's rule, within 2 ulp). Written out
+/// here, and identically in `kernels/sampler_math.h` (`fmaf`) and the Metal shader
+/// (`fma`), so that the CPU op, the host-compiled kernel header and the GPU kernels produce
+/// the same bits: each operation is one IEEE-754 rounding everywhere, where a libm `logf`
+/// differs between platforms. The fused multiply-adds take a quarter off the noise's cost
+/// (one rounding instead of two per Horner step; measured in BENCHMARKS). Branches are
+/// written as selects so that the fused CPU op's loops vectorise.
 #[allow(clippy::excessive_precision)] // Cephes' published digits, as in the C header
 #[inline(always)]
 pub fn log_unit(x: f32) -> f32 {
@@ -55,20 +58,20 @@ pub fn log_unit(x: f32) -> f32 {
     let m = if small { m0 + m0 } else { m0 };
     let x = m - 1.0;
     let z = x * x;
-    let mut y = 7.037_683_6e-2;
-    y = y * x - 1.151_461_03e-1;
-    y = y * x + 1.167_699_87e-1;
-    y = y * x - 1.242_014_08e-1;
-    y = y * x + 1.424_932_28e-1;
-    y = y * x - 1.666_805_77e-1;
-    y = y * x + 2.000_071_48e-1;
-    y = y * x - 2.499_999_4e-1;
-    y = y * x + 3.333_333_1e-1;
+    let mut y: f32 = 7.037_683_6e-2;
+    y = y.mul_add(x, -1.151_461_03e-1);
+    y = y.mul_add(x, 1.167_699_87e-1);
+    y = y.mul_add(x, -1.242_014_08e-1);
+    y = y.mul_add(x, 1.424_932_28e-1);
+    y = y.mul_add(x, -1.666_805_77e-1);
+    y = y.mul_add(x, 2.000_071_48e-1);
+    y = y.mul_add(x, -2.499_999_4e-1);
+    y = y.mul_add(x, 3.333_333_1e-1);
     y = y * x * z;
     let ef = e as f32;
-    y += ef * -2.121_944_4e-4;
-    y += -0.5 * z;
-    (x + y) + ef * 0.693_359_4
+    y = ef.mul_add(-2.121_944_4e-4, y);
+    y = (-0.5f32).mul_add(z, y);
+    ef.mul_add(0.693_359_4, x + y)
 }
 
 /// (sin 2πu, cos 2πu) for u in [0, 1], by reduction to the nearest quarter turn and
@@ -82,9 +85,14 @@ pub fn sincos_turn(u: f32) -> (f32, f32) {
     let q = (qf + 8_388_608.0).to_bits() & 3;
     let a = (u * 4.0 - qf) * std::f32::consts::FRAC_PI_2;
     let a2 = a * a;
-    let s = a + a * a2 * (-1.666_665_5e-1 + a2 * (8.332_161e-3 + a2 * -1.951_529_6e-4));
-    let c =
-        1.0 - 0.5 * a2 + a2 * a2 * (4.166_664_6e-2 + a2 * (-1.388_731_6e-3 + a2 * 2.443_315_7e-5));
+    let ps = a2
+        .mul_add(-1.951_529_6e-4, 8.332_161e-3)
+        .mul_add(a2, -1.666_665_5e-1);
+    let s = (a * a2).mul_add(ps, a);
+    let pc = a2
+        .mul_add(2.443_315_7e-5, -1.388_731_6e-3)
+        .mul_add(a2, 4.166_664_6e-2);
+    let c = (a2 * a2).mul_add(pc, (-0.5f32).mul_add(a2, 1.0));
     let odd = q & 1 != 0;
     let (s1, c1) = if odd { (c, -s) } else { (s, c) };
     if q & 2 != 0 {

@@ -598,9 +598,9 @@ mod avx512 {
     /// the kernel header's f32 operations and order.
     ///
     /// # Safety
-    /// AVX-512 F, DQ, VL and BW present (the feature set of the fused pass's AVX-512
+    /// AVX-512 F, DQ, VL, BW and FMA present (the feature set of the fused pass's AVX-512
     /// build, under which its noise vectorises best); pointers as [`Fuse`] says.
-    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2")]
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
     #[allow(clippy::too_many_arguments)]
     #[inline(never)]
     unsafe fn update_tile<const R: usize, const V: usize>(

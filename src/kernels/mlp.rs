@@ -20,6 +20,12 @@
 //! storage); the samplers read them as usual. The matrix products are
 //! [`super::gemm::product`]; the first layer skips the minibatch's zero pixels
 //! ([`super::gemm::NonZero`]).
+//!
+//! With a [`GradientSink`] (the fused samplers' layer-by-layer step), each tensor is
+//! handed over as soon as its gradient is final, and a large weight tensor's update runs
+//! inside its gradient's product ([`super::gemm::product_then_update`]): the input error
+//! Δₖ·Wₖ is computed first, then ∇Wₖ is completed tile by tile and θ, v updated from the
+//! registers, so that ∇Wₖ is never stored and θ is read once.
 
 use candle_core::{CpuStorage, InplaceOp1, Layout, Storage, Tensor};
 

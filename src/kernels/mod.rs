@@ -9,7 +9,9 @@
 //! the sampler's own buffer, lent to the op for the duration of one call through a
 //! `RefCell<&mut [f32]>`, so it is mutated through a unique borrow, never through a shared
 //! reference. Per update and parameter element the CPU op reads θ, v, g once and writes
-//! θ, v once (5 × 4 bytes, one pass); SGLD reads θ, g and writes θ (3 × 4 bytes).
+//! θ, v once (5 × 4 bytes, one pass); SGLD reads θ, g and writes θ (3 × 4 bytes). With
+//! the hand-written backward, large weight tensors skip the pass: the same element update
+//! runs in their gradient's product ([`InlineUpdate`], [`gemm::product_then_update`]).
 //!
 //! The element math is that of `kernels/sampler_math.h` (shared with the CUDA kernels)
 //! written in Rust with the same f32 operations in the same order, so that the two agree
