@@ -41,10 +41,10 @@ use crate::model::{Activation, Mlp};
 const SPLIT_BY_NEURON: usize = 256;
 
 /// Weight tensors at least this large are updated inside their gradient's product
-/// ([`GradientSink::inline`]). Measured (`bnn bench train`, batch 100): 784-400-400-10's
-/// W₁ and W₂ (314k, 160k elements; θ, v and ∇ no longer fit a core's L2, and the separate
-/// pass is memory-bound) gain 8–10% of the step that way, while 784-100-10's W₁ (78k) is
-/// 3–5% faster through the separate pass over cached data.
+/// ([`GradientSink::inline`]). Measured (`bnn bench train`, batch 100, interleaved):
+/// 784-400-400-10, whose W₁ and W₂ (314k, 160k elements) with their v and ∇ do not fit a
+/// core's L2, runs 5% faster that way (664 → 699 steps/s; the W₁ region 510 → 457 µs),
+/// while 784-100-10's W₁ (78k) is 3–5% faster through the separate pass over cached data.
 const INLINE_MIN_WEIGHTS: usize = 100_000;
 
 /// Input density (fraction of non-zero inputs) above which the first layer's products run
@@ -155,20 +155,21 @@ fn held<'a>(views: &'a [Option<CpuView<'_>>], t: usize) -> Result<&'a [f32]> {
         .ok_or_else(|| Error::Config(format!("internal: parameter tensor {t} is not held")))
 }
 
-/// Runs `f` on the f32 data of `t` (contiguous, CPU), mutably: candle's in-place op, the
-/// only sound way to write a tensor's storage (it holds the storage's write lock).
+/// Runs `f` on the f32 data of `t` (contiguous, CPU), mutably: how the backward writes
+/// gradients and updates parameters in place without a copy, through candle's in-place
+/// op, the only sound way to write a tensor's storage (it holds the storage's write lock).
 fn with_data_mut<R>(t: &Tensor, f: impl FnOnce(&mut [f32]) -> R) -> Result<R> {
     struct Once<F, R>(std::cell::RefCell<(Option<F>, Option<R>)>);
     impl<F: FnOnce(&mut [f32]) -> R, R> InplaceOp1 for Once<F, R> {
         fn name(&self) -> &'static str {
-            "bnn-mlp-update"
+            "bnn-mlp-write"
         }
         fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
             let CpuStorage::F32(v) = storage else {
-                candle_core::bail!("bnn-mlp-update: parameter tensors are f32");
+                candle_core::bail!("bnn-mlp-write: the MLP's tensors are f32");
             };
             let Some((a, b)) = layout.contiguous_offsets() else {
-                candle_core::bail!("bnn-mlp-update: parameter tensors are contiguous");
+                candle_core::bail!("bnn-mlp-write: the MLP's tensors are contiguous");
             };
             let mut cell = self.0.borrow_mut();
             if let Some(f) = cell.0.take() {
@@ -182,27 +183,6 @@ fn with_data_mut<R>(t: &Tensor, f: impl FnOnce(&mut [f32]) -> R) -> Result<R> {
     op.0.into_inner()
         .1
         .ok_or_else(|| Error::Config("internal: in-place op did not run".into()))
-}
-
-/// An in-place op that hands the destination's f32 data to a closure: how the backward
-/// writes gradients into candle tensors without an intermediate copy.
-struct WriteWith<'a, F: Fn(&mut [f32])>(&'a F);
-
-impl<F: Fn(&mut [f32])> InplaceOp1 for WriteWith<'_, F> {
-    fn name(&self) -> &'static str {
-        "bnn-mlp-grad"
-    }
-
-    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
-        let CpuStorage::F32(v) = storage else {
-            candle_core::bail!("bnn-mlp-grad: gradient tensors are f32");
-        };
-        let Some((a, b)) = layout.contiguous_offsets() else {
-            candle_core::bail!("bnn-mlp-grad: gradient tensors are contiguous");
-        };
-        (self.0)(&mut v[a..b]);
-        Ok(())
-    }
 }
 
 /// Adds the bias to every row of `z` (rows × width) and applies the activation.
@@ -514,12 +494,12 @@ impl MlpBackprop {
                     zeros,
                     ..Options::default()
                 };
-                self.grads[2 * k].inplace_op1(&WriteWith(&|g: &mut [f32]| {
-                    product(fan_out, fan_in, rows, g, delta_t, input_mat, opts);
-                }))?;
+                with_data_mut(&self.grads[2 * k], |g| {
+                    product(fan_out, fan_in, rows, g, delta_t, input_mat, opts)
+                })?;
             }
             let b = held(&views, 2 * k + 1)?;
-            self.grads[2 * k + 1].inplace_op1(&WriteWith(&|g: &mut [f32]| {
+            with_data_mut(&self.grads[2 * k + 1], |g| {
                 // ∇b = λb + Σ_rows Δ; large ones in two halves of the columns.
                 let sum_columns = |half: &mut [f32], at: usize| {
                     let n = half.len();
@@ -533,7 +513,7 @@ impl MlpBackprop {
                     }
                 };
                 pool::halves(g, 16, rows * fan_out, sum_columns);
-            }))?;
+            })?;
             if k > 0 {
                 let prev = &mut self.delta_prev[..rows * fan_in];
                 matmul(
