@@ -84,7 +84,22 @@ fn header_step_equals_cpu_op_bit_for_bit() {
     }
 }
 
-/// The fused op gives the same bits whatever the number of threads.
+/// Runs `f` inside a job of the step's thread pool, where nested parallel regions run
+/// their parts one after another on a single thread (`kernels::pool`).
+fn on_one_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    let f = std::sync::Mutex::new(Some(f));
+    let out = std::sync::Mutex::new(None);
+    bnn::kernels::pool::run(2, &|part| {
+        if part == 0 {
+            let f = f.lock().unwrap().take().unwrap();
+            *out.lock().unwrap() = Some(f());
+        }
+    });
+    out.into_inner().unwrap().unwrap()
+}
+
+/// The fused op gives the same bits on one thread as on all of the pool's (2 on the CI
+/// machine; with one core both runs are serial and the test cannot tell them apart).
 #[test]
 fn cpu_op_is_independent_of_thread_count() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(8);
@@ -98,20 +113,72 @@ fn cpu_op_is_independent_of_thread_count() {
         step: 2,
         param: 3,
     };
-    let run = |threads: usize| {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
+    let run = || {
         let (mut t, mut m) = (theta.clone(), v.clone());
-        let s = pool.install(|| cpu::step(Update::Momentum, &mut t, &mut m, &g, key, c));
+        let s = cpu::step(Update::Momentum, &mut t, &mut m, &g, key, c);
         (t, m, s)
     };
-    let (t1, m1, s1) = run(1);
-    let (t3, m3, s3) = run(3);
-    assert_eq!(t1, t3);
-    assert_eq!(m1, m3);
-    assert_eq!(s1.to_bits(), s3.to_bits());
+    let (t1, m1, s1) = on_one_thread(run);
+    let (t2, m2, s2) = run();
+    assert_eq!(t1, t2);
+    assert_eq!(m1, m2);
+    assert_eq!(s1.to_bits(), s2.to_bits());
+}
+
+/// The update inside the weight gradient's product (first layer of 784-400-400-10 at
+/// batch 100, zero inputs skipped) gives the same θ, v and Σv² on one thread as on all.
+#[test]
+fn inline_update_is_independent_of_thread_count() {
+    use bnn::kernels::gemm::{product_then_update, updates_inline, Mat, NonZero, Zeros};
+    use bnn::kernels::InlineUpdate;
+    if !updates_inline(784) {
+        return; // no AVX-512: the separate pass runs instead (tested above)
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let (m, n, k) = (400, 784, 100);
+    let delta = random(k * m, 1.0, &mut rng);
+    let x: Vec<f32> = random(k * n, 1.0, &mut rng)
+        .into_iter()
+        .map(|v| if v.abs() < 0.8 { 0.0 } else { v })
+        .collect();
+    let mut zx = NonZero::default();
+    zx.record(&x, k, n);
+    let theta = random(m * n, 0.1, &mut rng);
+    let v = random(m * n, 0.01, &mut rng);
+    let key = NoiseKey {
+        seed: 5,
+        step: 6,
+        param: 0,
+    };
+    let run = || {
+        let (mut t, mut mo) = (theta.clone(), v.clone());
+        let (mut scratch, mut rows) = (vec![0f32; m * n], Vec::new());
+        let step = InlineUpdate {
+            update: Update::Momentum,
+            consts: StepConsts::new(1e-4, 0.1, 0.004),
+            key,
+            momentum: &mut mo,
+        };
+        let s = product_then_update(
+            m,
+            n,
+            k,
+            &mut scratch,
+            Mat::transposed(&delta, m),
+            Mat::rows(&x, n),
+            Zeros::Rhs(&zx),
+            &mut t,
+            0.5,
+            step,
+            &mut rows,
+        );
+        (t, mo, s)
+    };
+    let (t1, m1, s1) = on_one_thread(run);
+    let (t2, m2, s2) = run();
+    assert_eq!(t1, t2);
+    assert_eq!(m1, m2);
+    assert_eq!(s1.to_bits(), s2.to_bits());
 }
 
 fn params(rng: &mut impl Rng) -> (Vec<Var>, Vec<Tensor>) {
