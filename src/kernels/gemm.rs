@@ -195,15 +195,7 @@ pub fn product(
     rhs: Mat<'_>,
     opts: Options<'_>,
 ) {
-    // Hard checks: everything below reads and writes through raw pointers.
-    assert!(dst.len() >= m * n, "matmul: destination too small");
-    assert!(lhs.data.len() >= lhs.extent(m, k), "matmul: lhs too small");
-    assert!(rhs.data.len() >= rhs.extent(k, n), "matmul: rhs too small");
-    match opts.zeros {
-        Zeros::Unknown => {}
-        Zeros::Lhs(z) => assert!(z.rows == m && z.cols == k, "matmul: lhs zeros mismatch"),
-        Zeros::Rhs(z) => assert!(z.rows == k && z.cols == n, "matmul: rhs zeros mismatch"),
-    }
+    check_operands(m, n, k, dst, lhs, rhs, opts.zeros);
     if let Some((w, _)) = opts.addend {
         assert!(w.len() >= m * n, "matmul: addend too small");
     }
@@ -228,9 +220,7 @@ pub fn product(
         }
         return;
     }
-    // At least PARALLEL_MIN_MACS multiply-adds per thread (on a many-core machine a small
-    // product does not get split into slivers).
-    let threads = super::pool::threads().min((m * n * k / PARALLEL_MIN_MACS).max(1));
+    let threads = threads_for(m, n, k);
     #[cfg(target_arch = "x86_64")]
     match kernel {
         // SAFETY: extents checked above; the CPU has AVX-512F (checked by kernel_for).
@@ -270,7 +260,7 @@ pub fn updates_inline(n: usize) -> bool {
 /// independent, though not in the fused pass's chunk order. `row_sums` is scratch.
 ///
 /// # Panics
-/// Where [`updates_inline`] is false for `n`, or on operands of the wrong size.
+/// Where [`updates_inline`] is false for `n`, for k = 0, or on operands of the wrong size.
 #[allow(clippy::too_many_arguments)]
 pub fn product_then_update(
     m: usize,
@@ -303,14 +293,9 @@ pub fn product_then_update(
             "product_then_update: v of the wrong size"
         );
     }
-    assert!(scratch.len() >= m * n, "matmul: destination too small");
-    assert!(lhs.data.len() >= lhs.extent(m, k), "matmul: lhs too small");
-    assert!(rhs.data.len() >= rhs.extent(k, n), "matmul: rhs too small");
-    match zeros {
-        Zeros::Unknown => {}
-        Zeros::Lhs(z) => assert!(z.rows == m && z.cols == k, "matmul: lhs zeros mismatch"),
-        Zeros::Rhs(z) => assert!(z.rows == k && z.cols == n, "matmul: rhs zeros mismatch"),
-    }
+    // With no k the kernel's k loop, and so the update, would not run at all.
+    assert!(k > 0, "product_then_update: an empty product");
+    check_operands(m, n, k, scratch, lhs, rhs, zeros);
     row_sums.clear();
     row_sums.resize(m, 0.0);
     if m == 0 || n == 0 {
@@ -325,7 +310,7 @@ pub fn product_then_update(
         key: step.key,
         prior_scale,
     };
-    let threads = super::pool::threads().min((m * n * k / PARALLEL_MIN_MACS).max(1));
+    let threads = threads_for(m, n, k);
     #[cfg(target_arch = "x86_64")]
     // SAFETY: extents checked above, θ and v are m·n long and borrowed uniquely for the
     // call; the CPU has AVX-512F (updates_inline).
@@ -337,6 +322,33 @@ pub fn product_then_update(
         avx512::nn_update(m, n, k, scratch, lhs, rhs, threads, opts, &fuse);
     }
     row_sums.iter().sum()
+}
+
+/// The hard checks of [`product`] and [`product_then_update`]: everything after them
+/// reads and writes through raw pointers.
+fn check_operands(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &[f32],
+    lhs: Mat<'_>,
+    rhs: Mat<'_>,
+    zeros: Zeros<'_>,
+) {
+    assert!(dst.len() >= m * n, "matmul: destination too small");
+    assert!(lhs.data.len() >= lhs.extent(m, k), "matmul: lhs too small");
+    assert!(rhs.data.len() >= rhs.extent(k, n), "matmul: rhs too small");
+    match zeros {
+        Zeros::Unknown => {}
+        Zeros::Lhs(z) => assert!(z.rows == m && z.cols == k, "matmul: lhs zeros mismatch"),
+        Zeros::Rhs(z) => assert!(z.rows == k && z.cols == n, "matmul: rhs zeros mismatch"),
+    }
+}
+
+/// Threads for an (m × k)·(k × n) product: at least PARALLEL_MIN_MACS multiply-adds per
+/// thread (on a many-core machine a small product does not get split into slivers).
+fn threads_for(m: usize, n: usize, k: usize) -> usize {
+    super::pool::threads().min((m * n * k / PARALLEL_MIN_MACS).max(1))
 }
 
 /// Whether [`product`] skips the zeros of a [`NonZero`] map on this CPU (otherwise

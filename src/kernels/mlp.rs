@@ -419,11 +419,13 @@ impl MlpBackprop {
         )
     }
 
-    /// [`MlpBackprop::loss_and_grad`], calling `ready(t, ∇_t)` for each parameter tensor t
-    /// as soon as its gradient is final and the pass no longer reads θ_t (a layer's
-    /// weights and bias once its input error is computed, last layer first), so that the
-    /// caller may update θ_t in place while ∇_t is still in cache. Not called when the
-    /// loss is not finite (the parameters then stay as they were).
+    /// [`MlpBackprop::loss_and_grad`], handing each parameter tensor t to `ready` as soon
+    /// as its gradient is final and the pass no longer reads θ_t (a layer's weights and
+    /// bias once its input error is computed, last layer first): [`GradientSink::ready`]
+    /// with ∇_t, so that the caller may update θ_t in place while ∇_t is still in cache,
+    /// or, for a large weight tensor whose update the sink gives ([`GradientSink::inline`]),
+    /// the update applied inside ∇_t's product and [`GradientSink::updated`]. Nothing is
+    /// handed over when the loss is not finite (the parameters then stay as they were).
     #[allow(clippy::too_many_arguments)]
     pub fn loss_and_grad_then(
         &mut self,
@@ -480,7 +482,11 @@ impl MlpBackprop {
             // reads W (the input error) runs first.
             let sink = ready.as_mut().filter(|_| nll.is_finite());
             let inline = match sink {
-                Some(sink) if updates_inline(fan_in) && fan_in * fan_out >= INLINE_MIN_WEIGHTS => {
+                Some(sink)
+                    if rows > 0
+                        && updates_inline(fan_in)
+                        && fan_in * fan_out >= INLINE_MIN_WEIGHTS =>
+                {
                     sink.inline(2 * k)?
                 }
                 _ => None,

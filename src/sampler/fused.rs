@@ -165,16 +165,7 @@ impl TensorwiseStep for Fused {
     }
 
     fn tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
-        let Some(pending) = self.pending.as_mut() else {
-            return Err(Error::Config(
-                "sampler: tensor step outside begin/finish".into(),
-            ));
-        };
-        if i >= pending.done.len() || pending.done[i] {
-            return Err(Error::Config(format!(
-                "sampler: parameter tensor {i} stepped twice or out of range"
-            )));
-        }
+        let pending = open_tensor(&mut self.pending, i)?;
         let op = FusedStepOp {
             update: pending.update,
             consts: pending.consts,
@@ -197,16 +188,7 @@ impl TensorwiseStep for Fused {
     }
 
     fn inline(&mut self, index: usize) -> Result<Option<InlineUpdate<'_>>> {
-        let Some(pending) = self.pending.as_ref() else {
-            return Err(Error::Config(
-                "sampler: tensor step outside begin/finish".into(),
-            ));
-        };
-        if index >= pending.done.len() || pending.done[index] {
-            return Err(Error::Config(format!(
-                "sampler: parameter tensor {index} stepped twice or out of range"
-            )));
-        }
+        let pending = open_tensor(&mut self.pending, index)?;
         let (update, consts) = (pending.update, pending.consts);
         let momentum: &mut [f32] = match (update, self.momentum.get_mut(index)) {
             (Update::Sgld, _) => &mut [],
@@ -228,16 +210,7 @@ impl TensorwiseStep for Fused {
     }
 
     fn updated(&mut self, index: usize, sum_sq: f64) -> Result<()> {
-        let Some(pending) = self.pending.as_mut() else {
-            return Err(Error::Config(
-                "sampler: tensor step outside begin/finish".into(),
-            ));
-        };
-        if index >= pending.done.len() || pending.done[index] {
-            return Err(Error::Config(format!(
-                "sampler: parameter tensor {index} stepped twice or out of range"
-            )));
-        }
+        let pending = open_tensor(&mut self.pending, index)?;
         pending.sum_sq[index] = sum_sq;
         pending.done[index] = true;
         Ok(())
@@ -268,6 +241,21 @@ impl TensorwiseStep for Fused {
         self.step += 1;
         Ok(())
     }
+}
+
+/// The step in progress, if tensor `index` may still be updated in it.
+fn open_tensor(pending: &mut Option<Pending>, index: usize) -> Result<&mut Pending> {
+    let Some(pending) = pending.as_mut() else {
+        return Err(Error::Config(
+            "sampler: tensor step outside begin/finish".into(),
+        ));
+    };
+    if index >= pending.done.len() || pending.done[index] {
+        return Err(Error::Config(format!(
+            "sampler: parameter tensor {index} stepped twice or out of range"
+        )));
+    }
+    Ok(pending)
 }
 
 fn update_of(kind: SamplerKind, integrator: Integrator) -> Result<Update> {
