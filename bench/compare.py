@@ -32,9 +32,11 @@ def main():
     ap.add_argument("--repeats", default="7")
     ap.add_argument("--hidden", default="100;400,400")
     ap.add_argument("--batch", default="100,1000")
+    ap.add_argument("--cnn-batch", default="64")
     ap.add_argument("--sampler", default="sghmc,sgnht")
     args = ap.parse_args()
-    common = ["--hidden", args.hidden, "--batch", args.batch, "--sampler", args.sampler,
+    common = ["--hidden", args.hidden, "--batch", args.batch, "--cnn-batch", args.cnn_batch,
+              "--sampler", args.sampler,
               "--repeats", args.repeats]
     bnn, torch = {}, {}
     for r in range(args.rounds):
@@ -49,13 +51,13 @@ def main():
             torch.setdefault(key, []).append(v)
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     rows = []
-    print(f"{'model':18} {'batch':>5} {'sampler':7} {'bnn steps/s':>12} {'torch steps/s':>14} {'ratio':>6}")
+    print(f"{'model':24} {'batch':>5} {'sampler':7} {'bnn steps/s':>12} {'torch steps/s':>14} {'ratio':>6}")
     for key in sorted(bnn):
         b, t = statistics.median(bnn[key]), statistics.median(torch[key])
         rows.append({"model": key[0], "batch": key[1], "sampler": key[2],
                      "bnn_steps_per_second": b, "torch_steps_per_second": t, "ratio": b / t,
                      "bnn_rounds": bnn[key], "torch_rounds": torch[key]})
-        print(f"{key[0]:18} {key[1]:5} {key[2]:7} {b:12.1f} {t:14.1f} {b / t:6.2f}")
+        print(f"{key[0]:24} {key[1]:5} {key[2]:7} {b:12.1f} {t:14.1f} {b / t:6.2f}")
     print(json.dumps(rows))
 
 

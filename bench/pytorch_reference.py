@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""PyTorch reference for `bnn bench train`: the same MLPs and the same SGHMC / SGNHT
+"""PyTorch reference for `bnn bench train`: the same MLPs, the same LeNet-style CNN
+(models/lenet.toml) and the same SGHMC / SGNHT
 updates (Euler, v-form: eta = h^2, v = p*h, alpha = xi*h, a = A*h), hand-written in
 PyTorch eager, as fast as we can honestly make it:
 
@@ -11,6 +12,10 @@ PyTorch eager, as fast as we can honestly make it:
     parameter leaf (the input needs no gradient, so none is computed);
   * `manual`: forward and backward written out with torch.addmm/mm into pre-allocated
     buffers (out=...), no autograd at all;
+- the CNN (conv 5x5, 6 channels -> relu -> max-pool 2 -> conv 5x5, 16 -> relu ->
+  max-pool 2 -> 120 -> 84 -> 10) gets its gradient by autograd w.r.t. the flat
+  parameter leaf (PyTorch's convolutions are oneDNN/MKL kernels; a hand-written
+  convolution backward in eager PyTorch would only be slower);
 - the minibatch is gathered from a uint8 tensor of the whole training set and scaled
   to [0, 1], as `bnn` does.
 
@@ -33,6 +38,7 @@ import time
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MINI = os.path.join(HERE, "..", "data", "mnist-mini")
@@ -125,9 +131,78 @@ class Mlp:
                 d = prev
 
 
+LENET_CONV = [6, 16]
+LENET_KERNEL = 5
+LENET_HIDDEN = [120, 84]
+
+
+class LeNet:
+    """bnn's `models/lenet.toml`: flat parameters, views per tensor, PyTorch's default
+    init (U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases)."""
+
+    def __init__(self, gen):
+        shapes = []
+        c_in, side = 1, 28
+        for c in LENET_CONV:
+            shapes += [((c, c_in, LENET_KERNEL, LENET_KERNEL), c_in * LENET_KERNEL**2),
+                       ((c,), c_in * LENET_KERNEL**2)]
+            c_in, side = c, (side - LENET_KERNEL + 1) // 2
+        widths = [c_in * side * side] + LENET_HIDDEN + [10]
+        for i, o in zip(widths[:-1], widths[1:]):
+            shapes += [((o, i), i), ((o,), i)]
+        self.shapes = [s for s, _ in shapes]
+        self.n = sum(math.prod(s) for s in self.shapes)
+        self.theta = torch.empty(self.n)
+        self.grad = torch.zeros(self.n)
+        at = 0
+        for shape, fan_in in shapes:
+            size = math.prod(shape)
+            bound = 1.0 / math.sqrt(fan_in)
+            self.theta[at : at + size].uniform_(-bound, bound, generator=gen)
+            at += size
+        self.flop_widths = widths
+
+    def views(self, theta):
+        out, at = [], 0
+        for s in self.shapes:
+            size = math.prod(s)
+            out.append(theta[at : at + size].view(s))
+            at += size
+        return out
+
+    def grad_autograd(self, x, y, scale):
+        theta = self.theta.detach().requires_grad_(True)
+        p = self.views(theta)
+        h = x.view(-1, 1, 28, 28)
+        convs = len(LENET_CONV)
+        for k in range(convs):
+            h = F.max_pool2d(F.relu(F.conv2d(h, p[2 * k], p[2 * k + 1])), 2)
+        h = h.flatten(1)
+        layers = len(p) // 2 - convs
+        for k in range(layers):
+            h = F.linear(h, p[2 * (convs + k)], p[2 * (convs + k) + 1])
+            if k + 1 < layers:
+                h = F.relu(h)
+        loss = F.cross_entropy(h, y, reduction="sum") * scale
+        (g,) = torch.autograd.grad(loss, theta)
+        torch.add(g, self.theta, alpha=PRIOR_PRECISION, out=self.grad)
+
+    def step_flop(self, batch):
+        """As bnn's `bench::step_flop`: forward, weight gradients, input errors but the first."""
+        flop, c_in, side = 0.0, 1, 28
+        for l, c in enumerate(LENET_CONV):
+            out = side - LENET_KERNEL + 1
+            macs = c * c_in * LENET_KERNEL**2 * out * out
+            flop += 2.0 * batch * (2.0 if l == 0 else 3.0) * macs
+            c_in, side = c, out // 2
+        w = self.flop_widths
+        return flop + 2.0 * batch * 3.0 * sum(i * o for i, o in zip(w[:-1], w[1:]))
+
+
 def run(widths, batch, sampler, mode, steps, repeats, images, gen):
     n_data = images.shape[0]
-    model = Mlp(widths, batch, gen)
+    cnn = widths is None
+    model = LeNet(gen) if cnn else Mlp(widths, batch, gen)
     eta = STEP_SIZE
     v = torch.randn(model.n, generator=gen) * math.sqrt(eta)
     noise = torch.empty(model.n)
@@ -173,11 +248,18 @@ def run(widths, batch, sampler, mode, steps, repeats, images, gen):
     if not torch.isfinite(model.theta).all():
         sys.exit(f"{sampler} diverged at batch {batch}: the timing would not be of a real step")
     sps = steps / secs
-    flop = 2.0 * batch * sum(
-        (2.0 if k == 0 else 3.0) * i * o for k, (i, o) in enumerate(zip(widths[:-1], widths[1:]))
-    )
+    if cnn:
+        flop = model.step_flop(batch)
+        name = "cnn{}-{}-{}-relu".format(
+            LENET_KERNEL, "-".join(f"c{c}" for c in LENET_CONV), "-".join(map(str, LENET_HIDDEN)))
+    else:
+        flop = 2.0 * batch * sum(
+            (2.0 if k == 0 else 3.0) * i * o
+            for k, (i, o) in enumerate(zip(widths[:-1], widths[1:]))
+        )
+        name = "mlp-" + "-".join(str(w) for w in widths[1:-1]) + "-relu"
     return {
-        "model": "mlp-" + "-".join(str(w) for w in widths[1:-1]) + "-relu",
+        "model": name,
         "batch": batch,
         "sampler": sampler,
         "mode": mode,
@@ -197,6 +279,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hidden", default="100;400,400")
     ap.add_argument("--batch", default="100,1000")
+    ap.add_argument("--cnn-batch", default="64", help='batches of the LeNet-style CNN ("" for none)')
     ap.add_argument("--sampler", default="sghmc,sgnht")
     ap.add_argument("--mode", default="both", choices=["both", "autograd", "manual"])
     ap.add_argument("--repeats", type=int, default=7)
@@ -213,13 +296,18 @@ def main():
     gen = torch.Generator().manual_seed(0)
     modes = ["autograd", "manual"] if args.mode == "both" else [args.mode]
     rows = []
-    for hidden in args.hidden.split(";"):
+    for hidden in filter(None, args.hidden.split(";")):
         widths = [784] + [int(w) for w in hidden.split(",") if w] + [10]
         for batch in (int(b) for b in args.batch.split(",")):
             steps = max(10, args.steps * 100 // batch)
             for sampler in args.sampler.split(","):
                 for mode in modes:
                     rows.append(run(widths, batch, sampler, mode, steps, args.repeats, images, gen))
+    for batch in (int(b) for b in args.cnn_batch.split(",") if b.strip()):
+        steps = max(10, args.steps * 100 // batch)
+        for sampler in args.sampler.split(","):
+            # Autograd only: no hand-written convolution backward in eager PyTorch.
+            rows.append(run(None, batch, sampler, "autograd", steps, args.repeats, images, gen))
     print(json.dumps(rows))
 
 

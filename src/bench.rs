@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::NUM_CLASSES;
 use crate::error::Result;
-use crate::model::{Mlp, ModelSpec};
+use crate::model::{ModelSpec, Network};
 use crate::potential::{Backward, Potential, Prior, PriorSpec};
 use crate::sampler::{self, Integrator, Kernel, SamplerKind};
 use crate::train::Stepper;
@@ -133,6 +133,8 @@ pub fn mlp_step_flop(widths: &[usize], batch: usize) -> f64 {
 pub struct TrainBenchOptions {
     pub hidden: Vec<Vec<usize>>,
     pub batches: Vec<usize>,
+    /// Batch sizes of the LeNet-style CNN (`models/lenet.toml`); empty: no CNN.
+    pub cnn_batches: Vec<usize>,
     pub samplers: Vec<SamplerKind>,
     pub integrator: Integrator,
     pub backward: Backward,
@@ -149,74 +151,98 @@ pub fn train(opts: &TrainBenchOptions) -> Result<Vec<TrainBench>> {
     let ds = crate::data::load_builtin()?;
     let n = ds.train.len();
     let mut rows = Vec::new();
+    let mut runs: Vec<(ModelSpec, usize)> = Vec::new();
     for hidden in &opts.hidden {
         let spec = ModelSpec {
             hidden: hidden.clone(),
             ..ModelSpec::default()
         };
-        for &batch in &opts.batches {
-            for &kind in &opts.samplers {
-                let mut config = kind.defaults();
-                config.integrator = opts.integrator;
-                let model = Mlp::new(&spec, ds.train.dim(), NUM_CLASSES, 0, &Device::Cpu)?;
-                let prior = Prior::new(
-                    PriorSpec::Gamma {
-                        shape: 1.0,
-                        rate: 1.0,
-                    },
-                    model.params.len(),
-                )?;
-                let potential = Potential::new(n, 1.0, prior)?;
-                let mut stepper = Stepper::new(
-                    &model,
-                    potential,
-                    config,
-                    opts.kernel,
-                    opts.backward,
-                    0,
-                    batch,
-                )?;
-                let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-                let mut order: Vec<usize> = (0..n).collect();
-                order.shuffle(&mut rng);
-                let steps = (opts.steps * 100 / batch).max(10);
-                let mut cursor = 0;
-                let mut run = |stepper: &mut Stepper| -> Result<()> {
-                    for _ in 0..steps {
-                        if cursor + batch > n {
-                            cursor = 0;
-                        }
-                        stepper.step(&ds.train, &order[cursor..cursor + batch])?;
-                        cursor += batch;
+        runs.extend(opts.batches.iter().map(|&b| (spec.clone(), b)));
+    }
+    runs.extend(opts.cnn_batches.iter().map(|&b| (ModelSpec::lenet(), b)));
+    for (spec, batch) in runs {
+        for &kind in &opts.samplers {
+            let mut config = kind.defaults();
+            config.integrator = opts.integrator;
+            let model = Network::new(&spec, ds.train.dim(), NUM_CLASSES, 0, &Device::Cpu)?;
+            let prior = Prior::new(
+                PriorSpec::Gamma {
+                    shape: 1.0,
+                    rate: 1.0,
+                },
+                model.params.len(),
+            )?;
+            let potential = Potential::new(n, 1.0, prior)?;
+            let mut stepper = Stepper::new(
+                &model,
+                potential,
+                config,
+                opts.kernel,
+                opts.backward,
+                0,
+                batch,
+            )?;
+            let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+            let mut order: Vec<usize> = (0..n).collect();
+            order.shuffle(&mut rng);
+            let steps = (opts.steps * 100 / batch).max(10);
+            let mut cursor = 0;
+            let mut run = |stepper: &mut Stepper| -> Result<()> {
+                for _ in 0..steps {
+                    if cursor + batch > n {
+                        cursor = 0;
                     }
-                    Ok(())
-                };
-                let secs = time(opts.repeats, || run(&mut stepper))?;
-                let sps = steps as f64 / secs;
-                let mut widths = vec![ds.train.dim()];
-                widths.extend(hidden);
-                widths.push(NUM_CLASSES);
-                let flop = mlp_step_flop(&widths, batch);
-                rows.push(TrainBench {
-                    model: spec.label(),
-                    batch,
-                    sampler: kind.name().to_string(),
-                    integrator: config.integrator,
-                    backward: stepper.backward,
-                    kernel: opts.kernel,
-                    threads: rayon::current_num_threads(),
-                    steps_per_second: sps,
-                    images_per_second: sps * batch as f64,
-                    ms_per_step: 1e3 / sps,
-                    flop_per_step: flop,
-                    gflop_per_second: flop * sps / 1e9,
-                    repeats: opts.repeats,
-                    steps_per_repeat: steps,
-                });
-            }
+                    stepper.step(&ds.train, &order[cursor..cursor + batch])?;
+                    cursor += batch;
+                }
+                Ok(())
+            };
+            let secs = time(opts.repeats, || run(&mut stepper))?;
+            let sps = steps as f64 / secs;
+            let flop = step_flop(&model, batch);
+            rows.push(TrainBench {
+                model: spec.label(),
+                batch,
+                sampler: kind.name().to_string(),
+                integrator: config.integrator,
+                backward: stepper.backward,
+                kernel: opts.kernel,
+                threads: rayon::current_num_threads(),
+                steps_per_second: sps,
+                images_per_second: sps * batch as f64,
+                ms_per_step: 1e3 / sps,
+                flop_per_step: flop,
+                gflop_per_second: flop * sps / 1e9,
+                repeats: opts.repeats,
+                steps_per_repeat: steps,
+            });
         }
     }
     Ok(rows)
+}
+
+/// FLOP of one training step of `model` at `batch`: the products of the forward, of the
+/// weight gradients and of the input errors of every layer but the first.
+pub fn step_flop(model: &Network, batch: usize) -> f64 {
+    let conv: f64 = model
+        .convs
+        .iter()
+        .enumerate()
+        .map(|(l, s)| {
+            let macs = (s.out_channels * s.patch() * s.conv_side * s.conv_side) as f64;
+            let passes = if l == 0 { 2.0 } else { 3.0 };
+            2.0 * batch as f64 * passes * macs
+        })
+        .sum();
+    let widths = model.fc_widths();
+    let fc = if model.convs.is_empty() {
+        mlp_step_flop(&widths, batch)
+    } else {
+        // The first fully connected layer's input error is needed (for the convolutions).
+        let all: f64 = widths.windows(2).map(|w| (w[0] * w[1]) as f64).sum();
+        2.0 * batch as f64 * 3.0 * all
+    };
+    conv + fc
 }
 
 /// One first-layer product on real MNIST pixels, dense and skipping the zero pixels.

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::fetch::write_atomic;
 use crate::error::{Error, Result};
-use crate::model::{Mlp, ModelSpec};
+use crate::model::{ModelSpec, Network};
 use crate::potential::PriorSpec;
 use crate::sampler::SamplerConfig;
 
@@ -121,7 +121,7 @@ pub fn encode_safetensors(
 pub fn save_sample(
     run_dir: &Path,
     step: u64,
-    model: &Mlp,
+    model: &Network,
     metadata: BTreeMap<String, String>,
 ) -> Result<PathBuf> {
     let tensors: Vec<(String, Tensor)> = model

@@ -109,12 +109,15 @@ pub enum BenchCommand {
     },
     /// Steps per second of the full training step (gather, forward, backward, update).
     Train {
-        /// Hidden widths of each network, `;`-separated (e.g. "100;400,400").
+        /// Hidden widths of each MLP, `;`-separated (e.g. "100;400,400"); "" for none.
         #[arg(long, default_value = "100;400,400")]
         hidden: String,
         /// Minibatch sizes.
         #[arg(long, value_delimiter = ',', default_values_t = [100usize, 1000])]
         batch: Vec<usize>,
+        /// Minibatch sizes of the LeNet-style CNN (models/lenet.toml); "" for none.
+        #[arg(long, default_value = "64")]
+        cnn_batch: String,
         /// Samplers.
         #[arg(long, value_enum, value_delimiter = ',', default_values = ["sghmc", "sgnht"])]
         sampler: Vec<SamplerKind>,

@@ -105,6 +105,7 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
         Command::Bench(BenchCommand::Train {
             hidden,
             batch,
+            cnn_batch,
             sampler,
             integrator,
             backward,
@@ -112,8 +113,20 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
             repeats,
             steps,
         }) => {
+            let cnn_batches = cnn_batch
+                .split(',')
+                .filter(|b| !b.trim().is_empty())
+                .map(|b| {
+                    b.trim().parse::<usize>().map_err(|_| {
+                        Error::Config(format!(
+                            "--cnn-batch: `{b}` is not a batch size (e.g. \"64\")"
+                        ))
+                    })
+                })
+                .collect::<Result<Vec<usize>>>()?;
             let hidden = hidden
                 .split(';')
+                .filter(|net| !net.trim().is_empty())
                 .map(|net| {
                     net.split(',')
                         .filter(|w| !w.trim().is_empty())
@@ -131,8 +144,8 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
                         .collect::<Result<Vec<usize>>>()
                 })
                 .collect::<Result<Vec<_>>>()?;
-            if batch.contains(&0) || batch.iter().any(|&b| b > 10_000) || repeats == 0 || steps == 0
-            {
+            let sizes = || batch.iter().chain(&cnn_batches);
+            if sizes().any(|&b| b == 0 || b > 10_000) || repeats == 0 || steps == 0 {
                 return Err(Error::Config(
                     "bench train needs batches in 1..=10000 and positive repeats and steps".into(),
                 ));
@@ -140,6 +153,7 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
             let opts = crate::bench::TrainBenchOptions {
                 hidden,
                 batches: batch,
+                cnn_batches,
                 samplers: sampler,
                 integrator,
                 backward,

@@ -7,25 +7,33 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::{Split, NUM_CLASSES};
 use crate::error::Result;
-use crate::kernels::mlp::MlpBackprop;
+use crate::kernels::Backprop;
 use crate::metrics::{self, Metrics};
-use crate::model::Mlp;
+use crate::model::Network;
 
 /// Examples per forward pass when predicting a whole split.
 pub const EVAL_BATCH: usize = 1000;
+/// The same for a CNN, whose im2col buffers grow with the batch (25 floats per pixel of
+/// the first convolution's output: 58 MB at 1000 MNIST images, 15 MB at 256).
+pub const CNN_EVAL_BATCH: usize = 256;
 
 /// Softmax outputs of `model` on every example of `split` (row-major n × classes). On
 /// the CPU the forward pass is the hand-written one of the training step
-/// ([`MlpBackprop::forward`]); `bnn train` and `bnn eval` both come here, so they agree
+/// ([`Backprop::forward`]); `bnn train` and `bnn eval` both come here, so they agree
 /// exactly.
-pub fn predict(model: &Mlp, split: &Split, device: &Device) -> Result<Vec<f32>> {
+pub fn predict(model: &Network, split: &Split, device: &Device) -> Result<Vec<f32>> {
     let mut out = Vec::with_capacity(split.len() * NUM_CLASSES);
     let mut x = Vec::new();
     let mut y = Vec::new();
     let indices: Vec<usize> = (0..split.len()).collect();
+    let batch = if model.convs.is_empty() {
+        EVAL_BATCH
+    } else {
+        CNN_EVAL_BATCH
+    };
     if device.is_cpu() {
-        let mut forward = MlpBackprop::new(model, EVAL_BATCH)?;
-        for chunk in indices.chunks(EVAL_BATCH) {
+        let mut forward = Backprop::new(model, batch)?;
+        for chunk in indices.chunks(batch) {
             split.gather(chunk, &mut x, &mut y);
             let logits = forward.forward(model, &x, chunk.len())?;
             for row in logits.chunks_exact(NUM_CLASSES) {
@@ -39,7 +47,7 @@ pub fn predict(model: &Mlp, split: &Split, device: &Device) -> Result<Vec<f32>> 
         }
         return Ok(out);
     }
-    for chunk in indices.chunks(EVAL_BATCH) {
+    for chunk in indices.chunks(batch) {
         split.gather(chunk, &mut x, &mut y);
         let xt = Tensor::from_slice(&x, (chunk.len(), split.dim()), device)?;
         let probs = candle_nn::ops::softmax_last_dim(&model.forward(&xt)?)?;

@@ -11,7 +11,7 @@ use crate::data::{self, Dataset, LoadOptions, NUM_CLASSES};
 use crate::ensemble::{self, Accumulator, Progress};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::model::Mlp;
+use crate::model::Network;
 
 /// What `bnn eval` prints.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -65,7 +65,7 @@ pub fn evaluate_run(
     device: &Device,
 ) -> Result<EvalReport> {
     let device = device.clone();
-    let model = Mlp::new(&manifest.model, manifest.input_dim, NUM_CLASSES, 0, &device)?;
+    let model = Network::new(&manifest.model, manifest.input_dim, NUM_CLASSES, 0, &device)?;
     let paths = checkpoint::list_samples(run_dir)?;
     if paths.is_empty() {
         return Err(Error::Checkpoint(format!(

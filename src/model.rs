@@ -22,7 +22,11 @@ pub enum Activation {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ModelKind {
+    /// Fully connected layers.
     Mlp,
+    /// LeNet-style: valid convolutions, each followed by the activation and a 2×2 max-pool,
+    /// then fully connected layers.
+    Cnn,
 }
 
 /// An architecture: what a preset file in `models/` describes.
@@ -30,9 +34,85 @@ pub enum ModelKind {
 #[serde(deny_unknown_fields)]
 pub struct ModelSpec {
     pub kind: ModelKind,
-    /// Widths of the hidden layers, input to output.
+    /// Widths of the hidden fully connected layers, input to output.
     pub hidden: Vec<usize>,
     pub activation: Activation,
+    /// CNN only: output channels of each convolution, input to output.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conv: Vec<usize>,
+    /// CNN only: side of the square convolution kernels.
+    #[serde(default = "default_kernel_size")]
+    pub kernel_size: usize,
+}
+
+fn default_kernel_size() -> usize {
+    5
+}
+
+/// The spatial shape of a CNN's layers on square single-channel images of side `side`:
+/// for each convolution, (input channels, input side, output side before pooling).
+pub fn conv_shapes(spec: &ModelSpec, side: usize) -> Result<Vec<ConvShape>> {
+    let (mut channels, mut side_in) = (1, side);
+    let mut shapes = Vec::with_capacity(spec.conv.len());
+    for (l, &out) in spec.conv.iter().enumerate() {
+        if side_in < spec.kernel_size || (side_in - spec.kernel_size + 1) < 2 {
+            return Err(Error::Config(format!(
+                "convolution {} ({}×{} kernel, then 2×2 pooling) does not fit its {side_in}×{side_in} input: \
+                 use fewer convolutions or a smaller kernel_size",
+                l + 1,
+                spec.kernel_size,
+                spec.kernel_size
+            )));
+        }
+        let conv_side = side_in - spec.kernel_size + 1;
+        shapes.push(ConvShape {
+            in_channels: channels,
+            out_channels: out,
+            kernel: spec.kernel_size,
+            in_side: side_in,
+            conv_side,
+        });
+        channels = out;
+        side_in = conv_side / 2;
+    }
+    Ok(shapes)
+}
+
+/// One convolution of a CNN (stride 1, no padding) and its 2×2 max-pool (floor).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvShape {
+    pub in_channels: usize,
+    pub out_channels: usize,
+    pub kernel: usize,
+    /// Side of the (square) input.
+    pub in_side: usize,
+    /// Side of the convolution's output; the pooled output's is half of it (floor).
+    pub conv_side: usize,
+}
+
+impl ConvShape {
+    pub fn pool_side(&self) -> usize {
+        self.conv_side / 2
+    }
+    /// Inputs of one output pixel: C_in·k².
+    pub fn patch(&self) -> usize {
+        self.in_channels * self.kernel * self.kernel
+    }
+    /// Elements of one example's pooled output.
+    pub fn pooled_len(&self) -> usize {
+        self.out_channels * self.pool_side() * self.pool_side()
+    }
+}
+
+/// The side of a square image of `dim` pixels.
+pub fn image_side(dim: usize) -> Result<usize> {
+    let side = (dim as f64).sqrt().round() as usize;
+    if side * side != dim {
+        return Err(Error::Config(format!(
+            "a CNN needs square images; this dataset has {dim} pixels per image"
+        )));
+    }
+    Ok(side)
 }
 
 impl Default for ModelSpec {
@@ -41,6 +121,8 @@ impl Default for ModelSpec {
             kind: ModelKind::Mlp,
             hidden: vec![100],
             activation: Activation::Relu,
+            conv: Vec::new(),
+            kernel_size: default_kernel_size(),
         }
     }
 }
@@ -66,6 +148,14 @@ impl ModelSpec {
         Ok(preset.model)
     }
 
+    /// The LeNet-style CNN of `models/lenet.toml` (embedded, so that `bnn bench train`
+    /// runs it from any directory).
+    pub fn lenet() -> Self {
+        let preset: PresetFile = toml::from_str(include_str!("../models/lenet.toml"))
+            .expect("models/lenet.toml is a valid preset (tested)");
+        preset.model
+    }
+
     pub fn validate(&self) -> Result<()> {
         if self.hidden.contains(&0) {
             return Err(Error::Config(format!(
@@ -73,7 +163,22 @@ impl ModelSpec {
                 self.hidden
             )));
         }
-        Ok(())
+        match self.kind {
+            ModelKind::Mlp if !self.conv.is_empty() => Err(Error::Config(
+                "`conv` is for kind = \"cnn\"; an MLP has no convolutions".into(),
+            )),
+            ModelKind::Cnn if self.conv.is_empty() || self.conv.contains(&0) => {
+                Err(Error::Config(format!(
+                    "a CNN needs at least one convolution with a positive channel count, \
+                     got conv = {:?}",
+                    self.conv
+                )))
+            }
+            ModelKind::Cnn if self.kernel_size == 0 => {
+                Err(Error::Config("kernel_size must be positive".into()))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// A short name such as `mlp-400-400-relu`.
@@ -83,11 +188,23 @@ impl ModelSpec {
             Activation::Relu => "relu",
             Activation::Sigmoid => "sigmoid",
         };
-        if widths.is_empty() {
-            format!("mlp-{act}")
-        } else {
-            format!("mlp-{}-{act}", widths.join("-"))
+        let mut parts = Vec::new();
+        match self.kind {
+            ModelKind::Mlp => parts.push("mlp".to_string()),
+            ModelKind::Cnn => {
+                parts.push(format!("cnn{}", self.kernel_size));
+                parts.push(
+                    self.conv
+                        .iter()
+                        .map(|c| format!("c{c}"))
+                        .collect::<Vec<_>>()
+                        .join("-"),
+                );
+            }
         }
+        parts.extend(widths);
+        parts.push(act.to_string());
+        parts.join("-")
     }
 }
 
@@ -98,18 +215,51 @@ pub struct Param {
     pub var: Var,
 }
 
-/// Multi-layer perceptron: `Linear → act → ... → Linear` to class logits.
+/// 2×2 max-pooling with stride 2 (a trailing odd row or column dropped, as PyTorch does),
+/// written with reshapes and reductions so that its backward is right. Why not candle's
+/// `max_pool2d`: its backward (candle 0.11) multiplies the gradient by the window's
+/// fraction of maxima (1/4 for a unique maximum) where it should divide by their count,
+/// and spreads it by nearest-neighbour upsampling, which misplaces it when a side is odd.
+/// Nor a plain max reduction: its backward gives every tied maximum the whole gradient,
+/// and ties are common (a blank patch of an image gives four equal outputs). Here the
+/// output is Σ mask·x / Σ mask over the window, mask = [x = max] held constant, so the
+/// gradient is split evenly among tied maxima (PyTorch gives it all to the first; the
+/// sum, and so every bias gradient, is the same).
+fn max_pool2(h: &Tensor) -> Result<Tensor> {
+    let (b, c, rows, cols) = h.dims4()?;
+    let (pr, pc) = (rows / 2, cols / 2);
+    let windows = h
+        .narrow(2, 0, 2 * pr)?
+        .narrow(3, 0, 2 * pc)?
+        .contiguous()?
+        .reshape((b, c, pr, 2, pc, 2))?;
+    let max = windows.max_keepdim(5)?.max_keepdim(3)?;
+    let mask = windows.broadcast_eq(&max)?.to_dtype(h.dtype())?.detach();
+    let count = mask.sum_keepdim(5)?.sum_keepdim(3)?;
+    let pooled = (windows * &mask)?
+        .sum_keepdim(5)?
+        .sum_keepdim(3)?
+        .broadcast_div(&count)?;
+    Ok(pooled.reshape((b, c, pr, pc))?)
+}
+
+/// A classifier network: an MLP (`Linear → act → ... → Linear`) or a CNN (`Conv → act →
+/// MaxPool(2)`, repeated, then the same fully connected layers) to class logits.
 #[derive(Debug, Clone)]
-pub struct Mlp {
+pub struct Network {
     pub spec: ModelSpec,
     pub input_dim: usize,
     pub num_classes: usize,
-    /// `fc{k}.weight` (out × in) and `fc{k}.bias` (out), layer by layer.
+    /// CNN only: the convolutions' shapes (empty for an MLP).
+    pub convs: Vec<ConvShape>,
+    /// `conv{k}.weight` (C_out × C_in × k × k) and `conv{k}.bias` (C_out), then `fc{k}.weight`
+    /// (out × in) and `fc{k}.bias` (out), layer by layer.
     pub params: Vec<Param>,
 }
 
-impl Mlp {
-    /// A network with PyTorch's default initialisation, U(−1/√fan_in, 1/√fan_in), from `seed`.
+impl Network {
+    /// A network with PyTorch's default initialisation, U(−1/√fan_in, 1/√fan_in), from `seed`
+    /// (fan_in = C_in·k² for a convolution).
     pub fn new(
         spec: &ModelSpec,
         input_dim: usize,
@@ -118,49 +268,91 @@ impl Mlp {
         device: &Device,
     ) -> Result<Self> {
         spec.validate()?;
+        let convs = match spec.kind {
+            ModelKind::Mlp => Vec::new(),
+            ModelKind::Cnn => conv_shapes(spec, image_side(input_dim)?)?,
+        };
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let mut widths = vec![input_dim];
+        let mut params = Vec::new();
+        let mut push = |name: String, shape: Vec<usize>, fan_in: usize| -> Result<()> {
+            let bound = 1.0 / (fan_in as f32).sqrt();
+            let n = shape.iter().product();
+            let data: Vec<f32> = (0..n).map(|_| rng.random_range(-bound..bound)).collect();
+            let t = Tensor::from_vec(data, shape, device)?;
+            params.push(Param {
+                name,
+                var: Var::from_tensor(&t)?,
+            });
+            Ok(())
+        };
+        for (k, c) in convs.iter().enumerate() {
+            let shape = vec![c.out_channels, c.in_channels, c.kernel, c.kernel];
+            push(format!("conv{}.weight", k + 1), shape, c.patch())?;
+            push(
+                format!("conv{}.bias", k + 1),
+                vec![c.out_channels],
+                c.patch(),
+            )?;
+        }
+        let mut widths = vec![convs.last().map_or(input_dim, ConvShape::pooled_len)];
         widths.extend(&spec.hidden);
         widths.push(num_classes);
-        let mut params = Vec::new();
         for (k, pair) in widths.windows(2).enumerate() {
             let (fan_in, fan_out) = (pair[0], pair[1]);
-            let bound = 1.0 / (fan_in as f32).sqrt();
-            let mut draw = |n: usize| -> Vec<f32> {
-                (0..n).map(|_| rng.random_range(-bound..bound)).collect()
-            };
-            let w = Tensor::from_vec(draw(fan_in * fan_out), (fan_out, fan_in), device)?;
-            let b = Tensor::from_vec(draw(fan_out), fan_out, device)?;
-            params.push(Param {
-                name: format!("fc{}.weight", k + 1),
-                var: Var::from_tensor(&w)?,
-            });
-            params.push(Param {
-                name: format!("fc{}.bias", k + 1),
-                var: Var::from_tensor(&b)?,
-            });
+            push(format!("fc{}.weight", k + 1), vec![fan_out, fan_in], fan_in)?;
+            push(format!("fc{}.bias", k + 1), vec![fan_out], fan_in)?;
         }
-        Ok(Mlp {
+        Ok(Network {
             spec: spec.clone(),
             input_dim,
             num_classes,
+            convs,
             params,
         })
     }
 
-    /// Class logits for a batch `x` of shape (batch, input_dim).
+    /// Widths of the fully connected layers, their input (the flattened pooled output of
+    /// the last convolution for a CNN) first, classes last.
+    pub fn fc_widths(&self) -> Vec<usize> {
+        let mut widths = vec![self
+            .convs
+            .last()
+            .map_or(self.input_dim, ConvShape::pooled_len)];
+        widths.extend(&self.spec.hidden);
+        widths.push(self.num_classes);
+        widths
+    }
+
+    fn activate(&self, h: &Tensor) -> Result<Tensor> {
+        Ok(match self.spec.activation {
+            Activation::Relu => h.relu()?,
+            Activation::Sigmoid => candle_nn::ops::sigmoid(h)?,
+        })
+    }
+
+    /// Class logits for a batch `x` of shape (batch, input_dim) (a CNN's images row-major).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let layers = self.params.len() / 2;
         let mut h = x.clone();
+        let convs = self.convs.len();
+        if let Some(first) = self.convs.first() {
+            h = h.reshape((x.dim(0)?, 1, first.in_side, first.in_side))?;
+            for k in 0..convs {
+                let w = self.params[2 * k].var.as_tensor();
+                let b = self.params[2 * k + 1].var.as_tensor();
+                let z =
+                    h.conv2d(w, 0, 1, 1, 1)?
+                        .broadcast_add(&b.reshape((1, b.dim(0)?, 1, 1))?)?;
+                h = max_pool2(&self.activate(&z)?)?;
+            }
+            h = h.flatten_from(1)?;
+        }
+        let layers = self.params.len() / 2 - convs;
         for k in 0..layers {
-            let w = self.params[2 * k].var.as_tensor();
-            let b = self.params[2 * k + 1].var.as_tensor();
+            let w = self.params[2 * (convs + k)].var.as_tensor();
+            let b = self.params[2 * (convs + k) + 1].var.as_tensor();
             h = h.matmul(&w.t()?)?.broadcast_add(b)?;
             if k + 1 < layers {
-                h = match self.spec.activation {
-                    Activation::Relu => h.relu()?,
-                    Activation::Sigmoid => candle_nn::ops::sigmoid(&h)?,
-                };
+                h = self.activate(&h)?;
             }
         }
         Ok(h)
@@ -222,8 +414,9 @@ mod tests {
             kind: ModelKind::Mlp,
             hidden: vec![5, 4],
             activation: Activation::Sigmoid,
+            ..ModelSpec::default()
         };
-        let m = Mlp::new(&spec, 6, 3, 1, &Device::Cpu).unwrap();
+        let m = Network::new(&spec, 6, 3, 1, &Device::Cpu).unwrap();
         let names: Vec<_> = m.params.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(
             names,

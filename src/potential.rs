@@ -12,8 +12,9 @@ use rand_distr::Distribution;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::kernels::mlp::{BatchLoss, MlpBackprop};
-use crate::model::Mlp;
+use crate::kernels::mlp::BatchLoss;
+use crate::kernels::Backprop;
+use crate::model::Network;
 
 /// How the gradient of the potential is computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -151,8 +152,8 @@ impl Potential {
     /// gradients land in `backprop.grads()`; `x` is the minibatch, row-major.
     pub fn evaluate_fast(
         &self,
-        backprop: &mut MlpBackprop,
-        model: &Mlp,
+        backprop: &mut Backprop,
+        model: &Network,
         x: &[f32],
         y: &[u32],
     ) -> Result<BatchLoss> {
@@ -160,11 +161,11 @@ impl Potential {
     }
 
     /// [`Potential::evaluate_fast`], handing each parameter tensor's gradient to `ready`
-    /// as soon as it is final ([`MlpBackprop::loss_and_grad_then`]).
+    /// as soon as it is final ([`Backprop::loss_and_grad_then`]).
     pub fn evaluate_fast_then(
         &self,
-        backprop: &mut MlpBackprop,
-        model: &Mlp,
+        backprop: &mut Backprop,
+        model: &Network,
         x: &[f32],
         y: &[u32],
         ready: Option<crate::kernels::mlp::GradientReady<'_>>,
@@ -182,7 +183,7 @@ impl Potential {
 
     /// Gradient of the tempered minibatch potential: autograd on the likelihood term
     /// (N/|S|)·Σ −log p(y|x,θ) = N · mean, plus the prior's λθ, all divided by T.
-    pub fn evaluate(&self, model: &Mlp, x: &Tensor, y: &Tensor) -> Result<Evaluation> {
+    pub fn evaluate(&self, model: &Network, x: &Tensor, y: &Tensor) -> Result<Evaluation> {
         let logits = model.forward(x)?;
         let nll = candle_nn::loss::cross_entropy(&logits, y)?;
         let scaled = (&nll * self.n_data as f64)?;

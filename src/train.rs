@@ -16,10 +16,11 @@ use crate::checkpoint::{self, RunManifest};
 use crate::data::{Dataset, Split, NUM_CLASSES};
 use crate::ensemble::{self, Accumulator};
 use crate::error::{Error, Result};
-use crate::kernels::mlp::{BatchLoss, GradientSink, MlpBackprop};
+use crate::kernels::mlp::{BatchLoss, GradientSink};
+use crate::kernels::Backprop;
 use crate::kernels::InlineUpdate;
 use crate::metrics::Metrics;
-use crate::model::{Mlp, ModelSpec};
+use crate::model::{ModelSpec, Network};
 use crate::potential::{Backward, Potential, Prior, PriorSpec};
 use crate::sampler::{self, Kernel, Sampler, SamplerConfig, TensorwiseStep};
 
@@ -251,13 +252,13 @@ const GIBBS_STREAM: u64 = 0x4749_4242_5300_0000;
 /// One training update (minibatch gather, forward, backward, sampler step) with the
 /// buffers it reuses; shared by [`train`] and `bnn bench train`.
 pub struct Stepper {
-    model: Mlp,
+    model: Network,
     vars: Vec<Var>,
     pub potential: Potential,
     pub sampler: Box<dyn Sampler>,
     /// The gradient implementation in use (`auto` resolved).
     pub backward: Backward,
-    backprop: Option<MlpBackprop>,
+    backprop: Option<Backprop>,
     /// With the custom backward and a sampler that steps by tensor: update each layer
     /// as soon as its gradient is ready (default), instead of after the whole backward.
     pub by_layer: bool,
@@ -274,7 +275,7 @@ impl Stepper {
     /// A stepper for `model` (whose parameters it updates in place) on minibatches of
     /// `batch` examples.
     pub fn new(
-        model: &Mlp,
+        model: &Network,
         potential: Potential,
         sampler: SamplerConfig,
         kernel: Kernel,
@@ -286,7 +287,7 @@ impl Stepper {
         let device = vars.first().map_or(Device::Cpu, |v| v.device().clone());
         let backward = backward.resolve(&device)?;
         let backprop = match backward {
-            Backward::Custom => Some(MlpBackprop::new(model, batch)?),
+            Backward::Custom => Some(Backprop::new(model, batch)?),
             _ => None,
         };
         Ok(Stepper {
@@ -413,7 +414,7 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
     let run_dir = &cfg.run_dir;
     std::fs::create_dir_all(checkpoint::samples_dir(run_dir)).map_err(|e| Error::io(run_dir, e))?;
     let dim = ds.train.dim();
-    let model = Mlp::new(&cfg.model, dim, NUM_CLASSES, cfg.seed, &device)?;
+    let model = Network::new(&cfg.model, dim, NUM_CLASSES, cfg.seed, &device)?;
     let vars = model.vars();
     let manifest = RunManifest {
         bnn_version: env!("CARGO_PKG_VERSION").to_string(),

@@ -1,8 +1,8 @@
 //! The hand-written MLP backward (src/kernels/mlp.rs) against candle's autograd and
 //! against central finite differences.
 
-use bnn::kernels::mlp::MlpBackprop;
-use bnn::model::{Activation, Mlp, ModelKind, ModelSpec};
+use bnn::kernels::Backprop;
+use bnn::model::{Activation, ModelKind, ModelSpec, Network};
 use bnn::potential::{Potential, Prior, PriorSpec};
 use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng};
@@ -10,22 +10,29 @@ use rand::{Rng, SeedableRng};
 const DIM: usize = 9;
 const CLASSES: usize = 4;
 
-fn mlp(input: usize, classes: usize, hidden: &[usize], activation: Activation, seed: u64) -> Mlp {
+fn mlp(
+    input: usize,
+    classes: usize,
+    hidden: &[usize],
+    activation: Activation,
+    seed: u64,
+) -> Network {
     let spec = ModelSpec {
         kind: ModelKind::Mlp,
         hidden: hidden.to_vec(),
         activation,
+        ..ModelSpec::default()
     };
-    Mlp::new(&spec, input, classes, seed, &Device::Cpu).unwrap()
+    Network::new(&spec, input, classes, seed, &Device::Cpu).unwrap()
 }
 
 /// A small network on DIM inputs and CLASSES classes.
-fn net(hidden: &[usize], activation: Activation, seed: u64) -> Mlp {
+fn net(hidden: &[usize], activation: Activation, seed: u64) -> Network {
     mlp(DIM, CLASSES, hidden, activation, seed)
 }
 
 /// The Gamma(1, 1) hyper-prior of `bnn train`, one precision per tensor of `m`.
-fn gamma_prior(m: &Mlp) -> Prior {
+fn gamma_prior(m: &Network) -> Prior {
     let spec = PriorSpec::Gamma {
         shape: 1.0,
         rate: 1.0,
@@ -46,7 +53,7 @@ fn batch(rows: usize, seed: u64) -> (Vec<f32>, Vec<u32>) {
 
 /// A potential with a different prior precision on every tensor and T ≠ 1, so that a
 /// mixed-up tensor index or a missing 1/T shows.
-fn potential(m: &Mlp, n_data: usize) -> Potential {
+fn potential(m: &Network, n_data: usize) -> Potential {
     let mut prior = gamma_prior(m);
     prior.precisions = (0..m.params.len()).map(|i| 0.5 + i as f64).collect();
     Potential::new(n_data, 0.7, prior).unwrap()
@@ -70,7 +77,7 @@ fn custom_backward_equals_autograd() {
     ] {
         let m = net(&hidden, act, 3);
         let pot = potential(&m, 1000);
-        let mut bp = MlpBackprop::new(&m, 13).unwrap();
+        let mut bp = Backprop::new(&m, 13).unwrap();
         for (rows, seed) in [(13, 1), (5, 2), (40, 3)] {
             let (x, y) = batch(rows, seed);
             let fast = pot.evaluate_fast(&mut bp, &m, &x, &y).unwrap();
@@ -110,7 +117,7 @@ fn custom_backward_equals_autograd() {
 #[test]
 fn custom_forward_equals_model_forward() {
     let m = net(&[12, 6], Activation::Relu, 9);
-    let mut bp = MlpBackprop::new(&m, 8).unwrap();
+    let mut bp = Backprop::new(&m, 8).unwrap();
     let (x, _) = batch(21, 4);
     let fast = bp.forward(&m, &x, 21).unwrap().to_vec();
     let xt = Tensor::from_slice(&x, (21, DIM), &Device::Cpu).unwrap();
@@ -123,7 +130,13 @@ fn custom_forward_equals_model_forward() {
 
 /// U(θ)/T on the minibatch in f64 from the custom forward's logits:
 /// (N/|S|)·Σ −log softmax(z)_y + ½ Σ_t λ_t |θ_t|², all over T.
-fn tempered_potential(pot: &Potential, bp: &mut MlpBackprop, m: &Mlp, x: &[f32], y: &[u32]) -> f64 {
+fn tempered_potential(
+    pot: &Potential,
+    bp: &mut Backprop,
+    m: &Network,
+    x: &[f32],
+    y: &[u32],
+) -> f64 {
     let logits = bp.forward(m, x, y.len()).unwrap().to_vec();
     let mut nll = 0f64;
     for (z, &label) in logits.chunks_exact(CLASSES).zip(y) {
@@ -154,7 +167,7 @@ fn custom_backward_matches_finite_differences() {
     ] {
         let m = net(&hidden, act, 5);
         let pot = potential(&m, 20);
-        let mut bp = MlpBackprop::new(&m, 6).unwrap();
+        let mut bp = Backprop::new(&m, 6).unwrap();
         let (x, y) = batch(6, 8);
         pot.evaluate_fast(&mut bp, &m, &x, &y).unwrap();
         let grads: Vec<Vec<f32>> = bp.grads().iter().map(flat).collect();
@@ -191,7 +204,7 @@ fn custom_backward_matches_finite_differences() {
 fn repeated_steps_overwrite_rather_than_accumulate() {
     let m = net(&[10], Activation::Relu, 2);
     let pot = potential(&m, 100);
-    let mut bp = MlpBackprop::new(&m, 7).unwrap();
+    let mut bp = Backprop::new(&m, 7).unwrap();
     let (x, y) = batch(7, 1);
     pot.evaluate_fast(&mut bp, &m, &x, &y).unwrap();
     let first: Vec<Vec<f32>> = bp.grads().iter().map(flat).collect();
@@ -206,7 +219,7 @@ fn repeated_steps_overwrite_rather_than_accumulate() {
 fn mismatched_inputs_are_errors() {
     let m = net(&[10], Activation::Relu, 2);
     let pot = potential(&m, 100);
-    let mut bp = MlpBackprop::new(&m, 7).unwrap();
+    let mut bp = Backprop::new(&m, 7).unwrap();
     let (x, y) = batch(7, 1);
     assert!(pot.evaluate_fast(&mut bp, &m, &x[1..], &y).is_err());
     let bad_label = vec![CLASSES as u32; 7];
@@ -235,7 +248,7 @@ fn custom_backward_equals_autograd_at_full_size() {
             .map(|_| rng.random_range(0.0..1.0))
             .collect();
         let y: Vec<u32> = (0..rows).map(|_| rng.random_range(0..10)).collect();
-        let mut bp = MlpBackprop::new(&m, rows).unwrap();
+        let mut bp = Backprop::new(&m, rows).unwrap();
         pot.evaluate_fast(&mut bp, &m, &x, &y).unwrap();
         let xt = Tensor::from_slice(&x, (rows, 784), &Device::Cpu).unwrap();
         let yt = Tensor::from_slice(&y, rows, &Device::Cpu).unwrap();
@@ -449,4 +462,163 @@ fn cpu_prediction_equals_candle_softmax() {
         .map(|(a, b)| (a - b).abs())
         .fold(0f32, f32::max);
     assert!(worst < 1e-5, "probabilities differ by {worst}");
+}
+
+// ---- The CNN pass (src/kernels/cnn.rs) ----
+
+/// A CNN on `side`² images with CLASSES classes.
+fn cnn(side: usize, conv: &[usize], kernel: usize, hidden: &[usize], act: Activation) -> Network {
+    let spec = ModelSpec {
+        kind: ModelKind::Cnn,
+        hidden: hidden.to_vec(),
+        activation: act,
+        conv: conv.to_vec(),
+        kernel_size: kernel,
+    };
+    Network::new(&spec, side * side, CLASSES, 4, &Device::Cpu).unwrap()
+}
+
+fn images(rows: usize, side: usize, seed: u64) -> (Vec<f32>, Vec<u32>) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let x = (0..rows * side * side)
+        .map(|_| rng.random_range(0.0..1.0))
+        .collect();
+    let y = (0..rows)
+        .map(|_| rng.random_range(0..CLASSES as u32))
+        .collect();
+    (x, y)
+}
+
+/// Shapes that take every path: two convolutions (input error through col2im), odd
+/// convolution sides (a row and column outside every pool window), 2×2 and 3×3 kernels,
+/// no hidden layer, both activations; batches smaller and larger than the buffers.
+fn cnn_cases() -> Vec<(usize, Network)> {
+    vec![
+        (11, cnn(11, &[3, 4], 3, &[5], Activation::Relu)),
+        (10, cnn(10, &[2], 3, &[], Activation::Sigmoid)),
+        (12, cnn(12, &[3, 2], 2, &[6, 3], Activation::Relu)),
+        (13, cnn(13, &[4, 3], 2, &[7], Activation::Sigmoid)),
+    ]
+}
+
+#[test]
+fn cnn_backward_equals_autograd() {
+    for (side, m) in cnn_cases() {
+        let label = m.spec.label();
+        let pot = potential(&m, 1000);
+        let mut bp = Backprop::new(&m, 9).unwrap();
+        for (rows, seed) in [(9, 1), (4, 2), (23, 3)] {
+            let (x, y) = images(rows, side, seed);
+            let fast = pot.evaluate_fast(&mut bp, &m, &x, &y).unwrap();
+            let xt = Tensor::from_slice(&x, (rows, side * side), &Device::Cpu).unwrap();
+
+            let yt = Tensor::from_slice(&y, rows, &Device::Cpu).unwrap();
+            let reference = pot.evaluate(&m, &xt, &yt).unwrap();
+            assert!(
+                (fast.nll - reference.nll).abs() < 1e-5 * reference.nll.max(1.0),
+                "{label}: nll {} vs {}",
+                fast.nll,
+                reference.nll
+            );
+            for (k, (g, r)) in bp.grads().iter().zip(&reference.grads).enumerate() {
+                let (g, r) = (flat(g), flat(r));
+                // Sums of up to a few thousand f32 terms in another order: ~1e-6 of the
+                // tensor's scale; 2e-5 leaves room and still catches any wrong term.
+                let tol = 2e-5 * max_abs(&r).max(1e-3);
+                for (i, (a, b)) in g.iter().zip(&r).enumerate() {
+                    assert!(
+                        (a - b).abs() <= tol,
+                        "{label} rows {rows}: {}[{i}]: {a} vs {b}",
+                        m.params[k].name
+                    );
+                }
+            }
+        }
+        // The forward alone (prediction) gives the model's logits.
+        let (x, _) = images(17, side, 5);
+        let fast = bp.forward(&m, &x, 17).unwrap().to_vec();
+        let xt = Tensor::from_slice(&x, (17, side * side), &Device::Cpu).unwrap();
+        let reference = flat(&m.forward(&xt).unwrap());
+        assert_eq!(fast.len(), reference.len());
+        for (a, b) in fast.iter().zip(&reference) {
+            assert!((a - b).abs() < 1e-5, "{label}: logit {a} vs {b}");
+        }
+    }
+}
+
+#[test]
+fn cnn_backward_matches_finite_differences() {
+    for (side, m, h) in [
+        (9, cnn(9, &[2, 2], 2, &[3], Activation::Sigmoid), 1e-2f32),
+        (8, cnn(8, &[2], 3, &[], Activation::Relu), 1e-3f32),
+        (11, cnn(11, &[3, 4], 3, &[5], Activation::Relu), 1e-3f32),
+    ] {
+        let pot = potential(&m, 20);
+        let mut bp = Backprop::new(&m, 5).unwrap();
+        let (x, y) = images(5, side, 8);
+        pot.evaluate_fast(&mut bp, &m, &x, &y).unwrap();
+        let grads: Vec<Vec<f32>> = bp.grads().iter().map(flat).collect();
+        let mut checked = 0;
+        for (t, p) in m.params.iter().enumerate() {
+            let base = flat(p.var.as_tensor());
+            for i in 0..base.len() {
+                let mut at = |delta: f32| {
+                    let mut v = base.clone();
+                    v[i] += delta;
+                    p.var
+                        .set(&Tensor::from_slice(&v, p.var.shape(), &Device::Cpu).unwrap())
+                        .unwrap();
+                    tempered_potential(&pot, &mut bp, &m, &x, &y)
+                };
+                let fd = (at(h) - at(-h)) / (2.0 * h as f64);
+                at(0.0);
+                let g = grads[t][i] as f64;
+                // As for the MLP: truncation and rounding far below 2e-3, a wrong factor,
+                // sign or window is not.
+                assert!(
+                    (fd - g).abs() <= 2e-3 * fd.abs().max(1.0),
+                    "{}: {}[{i}]: finite difference {fd} vs backward {g}",
+                    m.spec.label(),
+                    p.name
+                );
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, m.num_params());
+    }
+}
+
+/// The LeNet preset at batch 64 on 28×28 images: the sizes of `bnn bench train`, where
+/// the products split over threads and run several k blocks.
+#[test]
+fn cnn_backward_equals_autograd_at_full_size() {
+    let spec = ModelSpec::from_toml_file(std::path::Path::new("models/lenet.toml")).unwrap();
+    let m = Network::new(&spec, 784, 10, 11, &Device::Cpu).unwrap();
+    let mut prior = gamma_prior(&m);
+    prior.precisions = (0..m.params.len()).map(|i| 3.0 + 7.0 * i as f64).collect();
+    let pot = Potential::new(60_000, 1.0, prior).unwrap();
+    let ds = bnn::data::load_builtin().unwrap();
+    let idx: Vec<usize> = (0..64).map(|i| i * 37 % ds.train.len()).collect();
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    ds.train.gather(&idx, &mut x, &mut y);
+    let mut bp = Backprop::new(&m, 64).unwrap();
+    pot.evaluate_fast(&mut bp, &m, &x, &y).unwrap();
+    let xt = Tensor::from_slice(&x, (64, 784), &Device::Cpu).unwrap();
+    let yt = Tensor::from_slice(&y, 64, &Device::Cpu).unwrap();
+    let reference = pot.evaluate(&m, &xt, &yt).unwrap();
+    for (k, (g, r)) in bp.grads().iter().zip(&reference.grads).enumerate() {
+        let (g, r) = (flat(g), flat(r));
+        // Sums of up to 36,864 f32 terms in another order.
+        let tol = 1e-4 * max_abs(&r);
+        let worst = g
+            .iter()
+            .zip(&r)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst <= tol,
+            "{}: differs by {worst} (tol {tol})",
+            m.params[k].name
+        );
+    }
 }

@@ -1,20 +1,21 @@
 //! The minibatch potential: likelihood scaled by N/|S|, Gaussian prior, temperature.
 
-use bnn::model::{Activation, Mlp, ModelKind, ModelSpec};
+use bnn::model::{Activation, ModelKind, ModelSpec, Network};
 use bnn::potential::{Potential, Prior, PriorSpec};
 use candle_core::{Device, Tensor};
 
-fn tiny() -> Mlp {
+fn tiny() -> Network {
     let spec = ModelSpec {
         kind: ModelKind::Mlp,
         hidden: vec![3],
         activation: Activation::Sigmoid,
+        ..ModelSpec::default()
     };
-    Mlp::new(&spec, 4, 5, 7, &Device::Cpu).unwrap()
+    Network::new(&spec, 4, 5, 7, &Device::Cpu).unwrap()
 }
 
 /// ∇ of −log p(y|x,θ) for one example, by candle's autograd.
-fn single_example_grads(m: &Mlp, x: &[f32], y: u32) -> Vec<Vec<f32>> {
+fn single_example_grads(m: &Network, x: &[f32], y: u32) -> Vec<Vec<f32>> {
     let xt = Tensor::from_slice(x, (1, 4), &Device::Cpu).unwrap();
     let yt = Tensor::new(&[y], &Device::Cpu).unwrap();
     let loss = candle_nn::loss::cross_entropy(&m.forward(&xt).unwrap(), &yt).unwrap();
@@ -103,7 +104,7 @@ fn finite_difference_of_the_potential() {
         .unwrap()
         .to_vec1::<f32>()
         .unwrap();
-    let u = |m: &Mlp| -> f64 {
+    let u = |m: &Network| -> f64 {
         let nll = candle_nn::loss::cross_entropy(&m.forward(&x).unwrap(), &y).unwrap();
         let prior: f64 = m
             .params

@@ -35,7 +35,7 @@ use super::gemm::{
 use super::pool;
 use super::InlineUpdate;
 use crate::error::{Error, Result};
-use crate::model::{Activation, Mlp};
+use crate::model::{Activation, Network};
 
 /// Layers with at least this many neurons split their forward product by neuron.
 const SPLIT_BY_NEURON: usize = 256;
@@ -111,13 +111,13 @@ pub struct MlpBackprop {
 }
 
 /// Read access to a CPU f32 tensor's contiguous data, holding its storage lock.
-struct CpuView<'a> {
+pub(super) struct CpuView<'a> {
     guard: candle_core::StorageRef<'a>,
     range: (usize, usize),
 }
 
 impl<'a> CpuView<'a> {
-    fn new(t: &'a Tensor, what: &str) -> Result<Self> {
+    pub(super) fn new(t: &'a Tensor, what: &str) -> Result<Self> {
         let (guard, layout) = t.storage_and_layout();
         let range = layout.contiguous_offsets().ok_or_else(|| {
             Error::Config(format!("{what}: the CPU backward needs contiguous tensors"))
@@ -131,7 +131,7 @@ impl<'a> CpuView<'a> {
         Ok(CpuView { guard, range })
     }
 
-    fn slice(&self) -> &[f32] {
+    pub(super) fn slice(&self) -> &[f32] {
         match &*self.guard {
             Storage::Cpu(CpuStorage::F32(v)) => &v[self.range.0..self.range.1],
             _ => unreachable!("checked in CpuView::new"),
@@ -147,7 +147,7 @@ fn input_zeros(nonzero: &Option<NonZero>, sparse: bool, k: usize) -> Option<&Non
 }
 
 /// Parameter tensor `t` of a pass, while its read lock is held.
-fn held<'a>(views: &'a [Option<CpuView<'_>>], t: usize) -> Result<&'a [f32]> {
+pub(super) fn held<'a>(views: &'a [Option<CpuView<'_>>], t: usize) -> Result<&'a [f32]> {
     views
         .get(t)
         .and_then(Option::as_ref)
@@ -158,7 +158,7 @@ fn held<'a>(views: &'a [Option<CpuView<'_>>], t: usize) -> Result<&'a [f32]> {
 /// Runs `f` on the f32 data of `t` (contiguous, CPU), mutably: how the backward writes
 /// gradients and updates parameters in place without a copy, through candle's in-place
 /// op, the only sound way to write a tensor's storage (it holds the storage's write lock).
-fn with_data_mut<R>(t: &Tensor, f: impl FnOnce(&mut [f32]) -> R) -> Result<R> {
+pub(super) fn with_data_mut<R>(t: &Tensor, f: impl FnOnce(&mut [f32]) -> R) -> Result<R> {
     struct Once<F, R>(std::cell::RefCell<(Option<F>, Option<R>)>);
     impl<F: FnOnce(&mut [f32]) -> R, R> InplaceOp1 for Once<F, R> {
         fn name(&self) -> &'static str {
@@ -186,7 +186,7 @@ fn with_data_mut<R>(t: &Tensor, f: impl FnOnce(&mut [f32]) -> R) -> Result<R> {
 }
 
 /// Adds the bias to every row of `z` (rows × width) and applies the activation.
-fn bias_activation(z: &mut [f32], bias: &[f32], act: Option<Activation>) {
+pub(super) fn bias_activation(z: &mut [f32], bias: &[f32], act: Option<Activation>) {
     for row in z.chunks_exact_mut(bias.len()) {
         match act {
             None => row.iter_mut().zip(bias).for_each(|(v, b)| *v += b),
@@ -204,7 +204,7 @@ fn bias_activation(z: &mut [f32], bias: &[f32], act: Option<Activation>) {
 
 /// Multiplies the back-propagated error by the activation's derivative, written in terms
 /// of the activation's output a: relu′ = [a > 0], sigmoid′ = a(1 − a).
-fn activation_backward(delta: &mut [f32], a: &[f32], act: Activation) {
+pub(super) fn activation_backward(delta: &mut [f32], a: &[f32], act: Activation) {
     match act {
         // A select rather than a branch, so that it vectorises.
         Activation::Relu => delta
@@ -220,7 +220,7 @@ fn activation_backward(delta: &mut [f32], a: &[f32], act: Activation) {
 
 /// Softmax cross-entropy over rows of `logits`: returns the summed NLL and the number of
 /// correct arg-maxes, and writes `scale·(softmax − onehot)` into `delta`.
-fn softmax_xent(
+pub(super) fn softmax_xent(
     logits: &[f32],
     labels: &[u32],
     classes: usize,
@@ -262,7 +262,12 @@ fn softmax_xent(
 
 impl MlpBackprop {
     /// Buffers for `model` at minibatches of up to `batch` rows (more rows grow them once).
-    pub fn new(model: &Mlp, batch: usize) -> Result<Self> {
+    pub fn new(model: &Network, batch: usize) -> Result<Self> {
+        if !model.convs.is_empty() {
+            return Err(Error::Config(
+                "internal: the MLP pass was given a CNN (use kernels::Backprop)".into(),
+            ));
+        }
         let mut widths = vec![model.input_dim];
         widths.extend(&model.spec.hidden);
         widths.push(model.num_classes);
@@ -286,7 +291,7 @@ impl MlpBackprop {
         &self.grads
     }
 
-    fn check(&self, model: &Mlp, x: &[f32], rows: usize) -> Result<()> {
+    fn check(&self, model: &Network, x: &[f32], rows: usize) -> Result<()> {
         let layers = self.widths.len() - 1;
         let shapes_match = model.params.len() == 2 * layers
             && (0..layers).all(|k| {
@@ -314,7 +319,7 @@ impl MlpBackprop {
     /// released before its parameters are written).
     fn prepare<'m>(
         &mut self,
-        model: &'m Mlp,
+        model: &'m Network,
         x: &[f32],
         rows: usize,
     ) -> Result<Vec<Option<CpuView<'m>>>> {
@@ -343,7 +348,7 @@ impl MlpBackprop {
     }
 
     /// Forward pass on `rows` inputs `x` (row-major); returns the logits (rows × classes).
-    pub fn forward(&mut self, model: &Mlp, x: &[f32], rows: usize) -> Result<&[f32]> {
+    pub fn forward(&mut self, model: &Network, x: &[f32], rows: usize) -> Result<&[f32]> {
         let views = self.prepare(model, x, rows)?;
         self.forward_with(&views, x, rows)?;
         let classes = *self.widths.last().unwrap_or(&0);
@@ -401,7 +406,7 @@ impl MlpBackprop {
     /// written into [`MlpBackprop::grads`] for each parameter tensor t.
     pub fn loss_and_grad(
         &mut self,
-        model: &Mlp,
+        model: &Network,
         x: &[f32],
         labels: &[u32],
         likelihood_scale: f64,
@@ -429,7 +434,7 @@ impl MlpBackprop {
     #[allow(clippy::too_many_arguments)]
     pub fn loss_and_grad_then(
         &mut self,
-        model: &Mlp,
+        model: &Network,
         x: &[f32],
         labels: &[u32],
         likelihood_scale: f64,
