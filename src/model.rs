@@ -457,4 +457,51 @@ mod tests {
         let e = ModelSpec::from_toml_file(&bad).unwrap_err().to_string();
         assert!(e.contains("not a model preset"), "{e}");
     }
+
+    #[test]
+    fn lenet_preset_shapes_and_invalid_cnns() {
+        let spec = ModelSpec::lenet();
+        assert_eq!(spec.label(), "cnn5-c6-c16-120-84-relu");
+        let m = Network::new(&spec, 784, 10, 0, &Device::Cpu).unwrap();
+        let shapes: Vec<_> = m.params.iter().map(|p| p.var.dims().to_vec()).collect();
+        assert_eq!(shapes[0], [6, 1, 5, 5]);
+        assert_eq!(shapes[2], [16, 6, 5, 5]);
+        // 28 → 24 → 12 → 8 → 4: 16·4·4 = 256 features.
+        assert_eq!(shapes[4], [120, 256]);
+        assert_eq!(m.num_params(), 44_426);
+        let x = Tensor::ones((3, 784), DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(m.forward(&x).unwrap().dims(), &[3, 10]);
+
+        let err = |spec: ModelSpec, dim: usize| {
+            Network::new(&spec, dim, 10, 0, &Device::Cpu)
+                .unwrap_err()
+                .to_string()
+        };
+        let e = err(
+            ModelSpec {
+                conv: vec![4],
+                ..ModelSpec::default()
+            },
+            784,
+        );
+        assert!(e.contains("kind = \"cnn\""), "{e}");
+        let e = err(
+            ModelSpec {
+                conv: vec![],
+                ..spec.clone()
+            },
+            784,
+        );
+        assert!(e.contains("at least one convolution"), "{e}");
+        let e = err(
+            ModelSpec {
+                conv: vec![6, 16, 32],
+                ..spec.clone()
+            },
+            784,
+        );
+        assert!(e.contains("convolution 3"), "{e}");
+        let e = err(spec, 780);
+        assert!(e.contains("square images"), "{e}");
+    }
 }
