@@ -331,3 +331,26 @@ fn divergence_stops_at_once_and_keeps_valid_samples() {
         }
     }
 }
+
+#[test]
+fn cnn_that_does_not_fit_the_images_and_bad_cnn_batches() {
+    let d = tempfile::tempdir().unwrap();
+    let preset = d.path().join("deep.toml");
+    std::fs::write(
+        &preset,
+        "[model]\nkind = \"cnn\"\nconv = [6, 16, 32]\nkernel_size = 5\nhidden = []\nactivation = \"relu\"\n",
+    )
+    .unwrap();
+    let args = [
+        "train",
+        "--dataset",
+        "mnist-mini",
+        "--config",
+        preset.to_str().unwrap(),
+    ];
+    one_line_error(&bnn(d.path(), &args), "convolution 3");
+    one_line_error(
+        &bnn(d.path(), &["bench", "train", "--cnn-batch", "x"]),
+        "--cnn-batch: `x` is not a batch size",
+    );
+}

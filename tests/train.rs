@@ -340,3 +340,40 @@ fn cnn_trains_like_autograd_and_is_evaluable() {
         acc[1]
     );
 }
+
+/// `bnn bench train` times the LeNet preset (and no MLP with `--hidden ""`): one JSON row
+/// per sampler with the step's FLOP as counted by hand for batch 8: convolutions
+/// 2·8·2·(6·25·24²) + 2·8·3·(16·150·8²), fully connected 2·8·3·(256·120 + 120·84 + 84·10).
+#[test]
+fn bench_train_runs_the_cnn() {
+    let d = tempfile::tempdir().unwrap();
+    let out = bnn(
+        d.path(),
+        &[
+            "bench",
+            "train",
+            "--hidden",
+            "",
+            "--cnn-batch",
+            "8",
+            "--repeats",
+            "1",
+            "--steps",
+            "10",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows = last_json(&out);
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    let flop = 2.0 * 8.0 * 2.0 * (6.0 * 25.0 * 576.0)
+        + 2.0 * 8.0 * 3.0 * (16.0 * 150.0 * 64.0)
+        + 2.0 * 8.0 * 3.0 * (256.0 * 120.0 + 120.0 * 84.0 + 84.0 * 10.0);
+    for row in rows {
+        assert_eq!(row["model"], "cnn5-c6-c16-120-84-relu");
+        assert_eq!(row["batch"], 8);
+        assert_eq!(row["backward"], "custom");
+        assert_eq!(row["flop_per_step"].as_f64().unwrap(), flop);
+        assert!(row["steps_per_second"].as_f64().unwrap() > 0.0);
+    }
+}
