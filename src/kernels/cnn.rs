@@ -22,18 +22,14 @@
 
 use candle_core::Tensor;
 
-use super::gemm::{product, Mat, Options};
+use super::gemm::{product, Mat, Options, Zeros};
 use super::mlp::{
-    activation_backward, bias_activation, held, softmax_xent, with_data_mut, BatchLoss, CpuView,
-    GradientReady,
+    activation_backward, bias_gradient, dense_forward, held, lock_params, prepare_grads,
+    softmax_xent, with_data_mut, BatchLoss, CpuView, GradientReady,
 };
 use super::pool;
 use crate::error::{Error, Result};
 use crate::model::{Activation, ConvShape, Network};
-
-/// Fully connected layers with at least this many neurons split their forward product
-/// by neuron (as in the MLP pass).
-const SPLIT_BY_NEURON: usize = 256;
 
 /// Buffers for the forward and backward pass of one CNN, reused across steps.
 #[derive(Debug)]
@@ -286,11 +282,7 @@ impl CnnBackprop {
     ) -> Result<Vec<Option<CpuView<'m>>>> {
         self.check(model, x, rows)?;
         self.reserve(rows);
-        model
-            .params
-            .iter()
-            .map(|p| Ok(Some(CpuView::new(p.var.as_tensor(), &p.name)?)))
-            .collect()
+        lock_params(model)
     }
 
     /// Forward pass on `rows` images `x` (row-major); returns the logits (rows × classes).
@@ -337,26 +329,18 @@ impl CnnBackprop {
         let convs = self.convs.len();
         let layers = self.widths.len() - 1;
         for k in 0..layers {
-            let (fan_in, fan_out) = (self.widths[k], self.widths[k + 1]);
             let (before, after) = self.acts.split_at_mut(k);
             let input = if k == 0 {
                 &self.features[..]
             } else {
                 &before[k - 1][..]
             };
-            let out = &mut after[0][..rows * fan_out];
-            let opts = Options {
-                split_columns: fan_out >= SPLIT_BY_NEURON,
-                ..Options::default()
-            };
-            let w = held(views, 2 * (convs + k))?;
-            let (a, wt) = (Mat::rows(input, fan_in), Mat::transposed(w, fan_in));
-            product(rows, fan_out, fan_in, out, a, wt, opts);
             let act = (k + 1 < layers).then_some(self.activation);
-            let bias = held(views, 2 * (convs + k) + 1)?;
-            pool::halves(out, fan_out, out.len(), |half, _| {
-                bias_activation(half, bias, act)
-            });
+            let (w, b) = (
+                held(views, 2 * (convs + k))?,
+                held(views, 2 * (convs + k) + 1)?,
+            );
+            dense_forward(&mut after[0], input, w, b, rows, act, Zeros::Unknown);
         }
         Ok(())
     }
@@ -378,21 +362,8 @@ impl CnnBackprop {
         mut ready: Option<GradientReady<'_>>,
     ) -> Result<BatchLoss> {
         let rows = labels.len();
-        if prior_precision.len() != model.params.len() {
-            return Err(Error::Config(format!(
-                "{} prior precisions for {} parameter tensors",
-                prior_precision.len(),
-                model.params.len()
-            )));
-        }
+        prepare_grads(model, prior_precision, &mut self.grads)?;
         let mut views = self.prepare(model, x, rows)?;
-        if self.grads.is_empty() {
-            self.grads = model
-                .params
-                .iter()
-                .map(|p| Ok(Tensor::zeros(p.var.shape(), p.var.dtype(), p.var.device())?))
-                .collect::<Result<Vec<_>>>()?;
-        }
         self.forward_with(&views, x, rows)?;
         let convs = self.convs.len();
         let layers = self.widths.len() - 1;
@@ -438,12 +409,7 @@ impl CnnBackprop {
             })?;
             let b = held(&views, t + 1)?;
             let lb = prior(t + 1);
-            with_data_mut(&self.grads[t + 1], |g| {
-                g.iter_mut().zip(b).for_each(|(g, &b)| *g = lb * b);
-                for row in delta.chunks_exact(fan_out) {
-                    g.iter_mut().zip(row).for_each(|(g, &d)| *g += d);
-                }
-            })?;
+            with_data_mut(&self.grads[t + 1], |g| bias_gradient(g, b, lb, delta))?;
             // The input error Δ·W (for the first layer: of the flattened features).
             let prev = if k == 0 {
                 &mut self.features_err[..rows * fan_in]

@@ -185,6 +185,88 @@ pub(super) fn with_data_mut<R>(t: &Tensor, f: impl FnOnce(&mut [f32]) -> R) -> R
         .ok_or_else(|| Error::Config("internal: in-place op did not run".into()))
 }
 
+/// Read-locks every parameter of `model` for a pass (options, so that a layer's locks can
+/// be released before its parameters are written).
+pub(super) fn lock_params(model: &Network) -> Result<Vec<Option<CpuView<'_>>>> {
+    model
+        .params
+        .iter()
+        .map(|p| Ok(Some(CpuView::new(p.var.as_tensor(), &p.name)?)))
+        .collect()
+}
+
+/// Checks one prior precision per parameter tensor, and allocates the gradient tensors on
+/// the first backward pass.
+pub(super) fn prepare_grads(
+    model: &Network,
+    prior_precision: &[f64],
+    grads: &mut Vec<Tensor>,
+) -> Result<()> {
+    if prior_precision.len() != model.params.len() {
+        return Err(Error::Config(format!(
+            "{} prior precisions for {} parameter tensors",
+            prior_precision.len(),
+            model.params.len()
+        )));
+    }
+    if grads.is_empty() {
+        *grads = model
+            .params
+            .iter()
+            .map(|p| Ok(Tensor::zeros(p.var.shape(), p.var.dtype(), p.var.device())?))
+            .collect::<Result<Vec<_>>>()?;
+    }
+    Ok(())
+}
+
+/// One fully connected layer's forward: out (rows × fan_out) = act(input·Wᵀ + b), with W
+/// (fan_out × fan_in) row-major; `zeros` of the input, if known.
+pub(super) fn dense_forward(
+    out: &mut [f32],
+    input: &[f32],
+    w: &[f32],
+    bias: &[f32],
+    rows: usize,
+    act: Option<Activation>,
+    zeros: Zeros<'_>,
+) {
+    let fan_out = bias.len();
+    let fan_in = w.len() / fan_out.max(1);
+    // Many neurons: split by output neuron (each thread packs and multiplies its half of
+    // W). Few: halves of whole vectors would be uneven (100 → 64 + 36), so the product
+    // splits the batch instead. B = Wᵀ is read straight from W, packed panel by panel
+    // inside the product (no transposed copy of W).
+    let opts = Options {
+        split_columns: fan_out >= SPLIT_BY_NEURON,
+        zeros,
+        ..Options::default()
+    };
+    let (x, wt) = (Mat::rows(input, fan_in), Mat::transposed(w, fan_in));
+    let out = &mut out[..rows * fan_out];
+    product(rows, fan_out, fan_in, out, x, wt, opts);
+    pool::halves(out, fan_out, out.len(), |half, _| {
+        bias_activation(half, bias, act)
+    });
+}
+
+/// ∇b = λ_b·b + Σ_rows Δ for a layer's error Δ (rows × b.len()); large ones in two halves of
+/// the columns.
+pub(super) fn bias_gradient(g: &mut [f32], b: &[f32], lb: f32, delta: &[f32]) {
+    let fan_out = b.len();
+    let sum_columns = |half: &mut [f32], at: usize| {
+        let n = half.len();
+        half.iter_mut()
+            .zip(&b[at..at + n])
+            .for_each(|(g, &b)| *g = lb * b);
+        for row in delta.chunks_exact(fan_out) {
+            half.iter_mut()
+                .zip(&row[at..at + n])
+                .for_each(|(g, &d)| *g += d);
+        }
+    };
+    pool::halves(g, 16, delta.len(), sum_columns);
+}
+
 /// Adds the bias to every row of `z` (rows × width) and applies the activation.
 pub(super) fn bias_activation(z: &mut [f32], bias: &[f32], act: Option<Activation>) {
     for row in z.chunks_exact_mut(bias.len()) {
@@ -325,11 +407,7 @@ impl MlpBackprop {
     ) -> Result<Vec<Option<CpuView<'m>>>> {
         self.check(model, x, rows)?;
         self.reserve(rows);
-        model
-            .params
-            .iter()
-            .map(|p| Ok(Some(CpuView::new(p.var.as_tensor(), &p.name)?)))
-            .collect()
+        lock_params(model)
     }
 
     /// Grows the activation and error buffers to `rows` (once; no-op afterwards).
@@ -371,32 +449,13 @@ impl MlpBackprop {
             None => false,
         };
         for k in 0..layers {
-            let (fan_in, fan_out) = (self.widths[k], self.widths[k + 1]);
             let (before, after) = self.acts.split_at_mut(k);
             let input = if k == 0 { x } else { &before[k - 1][..] };
-            let out = &mut after[0][..rows * fan_out];
             let zeros = input_zeros(&self.input_nonzero, self.sparse_input, k)
                 .map_or(Zeros::Unknown, Zeros::Lhs);
-            // Many neurons: split by output neuron (each thread packs and multiplies its
-            // half of W). Few: halves of whole vectors would be uneven (100 → 64 + 36),
-            // so the product splits the batch instead. B = Wᵀ is read straight from W,
-            // packed panel by panel inside the product (no transposed copy of W).
-            let split_columns = fan_out >= SPLIT_BY_NEURON;
-            let (x, w) = (
-                Mat::rows(input, fan_in),
-                Mat::transposed(held(views, 2 * k)?, fan_in),
-            );
-            let opts = Options {
-                split_columns,
-                zeros,
-                ..Options::default()
-            };
-            product(rows, fan_out, fan_in, out, x, w, opts);
             let act = (k + 1 < layers).then_some(self.activation);
-            let bias = held(views, 2 * k + 1)?;
-            pool::halves(out, fan_out, out.len(), |half, _| {
-                bias_activation(half, bias, act)
-            });
+            let (w, b) = (held(views, 2 * k)?, held(views, 2 * k + 1)?);
+            dense_forward(&mut after[0], input, w, b, rows, act, zeros);
         }
         Ok(())
     }
@@ -443,21 +502,8 @@ impl MlpBackprop {
         mut ready: Option<GradientReady<'_>>,
     ) -> Result<BatchLoss> {
         let rows = labels.len();
-        if prior_precision.len() != model.params.len() {
-            return Err(Error::Config(format!(
-                "{} prior precisions for {} parameter tensors",
-                prior_precision.len(),
-                model.params.len()
-            )));
-        }
+        prepare_grads(model, prior_precision, &mut self.grads)?;
         let mut views = self.prepare(model, x, rows)?;
-        if self.grads.is_empty() {
-            self.grads = model
-                .params
-                .iter()
-                .map(|p| Ok(Tensor::zeros(p.var.shape(), p.var.dtype(), p.var.device())?))
-                .collect::<Result<Vec<_>>>()?;
-        }
         self.forward_with(&views, x, rows)?;
 
         let layers = self.widths.len() - 1;
@@ -510,21 +556,7 @@ impl MlpBackprop {
                 })?;
             }
             let b = held(&views, 2 * k + 1)?;
-            with_data_mut(&self.grads[2 * k + 1], |g| {
-                // ∇b = λb + Σ_rows Δ; large ones in two halves of the columns.
-                let sum_columns = |half: &mut [f32], at: usize| {
-                    let n = half.len();
-                    half.iter_mut()
-                        .zip(&b[at..at + n])
-                        .for_each(|(g, &b)| *g = lb * b);
-                    for row in delta.chunks_exact(fan_out) {
-                        half.iter_mut()
-                            .zip(&row[at..at + n])
-                            .for_each(|(g, &d)| *g += d);
-                    }
-                };
-                pool::halves(g, 16, rows * fan_out, sum_columns);
-            })?;
+            with_data_mut(&self.grads[2 * k + 1], |g| bias_gradient(g, b, lb, delta))?;
             if k > 0 {
                 let prev = &mut self.delta_prev[..rows * fan_in];
                 matmul(
