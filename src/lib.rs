@@ -6,6 +6,7 @@
 //! `thin` updates the parameters are saved as a posterior sample ([`checkpoint`]) and
 //! folded into the Bayesian model average ([`ensemble`], [`metrics`]).
 
+pub mod alloc;
 pub mod bench;
 pub mod checkpoint;
 pub mod cli;

@@ -1,5 +1,9 @@
 use clap::Parser;
 
+/// Large buffers cache-line aligned for the AVX-512 kernels (see `bnn::alloc`).
+#[global_allocator]
+static ALLOC: bnn::alloc::CacheLineAligned = bnn::alloc::CacheLineAligned;
+
 fn main() {
     let cli = bnn::cli::Cli::parse();
     let level = match (cli.quiet, cli.verbose) {
