@@ -21,8 +21,8 @@ pub struct CacheLineAligned;
 
 fn adjust(layout: Layout) -> Layout {
     if layout.size() >= LARGE && layout.align() < LINE {
-        // Cannot fail (LINE is a power of two, and a size valid at a smaller alignment
-        // rounds up to at most isize::MAX at this one); the original layout otherwise.
+        // Fails only for sizes within 64 bytes of isize::MAX: the original layout then
+        // (`adjust` stays a function of the layout, as dealloc needs).
         Layout::from_size_align(layout.size(), LINE).unwrap_or(layout)
     } else {
         layout
