@@ -286,17 +286,6 @@ impl Stepper {
         let vars = model.vars();
         let device = vars.first().map_or(Device::Cpu, |v| v.device().clone());
         let backward = backward.resolve(&device)?;
-        for v in &vars {
-            let (st, _l) = v.storage_and_layout();
-            if let candle_core::Storage::Cpu(candle_core::CpuStorage::F32(d)) = &*st {
-                eprintln!(
-                    "param {} elems at {:#x} mod64 {}",
-                    d.len(),
-                    d.as_ptr() as usize,
-                    d.as_ptr() as usize % 64
-                );
-            }
-        }
         let backprop = match backward {
             Backward::Custom => Some(Backprop::new(model, batch)?),
             _ => None,

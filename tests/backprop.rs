@@ -159,44 +159,50 @@ fn tempered_potential(
     (pot.n_data as f64 / y.len() as f64 * nll + prior) / pot.temperature
 }
 
+/// Every gradient element of `m` from the custom backward against the central difference
+/// (U(θ + h) − U(θ − h))/2h of the tempered potential on the minibatch (x, y).
+fn check_finite_differences(m: &Network, x: &[f32], y: &[u32], h: f32) {
+    let pot = potential(m, 20);
+    let mut bp = Backprop::new(m, y.len()).unwrap();
+    pot.evaluate_fast(&mut bp, m, x, y).unwrap();
+    let grads: Vec<Vec<f32>> = bp.grads().iter().map(flat).collect();
+    let mut checked = 0;
+    for (t, p) in m.params.iter().enumerate() {
+        let base = flat(p.var.as_tensor());
+        for i in 0..base.len() {
+            let mut at = |delta: f32| {
+                let mut v = base.clone();
+                v[i] += delta;
+                p.var
+                    .set(&Tensor::from_slice(&v, p.var.shape(), &Device::Cpu).unwrap())
+                    .unwrap();
+                tempered_potential(&pot, &mut bp, m, x, y)
+            };
+            let fd = (at(h) - at(-h)) / (2.0 * h as f64);
+            at(0.0);
+            let g = grads[t][i] as f64;
+            // Central differences: O(h²) truncation plus f32 rounding of U (~1e-7·|U|/h);
+            // both are far below 2e-3 here, a wrong factor, sign or pooling window is not.
+            assert!(
+                (fd - g).abs() <= 2e-3 * fd.abs().max(1.0),
+                "{}: {}[{i}]: finite difference {fd} vs backward {g}",
+                m.spec.label(),
+                p.name
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, m.num_params());
+}
+
 #[test]
 fn custom_backward_matches_finite_differences() {
     for (hidden, act, h) in [
         (vec![3], Activation::Sigmoid, 1e-2f32),
         (vec![4, 3], Activation::Relu, 1e-3f32),
     ] {
-        let m = net(&hidden, act, 5);
-        let pot = potential(&m, 20);
-        let mut bp = Backprop::new(&m, 6).unwrap();
         let (x, y) = batch(6, 8);
-        pot.evaluate_fast(&mut bp, &m, &x, &y).unwrap();
-        let grads: Vec<Vec<f32>> = bp.grads().iter().map(flat).collect();
-        let mut checked = 0;
-        for (t, p) in m.params.iter().enumerate() {
-            let base = flat(p.var.as_tensor());
-            for i in 0..base.len() {
-                let mut at = |delta: f32| {
-                    let mut v = base.clone();
-                    v[i] += delta;
-                    p.var
-                        .set(&Tensor::from_slice(&v, p.var.shape(), &Device::Cpu).unwrap())
-                        .unwrap();
-                    tempered_potential(&pot, &mut bp, &m, &x, &y)
-                };
-                let fd = (at(h) - at(-h)) / (2.0 * h as f64);
-                at(0.0);
-                let g = grads[t][i] as f64;
-                // Central differences: O(h²) truncation plus f32 rounding of U (~1e-7·|U|/h);
-                // both are far below 2e-3 here, a wrong factor or sign is not.
-                assert!(
-                    (fd - g).abs() <= 2e-3 * fd.abs().max(1.0),
-                    "{hidden:?} {act:?}: {}[{i}]: finite difference {fd} vs backward {g}",
-                    p.name
-                );
-                checked += 1;
-            }
-        }
-        assert_eq!(checked, m.num_params());
+        check_finite_differences(&net(&hidden, act, 5), &x, &y, h);
     }
 }
 
@@ -553,38 +559,8 @@ fn cnn_backward_matches_finite_differences() {
         (8, cnn(8, &[2], 3, &[], Activation::Relu), 1e-3f32),
         (11, cnn(11, &[3, 4], 3, &[5], Activation::Relu), 1e-3f32),
     ] {
-        let pot = potential(&m, 20);
-        let mut bp = Backprop::new(&m, 5).unwrap();
         let (x, y) = images(5, side, 8);
-        pot.evaluate_fast(&mut bp, &m, &x, &y).unwrap();
-        let grads: Vec<Vec<f32>> = bp.grads().iter().map(flat).collect();
-        let mut checked = 0;
-        for (t, p) in m.params.iter().enumerate() {
-            let base = flat(p.var.as_tensor());
-            for i in 0..base.len() {
-                let mut at = |delta: f32| {
-                    let mut v = base.clone();
-                    v[i] += delta;
-                    p.var
-                        .set(&Tensor::from_slice(&v, p.var.shape(), &Device::Cpu).unwrap())
-                        .unwrap();
-                    tempered_potential(&pot, &mut bp, &m, &x, &y)
-                };
-                let fd = (at(h) - at(-h)) / (2.0 * h as f64);
-                at(0.0);
-                let g = grads[t][i] as f64;
-                // As for the MLP: truncation and rounding far below 2e-3, a wrong factor,
-                // sign or window is not.
-                assert!(
-                    (fd - g).abs() <= 2e-3 * fd.abs().max(1.0),
-                    "{}: {}[{i}]: finite difference {fd} vs backward {g}",
-                    m.spec.label(),
-                    p.name
-                );
-                checked += 1;
-            }
-        }
-        assert_eq!(checked, m.num_params());
+        check_finite_differences(&m, &x, &y, h);
     }
 }
 

@@ -191,37 +191,23 @@ fn no_data_falls_back_to_builtin_subset() {
     assert_eq!(s["data_source"], "built-in");
 }
 
-/// The hand-written CPU backward (the default) and candle's autograd train alike: same
-/// seed, same noise, the gradients differ only by f32 rounding, so the two chains stay
-/// close over 270 updates. Measured: 91.22% for both. 1 point of accuracy is far below
-/// what a wrong gradient (sign, scale, prior or temperature term) costs.
-#[test]
-fn custom_backward_trains_like_autograd() {
-    let d = tempfile::tempdir().unwrap();
-    let mut acc = Vec::new();
-    for backward in ["custom", "autograd"] {
-        let s = train(
-            d.path(),
-            &[
-                "--dataset",
-                "mnist-mini",
-                "--epochs",
-                "3",
-                "--burnin",
-                "1",
-                "--thin",
-                "30",
-                "--temperature",
-                "0.5",
-                "--backward",
-                backward,
-                "--run-name",
-                backward,
-            ],
-        );
+/// Trains with `args` once per backward path (run names `custom` and `autograd` in `dir`);
+/// returns both summaries.
+fn train_both_backwards(dir: &std::path::Path, args: &[&str]) -> [Value; 2] {
+    ["custom", "autograd"].map(|backward| {
+        let mut a = args.to_vec();
+        a.extend(["--backward", backward, "--run-name", backward]);
+        let s = train(dir, &a);
         assert_eq!(s["backward"], backward);
-        acc.push(s["ensemble"]["accuracy"].as_f64().unwrap());
-    }
+        s
+    })
+}
+
+/// The two paths' ensemble accuracies agree within a point, and the custom one is ≥ 85%.
+fn assert_trains_alike(runs: &[Value; 2]) {
+    let acc = runs
+        .each_ref()
+        .map(|s| s["ensemble"]["accuracy"].as_f64().unwrap());
     assert!(acc[0] >= 0.85, "custom backward: accuracy {}", acc[0]);
     assert!(
         (acc[0] - acc[1]).abs() <= 0.01,
@@ -229,6 +215,31 @@ fn custom_backward_trains_like_autograd() {
         acc[0],
         acc[1]
     );
+}
+
+/// The hand-written CPU backward (the default) and candle's autograd train alike: same
+/// seed, same noise, the gradients differ only by f32 rounding, so the two chains stay
+/// close over 270 updates. Measured: 91.22% for both. 1 point of accuracy is far below
+/// what a wrong gradient (sign, scale, prior or temperature term) costs.
+#[test]
+fn custom_backward_trains_like_autograd() {
+    let d = tempfile::tempdir().unwrap();
+    let runs = train_both_backwards(
+        d.path(),
+        &[
+            "--dataset",
+            "mnist-mini",
+            "--epochs",
+            "3",
+            "--burnin",
+            "1",
+            "--thin",
+            "30",
+            "--temperature",
+            "0.5",
+        ],
+    );
+    assert_trains_alike(&runs);
 }
 
 /// `--standardize`: the per-pixel statistics go into run.json, `bnn eval` applies them
@@ -298,47 +309,31 @@ fn cnn_trains_like_autograd_and_is_evaluable() {
         "[model]\nkind = \"cnn\"\nconv = [4, 8]\nkernel_size = 5\nhidden = [32]\nactivation = \"relu\"\n",
     )
     .unwrap();
-    let mut acc = Vec::new();
-    for backward in ["custom", "autograd"] {
-        let s = train(
-            d.path(),
-            &[
-                "--dataset",
-                "mnist-mini",
-                "--config",
-                preset.to_str().unwrap(),
-                "--epochs",
-                "2",
-                "--burnin",
-                "1",
-                "--thin",
-                "15",
-                "--seed",
-                "2",
-                "--backward",
-                backward,
-                "--run-name",
-                backward,
-            ],
-        );
-        assert_eq!(s["model"], "cnn5-c4-c8-32-relu");
-        acc.push(s["ensemble"]["accuracy"].as_f64().unwrap());
-        if backward == "custom" {
-            let out = bnn(d.path(), &["eval", "--run", "checkpoints/custom"]);
-            assert!(out.status.success(), "{}", stderr(&out));
-            let e = last_json(&out);
-            for m in METRICS {
-                assert_eq!(e["ensemble"][m], s["ensemble"][m], "{m}");
-            }
-        }
-    }
-    assert!(acc[0] >= 0.85, "custom backward: accuracy {}", acc[0]);
-    assert!(
-        (acc[0] - acc[1]).abs() <= 0.01,
-        "custom {} vs autograd {}",
-        acc[0],
-        acc[1]
+    let runs = train_both_backwards(
+        d.path(),
+        &[
+            "--dataset",
+            "mnist-mini",
+            "--config",
+            preset.to_str().unwrap(),
+            "--epochs",
+            "2",
+            "--burnin",
+            "1",
+            "--thin",
+            "15",
+            "--seed",
+            "2",
+        ],
     );
+    assert_eq!(runs[0]["model"], "cnn5-c4-c8-32-relu");
+    let out = bnn(d.path(), &["eval", "--run", "checkpoints/custom"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let e = last_json(&out);
+    for m in METRICS {
+        assert_eq!(e["ensemble"][m], runs[0]["ensemble"][m], "{m}");
+    }
+    assert_trains_alike(&runs);
 }
 
 /// `bnn bench train` times the LeNet preset (and no MLP with `--hidden ""`): one JSON row
