@@ -41,8 +41,13 @@ fn gamma_prior(m: &Network) -> Prior {
 }
 
 fn batch(rows: usize, seed: u64) -> (Vec<f32>, Vec<u32>) {
+    inputs(rows, DIM, seed)
+}
+
+/// `rows` uniform inputs of `dim` values in [0, 1) and labels of CLASSES classes.
+fn inputs(rows: usize, dim: usize, seed: u64) -> (Vec<f32>, Vec<u32>) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let x = (0..rows * DIM)
+    let x = (0..rows * dim)
         .map(|_| rng.random_range(0.0..1.0))
         .collect();
     let y = (0..rows)
@@ -235,6 +240,32 @@ fn mismatched_inputs_are_errors() {
     assert!(pot.evaluate_fast(&mut bp, &other, &x, &y).is_err());
 }
 
+/// The flattened gradients of the custom backward and of autograd on (x, y), 784 inputs
+/// per row, tensor by tensor, under N = 60,000, T = 1 and a different prior precision on
+/// every tensor.
+fn both_gradients(m: &Network, x: &[f32], y: &[u32]) -> Vec<(Vec<f32>, Vec<f32>)> {
+    let mut prior = gamma_prior(m);
+    prior.precisions = (0..m.params.len()).map(|i| 3.0 + 7.0 * i as f64).collect();
+    let (pot, rows) = (Potential::new(60_000, 1.0, prior).unwrap(), y.len());
+    let mut bp = Backprop::new(m, rows).unwrap();
+    pot.evaluate_fast(&mut bp, m, x, y).unwrap();
+    let xt = Tensor::from_slice(x, (rows, 784), &Device::Cpu).unwrap();
+    let yt = Tensor::from_slice(y, rows, &Device::Cpu).unwrap();
+    let reference = pot.evaluate(m, &xt, &yt).unwrap();
+    bp.grads()
+        .iter()
+        .zip(&reference.grads)
+        .map(|(g, r)| (flat(g), flat(r)))
+        .collect()
+}
+
+fn worst_difference(g: &[f32], r: &[f32]) -> f32 {
+    g.iter()
+        .zip(r)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max)
+}
+
 /// The networks and batch sizes of the benchmarks (784-100-10 and 784-400-400-10 at
 /// batch 100 and 1000): sizes that take the parallel split, the k-blocking and every tile
 /// width of the matrix kernels.
@@ -246,28 +277,15 @@ fn custom_backward_equals_autograd_at_full_size() {
         (vec![400, 400], 1000),
     ] {
         let m = mlp(784, 10, &hidden, Activation::Relu, 11);
-        let mut prior = gamma_prior(&m);
-        prior.precisions = (0..m.params.len()).map(|i| 3.0 + 7.0 * i as f64).collect();
-        let pot = Potential::new(60_000, 1.0, prior).unwrap();
         let mut rng = rand::rngs::StdRng::seed_from_u64(2);
         let x: Vec<f32> = (0..rows * 784)
             .map(|_| rng.random_range(0.0..1.0))
             .collect();
         let y: Vec<u32> = (0..rows).map(|_| rng.random_range(0..10)).collect();
-        let mut bp = Backprop::new(&m, rows).unwrap();
-        pot.evaluate_fast(&mut bp, &m, &x, &y).unwrap();
-        let xt = Tensor::from_slice(&x, (rows, 784), &Device::Cpu).unwrap();
-        let yt = Tensor::from_slice(&y, rows, &Device::Cpu).unwrap();
-        let reference = pot.evaluate(&m, &xt, &yt).unwrap();
-        for (k, (g, r)) in bp.grads().iter().zip(&reference.grads).enumerate() {
-            let (g, r) = (flat(g), flat(r));
+        for (k, (g, r)) in both_gradients(&m, &x, &y).into_iter().enumerate() {
             // Sums of up to 1000 f32 terms in another order: ~1e-5 of the tensor's scale.
             let tol = 1e-4 * max_abs(&r);
-            let worst = g
-                .iter()
-                .zip(&r)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
+            let worst = worst_difference(&g, &r);
             assert!(
                 worst <= tol,
                 "{hidden:?} batch {rows}: tensor {k} differs by {worst} (tol {tol})"
@@ -484,17 +502,6 @@ fn cnn(side: usize, conv: &[usize], kernel: usize, hidden: &[usize], act: Activa
     Network::new(&spec, side * side, CLASSES, 4, &Device::Cpu).unwrap()
 }
 
-fn images(rows: usize, side: usize, seed: u64) -> (Vec<f32>, Vec<u32>) {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let x = (0..rows * side * side)
-        .map(|_| rng.random_range(0.0..1.0))
-        .collect();
-    let y = (0..rows)
-        .map(|_| rng.random_range(0..CLASSES as u32))
-        .collect();
-    (x, y)
-}
-
 /// Shapes that take every path: two convolutions (input error through col2im), odd
 /// convolution sides (a row and column outside every pool window), 2×2 and 3×3 kernels,
 /// no hidden layer, both activations; batches smaller and larger than the buffers.
@@ -514,10 +521,9 @@ fn cnn_backward_equals_autograd() {
         let pot = potential(&m, 1000);
         let mut bp = Backprop::new(&m, 9).unwrap();
         for (rows, seed) in [(9, 1), (4, 2), (23, 3)] {
-            let (x, y) = images(rows, side, seed);
+            let (x, y) = inputs(rows, side * side, seed);
             let fast = pot.evaluate_fast(&mut bp, &m, &x, &y).unwrap();
             let xt = Tensor::from_slice(&x, (rows, side * side), &Device::Cpu).unwrap();
-
             let yt = Tensor::from_slice(&y, rows, &Device::Cpu).unwrap();
             let reference = pot.evaluate(&m, &xt, &yt).unwrap();
             assert!(
@@ -541,7 +547,7 @@ fn cnn_backward_equals_autograd() {
             }
         }
         // The forward alone (prediction) gives the model's logits.
-        let (x, _) = images(17, side, 5);
+        let (x, _) = inputs(17, side * side, 5);
         let fast = bp.forward(&m, &x, 17).unwrap().to_vec();
         let xt = Tensor::from_slice(&x, (17, side * side), &Device::Cpu).unwrap();
         let reference = flat(&m.forward(&xt).unwrap());
@@ -559,7 +565,7 @@ fn cnn_backward_matches_finite_differences() {
         (8, cnn(8, &[2], 3, &[], Activation::Relu), 1e-3f32),
         (11, cnn(11, &[3, 4], 3, &[5], Activation::Relu), 1e-3f32),
     ] {
-        let (x, y) = images(5, side, 8);
+        let (x, y) = inputs(5, side * side, 8);
         check_finite_differences(&m, &x, &y, h);
     }
 }
@@ -570,27 +576,14 @@ fn cnn_backward_matches_finite_differences() {
 fn cnn_backward_equals_autograd_at_full_size() {
     let spec = ModelSpec::from_toml_file(std::path::Path::new("models/lenet.toml")).unwrap();
     let m = Network::new(&spec, 784, 10, 11, &Device::Cpu).unwrap();
-    let mut prior = gamma_prior(&m);
-    prior.precisions = (0..m.params.len()).map(|i| 3.0 + 7.0 * i as f64).collect();
-    let pot = Potential::new(60_000, 1.0, prior).unwrap();
     let ds = bnn::data::load_builtin().unwrap();
     let idx: Vec<usize> = (0..64).map(|i| i * 37 % ds.train.len()).collect();
     let (mut x, mut y) = (Vec::new(), Vec::new());
     ds.train.gather(&idx, &mut x, &mut y);
-    let mut bp = Backprop::new(&m, 64).unwrap();
-    pot.evaluate_fast(&mut bp, &m, &x, &y).unwrap();
-    let xt = Tensor::from_slice(&x, (64, 784), &Device::Cpu).unwrap();
-    let yt = Tensor::from_slice(&y, 64, &Device::Cpu).unwrap();
-    let reference = pot.evaluate(&m, &xt, &yt).unwrap();
-    for (k, (g, r)) in bp.grads().iter().zip(&reference.grads).enumerate() {
-        let (g, r) = (flat(g), flat(r));
+    for (k, (g, r)) in both_gradients(&m, &x, &y).into_iter().enumerate() {
         // Sums of up to 36,864 f32 terms in another order.
         let tol = 1e-4 * max_abs(&r);
-        let worst = g
-            .iter()
-            .zip(&r)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let worst = worst_difference(&g, &r);
         assert!(
             worst <= tol,
             "{}: differs by {worst} (tol {tol})",

@@ -24,8 +24,8 @@ use candle_core::Tensor;
 
 use super::gemm::{product, Mat, Options, Zeros};
 use super::mlp::{
-    activation_backward, bias_gradient, dense_forward, held, lock_params, prepare_grads,
-    softmax_xent, with_data_mut, BatchLoss, CpuView, GradientReady,
+    activation_backward, bias_gradient, dense_forward, fc_shapes_match, held, lock_params,
+    prepare_grads, softmax_xent, with_data_mut, BatchLoss, CpuView, GradientReady,
 };
 use super::pool;
 use crate::error::{Error, Result};
@@ -114,6 +114,19 @@ fn col2im(dcols: &[f32], s: &ConvShape, rows: usize, da: &mut [f32]) {
     });
 }
 
+/// dst[j][i] = src[i][j] for blocks of `inner` elements, src (`outer` × `middle` blocks),
+/// dst (`middle` × `outer`): between the convolutions' (C × B × H_p²) layout and the
+/// fully connected layers' (B × C·H_p²), both ways.
+fn swap_outer(src: &[f32], dst: &mut [f32], outer: usize, middle: usize, inner: usize) {
+    let dst = &mut dst[..outer * middle * inner];
+    for (j, row) in dst.chunks_exact_mut(outer * inner).enumerate() {
+        for (i, block) in row.chunks_exact_mut(inner).enumerate() {
+            let at = (i * middle + j) * inner;
+            block.copy_from_slice(&src[at..at + inner]);
+        }
+    }
+}
+
 /// Offset of the first input of pool window (py, px) in an (o × o) plane.
 fn window(o: usize, py: usize, px: usize) -> usize {
     2 * py * o + 2 * px
@@ -194,9 +207,11 @@ impl CnnBackprop {
                 "internal: the CNN pass was given a network without convolutions".into(),
             ));
         }
+        let widths = model.fc_widths();
         let mut bp = CnnBackprop {
             convs: model.convs.clone(),
-            widths: model.fc_widths(),
+            acts: vec![Vec::new(); widths.len() - 1],
+            widths,
             activation: model.spec.activation,
             capacity: 0,
             cols: vec![Vec::new(); model.convs.len()],
@@ -205,7 +220,6 @@ impl CnnBackprop {
             pooled_err: vec![Vec::new(); model.convs.len()],
             features: Vec::new(),
             features_err: Vec::new(),
-            acts: vec![Vec::new(); model.fc_widths().len() - 1],
             delta: Vec::new(),
             delta_prev: Vec::new(),
             grads: Vec::new(),
@@ -244,21 +258,13 @@ impl CnnBackprop {
     }
 
     fn check(&self, model: &Network, x: &[f32], rows: usize) -> Result<()> {
-        let convs = self.convs.len();
-        let layers = self.widths.len() - 1;
         let conv_ok = model.convs == self.convs
             && self.convs.iter().enumerate().all(|(l, s)| {
                 model.params[2 * l].var.dims()
                     == [s.out_channels, s.in_channels, s.kernel, s.kernel]
                     && model.params[2 * l + 1].var.dims() == [s.out_channels]
             });
-        let fc_ok = model.params.len() == 2 * (convs + layers)
-            && (0..layers).all(|k| {
-                let (i, o) = (self.widths[k], self.widths[k + 1]);
-                model.params[2 * (convs + k)].var.dims() == [o, i]
-                    && model.params[2 * (convs + k) + 1].var.dims() == [o]
-            });
-        if !(conv_ok && fc_ok) {
+        if !(conv_ok && fc_shapes_match(model, &self.widths, 2 * self.convs.len())) {
             return Err(Error::Config(
                 "the backward buffers were built for another model".into(),
             ));
@@ -317,15 +323,11 @@ impl CnnBackprop {
             let bias = held(views, 2 * l + 1)?;
             pool_forward(&self.conv_out[l], bias, s, rows, act, &mut self.pooled[l]);
         }
-        // Flatten per example in PyTorch's (C, H, W) order.
+        // Flatten per example in PyTorch's (C, H, W) order: (C × B × H_p²) → (B × C·H_p²).
         let last = self.convs[self.convs.len() - 1];
-        let (d, pp) = (self.widths[0], last.pool_side() * last.pool_side());
+        let (channels, pp) = (last.out_channels, last.pool_side() * last.pool_side());
         let pooled = &self.pooled[self.convs.len() - 1];
-        for (b, f) in self.features[..rows * d].chunks_exact_mut(d).enumerate() {
-            for (c, part) in f.chunks_exact_mut(pp).enumerate() {
-                part.copy_from_slice(&pooled[(c * rows + b) * pp..(c * rows + b + 1) * pp]);
-            }
-        }
+        swap_outer(pooled, &mut self.features, channels, rows, pp);
         let convs = self.convs.len();
         let layers = self.widths.len() - 1;
         for k in 0..layers {
@@ -438,15 +440,14 @@ impl CnnBackprop {
 
         // Back to the last pooled output, in its (C × B × H_p²) layout.
         let last = self.convs[convs - 1];
-        let (d, pp) = (self.widths[0], last.pool_side() * last.pool_side());
-        {
-            let err = &mut self.pooled_err[convs - 1];
-            for (b, f) in self.features_err[..rows * d].chunks_exact(d).enumerate() {
-                for (c, part) in f.chunks_exact(pp).enumerate() {
-                    err[(c * rows + b) * pp..(c * rows + b + 1) * pp].copy_from_slice(part);
-                }
-            }
-        }
+        let (channels, pp) = (last.out_channels, last.pool_side() * last.pool_side());
+        swap_outer(
+            &self.features_err,
+            &mut self.pooled_err[convs - 1],
+            rows,
+            channels,
+            pp,
+        );
 
         for l in (0..convs).rev() {
             let s = self.convs[l];

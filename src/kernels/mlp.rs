@@ -185,6 +185,18 @@ pub(super) fn with_data_mut<R>(t: &Tensor, f: impl FnOnce(&mut [f32]) -> R) -> R
         .ok_or_else(|| Error::Config("internal: in-place op did not run".into()))
 }
 
+/// Whether `model`'s parameters from tensor `first` on are exactly the fully connected
+/// layers of `widths` (input first): a weight (out × in) and a bias (out) per layer.
+pub(super) fn fc_shapes_match(model: &Network, widths: &[usize], first: usize) -> bool {
+    let layers = widths.len().saturating_sub(1);
+    model.params.len() == first + 2 * layers
+        && (0..layers).all(|k| {
+            let (i, o) = (widths[k], widths[k + 1]);
+            model.params[first + 2 * k].var.dims() == [o, i]
+                && model.params[first + 2 * k + 1].var.dims() == [o]
+        })
+}
+
 /// Read-locks every parameter of `model` for a pass (options, so that a layer's locks can
 /// be released before its parameters are written).
 pub(super) fn lock_params(model: &Network) -> Result<Vec<Option<CpuView<'_>>>> {
@@ -374,14 +386,7 @@ impl MlpBackprop {
     }
 
     fn check(&self, model: &Network, x: &[f32], rows: usize) -> Result<()> {
-        let layers = self.widths.len() - 1;
-        let shapes_match = model.params.len() == 2 * layers
-            && (0..layers).all(|k| {
-                let (i, o) = (self.widths[k], self.widths[k + 1]);
-                model.params[2 * k].var.dims() == [o, i]
-                    && model.params[2 * k + 1].var.dims() == [o]
-            });
-        if !shapes_match {
+        if !fc_shapes_match(model, &self.widths, 0) {
             return Err(Error::Config(
                 "the backward buffers were built for another model".into(),
             ));
