@@ -1,12 +1,13 @@
 //! The fused step on the CPU: fixed chunks run on [`super::pool`], inner loops over blocks of 4
-//! elements (one Philox call each) that the compiler vectorises; an AVX2 build of the same
-//! code is chosen at run time where the CPU has it. No allocation per step beyond rayon's
+//! elements (one Philox call each) that the compiler vectorises; AVX2+FMA and AVX-512 builds
+//! of the same code are chosen by [`super::isa`]. No allocation per step beyond the
 //! per-chunk partial sums.
 
 use std::cell::{Cell, RefCell};
 
 use candle_core::{backend::BackendStorage, CpuStorage, InplaceOp2, Layout};
 
+use super::isa::{self, Isa};
 use super::pool::{self, Disjoint};
 use super::{buffer::StateBuffer, StepConsts, Update};
 use crate::rng::{log_unit, sincos_turn, uniform_open0, NoiseKey};
@@ -130,7 +131,7 @@ fn tile_update(
     sum
 }
 
-/// One rayon chunk of a tensor: its slices, the noise key and the chunk's element offset.
+/// One chunk of a tensor: its slices, the noise key and the chunk's element offset.
 struct Chunk<'a> {
     update: Update,
     theta: &'a mut [f32],
@@ -191,31 +192,17 @@ unsafe fn chunk_update_avx512(job: Chunk<'_>) -> f64 {
     chunk_update(job)
 }
 
-/// Whether the CPU has the AVX-512 subsets (and FMA) the 512-bit builds of the update
-/// enable.
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn has_avx512() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512dq")
-        && std::arch::is_x86_feature_detected!("avx512vl")
-        && std::arch::is_x86_feature_detected!("avx512bw")
-        && std::arch::is_x86_feature_detected!("fma")
-}
-
-fn chunk_dispatch(job: Chunk<'_>) -> f64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if has_avx512() {
-            // SAFETY: the CPU supports these features, checked just above.
-            return unsafe { chunk_update_avx512(job) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the CPU supports AVX2 and FMA, checked just above.
-            return unsafe { chunk_update_avx2(job) };
-        }
+/// [`chunk_update`] on `isa`'s build.
+fn chunk_dispatch(isa: Isa, job: Chunk<'_>) -> f64 {
+    match isa {
+        // SAFETY: `isa` is at most what the CPU has (isa::current caps at Isa::best).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { chunk_update_avx512(job) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { chunk_update_avx2(job) },
+        _ => chunk_update(job),
     }
-    chunk_update(job)
 }
 
 /// Applies one fused update to a whole parameter tensor (`theta`, its `momentum` — empty
@@ -240,6 +227,7 @@ pub fn step(
     let n = theta.len();
     let chunks = n.div_ceil(CHUNK);
     let mut partials = vec![0f64; chunks];
+    let isa = isa::current();
     let (t, m, p) = (
         Disjoint::new(theta),
         Disjoint::new(momentum),
@@ -259,15 +247,18 @@ pub fn step(
                 &mut p.slice(k, k + 1)[0],
             )
         };
-        *partial = chunk_dispatch(Chunk {
-            update,
-            theta,
-            momentum,
-            grad: &grad[start..end],
-            key: &key,
-            offset: start,
-            c,
-        });
+        *partial = chunk_dispatch(
+            isa,
+            Chunk {
+                update,
+                theta,
+                momentum,
+                grad: &grad[start..end],
+                key: &key,
+                offset: start,
+                c,
+            },
+        );
     });
     partials.iter().sum()
 }
@@ -405,8 +396,26 @@ unsafe fn thermostat_chunk_avx512(
     thermostat_chunk(theta, momentum, alpha, grad, key, first, c, splitting)
 }
 
+/// [`thermostat_chunk`] compiled for 256-bit vectors with FMA (the noise's fused
+/// multiply-adds single instructions; the rest the same operations, so the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn thermostat_chunk_avx2(
+    theta: &mut [f32],
+    momentum: &mut [f32],
+    alpha: &mut [f32],
+    grad: &[f32],
+    key: &NoiseKey,
+    first: usize,
+    c: StepConsts,
+    splitting: bool,
+) -> (f64, f64) {
+    thermostat_chunk(theta, momentum, alpha, grad, key, first, c, splitting)
+}
+
 /// The per-element-thermostat update of a whole parameter tensor (θ, v, α, gradient),
-/// rayon over the same fixed chunks as [`step`]. Returns (Σv², Σα) after the update.
+/// on the pool over the same fixed chunks as [`step`]. Returns (Σv², Σα) after the update.
 pub fn thermostat_step(
     theta: &mut [f32],
     momentum: &mut [f32],
@@ -423,6 +432,7 @@ pub fn thermostat_step(
     );
     let chunks = n.div_ceil(CHUNK);
     let mut partials = vec![(0f64, 0f64); chunks];
+    let isa = isa::current();
     let (t, m, al, p) = (
         Disjoint::new(theta),
         Disjoint::new(momentum),
@@ -441,15 +451,20 @@ pub fn thermostat_step(
             )
         };
         let grad = &grad[first..last];
-        #[cfg(target_arch = "x86_64")]
-        if has_avx512() {
-            // SAFETY: the CPU supports these features, checked just above.
-            *partial = unsafe {
-                thermostat_chunk_avx512(theta, momentum, alpha, grad, &key, first, c, splitting)
-            };
-            return;
-        }
-        *partial = thermostat_chunk(theta, momentum, alpha, grad, &key, first, c, splitting);
+        let (key, z) = (&key, splitting);
+        *partial = match isa {
+            // SAFETY: `isa` is at most what the CPU has (isa::current caps at Isa::best).
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => unsafe {
+                thermostat_chunk_avx512(theta, momentum, alpha, grad, key, first, c, z)
+            },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe {
+                thermostat_chunk_avx2(theta, momentum, alpha, grad, key, first, c, z)
+            },
+            _ => thermostat_chunk(theta, momentum, alpha, grad, key, first, c, z),
+        };
     });
     partials
         .iter()

@@ -30,7 +30,7 @@
 use candle_core::{CpuStorage, InplaceOp1, Layout, Storage, Tensor};
 
 use super::gemm::{
-    matmul, product, product_then_update, skips_zeros, updates_inline, Mat, NonZero, Options, Zeros,
+    matmul, product, product_then_update, updates_inline, Mat, NonZero, Options, Zeros,
 };
 use super::pool;
 use super::InlineUpdate;
@@ -371,7 +371,7 @@ impl MlpBackprop {
             delta: vec![0.0; batch * max_width],
             delta_prev: vec![0.0; batch * max_width],
             activation: model.spec.activation,
-            input_nonzero: skips_zeros().then(NonZero::default),
+            input_nonzero: Some(NonZero::default()),
             sparse_input: false,
             widths,
             grads: Vec::new(),

@@ -25,6 +25,7 @@ pub mod cuda;
 pub mod gemm;
 #[doc(hidden)]
 pub mod host;
+pub mod isa;
 pub mod mlp;
 pub mod pool;
 
