@@ -7,7 +7,6 @@ use std::time::Instant;
 use candle_core::{Device, Tensor, Var};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::data::NUM_CLASSES;
@@ -22,6 +21,8 @@ use crate::train::Stepper;
 pub struct StepBench {
     pub sampler: String,
     pub params: usize,
+    /// The CPU kernel path ([`crate::kernels::isa`]).
+    pub isa: String,
     pub threads: usize,
     /// Bytes a fused update moves per parameter (reads and writes).
     pub bytes_per_param: usize,
@@ -75,9 +76,13 @@ pub fn step(kind: SamplerKind, sizes: &[usize], repeats: usize) -> Result<Vec<St
         let src = vec![1f32; words];
         let mut dst = vec![0f32; words];
         let copy = time(repeats, || {
-            dst.par_chunks_mut(1 << 16)
-                .zip(src.par_chunks(1 << 16))
-                .for_each(|(d, s)| d.copy_from_slice(s));
+            const PART: usize = 1 << 16;
+            let out = crate::kernels::pool::Disjoint::new(&mut dst[..]);
+            crate::kernels::pool::run(words.div_ceil(PART), &|p| {
+                let (a, b) = (p * PART, ((p + 1) * PART).min(words));
+                // SAFETY: part p alone writes dst[a..b].
+                unsafe { out.slice(a, b) }.copy_from_slice(&src[a..b]);
+            });
             Ok(())
         })?;
         let bytes = (n * bytes_per_param) as f64;
@@ -85,7 +90,8 @@ pub fn step(kind: SamplerKind, sizes: &[usize], repeats: usize) -> Result<Vec<St
         rows.push(StepBench {
             sampler: kind.name().to_string(),
             params: n,
-            threads: rayon::current_num_threads(),
+            isa: crate::kernels::isa::current().name().to_string(),
+            threads: crate::kernels::pool::threads(),
             bytes_per_param,
             fused_ns_per_param: fused * 1e9 / n as f64,
             composed_ns_per_param: composed * 1e9 / n as f64,
@@ -107,6 +113,8 @@ pub struct TrainBench {
     pub integrator: Integrator,
     pub backward: Backward,
     pub kernel: Kernel,
+    /// The CPU kernel path ([`crate::kernels::isa`]).
+    pub isa: String,
     pub threads: usize,
     /// Median over the repeats.
     pub steps_per_second: f64,
@@ -207,7 +215,8 @@ pub fn train(opts: &TrainBenchOptions) -> Result<Vec<TrainBench>> {
                 integrator: config.integrator,
                 backward: stepper.backward,
                 kernel: opts.kernel,
-                threads: rayon::current_num_threads(),
+                isa: crate::kernels::isa::current().name().to_string(),
+                threads: crate::kernels::pool::threads(),
                 steps_per_second: sps,
                 images_per_second: sps * batch as f64,
                 ms_per_step: 1e3 / sps,

@@ -13,6 +13,9 @@ use crate::train::{self, TrainConfig};
 
 /// Runs a parsed command; returns the JSON document to print last on stdout.
 pub fn run(command: Command, quiet: bool) -> Result<String> {
+    // A bad BNN_ISA is a user error, reported before anything runs.
+    crate::kernels::isa::cap_from_env()?;
+    tracing::debug!("CPU kernels: {}", crate::kernels::isa::selected());
     match command {
         Command::Train(args) => train_command(*args, quiet),
         Command::Eval(args) => {

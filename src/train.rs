@@ -176,6 +176,9 @@ pub struct Summary {
     pub num_params: usize,
     pub sampler: SamplerConfig,
     pub kernel: Kernel,
+    /// The CPU kernel path (`avx512`, `avx2` or `portable`; see `kernels::isa`).
+    #[serde(default)]
+    pub isa: String,
     /// The gradient implementation used (`custom` or `autograd`).
     pub backward: Backward,
     pub prior: PriorSpec,
@@ -590,6 +593,7 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
         num_params: model.num_params(),
         sampler: cfg.sampler,
         kernel: cfg.kernel,
+        isa: crate::kernels::isa::current().name().to_string(),
         backward,
         prior: cfg.prior,
         temperature: cfg.temperature,

@@ -116,9 +116,10 @@ fn pool() -> &'static Pool {
             inside: AtomicUsize::new(0),
             sleeping: AtomicUsize::new(0),
         }));
-        // As many threads as rayon would use (RAYON_NUM_THREADS is honoured), the calling
-        // thread being one of them.
-        let helpers = (1..rayon::current_num_threads())
+        // The calling thread and helpers: as many as the machine has, or as
+        // RAYON_NUM_THREADS says (the variable candle's CPU ops also honour), read here
+        // rather than through rayon, which would start a second set of threads.
+        let helpers = (1..wanted_threads())
             .filter_map(|i| {
                 std::thread::Builder::new()
                     .name(format!("bnn-pool-{i}"))
@@ -133,6 +134,16 @@ fn pool() -> &'static Pool {
             busy: Mutex::new(()),
         }
     })
+}
+
+/// `RAYON_NUM_THREADS` if it is a positive number, else the machine's parallelism.
+fn wanted_threads() -> usize {
+    std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+        .unwrap_or(1)
 }
 
 /// Threads that take part in a job (the caller included).

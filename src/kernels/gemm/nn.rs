@@ -56,19 +56,23 @@ pub(super) struct Fuse {
 #[derive(Clone, Copy)]
 pub(super) enum Ks<'a> {
     All(usize),
-    List(&'a [u32]),
+    /// The k where one of the tile's rows of A is not zero; A is packed with only these
+    /// (the q-th entry's scalars at q·R).
+    Lhs(&'a [u32]),
+    /// The k where B is not zero in one of the tile's columns; A is packed whole.
+    Rhs(&'a [u32]),
 }
 
-/// One tile's operands: A at its first row and k, B at its k and first column, C at its
-/// first element; `cols` valid columns.
+/// One tile's operands: A packed (R scalars per k, see [`Ks`]), B at its k and first
+/// column, C at its first element; `cols` valid columns.
 #[derive(Clone, Copy)]
 pub(super) struct Tile<'a> {
     pub ks: Ks<'a>,
     pub a: *const f32,
-    pub a_rs: usize,
-    pub a_cs: usize,
     pub b: *const f32,
     pub ldb: usize,
+    /// B is read in place (not a packed panel in L1): prefetch the rows a list jumps to.
+    pub prefetch_b: bool,
     pub c: *mut f32,
     pub ldc: usize,
     pub cols: usize,
@@ -120,16 +124,13 @@ pub(super) unsafe fn tile_body<S: Simd, const R: usize, const V: usize, const FU
         Store::Overwrite | Store::Accumulate => {}
     }
     let mut acc = [[S::zero(); V]; R];
-    let mut rows = [t.a; R];
-    for (i, r) in rows.iter_mut().enumerate() {
-        *r = t.a.add(i * t.a_rs);
-    }
-    // One step of k: V vectors of B, R broadcasts of A, R·V FMAs (a macro, not a
-    // closure, so that the sums stay in registers).
+    // One step of k: V vectors of B (row `pb`), R broadcasts of A (packed entry `pa`),
+    // R·V FMAs (a macro, not a closure, so that the sums stay in registers).
     macro_rules! step {
-        ($p:expr) => {{
-            let p: usize = $p;
-            let bp = t.b.add(p * t.ldb);
+        ($pa:expr, $pb:expr) => {{
+            let (pa, pb): (usize, usize) = ($pa, $pb);
+            let ap = t.a.add(pa * R);
+            let bp = t.b.add(pb * t.ldb);
             let mut bv = [S::zero(); V];
             for v in 0..V {
                 bv[v] = if FULL {
@@ -139,34 +140,40 @@ pub(super) unsafe fn tile_body<S: Simd, const R: usize, const V: usize, const FU
                 };
             }
             for i in 0..R {
-                let s = S::splat(*rows[i].add(p * t.a_cs));
+                let s = S::splat(*ap.add(i));
                 for v in 0..V {
                     acc[i][v] = S::fmadd(s, bv[v], acc[i][v]);
                 }
             }
         }};
     }
+    // The k of a list jump, which the hardware prefetcher does not follow: fetch the row
+    // of B a few steps ahead where B is read in place.
+    const AHEAD: usize = 6;
+    let ahead_b = |list: &[u32], at: usize| {
+        if let (true, Some(&q)) = (t.prefetch_b, list.get(at + AHEAD)) {
+            let bq = t.b.wrapping_add(q as usize * t.ldb);
+            for v in 0..V {
+                S::prefetch(bq.wrapping_add(S::LANES * v));
+            }
+        }
+    };
     match t.ks {
         Ks::All(k) => {
             for p in 0..k {
-                step!(p)
+                step!(p, p)
             }
         }
-        Ks::List(list) => {
-            // The k of a list jump, which the hardware prefetcher does not follow: fetch
-            // B's row and A's elements a few steps ahead.
-            const AHEAD: usize = 6;
-            for (at, &p) in list.iter().enumerate() {
-                if let Some(&q) = list.get(at + AHEAD) {
-                    let q = q as usize;
-                    let bq = t.b.wrapping_add(q * t.ldb);
-                    for v in 0..V {
-                        S::prefetch(bq.wrapping_add(S::LANES * v));
-                    }
-                    S::prefetch(rows[0].wrapping_add(q * t.a_cs));
-                    S::prefetch(rows[R - 1].wrapping_add(q * t.a_cs));
-                }
-                step!(p as usize)
+        Ks::Lhs(list) => {
+            for (q, &p) in list.iter().enumerate() {
+                ahead_b(list, q);
+                step!(q, p as usize)
+            }
+        }
+        Ks::Rhs(list) => {
+            for (q, &p) in list.iter().enumerate() {
+                ahead_b(list, q);
+                step!(p as usize, p as usize)
             }
         }
     }
@@ -179,7 +186,10 @@ pub(super) unsafe fn tile_body<S: Simd, const R: usize, const V: usize, const FU
             cols: t.cols,
             from_dst,
         };
-        S::update::<R, V>(&acc, &u);
+        // A copy: were the sums' own address to escape, the k loop would store them to
+        // the stack at every step (seen in the AVX2 build: half the speed).
+        let sums = acc;
+        S::update::<R, V>(&sums, &u);
         return;
     }
     for (i, row) in acc.iter().enumerate() {
@@ -301,12 +311,29 @@ pub(super) unsafe fn update_body<S: Simd, const R: usize, const V: usize>(
     }
 }
 
+/// Rows of A per block: the column tiles of a k block sweep the rows in blocks of about
+/// this many, so that A's (MC × KC) block (96 KiB) stays in L2 while they do. Without it a
+/// k block of a batch-1000 product swept all 1000 rows (500 KiB) per column tile.
+const MC: usize = 192;
+
+/// Per-thread buffers of [`product`], reused across calls.
+#[derive(Default)]
+struct Scratch {
+    /// The packed (k block × tile) panel of B when rhs is a transpose.
+    panel: Vec<f32>,
+    /// The row tiles of the thread's rows: (first row, rows).
+    tiles: Vec<(usize, usize)>,
+    /// The k lists of the row tiles for one k block (lhs zeros), KC apart, and their lengths.
+    lists: Vec<u32>,
+    lens: Vec<usize>,
+    /// A's rows of one block of row tiles for one k block, packed tile by tile (R
+    /// scalars per k), and where each tile's part starts.
+    a_packed: Vec<f32>,
+    a_at: Vec<usize>,
+}
+
 thread_local! {
-    /// Per thread: the packed (k block × tile) panel of B when rhs is a transpose.
-    static PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    /// Per thread: the k lists of its row tiles for one k block (lhs zeros).
-    static ROW_TILE_KS: RefCell<(Vec<u32>, Vec<usize>)> =
-        const { RefCell::new((Vec::new(), Vec::new())) };
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
 /// C (m × n) = A·B (+ C), as `opts` says, on path `S`; with `fuse`, the last k block
@@ -351,25 +378,71 @@ pub(super) unsafe fn product<S: Simd>(
         S::TILE_R
     };
     let tile_cols = S::TILE_V * S::LANES;
+    let lhs_zeros = matches!(opts.zeros, Zeros::Lhs(_));
     let block = |r0: usize, r1: usize, c0: usize, c1: usize| {
-        PANEL.with_borrow_mut(|panel| {
-            ROW_TILE_KS.with_borrow_mut(|(lists, lens)| {
-                if packed && panel.len() < KC * MAX_TILE_COLS {
-                    panel.resize(KC * MAX_TILE_COLS, 0.0);
+        SCRATCH.with_borrow_mut(|scratch| {
+            let Scratch {
+                panel,
+                tiles,
+                lists,
+                lens,
+                a_packed,
+                a_at,
+            } = scratch;
+            if packed && panel.len() < KC * MAX_TILE_COLS {
+                panel.resize(KC * MAX_TILE_COLS, 0.0);
+            }
+            tiles.clear();
+            let mut i = r0;
+            for rows in balanced(r1 - r0, tile_rows) {
+                tiles.push((i, rows));
+                i += rows;
+            }
+            for p0 in (0..k).step_by(KC) {
+                let kc = KC.min(k - p0);
+                if let Zeros::Lhs(z) = opts.zeros {
+                    // The k of this block where some row of the tile is not zero.
+                    lens.clear();
+                    lists.resize(KC * tiles.len().max(1), 0);
+                    for (t, &(i, rows)) in tiles.iter().enumerate() {
+                        let list = &mut lists[t * KC..(t + 1) * KC];
+                        lens.push(block_ks(kc, list, |word| {
+                            (i..i + rows).fold(0, |acc, r| acc | z.row(r)[p0 / 64 + word])
+                        }));
+                    }
                 }
-                for p0 in (0..k).step_by(KC) {
-                    let kc = KC.min(k - p0);
-                    if let Zeros::Lhs(z) = opts.zeros {
-                        // The k of this block where some row of the tile is not zero.
-                        lens.clear();
-                        lists.resize(KC * (r1 - r0).div_ceil(tile_rows).max(1), 0);
-                        let mut i = r0;
-                        for (t, rows) in balanced(r1 - r0, tile_rows).enumerate() {
-                            let list = &mut lists[t * KC..(t + 1) * KC];
-                            lens.push(block_ks(kc, list, |word| {
-                                (i..i + rows).fold(0, |acc, r| acc | z.row(r)[p0 / 64 + word])
-                            }));
-                            i += rows;
+                // Row tiles in even blocks of at most about MC rows (see MC).
+                let mut t0 = 0;
+                for per_block in balanced(tiles.len(), (MC / tile_rows).max(1)) {
+                    let t1 = t0 + per_block;
+                    // A's rows of these tiles for this k block, packed: the k loop then
+                    // reads R consecutive scalars per step through one pointer (with lhs
+                    // zeros, only the k of the tile's list).
+                    a_at.clear();
+                    let mut len = 0;
+                    for (t, &(_, rows)) in tiles.iter().enumerate().take(t1).skip(t0) {
+                        a_at.push(len);
+                        len += rows * if lhs_zeros { lens[t] } else { kc };
+                    }
+                    if a_packed.len() < len {
+                        a_packed.resize(len, 0.0);
+                    }
+                    for (t, &(i, rows)) in tiles.iter().enumerate().take(t1).skip(t0) {
+                        let out = &mut a_packed[a_at[t - t0]..];
+                        let a = (a as *const f32).add(i * a_rs + p0 * a_cs);
+                        if lhs_zeros {
+                            for (q, &p) in lists[t * KC..t * KC + lens[t]].iter().enumerate() {
+                                for r in 0..rows {
+                                    out[q * rows + r] = *a.add(r * a_rs + p as usize * a_cs);
+                                }
+                            }
+                        } else {
+                            for r in 0..rows {
+                                let row = a.add(r * a_rs);
+                                for p in 0..kc {
+                                    out[p * rows + r] = *row.add(p * a_cs);
+                                }
+                            }
                         }
                     }
                     let mut j = c0;
@@ -405,8 +478,7 @@ pub(super) unsafe fn product<S: Simd>(
                                 }
                             }
                         }
-                        let mut i = r0;
-                        for (t, rows) in balanced(r1 - r0, tile_rows).enumerate() {
+                        for (t, &(i, rows)) in tiles.iter().enumerate().take(t1).skip(t0) {
                             let store = if let (Some(f), true) = (fuse, p0 + kc == k) {
                                 Store::Update {
                                     fuse: f as *const Fuse,
@@ -422,16 +494,15 @@ pub(super) unsafe fn product<S: Simd>(
                             };
                             let ks = match opts.zeros {
                                 Zeros::Unknown => Ks::All(kc),
-                                Zeros::Lhs(_) => Ks::List(&lists[t * KC..t * KC + lens[t]]),
-                                Zeros::Rhs(_) => Ks::List(&rhs_list[..rhs_len]),
+                                Zeros::Lhs(_) => Ks::Lhs(&lists[t * KC..t * KC + lens[t]]),
+                                Zeros::Rhs(_) => Ks::Rhs(&rhs_list[..rhs_len]),
                             };
                             let tile = Tile {
                                 ks,
-                                a: (a as *const f32).add(i * a_rs + p0 * a_cs),
-                                a_rs,
-                                a_cs,
+                                a: a_packed.as_ptr().add(a_at[t - t0]),
                                 b: b_tile,
                                 ldb: ld_tile,
+                                prefetch_b: !packed,
                                 c: c.at(i * n + j),
                                 ldc: n,
                                 cols,
@@ -445,12 +516,12 @@ pub(super) unsafe fn product<S: Simd>(
                                 2 => S::tile::<2>(rows, full, &tile),
                                 _ => S::tile::<1>(rows, full, &tile),
                             }
-                            i += rows;
                         }
                         j += cols;
                     }
+                    t0 = t1;
                 }
-            })
+            }
         })
     };
     // Rows when each thread gets at least two row tiles (every thread then runs the same
