@@ -272,15 +272,23 @@ pub(super) unsafe fn update_body<S: Simd, const R: usize, const V: usize>(
     let lambda = S::splat(f.prior_scale);
     let momentum = f.update == crate::kernels::Update::Momentum;
     let col0 = at % n;
+    // Locals, not reads through `f`: the stores through θ and v could alias it, which
+    // made the compiler reload the pointers at every vector.
+    let (theta_at, momentum_at, c_at) = (f.theta.add(at), f.momentum.wrapping_add(at), u.c.add(at));
+    let sums_at = f.row_sums.add(at / n);
     for (r, row) in acc.iter().enumerate() {
         let mut lanes = [0f64; 8];
-        let row_sum = f.row_sums.add(at / n + r);
+        let mut row_sum = *sums_at.add(r);
         for (v, &sum) in row.iter().enumerate() {
-            let (m, off) = (masks[v], at + r * n + S::LANES * v);
-            let theta = S::load_masked(m, f.theta.add(off));
+            let (m, off) = (masks[v], r * n + S::LANES * v);
+            // Whole vectors by plain loads and stores (masked stores are slow on AMD).
+            let full = u.cols >= S::LANES * (v + 1);
+            let load = |p: *const f32| if full { S::load(p) } else { S::load_masked(m, p) };
+            let store = |p: *mut f32, x| if full { S::store(p, x) } else { S::store_masked(p, m, x) };
+            let theta = load(theta_at.add(off));
             // ∇: the roundings of the stored gradient (see Store::AddScaled).
             let g = if u.from_dst {
-                S::add(sum, S::load_masked(m, u.c.add(off)))
+                S::add(sum, load(c_at.add(off)))
             } else {
                 S::add(sum, S::mul(lambda, theta))
             };
@@ -289,24 +297,28 @@ pub(super) unsafe fn update_body<S: Simd, const R: usize, const V: usize>(
             let noise = S::mul(zv, sigma);
             if momentum {
                 // bnn_momentum_step: vn = (v·decay − g·η + z·σ)·post; θ += vn.
-                let old = S::load_masked(m, f.momentum.add(off));
+                let old = load(momentum_at.add(off));
                 let vn = S::mul(S::add(S::sub(S::mul(old, decay), kick), noise), post);
-                S::store_masked(f.momentum.add(off), m, vn);
-                S::store_masked(f.theta.add(off), m, S::add(theta, vn));
-                S::add_squares(&mut lanes, S::keep(m, S::mul(vn, vn)));
+                store(momentum_at.add(off), vn);
+                store(theta_at.add(off), S::add(theta, vn));
+                let vv = S::mul(vn, vn);
+                S::add_squares(&mut lanes, if full { vv } else { S::keep(m, vv) });
                 let end = col0 + S::LANES * (v + 1);
                 if end.is_multiple_of(16) || end >= n {
-                    *row_sum += reduce8(&lanes);
+                    row_sum += reduce8(&lanes);
                     lanes = [0.0; 8];
                 }
             } else {
                 // bnn_sgld: θ ← θ − g·η + z·σ.
-                S::store_masked(f.theta.add(off), m, S::add(S::sub(theta, kick), noise));
+                store(theta_at.add(off), S::add(S::sub(theta, kick), noise));
             }
         }
-        if momentum && lanes != [0.0; 8] {
-            // Unreachable with the tilings of `product` (see above), but nothing is lost.
-            *row_sum += reduce8(&lanes);
+        if momentum {
+            if lanes != [0.0; 8] {
+                // Unreachable with the tilings of `product` (see above), but nothing is lost.
+                row_sum += reduce8(&lanes);
+            }
+            *sums_at.add(r) = row_sum;
         }
     }
 }
@@ -502,7 +514,9 @@ pub(super) unsafe fn product<S: Simd>(
                                 a: a_packed.as_ptr().add(a_at[t - t0]),
                                 b: b_tile,
                                 ldb: ld_tile,
-                                prefetch_b: !packed,
+                                // (After the block's first row tile, the rows of B a list
+                                // visits are in L1.)
+                                prefetch_b: !packed && t == t0,
                                 c: c.at(i * n + j),
                                 ldc: n,
                                 cols,
