@@ -5,7 +5,11 @@ prints steps/s of both and the ratio of medians per configuration (JSON on the l
 The PyTorch figure of a round is its faster mode (autograd or manual backward), so the
 ratio is against the fastest PyTorch we could write.
 
+With --torch-sampler sghmc, every bnn sampler is compared against PyTorch's SGHMC (for
+mSGNHT and the splitting integrators, which the reference does not implement).
+
 Usage: python3 bench/compare.py [--rounds 3] [--python venv/bin/python] [--bnn target/release/bnn]
+       [--sampler msgnht --integrator splitting --torch-sampler sghmc]
 """
 
 import argparse
@@ -34,30 +38,50 @@ def main():
     ap.add_argument("--batch", default="100,1000")
     ap.add_argument("--cnn-batch", default="64")
     ap.add_argument("--sampler", default="sghmc,sgnht")
+    ap.add_argument("--integrator", default="euler", help="bnn's integrator (euler, splitting)")
+    ap.add_argument("--torch-sampler", default=None,
+                    help="compare every bnn sampler against this PyTorch sampler")
     args = ap.parse_args()
-    common = ["--hidden", args.hidden, "--batch", args.batch, "--cnn-batch", args.cnn_batch,
-              "--sampler", args.sampler,
-              "--repeats", args.repeats]
-    bnn, torch = {}, {}
+    shape = ["--hidden", args.hidden, "--batch", args.batch, "--cnn-batch", args.cnn_batch,
+             "--repeats", args.repeats]
+    torch_sampler = args.torch_sampler or args.sampler
+    bnn_cmd = [args.bnn, "bench", "train", *shape, "--sampler", args.sampler,
+               "--integrator", args.integrator]
+    torch_cmd = [args.python, os.path.join(HERE, "pytorch_reference.py"), *shape,
+                 "--sampler", torch_sampler]
+    # The PyTorch row a bnn row is compared with.
+    def torch_key(model, batch, sampler):
+        return (model, batch, args.torch_sampler or sampler)
+
+    bnn, torch, isa = {}, {}, set()
     for r in range(args.rounds):
-        for row in run_json([args.bnn, "bench", "train", *common]):
+        for row in run_json(bnn_cmd):
+            isa.add(row.get("isa", "?"))
             bnn.setdefault((row["model"], row["batch"], row["sampler"]), []).append(
                 row["steps_per_second"])
         best = {}
-        for row in run_json([args.python, os.path.join(HERE, "pytorch_reference.py"), *common]):
+        for row in run_json(torch_cmd):
             key = (row["model"], row["batch"], row["sampler"])
             best[key] = max(best.get(key, 0.0), row["steps_per_second"])
         for key, v in best.items():
             torch.setdefault(key, []).append(v)
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     rows = []
-    print(f"{'model':24} {'batch':>5} {'sampler':7} {'bnn steps/s':>12} {'torch steps/s':>14} {'ratio':>6}")
+    print(f"bnn kernel path: {', '.join(sorted(isa))}; integrator {args.integrator}")
+    print(f"{'model':24} {'batch':>5} {'sampler':7} {'vs torch':8} {'bnn steps/s':>12} "
+          f"{'torch steps/s':>14} {'ratio':>6} {'ratio range':>12}")
     for key in sorted(bnn):
-        b, t = statistics.median(bnn[key]), statistics.median(torch[key])
+        tk = torch_key(*key)
+        b, t = statistics.median(bnn[key]), statistics.median(torch[tk])
+        per_round = [x / y for x, y in zip(bnn[key], torch[tk])]
         rows.append({"model": key[0], "batch": key[1], "sampler": key[2],
+                     "integrator": args.integrator, "torch_sampler": tk[2],
+                     "isa": sorted(isa),
                      "bnn_steps_per_second": b, "torch_steps_per_second": t, "ratio": b / t,
-                     "bnn_rounds": bnn[key], "torch_rounds": torch[key]})
-        print(f"{key[0]:24} {key[1]:5} {key[2]:7} {b:12.1f} {t:14.1f} {b / t:6.2f}")
+                     "round_ratios": per_round,
+                     "bnn_rounds": bnn[key], "torch_rounds": torch[tk]})
+        print(f"{key[0]:24} {key[1]:5} {key[2]:7} {tk[2]:8} {b:12.1f} {t:14.1f} {b / t:6.2f} "
+              f"{min(per_round):5.2f}-{max(per_round):.2f}")
     print(json.dumps(rows))
 
 
