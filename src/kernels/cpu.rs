@@ -379,40 +379,39 @@ fn thermostat_chunk(
     sums
 }
 
-/// [`thermostat_chunk`] compiled for 512-bit vectors.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn thermostat_chunk_avx512(
-    theta: &mut [f32],
-    momentum: &mut [f32],
-    alpha: &mut [f32],
-    grad: &[f32],
-    key: &NoiseKey,
-    first: usize,
-    c: StepConsts,
-    splitting: bool,
-) -> (f64, f64) {
-    thermostat_chunk(theta, momentum, alpha, grad, key, first, c, splitting)
+/// [`thermostat_chunk`] compiled with the target features `$features`.
+macro_rules! thermostat_chunk_build {
+    ($(#[$doc:meta])* $name:ident, $features:literal) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $name(
+            theta: &mut [f32],
+            momentum: &mut [f32],
+            alpha: &mut [f32],
+            grad: &[f32],
+            key: &NoiseKey,
+            first: usize,
+            c: StepConsts,
+            splitting: bool,
+        ) -> (f64, f64) {
+            thermostat_chunk(theta, momentum, alpha, grad, key, first, c, splitting)
+        }
+    };
 }
 
-/// [`thermostat_chunk`] compiled for 256-bit vectors with FMA (the noise's fused
-/// multiply-adds single instructions; the rest the same operations, so the same bits).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn thermostat_chunk_avx2(
-    theta: &mut [f32],
-    momentum: &mut [f32],
-    alpha: &mut [f32],
-    grad: &[f32],
-    key: &NoiseKey,
-    first: usize,
-    c: StepConsts,
-    splitting: bool,
-) -> (f64, f64) {
-    thermostat_chunk(theta, momentum, alpha, grad, key, first, c, splitting)
-}
+thermostat_chunk_build!(
+    /// [`thermostat_chunk`] compiled for 512-bit vectors.
+    thermostat_chunk_avx512,
+    "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma"
+);
+thermostat_chunk_build!(
+    /// [`thermostat_chunk`] compiled for 256-bit vectors with FMA (the noise's fused
+    /// multiply-adds single instructions; the rest the same operations, so the same bits).
+    thermostat_chunk_avx2,
+    "avx2,fma"
+);
 
 /// The per-element-thermostat update of a whole parameter tensor (θ, v, α, gradient),
 /// on the pool over the same fixed chunks as [`step`]. Returns (Σv², Σα) after the update.

@@ -251,17 +251,33 @@ pub fn product(
             .for_each(|(d, &w)| *d += scale * w);
         opts.addend = None;
     }
+    // SAFETY: extents checked above; rhs contiguous along n or k.
+    unsafe { product_on_current_path(m, n, k, dst, lhs, rhs, opts, None) }
+}
+
+/// [`nn::product`] on the path of this thread ([`isa::current`]).
+///
+/// # Safety
+/// As [`nn::product`], but for the CPU features: each path runs only where the CPU has it
+/// (`isa::current` caps at `Isa::best`).
+#[allow(clippy::too_many_arguments)]
+unsafe fn product_on_current_path(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    lhs: Mat<'_>,
+    rhs: Mat<'_>,
+    opts: Options<'_>,
+    fuse: Option<&nn::Fuse>,
+) {
     let threads = threads_for(m, n, k);
-    // SAFETY: extents checked above; rhs contiguous along n or k; each path runs only
-    // where the CPU has it (isa::current caps at Isa::best).
-    unsafe {
-        match isa::current() {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => nn::product::<simd::Avx512>(m, n, k, dst, lhs, rhs, threads, opts, None),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => nn::product::<simd::Avx2>(m, n, k, dst, lhs, rhs, threads, opts, None),
-            _ => nn::product::<simd::Portable>(m, n, k, dst, lhs, rhs, threads, opts, None),
-        }
+    match isa::current() {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => nn::product::<simd::Avx512>(m, n, k, dst, lhs, rhs, threads, opts, fuse),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => nn::product::<simd::Avx2>(m, n, k, dst, lhs, rhs, threads, opts, fuse),
+        _ => nn::product::<simd::Portable>(m, n, k, dst, lhs, rhs, threads, opts, fuse),
     }
 }
 
@@ -335,25 +351,13 @@ pub fn product_then_update(
         key: step.key,
         prior_scale,
     };
-    let threads = threads_for(m, n, k);
     let opts = Options {
         zeros,
         ..Options::default()
     };
-    let f = Some(&fuse);
     // SAFETY: extents checked above, θ and v are m·n long and borrowed uniquely for the
-    // call, n is a multiple of 4; each path runs only where the CPU has it.
-    unsafe {
-        match isa::current() {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => {
-                nn::product::<simd::Avx512>(m, n, k, scratch, lhs, rhs, threads, opts, f)
-            }
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => nn::product::<simd::Avx2>(m, n, k, scratch, lhs, rhs, threads, opts, f),
-            _ => nn::product::<simd::Portable>(m, n, k, scratch, lhs, rhs, threads, opts, f),
-        }
-    }
+    // call, n is a multiple of 4, rhs contiguous along n or k.
+    unsafe { product_on_current_path(m, n, k, scratch, lhs, rhs, opts, Some(&fuse)) };
     row_sums.iter().sum()
 }
 

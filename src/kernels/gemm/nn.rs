@@ -283,8 +283,20 @@ pub(super) unsafe fn update_body<S: Simd, const R: usize, const V: usize>(
             let (m, off) = (masks[v], r * n + S::LANES * v);
             // Whole vectors by plain loads and stores (masked stores are slow on AMD).
             let full = u.cols >= S::LANES * (v + 1);
-            let load = |p: *const f32| if full { S::load(p) } else { S::load_masked(m, p) };
-            let store = |p: *mut f32, x| if full { S::store(p, x) } else { S::store_masked(p, m, x) };
+            let load = |p: *const f32| {
+                if full {
+                    S::load(p)
+                } else {
+                    S::load_masked(m, p)
+                }
+            };
+            let store = |p: *mut f32, x| {
+                if full {
+                    S::store(p, x)
+                } else {
+                    S::store_masked(p, m, x)
+                }
+            };
             let theta = load(theta_at.add(off));
             // ∇: the roundings of the stored gradient (see Store::AddScaled).
             let g = if u.from_dst {
