@@ -8,7 +8,8 @@
 //!
 //! Every element of C sums its k in blocks of KC (in order within a block, each by one
 //! fused multiply-add; blocks added in order), whatever the path, tiling, thread split or
-//! skipped zeros: the result does not depend on them.
+//! skipped zeros: the result does not depend on them (the portable path on a target
+//! without FMA rounds a·b first: see `simd::Portable`).
 
 use std::cell::RefCell;
 
