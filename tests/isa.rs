@@ -65,28 +65,17 @@ fn run(cwd: &Path, isa: Isa, name: &str, extra: &[&str]) -> (Value, Vec<Vec<u8>>
 #[test]
 fn every_path_names_itself_and_fused_paths_give_the_same_samples() {
     let d = tempfile::tempdir().expect("tempdir");
+    let preset = concat!(env!("CARGO_MANIFEST_DIR"), "/models/mlp-400-400.toml");
     let configs: [&[&str]; 3] = [
-        &["--sampler", "sgnht", "--config", "models/mlp-400-400.toml"],
+        &["--sampler", "sgnht", "--config", preset],
         &["--sampler", "msgnht"],
         &["--sampler", "sghmc"],
     ];
-    let root = env!("CARGO_MANIFEST_DIR");
-    for (c, extra) in configs.iter().enumerate() {
-        let extra: Vec<String> = extra
-            .iter()
-            .map(|a| {
-                if a.starts_with("models/") {
-                    format!("{root}/{a}")
-                } else {
-                    a.to_string()
-                }
-            })
-            .collect();
-        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    for (c, &extra) in configs.iter().enumerate() {
         let mut fused: Vec<(Isa, Value, Vec<Vec<u8>>)> = Vec::new();
         let mut portable = None;
         for isa in Isa::available() {
-            let (summary, samples) = run(d.path(), isa, &format!("{c}-{isa}"), &extra);
+            let (summary, samples) = run(d.path(), isa, &format!("{c}-{isa}"), extra);
             assert_eq!(summary["isa"], isa.name(), "{extra:?}");
             assert_eq!(summary["samples"], samples.len(), "{isa} {extra:?}");
             assert!(

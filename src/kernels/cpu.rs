@@ -346,19 +346,32 @@ fn lanes8(values: &[f32]) -> f64 {
     lanes.iter().sum()
 }
 
-/// The thermostat tiles of one chunk (`first` its first element).
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn thermostat_chunk(
-    theta: &mut [f32],
-    momentum: &mut [f32],
-    alpha: &mut [f32],
-    grad: &[f32],
-    key: &NoiseKey,
+/// One chunk of a tensor's per-element-thermostat update: its slices (θ, v, α, ∇), the
+/// noise key and the chunk's first element.
+struct ThermostatChunk<'a> {
+    theta: &'a mut [f32],
+    momentum: &'a mut [f32],
+    alpha: &'a mut [f32],
+    grad: &'a [f32],
+    key: &'a NoiseKey,
     first: usize,
     c: StepConsts,
     splitting: bool,
-) -> (f64, f64) {
+}
+
+/// The thermostat tiles of one chunk.
+#[inline(always)]
+fn thermostat_chunk(job: ThermostatChunk<'_>) -> (f64, f64) {
+    let ThermostatChunk {
+        theta,
+        momentum,
+        alpha,
+        grad,
+        key,
+        first,
+        c,
+        splitting,
+    } = job;
     let mut sums = (0f64, 0f64);
     let mut start = 0;
     while start < theta.len() {
@@ -379,39 +392,33 @@ fn thermostat_chunk(
     sums
 }
 
-/// [`thermostat_chunk`] compiled with the target features `$features`.
-macro_rules! thermostat_chunk_build {
-    ($(#[$doc:meta])* $name:ident, $features:literal) => {
-        $(#[$doc])*
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = $features)]
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn $name(
-            theta: &mut [f32],
-            momentum: &mut [f32],
-            alpha: &mut [f32],
-            grad: &[f32],
-            key: &NoiseKey,
-            first: usize,
-            c: StepConsts,
-            splitting: bool,
-        ) -> (f64, f64) {
-            thermostat_chunk(theta, momentum, alpha, grad, key, first, c, splitting)
-        }
-    };
+/// [`thermostat_chunk`] compiled for 256-bit vectors with FMA (the noise's fused
+/// multiply-adds single instructions; the rest the same operations, so the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn thermostat_chunk_avx2(job: ThermostatChunk<'_>) -> (f64, f64) {
+    thermostat_chunk(job)
 }
 
-thermostat_chunk_build!(
-    /// [`thermostat_chunk`] compiled for 512-bit vectors.
-    thermostat_chunk_avx512,
-    "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma"
-);
-thermostat_chunk_build!(
-    /// [`thermostat_chunk`] compiled for 256-bit vectors with FMA (the noise's fused
-    /// multiply-adds single instructions; the rest the same operations, so the same bits).
-    thermostat_chunk_avx2,
-    "avx2,fma"
-);
+/// [`thermostat_chunk`] compiled for 512-bit vectors.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
+unsafe fn thermostat_chunk_avx512(job: ThermostatChunk<'_>) -> (f64, f64) {
+    thermostat_chunk(job)
+}
+
+/// [`thermostat_chunk`] on `isa`'s build.
+fn thermostat_dispatch(isa: Isa, job: ThermostatChunk<'_>) -> (f64, f64) {
+    match isa {
+        // SAFETY: `isa` is at most what the CPU has (isa::current caps at Isa::best).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { thermostat_chunk_avx512(job) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { thermostat_chunk_avx2(job) },
+        _ => thermostat_chunk(job),
+    }
+}
 
 /// The per-element-thermostat update of a whole parameter tensor (θ, v, α, gradient),
 /// on the pool over the same fixed chunks as [`step`]. Returns (Σv², Σα) after the update.
@@ -449,21 +456,19 @@ pub fn thermostat_step(
                 &mut p.slice(k, k + 1)[0],
             )
         };
-        let grad = &grad[first..last];
-        let (key, z) = (&key, splitting);
-        *partial = match isa {
-            // SAFETY: `isa` is at most what the CPU has (isa::current caps at Isa::best).
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => unsafe {
-                thermostat_chunk_avx512(theta, momentum, alpha, grad, key, first, c, z)
+        *partial = thermostat_dispatch(
+            isa,
+            ThermostatChunk {
+                theta,
+                momentum,
+                alpha,
+                grad: &grad[first..last],
+                key: &key,
+                first,
+                c,
+                splitting,
             },
-            // SAFETY: as above.
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => unsafe {
-                thermostat_chunk_avx2(theta, momentum, alpha, grad, key, first, c, z)
-            },
-            _ => thermostat_chunk(theta, momentum, alpha, grad, key, first, c, z),
-        };
+        );
     });
     partials
         .iter()

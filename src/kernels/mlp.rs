@@ -93,9 +93,9 @@ pub struct MlpBackprop {
     activation: Activation,
     /// `acts[k]`: output of layer k+1 (after the activation; logits for the last layer).
     acts: Vec<Vec<f32>>,
-    /// The minibatch's non-zero inputs (recorded where the products can skip zeros):
-    /// the first layer's forward product and weight gradient skip blank pixels.
-    input_nonzero: Option<NonZero>,
+    /// The minibatch's non-zero inputs: the first layer's forward product and weight
+    /// gradient skip blank pixels.
+    input_nonzero: NonZero,
     /// Whether this minibatch has zeros enough for skipping them to pay.
     sparse_input: bool,
     /// Output errors of the current and the previous layer.
@@ -142,8 +142,8 @@ impl<'a> CpuView<'a> {
 /// The input's zero map for layer `k`'s products, where skipping zeros pays (the first
 /// layer on sparse inputs). A function of the two fields, not a method, so that it can be
 /// used while the activations are borrowed mutably.
-fn input_zeros(nonzero: &Option<NonZero>, sparse: bool, k: usize) -> Option<&NonZero> {
-    nonzero.as_ref().filter(|_| k == 0 && sparse)
+fn input_zeros(nonzero: &NonZero, sparse: bool, k: usize) -> Option<&NonZero> {
+    (k == 0 && sparse).then_some(nonzero)
 }
 
 /// Parameter tensor `t` of a pass, while its read lock is held.
@@ -371,7 +371,7 @@ impl MlpBackprop {
             delta: vec![0.0; batch * max_width],
             delta_prev: vec![0.0; batch * max_width],
             activation: model.spec.activation,
-            input_nonzero: Some(NonZero::default()),
+            input_nonzero: NonZero::default(),
             sparse_input: false,
             widths,
             grads: Vec::new(),
@@ -445,14 +445,9 @@ impl MlpBackprop {
         rows: usize,
     ) -> Result<()> {
         let layers = self.widths.len() - 1;
-        self.sparse_input = match &mut self.input_nonzero {
-            Some(nz) => {
-                nz.record(x, rows, self.widths[0]);
-                // Standardised inputs have (almost) no zeros: the lists would be full.
-                nz.density() <= MAX_SKIPPING_DENSITY
-            }
-            None => false,
-        };
+        self.input_nonzero.record(x, rows, self.widths[0]);
+        // Standardised inputs have (almost) no zeros: the lists would be full.
+        self.sparse_input = self.input_nonzero.density() <= MAX_SKIPPING_DENSITY;
         for k in 0..layers {
             let (before, after) = self.acts.split_at_mut(k);
             let input = if k == 0 { x } else { &before[k - 1][..] };

@@ -216,18 +216,24 @@ pub fn product(
     if m == 0 || n == 0 {
         return;
     }
+    let mut opts = opts;
+    if let (Some((w, scale)), true) = (opts.addend, opts.accumulate) {
+        // The kernel adds the addend only to fresh sums: dst += scale·w first, then the
+        // product accumulated onto it (the same roundings as a separate addend pass).
+        dst[..m * n]
+            .iter_mut()
+            .zip(&w[..m * n])
+            .for_each(|(d, &w)| *d += scale * w);
+        opts.addend = None;
+    }
     if k == 0 {
-        match (opts.addend, opts.accumulate) {
-            (Some((w, scale)), false) => dst[..m * n]
+        match opts.addend {
+            Some((w, scale)) => dst[..m * n]
                 .iter_mut()
                 .zip(&w[..m * n])
                 .for_each(|(d, &w)| *d = scale * w),
-            (Some((w, scale)), true) => dst[..m * n]
-                .iter_mut()
-                .zip(&w[..m * n])
-                .for_each(|(d, &w)| *d += scale * w),
-            (None, false) => dst[..m * n].fill(0.0),
-            (None, true) => {}
+            None if !opts.accumulate => dst[..m * n].fill(0.0),
+            None => {}
         }
         return;
     }
@@ -240,16 +246,6 @@ pub fn product(
             }
         }
         return product(m, n, k, dst, lhs, Mat::rows(&copy, n), opts);
-    }
-    let mut opts = opts;
-    if let (Some((w, scale)), true) = (opts.addend, opts.accumulate) {
-        // The kernel adds the addend only to fresh sums: dst += scale·w first, then the
-        // product accumulated onto it (the same roundings as a separate addend pass).
-        dst[..m * n]
-            .iter_mut()
-            .zip(&w[..m * n])
-            .for_each(|(d, &w)| *d += scale * w);
-        opts.addend = None;
     }
     // SAFETY: extents checked above; rhs contiguous along n or k.
     unsafe { product_on_current_path(m, n, k, dst, lhs, rhs, opts, None) }

@@ -134,11 +134,7 @@ pub(super) unsafe fn tile_body<S: Simd, const R: usize, const V: usize, const FU
             let bp = t.b.add(pb * t.ldb);
             let mut bv = [S::zero(); V];
             for v in 0..V {
-                bv[v] = if FULL {
-                    S::load(bp.add(S::LANES * v))
-                } else {
-                    S::load_masked(masks[v], bp.wrapping_add(S::LANES * v))
-                };
+                bv[v] = S::load_part(FULL, masks[v], bp.wrapping_add(S::LANES * v));
             }
             for i in 0..R {
                 let s = S::splat(*ap.add(i));
@@ -197,13 +193,7 @@ pub(super) unsafe fn tile_body<S: Simd, const R: usize, const V: usize, const FU
         let out = t.c.add(i * t.ldc);
         for (v, &val) in row.iter().enumerate() {
             let o = out.wrapping_add(S::LANES * v);
-            let load = |p: *const f32| {
-                if FULL {
-                    S::load(p)
-                } else {
-                    S::load_masked(masks[v], p)
-                }
-            };
+            let load = |p: *const f32| S::load_part(FULL, masks[v], p);
             let val = match t.store {
                 Store::Update { .. } => unreachable!("handled above"),
                 Store::Overwrite => val,
@@ -215,11 +205,7 @@ pub(super) unsafe fn tile_body<S: Simd, const R: usize, const V: usize, const FU
                     S::add(val, S::mul(S::splat(scale), w))
                 }
             };
-            if FULL {
-                S::store(o, val)
-            } else {
-                S::store_masked(o, masks[v], val)
-            }
+            S::store_part(FULL, masks[v], o, val)
         }
     }
 }
@@ -282,22 +268,9 @@ pub(super) unsafe fn update_body<S: Simd, const R: usize, const V: usize>(
         let mut row_sum = *sums_at.add(r);
         for (v, &sum) in row.iter().enumerate() {
             let (m, off) = (masks[v], r * n + S::LANES * v);
-            // Whole vectors by plain loads and stores (masked stores are slow on AMD).
             let full = u.cols >= S::LANES * (v + 1);
-            let load = |p: *const f32| {
-                if full {
-                    S::load(p)
-                } else {
-                    S::load_masked(m, p)
-                }
-            };
-            let store = |p: *mut f32, x| {
-                if full {
-                    S::store(p, x)
-                } else {
-                    S::store_masked(p, m, x)
-                }
-            };
+            let load = |p: *const f32| S::load_part(full, m, p);
+            let store = |p: *mut f32, x| S::store_part(full, m, p, x);
             let theta = load(theta_at.add(off));
             // ∇: the roundings of the stored gradient (see Store::AddScaled).
             let g = if u.from_dst {

@@ -47,6 +47,25 @@ pub(super) trait Simd: Copy + 'static {
     unsafe fn load_masked(m: Self::M, p: *const f32) -> Self::V;
     unsafe fn store(p: *mut f32, v: Self::V);
     unsafe fn store_masked(p: *mut f32, m: Self::M, v: Self::V);
+    /// A whole vector where `full`, else the lanes in `m` (plain loads where they can be:
+    /// masked ones cost more, masked stores much more on AMD).
+    #[inline(always)]
+    unsafe fn load_part(full: bool, m: Self::M, p: *const f32) -> Self::V {
+        if full {
+            Self::load(p)
+        } else {
+            Self::load_masked(m, p)
+        }
+    }
+    /// [`Simd::load_part`]'s store.
+    #[inline(always)]
+    unsafe fn store_part(full: bool, m: Self::M, p: *mut f32, v: Self::V) {
+        if full {
+            Self::store(p, v)
+        } else {
+            Self::store_masked(p, m, v)
+        }
+    }
     /// a·b + c.
     unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
