@@ -6,10 +6,12 @@
 //! step low, step high). The same noise therefore comes out whatever the order or the
 //! number of threads that produce it, and a kernel on another device can reproduce it.
 
-const M0: u32 = 0xD251_1F53;
-const M1: u32 = 0xCD9E_8D57;
-const W0: u32 = 0x9E37_79B9;
-const W1: u32 = 0xBB67_AE85;
+/// Philox-4×32-10's multipliers and Weyl key increments (Salmon et al. 2011, §3.3); the
+/// CPU kernels' vectorised Philox ([`crate::kernels::noise`]) uses them too.
+pub(crate) const M0: u32 = 0xD251_1F53;
+pub(crate) const M1: u32 = 0xCD9E_8D57;
+pub(crate) const W0: u32 = 0x9E37_79B9;
+pub(crate) const W1: u32 = 0xBB67_AE85;
 
 #[inline(always)]
 fn mulhilo(a: u32, b: u32) -> (u32, u32) {

@@ -8,9 +8,10 @@ use std::cell::{Cell, RefCell};
 use candle_core::{backend::BackendStorage, CpuStorage, InplaceOp2, Layout};
 
 use super::isa::{self, Isa};
+use super::noise::{Autovec, Normals};
 use super::pool::{self, Disjoint};
 use super::{buffer::StateBuffer, StepConsts, Update};
-use crate::rng::{log_unit, sincos_turn, uniform_open0, NoiseKey};
+use crate::rng::NoiseKey;
 
 /// Elements per parallel chunk: a multiple of 4 (Philox blocks never straddle chunks) and
 /// fixed, so the partial sums and their order do not depend on the number of threads.
@@ -21,78 +22,18 @@ const TILE: usize = 256;
 /// Philox blocks per tile.
 const BLOCKS: usize = TILE / 4;
 
-/// The normals of elements `4·first_block ..` of a tile (see [`normals_blocks`]).
+/// The normals of elements `4·first_block ..` of a tile, by build `N`.
+///
+/// # Safety
+/// The CPU has the features `N` needs.
 #[inline(always)]
-fn normals_tile(key: &NoiseKey, first_block: u32, z: &mut [[f32; 4]; BLOCKS]) {
-    let mut counters = [0u32; BLOCKS];
-    for (b, c) in counters.iter_mut().enumerate() {
-        *c = first_block.wrapping_add(b as u32);
-    }
-    normals_blocks(key, &counters, z);
-}
-
-/// The four normals of each Philox block `counters[b]` (elements 4·counters[b] ..+4 of the
-/// key's tensor) into `z[b]`, computed stage by stage over arrays (structure of arrays) so
-/// that each loop vectorises: Philox for all blocks, then Box–Muller for all pairs. Same
-/// f32 operations as [`NoiseKey::normals4`] and the kernel header, hence the same bits.
-#[allow(clippy::needless_range_loop)] // index-parallel arrays are what vectorises
-#[inline(always)]
-pub fn normals_blocks<const B: usize>(key: &NoiseKey, counters: &[u32; B], z: &mut [[f32; 4]; B]) {
-    let (k0, k1) = (key.seed as u32, (key.seed >> 32) as u32);
-    let (c1, c3) = (key.param, (key.step >> 32) as u32);
-    let c2 = key.step as u32;
-    let mut r = [[0u32; B]; 4];
-    for b in 0..B {
-        let mut c = [counters[b], c1, c2, c3];
-        let mut k = [k0, k1];
-        for round in 0..10 {
-            let p0 = 0xD251_1F53u64 * c[0] as u64;
-            let p1 = 0xCD9E_8D57u64 * c[2] as u64;
-            c = [
-                (p1 >> 32) as u32 ^ c[1] ^ k[0],
-                p1 as u32,
-                (p0 >> 32) as u32 ^ c[3] ^ k[1],
-                p0 as u32,
-            ];
-            if round < 9 {
-                k = [
-                    k[0].wrapping_add(0x9E37_79B9),
-                    k[1].wrapping_add(0xBB67_AE85),
-                ];
-            }
-        }
-        for w in 0..4 {
-            r[w][b] = c[w];
-        }
-    }
-    box_muller_blocks(&r, z);
-}
-
-/// Box–Muller on the Philox words of each block b: the pairs (r0, r1) → elements 4b,
-/// 4b+1 and (r2, r3) → 4b+2, 4b+3, stage by stage over arrays.
-#[allow(clippy::needless_range_loop)] // index-parallel arrays are what vectorises
-#[inline(always)]
-fn box_muller_blocks<const B: usize>(r: &[[u32; B]; 4], z: &mut [[f32; 4]; B]) {
-    let mut out = [[0f32; B]; 4];
-    for pair in 0..2 {
-        for b in 0..B {
-            let u1 = uniform_open0(r[2 * pair][b]);
-            let u2 = uniform_open0(r[2 * pair + 1][b]);
-            let rad = (-2.0 * log_unit(u1)).sqrt();
-            let (sn, cs) = sincos_turn(u2);
-            out[2 * pair][b] = rad * cs;
-            out[2 * pair + 1][b] = rad * sn;
-        }
-    }
-    for b in 0..B {
-        for w in 0..4 {
-            z[b][w] = out[w][b];
-        }
-    }
+unsafe fn normals_tile<N: Normals>(key: &NoiseKey, first_block: u32, z: &mut [[f32; 4]; BLOCKS]) {
+    let counters: [u32; BLOCKS] = std::array::from_fn(|b| first_block.wrapping_add(b as u32));
+    N::blocks::<BLOCKS>(key, &counters, z);
 }
 
 #[inline(always)]
-fn tile_update(
+unsafe fn tile_update<N: Normals>(
     update: Update,
     theta: &mut [f32],
     momentum: &mut [f32],
@@ -103,7 +44,7 @@ fn tile_update(
 ) -> f64 {
     let n = theta.len();
     let mut blocks = [[0f32; 4]; BLOCKS];
-    normals_tile(key, first_block, &mut blocks);
+    normals_tile::<N>(key, first_block, &mut blocks);
     let z = blocks.as_flattened_mut();
     let mut sum = 0f64;
     match update {
@@ -131,6 +72,29 @@ fn tile_update(
     sum
 }
 
+/// How far ahead of the tile being updated its operands are prefetched, in elements.
+const PREFETCH_AHEAD: usize = TILE;
+
+/// Asks for the cache lines of `values[from .. from + TILE]` (those that exist): the tile's
+/// noise takes long enough that the loads of its update otherwise miss in turn, the
+/// hardware prefetcher not running that far ahead of a stream that pauses.
+#[inline(always)]
+fn prefetch_tile(values: &[f32], from: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let end = (from + TILE).min(values.len());
+        let mut i = from;
+        while i < end {
+            // SAFETY: i < values.len(); a prefetch never faults anyway.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(values.as_ptr().add(i) as *const i8) };
+            i += 16;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (values, from);
+}
+
 /// One chunk of a tensor: its slices, the noise key and the chunk's element offset.
 struct Chunk<'a> {
     update: Update,
@@ -142,8 +106,10 @@ struct Chunk<'a> {
     c: StepConsts,
 }
 
+/// # Safety
+/// The CPU has the features `N` needs.
 #[inline(always)]
-fn chunk_update(job: Chunk<'_>) -> f64 {
+unsafe fn chunk_update<N: Normals>(job: Chunk<'_>) -> f64 {
     let Chunk {
         update,
         theta,
@@ -157,12 +123,15 @@ fn chunk_update(job: Chunk<'_>) -> f64 {
     let mut start = 0;
     while start < theta.len() {
         let end = (start + TILE).min(theta.len());
+        prefetch_tile(&theta[..], start + PREFETCH_AHEAD);
+        prefetch_tile(grad, start + PREFETCH_AHEAD);
+        prefetch_tile(&momentum[..], start + PREFETCH_AHEAD);
         let m = if momentum.is_empty() {
             &mut []
         } else {
             &mut momentum[start..end]
         };
-        sum += tile_update(
+        sum += tile_update::<N>(
             update,
             &mut theta[start..end],
             m,
@@ -182,14 +151,14 @@ fn chunk_update(job: Chunk<'_>) -> f64 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn chunk_update_avx2(job: Chunk<'_>) -> f64 {
-    chunk_update(job)
+    chunk_update::<super::noise::Avx2>(job)
 }
 
 /// The same code for 512-bit vectors (16 Philox blocks or normals per instruction).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
 unsafe fn chunk_update_avx512(job: Chunk<'_>) -> f64 {
-    chunk_update(job)
+    chunk_update::<Autovec>(job)
 }
 
 /// [`chunk_update`] on `isa`'s build.
@@ -201,7 +170,8 @@ fn chunk_dispatch(isa: Isa, job: Chunk<'_>) -> f64 {
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { chunk_update_avx2(job) },
-        _ => chunk_update(job),
+        // SAFETY: the compiler's own loops need nothing beyond the build's baseline.
+        _ => unsafe { chunk_update::<Autovec>(job) },
     }
 }
 
@@ -292,7 +262,7 @@ pub fn exp_f32(x: f32) -> f32 {
 /// order whatever the threads).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn thermostat_tile(
+unsafe fn thermostat_tile<N: Normals>(
     theta: &mut [f32],
     momentum: &mut [f32],
     alpha: &mut [f32],
@@ -304,7 +274,7 @@ fn thermostat_tile(
 ) -> (f64, f64) {
     let n = theta.len();
     let mut blocks = [[0f32; 4]; BLOCKS];
-    normals_tile(key, first_block, &mut blocks);
+    normals_tile::<N>(key, first_block, &mut blocks);
     let z = blocks.as_flattened_mut();
     // z is reused for v², and `alpha` holds the new α: both summed below.
     for ((((t, m), a), &g), z) in theta
@@ -360,8 +330,10 @@ struct ThermostatChunk<'a> {
 }
 
 /// The thermostat tiles of one chunk.
+/// # Safety
+/// The CPU has the features `N` needs.
 #[inline(always)]
-fn thermostat_chunk(job: ThermostatChunk<'_>) -> (f64, f64) {
+unsafe fn thermostat_chunk<N: Normals>(job: ThermostatChunk<'_>) -> (f64, f64) {
     let ThermostatChunk {
         theta,
         momentum,
@@ -376,7 +348,7 @@ fn thermostat_chunk(job: ThermostatChunk<'_>) -> (f64, f64) {
     let mut start = 0;
     while start < theta.len() {
         let end = (start + TILE).min(theta.len());
-        let (a, b) = thermostat_tile(
+        let (a, b) = thermostat_tile::<N>(
             &mut theta[start..end],
             &mut momentum[start..end],
             &mut alpha[start..end],
@@ -397,14 +369,14 @@ fn thermostat_chunk(job: ThermostatChunk<'_>) -> (f64, f64) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn thermostat_chunk_avx2(job: ThermostatChunk<'_>) -> (f64, f64) {
-    thermostat_chunk(job)
+    thermostat_chunk::<super::noise::Avx2>(job)
 }
 
 /// [`thermostat_chunk`] compiled for 512-bit vectors.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
 unsafe fn thermostat_chunk_avx512(job: ThermostatChunk<'_>) -> (f64, f64) {
-    thermostat_chunk(job)
+    thermostat_chunk::<Autovec>(job)
 }
 
 /// [`thermostat_chunk`] on `isa`'s build.
@@ -416,7 +388,8 @@ fn thermostat_dispatch(isa: Isa, job: ThermostatChunk<'_>) -> (f64, f64) {
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { thermostat_chunk_avx2(job) },
-        _ => thermostat_chunk(job),
+        // SAFETY: the compiler's own loops need nothing beyond the build's baseline.
+        _ => unsafe { thermostat_chunk::<Autovec>(job) },
     }
 }
 

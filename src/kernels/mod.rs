@@ -27,6 +27,7 @@ pub mod gemm;
 pub mod host;
 pub mod isa;
 pub mod mlp;
+pub mod noise;
 pub mod pool;
 
 /// The hand-written CPU forward and backward pass of a network: the MLP's or the CNN's.

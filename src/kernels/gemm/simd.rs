@@ -14,7 +14,7 @@
 use std::arch::x86_64::*;
 
 use super::nn::{Tile, UpdateTile};
-use crate::kernels::cpu::normals_blocks;
+use crate::kernels::noise::{self, Normals};
 use crate::rng::NoiseKey;
 
 /// Philox blocks of the largest update tile (AVX-512's 8 rows × 48 columns / 4).
@@ -108,7 +108,7 @@ pub(super) trait Simd: Copy + 'static {
 /// The row dispatch of [`Simd::tile`] and the entry of [`Simd::update`] for one path:
 /// both compiled with its target features.
 macro_rules! entries {
-    ($isa:ident, [$($feature:literal)?], rows [$($r:literal),*], blocks $blocks:literal) => {
+    ($isa:ident, [$($feature:literal)?], rows [$($r:literal),*], blocks $blocks:literal, words $words:ty) => {
         unsafe fn tile<const V: usize>(rows: usize, full: bool, t: &Tile<'_>) {
             $(#[target_feature(enable = $feature)])?
             unsafe fn go<const R: usize, const V: usize, const FULL: bool>(t: &Tile<'_>) {
@@ -147,7 +147,7 @@ macro_rules! entries {
             debug_assert!(count <= $blocks);
             let (c, z) = (counters.first_chunk::<$blocks>(), z.first_chunk_mut::<$blocks>());
             if let (Some(c), Some(z)) = (c, z) {
-                normals_blocks::<$blocks>(key, c, z);
+                <$words>::blocks::<$blocks>(key, c, z);
             }
         }
     };
@@ -236,7 +236,7 @@ impl Simd for Avx512 {
         _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
     }
 
-    entries!(Avx512, ["avx512f,avx512dq,avx512vl,avx512bw,avx2,fma"], rows [1, 2, 3, 4, 5, 6, 7, 8], blocks 96);
+    entries!(Avx512, ["avx512f,avx512dq,avx512vl,avx512bw,avx2,fma"], rows [1, 2, 3, 4, 5, 6, 7, 8], blocks 96, words noise::Autovec);
 
     /// In 16 × 16 blocks held in registers: unpack pairs of rows, shuffle within 128-bit
     /// lanes, then exchange lanes (partial blocks by masks).
@@ -398,7 +398,7 @@ impl Simd for Avx2 {
         _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
     }
 
-    entries!(Avx2, ["avx2,fma"], rows [1, 2, 3, 4, 5, 6], blocks 24);
+    entries!(Avx2, ["avx2,fma"], rows [1, 2, 3, 4, 5, 6], blocks 24, words noise::Avx2);
 
     /// In 8 × 8 blocks held in registers: unpack pairs of rows, shuffle quads within
     /// 128-bit lanes, then exchange the lanes (partial blocks by masks).
@@ -584,7 +584,7 @@ impl Simd for Portable {
         let _ = p;
     }
 
-    entries!(Portable, [], rows [1, 2, 3, 4], blocks 16);
+    entries!(Portable, [], rows [1, 2, 3, 4], blocks 16, words noise::Autovec);
 
     /// In 8 × 8 blocks, element by element (the blocks keep both sides in L1).
     unsafe fn transpose(
