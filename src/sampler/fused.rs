@@ -10,7 +10,7 @@ use candle_core::{Device, Tensor, Var};
 
 use super::{
     check_lengths, init_momentum, Diagnostics, Integrator, Sampler, SamplerConfig, SamplerKind,
-    TensorwiseStep,
+    SamplerState, TensorwiseStep,
 };
 use crate::error::{Error, Result};
 use crate::kernels::{buffer::StateBuffer, cpu::FusedStepOp, InlineUpdate, StepConsts, Update};
@@ -297,6 +297,71 @@ impl Sampler for Fused {
             thermostat: matches!(self.config.kind, SamplerKind::Sgnht | SamplerKind::Msgnht)
                 .then_some(self.thermostat),
         }
+    }
+
+    fn state(&self) -> Result<SamplerState> {
+        if self.pending.is_some() {
+            return Err(Error::Config(
+                "sampler state asked for in the middle of a step".into(),
+            ));
+        }
+        let host = |buffers: &[StateBuffer]| -> Result<Vec<Tensor>> {
+            buffers
+                .iter()
+                .map(|b| {
+                    let v = b.to_host(&self.device)?;
+                    let n = v.len();
+                    Ok(Tensor::from_vec(v, n, &Device::Cpu)?)
+                })
+                .collect()
+        };
+        let thermostat_kind = matches!(self.config.kind, SamplerKind::Sgnht | SamplerKind::Msgnht);
+        Ok(SamplerState {
+            step: self.step,
+            step_size: self.config.step_size,
+            momentum: host(&self.momentum)?,
+            thermostat: thermostat_kind.then_some(self.thermostat),
+            thermostats: host(&self.thermostats)?,
+            kinetic: self.kinetic,
+        })
+    }
+
+    fn restore(&mut self, state: &SamplerState) -> Result<()> {
+        let load = |saved: &[Tensor], own: &mut Vec<StateBuffer>, what: &str| -> Result<()> {
+            if saved.len() != own.len() {
+                return Err(Error::Checkpoint(format!(
+                    "the saved state has {} {what} tensors, the sampler {}",
+                    saved.len(),
+                    own.len()
+                )));
+            }
+            for (s, o) in saved.iter().zip(own.iter_mut()) {
+                let values = s.flatten_all()?.to_vec1::<f32>()?;
+                if values.len() != o.to_host(&self.device)?.len() {
+                    return Err(Error::Checkpoint(format!(
+                        "a saved {what} tensor has {} values, the sampler's another count",
+                        values.len()
+                    )));
+                }
+                *o = StateBuffer::new(values, &self.device)?;
+            }
+            Ok(())
+        };
+        let (mut momentum, mut thermostats) = (
+            std::mem::take(&mut self.momentum),
+            std::mem::take(&mut self.thermostats),
+        );
+        let loaded = load(&state.momentum, &mut momentum, "momentum")
+            .and_then(|()| load(&state.thermostats, &mut thermostats, "thermostat"));
+        (self.momentum, self.thermostats) = (momentum, thermostats);
+        loaded?;
+        if let Some(alpha) = state.thermostat {
+            self.thermostat = alpha;
+        }
+        self.kinetic = state.kinetic;
+        self.step = state.step;
+        self.config.step_size = state.step_size;
+        Ok(())
     }
 
     fn steps(&self) -> u64 {

@@ -218,12 +218,84 @@ pub struct Diagnostics {
     pub thermostat: Option<f64>,
 }
 
+/// A sampler's state as plain data: what [`Sampler::state`] gives and [`Sampler::restore`]
+/// takes back, bit for bit. Tensors are flat (one per parameter tensor, in parameter
+/// order) and on the host, so that the run's checkpoint can save them as they are.
+#[derive(Debug, Clone)]
+pub struct SamplerState {
+    /// Updates done: the step counter of the noise stream.
+    pub step: u64,
+    /// η in use (a schedule changes it; momenta are scaled with it).
+    pub step_size: f64,
+    /// v = p·h per parameter tensor (empty for SGLD and SGD).
+    pub momentum: Vec<Tensor>,
+    /// SGNHT's scalar thermostat α (the fused mSGNHT: the mean of its αᵢ).
+    pub thermostat: Option<f64>,
+    /// mSGNHT's per-element thermostats αᵢ per parameter tensor.
+    pub thermostats: Vec<Tensor>,
+    /// The kinetic energy per parameter last reported (0 without momentum).
+    pub kinetic: f64,
+}
+
+impl SamplerState {
+    /// The state of a sampler without momentum.
+    fn plain(step: u64, step_size: f64) -> Self {
+        SamplerState {
+            step,
+            step_size,
+            momentum: Vec::new(),
+            thermostat: None,
+            thermostats: Vec::new(),
+            kinetic: 0.0,
+        }
+    }
+}
+
+/// Flat host copies of `tensors` (a state's form).
+fn to_state(tensors: &[Tensor]) -> Result<Vec<Tensor>> {
+    tensors
+        .iter()
+        .map(|t| Ok(t.flatten_all()?.to_device(&candle_core::Device::Cpu)?))
+        .collect()
+}
+
+/// `saved` (a state's flat tensors) in the shapes and on the device of `like`.
+fn from_state(saved: &[Tensor], like: &[Tensor], what: &str) -> Result<Vec<Tensor>> {
+    if saved.len() != like.len() {
+        return Err(Error::Checkpoint(format!(
+            "the saved state has {} {what} tensors, the sampler {}",
+            saved.len(),
+            like.len()
+        )));
+    }
+    saved
+        .iter()
+        .zip(like)
+        .map(|(s, l)| {
+            if s.elem_count() != l.elem_count() {
+                return Err(Error::Checkpoint(format!(
+                    "a saved {what} tensor has {} values, the sampler's {}",
+                    s.elem_count(),
+                    l.elem_count()
+                )));
+            }
+            Ok(s.reshape(l.shape())?.to_device(l.device())?)
+        })
+        .collect()
+}
+
 /// One update rule. `init` builds the state from the parameters; `step` applies one
 /// update in place given ∇Ũ(θ) for each parameter tensor (same order).
 pub trait Sampler {
     fn config(&self) -> SamplerConfig;
     fn step(&mut self, params: &[Var], grads: &[Tensor]) -> Result<()>;
     fn diagnostics(&self) -> Diagnostics;
+    /// The state between updates, as plain data.
+    fn state(&self) -> Result<SamplerState>;
+    /// Continues from `state` (taken from a sampler of the same configuration on the same
+    /// parameter shapes): the next update is bit-identical to the one the saved sampler
+    /// would have made.
+    fn restore(&mut self, state: &SamplerState) -> Result<()>;
     /// Number of updates done so far.
     fn steps(&self) -> u64;
     /// Changes the step size η (for a schedule). Momentum samplers rescale v = p·h by

@@ -3,7 +3,9 @@
 
 use candle_core::{Tensor, Var};
 
-use super::{check_lengths, Diagnostics, SamplerConfig, SamplerKind};
+use super::{
+    check_lengths, from_state, to_state, Diagnostics, SamplerConfig, SamplerKind, SamplerState,
+};
 use crate::error::Result;
 
 #[derive(Debug, Clone)]
@@ -59,6 +61,23 @@ impl super::Sampler for Sgd {
 
     fn diagnostics(&self) -> Diagnostics {
         Diagnostics::default()
+    }
+
+    fn state(&self) -> Result<SamplerState> {
+        let mut s = SamplerState::plain(self.step, self.config.step_size);
+        if let Some(m) = &self.momentum {
+            s.momentum = to_state(m)?;
+        }
+        Ok(s)
+    }
+
+    fn restore(&mut self, state: &SamplerState) -> Result<()> {
+        if let Some(m) = &mut self.momentum {
+            *m = from_state(&state.momentum, m, "momentum")?;
+        }
+        self.step = state.step;
+        self.config.step_size = state.step_size;
+        Ok(())
     }
 
     fn steps(&self) -> u64 {

@@ -15,8 +15,8 @@
 use candle_core::{Tensor, Var};
 
 use super::{
-    check_lengths, init_momentum, kinetic_energy, noise_like, Diagnostics, Integrator, Sampler,
-    SamplerConfig,
+    check_lengths, from_state, init_momentum, kinetic_energy, noise_like, to_state, Diagnostics,
+    Integrator, Sampler, SamplerConfig, SamplerState,
 };
 use crate::error::Result;
 
@@ -87,6 +87,22 @@ impl Sampler for Sghmc {
             kinetic_energy: Some(self.kinetic),
             thermostat: None,
         }
+    }
+
+    fn state(&self) -> Result<SamplerState> {
+        Ok(SamplerState {
+            momentum: to_state(&self.momentum)?,
+            kinetic: self.kinetic,
+            ..SamplerState::plain(self.step, self.config.step_size)
+        })
+    }
+
+    fn restore(&mut self, state: &SamplerState) -> Result<()> {
+        self.momentum = from_state(&state.momentum, &self.momentum, "momentum")?;
+        self.kinetic = state.kinetic;
+        self.step = state.step;
+        self.config.step_size = state.step_size;
+        Ok(())
     }
 
     fn steps(&self) -> u64 {

@@ -5,7 +5,7 @@
 
 use candle_core::{Tensor, Var};
 
-use super::{check_lengths, noise_like, Diagnostics, Sampler, SamplerConfig};
+use super::{check_lengths, noise_like, Diagnostics, Sampler, SamplerConfig, SamplerState};
 use crate::error::Result;
 
 #[derive(Debug, Clone)]
@@ -46,6 +46,16 @@ impl Sampler for Sgld {
 
     fn diagnostics(&self) -> Diagnostics {
         Diagnostics::default()
+    }
+
+    fn state(&self) -> Result<SamplerState> {
+        Ok(SamplerState::plain(self.step, self.config.step_size))
+    }
+
+    fn restore(&mut self, state: &SamplerState) -> Result<()> {
+        self.step = state.step;
+        self.config.step_size = state.step_size;
+        Ok(())
     }
 
     fn steps(&self) -> u64 {

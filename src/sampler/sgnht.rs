@@ -25,10 +25,10 @@
 use candle_core::{Tensor, Var};
 
 use super::{
-    check_lengths, init_momentum, kinetic_energy, noise_like, Diagnostics, Integrator, Sampler,
-    SamplerConfig,
+    check_lengths, from_state, init_momentum, kinetic_energy, noise_like, to_state, Diagnostics,
+    Integrator, Sampler, SamplerConfig, SamplerState,
 };
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// α: one scalar for SGNHT, or one tensor per parameter tensor for mSGNHT.
 #[derive(Debug, Clone)]
@@ -169,6 +169,37 @@ impl Sampler for Sgnht {
             kinetic_energy: Some(self.kinetic),
             thermostat: self.mean_thermostat().ok(),
         }
+    }
+
+    fn state(&self) -> Result<SamplerState> {
+        let mut s = SamplerState {
+            momentum: to_state(&self.momentum)?,
+            kinetic: self.kinetic,
+            ..SamplerState::plain(self.step, self.config.step_size)
+        };
+        match &self.thermostat {
+            Thermostat::Scalar(alpha) => s.thermostat = Some(*alpha),
+            Thermostat::PerElement(alphas) => s.thermostats = to_state(alphas)?,
+        }
+        Ok(s)
+    }
+
+    fn restore(&mut self, state: &SamplerState) -> Result<()> {
+        self.momentum = from_state(&state.momentum, &self.momentum, "momentum")?;
+        match &mut self.thermostat {
+            Thermostat::Scalar(alpha) => {
+                *alpha = state.thermostat.ok_or_else(|| {
+                    Error::Checkpoint("the saved state has no SGNHT thermostat".into())
+                })?
+            }
+            Thermostat::PerElement(alphas) => {
+                *alphas = from_state(&state.thermostats, alphas, "thermostat")?
+            }
+        }
+        self.kinetic = state.kinetic;
+        self.step = state.step;
+        self.config.step_size = state.step_size;
+        Ok(())
     }
 
     fn steps(&self) -> u64 {
