@@ -47,6 +47,17 @@ pub struct RunManifest {
     /// The per-pixel input standardisation of `--standardize` (absent: pixels in [0, 1]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standardization: Option<crate::data::Standardization>,
+    /// Fused or composed update, custom or autograd backward (absent in older runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<crate::sampler::Kernel>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backward: Option<crate::potential::Backward>,
+    /// `--checkpoint-every` (0: once per epoch).
+    #[serde(default)]
+    pub checkpoint_every: usize,
+    /// The `bnn train` command line that started the run; `--resume` re-reads it.
+    #[serde(default)]
+    pub command_line: Vec<String>,
 }
 
 fn default_poly_steps() -> f64 {
@@ -97,12 +108,20 @@ pub fn encode_safetensors(
     header.insert("__metadata__".into(), serde_json::json!(metadata));
     let mut data: Vec<u8> = Vec::new();
     for (name, t) in tensors {
-        let values = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
         let start = data.len();
-        data.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+        // f64 stays f64 (a run state's ensemble sums); everything else is stored as f32.
+        let dtype = if t.dtype() == DType::F64 {
+            let values = t.flatten_all()?.to_vec1::<f64>()?;
+            data.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+            "F64"
+        } else {
+            let values = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+            data.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+            "F32"
+        };
         header.insert(
             name.clone(),
-            serde_json::json!({"dtype": "F32", "shape": t.dims(), "data_offsets": [start, data.len()]}),
+            serde_json::json!({"dtype": dtype, "shape": t.dims(), "data_offsets": [start, data.len()]}),
         );
     }
     let mut json = serde_json::to_vec(&header)

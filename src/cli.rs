@@ -15,7 +15,10 @@ use crate::synthetic::PotentialKind;
     version,
     about = "Bayesian neural networks trained by stochastic-gradient MCMC",
     long_about = "Trains Bayesian neural networks by stochastic-gradient MCMC (SGLD, SGHMC, SGNHT), \
-keeps posterior samples as safetensors checkpoints and evaluates the Bayesian model average."
+keeps posterior samples as safetensors checkpoints and evaluates the Bayesian model average.",
+    // A flag given twice takes its last value: `--resume` appends the new command line to
+    // the recorded one and reads the result.
+    args_override_self = true
 )]
 pub struct Cli {
     /// More logging (-v: debug, -vv: trace).
@@ -280,6 +283,14 @@ pub struct TrainArgs {
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// Continue the run in this folder from its last saved state, with its recorded
+    /// settings (flags that would change them are refused; --epochs may grow).
+    #[arg(long, value_name = "RUN_DIR")]
+    pub resume: Option<PathBuf>,
+    /// Save the run's state (for --resume) every N updates; 0: once per epoch. It is also
+    /// saved at the end and on SIGINT/SIGTERM.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub checkpoint_every: usize,
     /// Device for parameters, minibatches and sampler state.
     #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
     pub device: DeviceKind,

@@ -9,6 +9,8 @@ use crate::error::{Error, Result};
 use crate::model::ModelSpec;
 use crate::potential::PriorSpec;
 use crate::sampler::SamplerConfig;
+use clap::Parser;
+
 use crate::train::{self, TrainConfig};
 
 /// Runs a parsed command; returns the JSON document to print last on stdout.
@@ -243,8 +245,124 @@ fn sampler_config(args: &TrainArgs) -> SamplerConfig {
 }
 
 fn train_command(args: TrainArgs, quiet: bool) -> Result<String> {
-    let model = model_spec(&args)?;
-    let sampler = sampler_config(&args);
+    let command_line: Vec<String> = std::env::args().collect();
+    if let Some(run_dir) = args.resume.clone() {
+        return resume_command(&run_dir, &command_line, &args, quiet);
+    }
+    let cfg_and_data = train_config(&args, quiet, command_line)?;
+    run_training(cfg_and_data)
+}
+
+fn run_training((cfg, ds): (TrainConfig, data::Dataset)) -> Result<String> {
+    crate::signals::install();
+    let summary = train::train(&cfg, &ds)?;
+    json(&summary)
+}
+
+/// `bnn train --resume RUN_DIR [flags]`: the recorded command line with the new flags
+/// after it (a flag given twice takes its last value), checked against `run.json`.
+fn resume_command(
+    run_dir: &std::path::Path,
+    command_line: &[String],
+    args: &TrainArgs,
+    quiet: bool,
+) -> Result<String> {
+    let recorded = RunManifest::read(run_dir)?;
+    if recorded.command_line.is_empty() {
+        return Err(Error::Config(format!(
+            "{}: the run records no command line (made by an older bnn); it cannot be resumed",
+            run_dir.display()
+        )));
+    }
+    // The new flags: everything after `train`, less `--resume DIR`.
+    let mut extra = Vec::new();
+    let mut rest = command_line
+        .iter()
+        .skip_while(|a| a.as_str() != "train")
+        .skip(1);
+    while let Some(a) = rest.next() {
+        if a == "--resume" {
+            rest.next();
+        } else if !a.starts_with("--resume=") {
+            extra.push(a.clone());
+        }
+    }
+    let merged: Vec<String> = recorded.command_line.iter().cloned().chain(extra).collect();
+    let cli = crate::cli::Cli::try_parse_from(&merged).map_err(|e| {
+        Error::Config(format!(
+            "--resume: the recorded command line with the new flags does not parse: {}",
+            e.to_string().lines().next().unwrap_or("")
+        ))
+    })?;
+    let Command::Train(merged_args) = cli.command else {
+        return Err(Error::Config(
+            "--resume: the recorded command is not `bnn train`".into(),
+        ));
+    };
+    let mut merged_args = *merged_args;
+    merged_args.no_progress |= args.no_progress;
+    // The merged command line is the record from now on (a grown --epochs stays).
+    let (mut cfg, ds) = train_config(&merged_args, quiet, merged.clone())?;
+    cfg.run_dir = run_dir.to_path_buf();
+    cfg.resume = true;
+    check_unchanged(&recorded, &train::manifest(&cfg, &ds, recorded.num_params))?;
+    run_training((cfg, ds))
+}
+
+/// Refuses a resume whose settings differ from the run's in anything that changes the
+/// numbers; `--epochs` and `--checkpoint-every` may change, and the data may be read from
+/// another folder.
+fn check_unchanged(recorded: &RunManifest, now: &RunManifest) -> Result<()> {
+    let free = [
+        "bnn_version",
+        "epochs",
+        "checkpoint_every",
+        "command_line",
+        "data_source",
+    ];
+    let as_map = |m: &RunManifest| match serde_json::to_value(m) {
+        Ok(serde_json::Value::Object(map)) => Ok(map),
+        _ => Err(Error::Config("serialising run.json".into())),
+    };
+    let (was, is) = (as_map(recorded)?, as_map(now)?);
+    for (key, old) in &was {
+        if free.contains(&key.as_str()) {
+            continue;
+        }
+        let new = is.get(key).unwrap_or(&serde_json::Value::Null);
+        if let Some((path, old, new)) = first_difference(key.clone(), old, new) {
+            return Err(Error::Config(format!(
+                "--resume: `{path}` is {old} in the run but {new} with these flags; a resumed run keeps its settings (start a new run to change them)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The first leaf where two JSON values differ: its dotted path and both values.
+fn first_difference(
+    path: String,
+    a: &serde_json::Value,
+    b: &serde_json::Value,
+) -> Option<(String, serde_json::Value, serde_json::Value)> {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => x.iter().find_map(|(k, v)| {
+            first_difference(format!("{path}.{k}"), v, y.get(k).unwrap_or(&Value::Null))
+        }),
+        _ if a != b => Some((path, a.clone(), b.clone())),
+        _ => None,
+    }
+}
+
+/// The training configuration and data of `args`.
+fn train_config(
+    args: &TrainArgs,
+    quiet: bool,
+    command_line: Vec<String>,
+) -> Result<(TrainConfig, data::Dataset)> {
+    let model = model_spec(args)?;
+    let sampler = sampler_config(args);
     sampler.validate()?;
     let prior = match args.prior {
         PriorKind::Gaussian => PriorSpec::Gaussian {
@@ -301,7 +419,9 @@ fn train_command(args: TrainArgs, quiet: bool) -> Result<String> {
         progress: !args.no_progress
             && !quiet
             && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        resume: false,
+        checkpoint_every: args.checkpoint_every,
+        command_line,
     };
-    let summary = train::train(&cfg, &ds)?;
-    json(&summary)
+    Ok((cfg, ds))
 }

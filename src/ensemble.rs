@@ -68,6 +68,14 @@ pub struct Accumulator {
     pub last_sample: Option<Metrics>,
 }
 
+/// What an [`Accumulator`] holds besides its sums, as plain data (a run's saved state).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AccumulatorState {
+    pub samples: usize,
+    pub history: Vec<Metrics>,
+    pub last_sample: Option<Metrics>,
+}
+
 /// The ensemble after k samples, for `bnn eval`'s accuracy-versus-samples curve.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Progress {
@@ -98,6 +106,36 @@ impl Accumulator {
         self.last_sample = Some(metrics::evaluate(&single, &self.labels, NUM_CLASSES));
         let m = self.metrics().expect("just added a sample");
         self.history.push(m);
+    }
+
+    /// The running sums and the rest of the state, to save.
+    pub fn state(&self) -> (AccumulatorState, &[f64]) {
+        (
+            AccumulatorState {
+                samples: self.samples,
+                history: self.history.clone(),
+                last_sample: self.last_sample,
+            },
+            &self.sum,
+        )
+    }
+
+    /// An accumulator for `labels` continuing from a saved state.
+    pub fn restore(labels: &[u8], state: AccumulatorState, sum: Vec<f64>) -> Result<Self> {
+        if sum.len() != labels.len() * NUM_CLASSES {
+            return Err(crate::error::Error::Checkpoint(format!(
+                "the saved ensemble has {} sums, this data set needs {}",
+                sum.len(),
+                labels.len() * NUM_CLASSES
+            )));
+        }
+        Ok(Accumulator {
+            labels: labels.to_vec(),
+            sum,
+            samples: state.samples,
+            history: state.history,
+            last_sample: state.last_sample,
+        })
     }
 
     pub fn samples(&self) -> usize {

@@ -55,12 +55,32 @@ pub enum Error {
         suggestion: f64,
     },
 
+    /// SIGINT or SIGTERM arrived: the update in progress was finished and the state saved.
+    #[error(
+        "stopped by {} after update {step}; the state is saved: continue with \
+         `bnn train --resume {}`", crate::signals::name(*signal), run_dir.display()
+    )]
+    Interrupted {
+        signal: i32,
+        step: u64,
+        run_dir: PathBuf,
+    },
+
     /// A quantity that must be finite is not; the caller knows where in the run.
     #[error("{0} is not finite")]
     NotFinite(String),
 }
 
 impl Error {
+    /// The process exit status for this error: 128 + the signal for [`Error::Interrupted`]
+    /// (130 for SIGINT, 143 for SIGTERM, as a shell reports them), 1 otherwise.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Interrupted { signal, .. } => 128 + signal,
+            _ => 1,
+        }
+    }
+
     /// Wraps an I/O error with the path it concerns.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {

@@ -20,7 +20,9 @@ pub mod metrics;
 pub mod model;
 pub mod potential;
 pub mod rng;
+pub mod run_state;
 pub mod sampler;
+pub mod signals;
 pub mod synthetic;
 pub mod train;
 

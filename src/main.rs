@@ -23,7 +23,7 @@ fn main() {
         Ok(json) => println!("{json}"),
         Err(e) => {
             eprintln!("bnn: error: {e}");
-            std::process::exit(1);
+            std::process::exit(e.exit_code());
         }
     }
 }

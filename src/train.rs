@@ -22,7 +22,9 @@ use crate::kernels::InlineUpdate;
 use crate::metrics::Metrics;
 use crate::model::{ModelSpec, Network};
 use crate::potential::{Backward, Potential, Prior, PriorSpec};
+use crate::run_state::{self, Progress, RunState};
 use crate::sampler::{self, Kernel, Sampler, SamplerConfig, TensorwiseStep};
+use crate::signals;
 
 /// Everything a training run needs besides the data.
 #[derive(Debug, Clone)]
@@ -60,6 +62,13 @@ pub struct TrainConfig {
     pub progress: bool,
     /// Where parameters, minibatches and sampler state live.
     pub device: Device,
+    /// Continue the run in `run_dir` from its saved state.
+    pub resume: bool,
+    /// Save the run's state every this many updates (0: once per epoch), at the end, and
+    /// on SIGINT/SIGTERM.
+    pub checkpoint_every: usize,
+    /// The command line that started the run (recorded in `run.json` for `--resume`).
+    pub command_line: Vec<String>,
 }
 
 impl TrainConfig {
@@ -410,25 +419,18 @@ impl GradientSink for LayerSink<'_> {
     }
 }
 
-/// Trains on `ds` and returns the summary (also written to `summary.json`).
-pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
-    cfg.validate(ds.train.len())?;
-    let device = cfg.device.clone();
-    let run_dir = &cfg.run_dir;
-    std::fs::create_dir_all(checkpoint::samples_dir(run_dir)).map_err(|e| Error::io(run_dir, e))?;
-    let dim = ds.train.dim();
-    let model = Network::new(&cfg.model, dim, NUM_CLASSES, cfg.seed, &device)?;
-    let vars = model.vars();
-    let manifest = RunManifest {
+/// What `run.json` records of a run of `cfg` on `ds`.
+pub fn manifest(cfg: &TrainConfig, ds: &Dataset, num_params: usize) -> RunManifest {
+    RunManifest {
         bnn_version: env!("CARGO_PKG_VERSION").to_string(),
         dataset: ds.name.clone(),
         data_source: ds.source.clone(),
         valid: ds.valid.as_ref().map_or(0, |v| v.len()),
         train_examples: ds.train.len(),
-        input_dim: dim,
+        input_dim: ds.train.dim(),
         num_classes: NUM_CLASSES,
         model: cfg.model.clone(),
-        num_params: model.num_params(),
+        num_params,
         sampler: cfg.sampler,
         prior: cfg.prior,
         temperature: cfg.temperature,
@@ -444,16 +446,55 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
         poly_steps: cfg.poly_steps,
         seed: cfg.seed,
         standardization: ds.train.standardization.as_deref().cloned(),
-    };
-    manifest.write(run_dir)?;
-    // A rerun under the same name starts afresh: old samples must not join the ensemble.
-    for old in checkpoint::list_samples(run_dir)? {
-        std::fs::remove_file(&old).map_err(|e| Error::io(&old, e))?;
+        kernel: Some(cfg.kernel),
+        backward: Some(cfg.backward),
+        checkpoint_every: cfg.checkpoint_every,
+        command_line: cfg.command_line.clone(),
     }
+}
+
+/// Trains on `ds` and returns the summary (also written to `summary.json`). With
+/// `cfg.resume` it continues the run in `cfg.run_dir` from its saved state, bit for bit.
+pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
+    cfg.validate(ds.train.len())?;
+    let device = cfg.device.clone();
+    let run_dir = &cfg.run_dir;
+    std::fs::create_dir_all(checkpoint::samples_dir(run_dir)).map_err(|e| Error::io(run_dir, e))?;
+    let dim = ds.train.dim();
+    let model = Network::new(&cfg.model, dim, NUM_CLASSES, cfg.seed, &device)?;
+    let vars = model.vars();
+    let manifest = manifest(cfg, ds, model.num_params());
     let metrics_path = run_dir.join("metrics.jsonl");
-    if metrics_path.exists() {
-        std::fs::remove_file(&metrics_path).map_err(|e| Error::io(&metrics_path, e))?;
-    }
+    let saved = if cfg.resume {
+        let names: Vec<String> = model.params.iter().map(|p| p.name.clone()).collect();
+        let state = RunState::load(run_dir, &names)?;
+        if state.progress.epoch > cfg.epochs {
+            return Err(Error::Config(format!(
+                "--epochs {} is fewer than the {} the run has done",
+                cfg.epochs, state.progress.epoch
+            )));
+        }
+        discard_after(run_dir, &metrics_path, &state.progress)?;
+        Some(state)
+    } else {
+        // A rerun under the same name starts afresh: old samples must not join the
+        // ensemble. run.json goes first, so that a kill in between leaves no folder that
+        // looks resumable.
+        let old_manifest = run_dir.join("run.json");
+        for old in [
+            old_manifest,
+            metrics_path.clone(),
+            run_state::state_path(run_dir),
+        ] {
+            if old.exists() {
+                std::fs::remove_file(&old).map_err(|e| Error::io(&old, e))?;
+            }
+        }
+        for old in checkpoint::list_samples(run_dir)? {
+            std::fs::remove_file(&old).map_err(|e| Error::io(&old, e))?;
+        }
+        None
+    };
 
     let prior = Prior::new(cfg.prior, model.params.len())?;
     let potential = Potential::new(ds.train.len(), cfg.temperature, prior)?;
@@ -469,15 +510,49 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
     let backward = stepper.backward;
     let mut test_acc = Accumulator::new(&ds.test.labels);
     let mut valid_acc = ds.valid.as_ref().map(|v| Accumulator::new(&v.labels));
+    let mut at = Progress::default();
+    if let Some(state) = saved {
+        // After the sampler's init (splitting moves θ by v/2 there): the saved θ and state.
+        for (var, (_, t)) in vars.iter().zip(&state.params) {
+            var.set(&t.to_device(&device)?)?;
+        }
+        stepper.sampler.restore(&state.sampler)?;
+        stepper.potential.prior.precisions = state.prior_precisions;
+        test_acc = Accumulator::restore(&ds.test.labels, state.test.0, state.test.1)?;
+        valid_acc = match (ds.valid.as_ref(), state.valid) {
+            (Some(v), Some((s, sum))) => Some(Accumulator::restore(&v.labels, s, sum)?),
+            (None, None) => None,
+            _ => {
+                return Err(Error::Checkpoint(
+                    "the saved state and the data disagree on a validation set".into(),
+                ))
+            }
+        };
+        at = state.progress;
+        tracing::info!(
+            epoch = at.epoch + 1,
+            batch = at.batch,
+            step = at.step,
+            "resuming"
+        );
+    }
     let mut shuffle_rng = rand::rngs::StdRng::seed_from_u64(cfg.seed ^ SHUFFLE_STREAM);
 
     let n = ds.train.len();
     let batches_per_epoch = n / cfg.batch_size;
     let total_steps = (batches_per_epoch * cfg.epochs) as u64;
+    let every = match cfg.checkpoint_every {
+        0 => batches_per_epoch as u64,
+        k => k as u64,
+    };
     let mut order: Vec<usize> = (0..n).collect();
+    // The minibatch order of the epochs done: the shuffle stream replayed.
+    for _ in 0..at.epoch {
+        order.shuffle(&mut shuffle_rng);
+    }
     let started = Instant::now();
-    let mut step_seconds = 0f64;
-    let mut step: u64 = 0;
+    let (seconds_before, mut step_seconds) = (at.train_seconds, at.step_seconds);
+    let mut step = at.step;
     tracing::info!(
         run = %run_dir.display(),
         params = model.num_params(),
@@ -487,14 +562,55 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
         cfg.sampler.kind.name()
     );
 
-    for epoch in 0..cfg.epochs {
+    // Saves the state at `epoch`, `batch` with the epoch's sums so far.
+    let save = |stepper: &Stepper,
+                test_acc: &Accumulator,
+                valid_acc: &Option<Accumulator>,
+                progress: Progress|
+     -> Result<()> {
+        let (ts, tsum) = test_acc.state();
+        RunState {
+            progress,
+            params: model
+                .params
+                .iter()
+                .map(|p| Ok((p.name.clone(), p.var.as_tensor().to_device(&Device::Cpu)?)))
+                .collect::<Result<_>>()?,
+            sampler: stepper.sampler.state()?,
+            prior_precisions: stepper.potential.prior.precisions.clone(),
+            test: (ts, tsum.to_vec()),
+            valid: valid_acc.as_ref().map(|a| {
+                let (s, sum) = a.state();
+                (s, sum.to_vec())
+            }),
+        }
+        .save(run_dir)
+    };
+
+    if !cfg.resume {
+        // The state before the first update, then run.json: from here on the run can be
+        // resumed whenever it stops.
+        save(&stepper, &test_acc, &valid_acc, Progress::default())?;
+    }
+    manifest.write(run_dir)?;
+
+    for epoch in at.epoch..cfg.epochs {
         let epoch_start = Instant::now();
         let step_size = cfg.step_size_at(epoch);
         order.shuffle(&mut shuffle_rng);
+        let resumed = epoch == at.epoch;
+        let first_batch = if resumed { at.batch } else { 0 };
         let bar = progress_bar(cfg.progress, batches_per_epoch as u64, epoch, cfg.epochs);
-        let (mut nll_sum, mut correct, mut seen) = (0f64, 0usize, 0usize);
-        let (mut ke_sum, mut ke_count) = (0f64, 0usize);
-        for (b, idx) in order.chunks_exact(cfg.batch_size).enumerate() {
+        let mut sums = if resumed {
+            at.clone()
+        } else {
+            Progress::default()
+        };
+        for (b, idx) in order
+            .chunks_exact(cfg.batch_size)
+            .enumerate()
+            .skip(first_batch)
+        {
             let t0 = Instant::now();
             let eta = cfg.step_size_of(step, total_steps, epoch);
             if eta != stepper.sampler.config().step_size {
@@ -507,16 +623,16 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
             step += 1;
             step_seconds += t0.elapsed().as_secs_f64();
 
-            correct += loss.correct;
-            seen += idx.len();
-            nll_sum += loss.nll * idx.len() as f64;
+            sums.correct += loss.correct;
+            sums.seen += idx.len();
+            sums.nll_sum += loss.nll * idx.len() as f64;
             let diag = stepper.sampler.diagnostics();
             if let Some(ke) = diag.kinetic_energy {
                 if !ke.is_finite() {
                     return Err(diverged(step, epoch, ke, cfg.sampler.step_size));
                 }
-                ke_sum += ke;
-                ke_count += 1;
+                sums.ke_sum += ke;
+                sums.ke_count += 1;
             }
 
             if cfg.keeps_sample(step, total_steps, epoch) {
@@ -534,10 +650,28 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
             if b % 20 == 0 {
                 bar.set_position(b as u64);
                 bar.set_message(progress_message(
-                    nll_sum / seen as f64,
-                    correct as f64 / seen as f64,
+                    sums.nll_sum / sums.seen as f64,
+                    sums.correct as f64 / sums.seen as f64,
                     diag,
                 ));
+            }
+            // Mid-epoch checkpoints; one due at the epoch's last update waits for the
+            // epoch's end (the prior's Gibbs step and the metrics line).
+            let signal = signals::pending();
+            if b + 1 < batches_per_epoch && (signal.is_some() || step.is_multiple_of(every)) {
+                let progress = Progress {
+                    epoch,
+                    batch: b + 1,
+                    step,
+                    step_seconds,
+                    train_seconds: seconds_before + started.elapsed().as_secs_f64(),
+                    ..sums.clone()
+                };
+                save(&stepper, &test_acc, &valid_acc, progress)?;
+                if let Some(signal) = signal {
+                    bar.finish_and_clear();
+                    return Err(interrupted(signal, step, run_dir));
+                }
             }
         }
         bar.finish_and_clear();
@@ -559,10 +693,10 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
         let record = EpochRecord {
             epoch: epoch + 1,
             steps: step,
-            train_nll: nll_sum / seen as f64,
-            train_accuracy: correct as f64 / seen as f64,
+            train_nll: sums.nll_sum / sums.seen as f64,
+            train_accuracy: sums.correct as f64 / sums.seen as f64,
             step_size,
-            kinetic_energy: (ke_count > 0).then(|| ke_sum / ke_count as f64),
+            kinetic_energy: (sums.ke_count > 0).then(|| sums.ke_sum / sums.ke_count as f64),
             thermostat: diag.thermostat,
             prior_precisions: stepper.potential.prior.precisions.clone(),
             samples: test_acc.samples(),
@@ -583,6 +717,22 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
             secs = format!("{:.1}", record.seconds),
             "epoch done"
         );
+        let signal = signals::pending();
+        let last = epoch + 1 == cfg.epochs;
+        if signal.is_some() || step.is_multiple_of(every) || last {
+            let progress = Progress {
+                epoch: epoch + 1,
+                batch: 0,
+                step,
+                step_seconds,
+                train_seconds: seconds_before + started.elapsed().as_secs_f64(),
+                ..Progress::default()
+            };
+            save(&stepper, &test_acc, &valid_acc, progress)?;
+            if let (Some(signal), false) = (signal, last) {
+                return Err(interrupted(signal, step, run_dir));
+            }
+        }
     }
 
     let summary = Summary {
@@ -613,7 +763,7 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
         last_sample: test_acc.last_sample,
         valid_ensemble: valid_acc.as_ref().and_then(|a| a.metrics()),
         steps: step,
-        train_seconds: started.elapsed().as_secs_f64(),
+        train_seconds: seconds_before + started.elapsed().as_secs_f64(),
         steps_per_second: step as f64 / step_seconds.max(1e-9),
         run_dir: run_dir.display().to_string(),
     };
@@ -621,6 +771,64 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
         .map_err(|e| Error::Checkpoint(format!("serialising summary: {e}")))?;
     crate::data::fetch::write_atomic(&run_dir.join("summary.json"), json.as_bytes())?;
     Ok(summary)
+}
+
+fn interrupted(signal: i32, step: u64, run_dir: &Path) -> Error {
+    Error::Interrupted {
+        signal,
+        step,
+        run_dir: run_dir.to_path_buf(),
+    }
+}
+
+/// Before a resume: drops what the run wrote after its saved state (samples of later
+/// updates, metrics lines of later epochs) and temporary files a kill left behind; they
+/// are written again, identically.
+fn discard_after(run_dir: &Path, metrics_path: &Path, at: &Progress) -> Result<()> {
+    for path in checkpoint::list_samples(run_dir)? {
+        let step = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .and_then(|s| s.strip_prefix("sample-"))
+            .and_then(|s| s.parse::<u64>().ok());
+        if step.is_some_and(|s| s > at.step) {
+            std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+        }
+    }
+    for dir in [
+        run_dir.to_path_buf(),
+        checkpoint::samples_dir(run_dir),
+        run_state::state_path(run_dir)
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default(),
+    ] {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') && name.contains(".tmp") {
+                let path = entry.path();
+                std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+            }
+        }
+    }
+    if metrics_path.exists() {
+        let text = std::fs::read_to_string(metrics_path).map_err(|e| Error::io(metrics_path, e))?;
+        let kept: String = text
+            .lines()
+            .take(at.epoch)
+            .flat_map(|l| {
+                [
+                    l, "
+",
+                ]
+            })
+            .collect();
+        crate::data::fetch::write_atomic(metrics_path, kept.as_bytes())?;
+    }
+    Ok(())
 }
 
 fn diverged(step: u64, epoch: usize, loss: f64, step_size: f64) -> Error {
@@ -685,6 +893,9 @@ mod tests {
             run_dir: PathBuf::from("unused"),
             progress: false,
             device: Device::Cpu,
+            resume: false,
+            checkpoint_every: 0,
+            command_line: Vec::new(),
         }
     }
 

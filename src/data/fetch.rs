@@ -74,7 +74,12 @@ fn download(agent: &ureq::Agent, url: &str) -> std::result::Result<Vec<u8>, Stri
     Ok(body)
 }
 
-/// Writes `bytes` to `path` through a temporary file in the same folder and a rename.
+/// Writes `bytes` to `path` through a temporary file in the same folder (`.NAME.tmpPID`),
+/// an fsync, a rename and an fsync of the folder: after a crash at any moment `path` is
+/// the old content or the new, and once this returns the new content survives a power cut.
+///
+/// For the resume tests, `BNN_TEST_PAUSE_IN_WRITES_MS` makes it sleep between writing the
+/// temporary file and renaming it, so that a kill can land there.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
@@ -87,7 +92,15 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
-        std::fs::rename(&tmp, path)
+        if let Some(ms) = std::env::var("BNN_TEST_PAUSE_IN_WRITES_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
+        std::fs::rename(&tmp, path)?;
+        // The rename is only durable once the folder's entry is on disk.
+        std::fs::File::open(dir)?.sync_all()
     };
     write().map_err(|e| {
         let _ = std::fs::remove_file(&tmp);

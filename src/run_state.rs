@@ -1,0 +1,212 @@
+//! The state of a training run between two updates, saved so that `bnn train --resume`
+//! continues bit for bit: the parameters, the sampler's state ([`SamplerState`]), the
+//! Gibbs-sampled prior precisions, where the run is (epoch, batch, update), the epoch's
+//! running sums and the streaming ensembles. The minibatch order is not stored: it is the
+//! seeded shuffle stream, replayed epoch by epoch on resume.
+//!
+//! One file, `RUN/state/chain.safetensors`: the tensors, and the scalars as JSON in the
+//! header's metadata (`state`), written through a temporary name, fsync and rename, then
+//! an fsync of the folder, so that at any moment the file is either the previous complete
+//! state or the new one.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::encode_safetensors;
+use crate::data::fetch::write_atomic;
+use crate::ensemble::AccumulatorState;
+use crate::error::{Error, Result};
+use crate::sampler::SamplerState;
+
+/// Format version of the state file.
+const VERSION: u32 = 1;
+
+/// The state file of a run.
+pub fn state_path(run_dir: &Path) -> PathBuf {
+    run_dir.join("state").join("chain.safetensors")
+}
+
+/// Where the run stands and its running sums.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    /// The epoch in progress (0-based); `batch` of its minibatches are done.
+    pub epoch: usize,
+    pub batch: usize,
+    /// Updates done in all.
+    pub step: u64,
+    /// The epoch's running sums: Σ minibatch NLL·size, correct predictions, examples seen,
+    /// Σ kinetic energy and its count.
+    pub nll_sum: f64,
+    pub correct: usize,
+    pub seen: usize,
+    pub ke_sum: f64,
+    pub ke_count: usize,
+    /// Seconds spent in updates and in all before this state (timings only).
+    pub step_seconds: f64,
+    pub train_seconds: f64,
+}
+
+/// The scalars of the sampler state (its tensors go beside them).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct SamplerScalars {
+    step: u64,
+    step_size: f64,
+    thermostat: Option<f64>,
+    kinetic: f64,
+    momentum_tensors: usize,
+    thermostat_tensors: usize,
+}
+
+/// The JSON part of the file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Scalars {
+    version: u32,
+    progress: Progress,
+    sampler: SamplerScalars,
+    prior_precisions: Vec<f64>,
+    test: AccumulatorState,
+    valid: Option<AccumulatorState>,
+}
+
+/// Everything a run needs to continue.
+#[derive(Debug, Clone)]
+pub struct RunState {
+    pub progress: Progress,
+    /// The model's parameters by name, in the model's order.
+    pub params: Vec<(String, Tensor)>,
+    pub sampler: SamplerState,
+    pub prior_precisions: Vec<f64>,
+    /// The test ensemble's state and sums; the validation ensemble's, if any.
+    pub test: (AccumulatorState, Vec<f64>),
+    pub valid: Option<(AccumulatorState, Vec<f64>)>,
+}
+
+impl RunState {
+    /// Writes the state file atomically (see the module doc).
+    pub fn save(&self, run_dir: &Path) -> Result<()> {
+        let s = &self.sampler;
+        let scalars = Scalars {
+            version: VERSION,
+            progress: self.progress.clone(),
+            sampler: SamplerScalars {
+                step: s.step,
+                step_size: s.step_size,
+                thermostat: s.thermostat,
+                kinetic: s.kinetic,
+                momentum_tensors: s.momentum.len(),
+                thermostat_tensors: s.thermostats.len(),
+            },
+            prior_precisions: self.prior_precisions.clone(),
+            test: self.test.0.clone(),
+            valid: self.valid.as_ref().map(|v| v.0.clone()),
+        };
+        let mut tensors: Vec<(String, Tensor)> = self
+            .params
+            .iter()
+            .map(|(n, t)| (format!("param/{n}"), t.clone()))
+            .collect();
+        for (i, t) in s.momentum.iter().enumerate() {
+            tensors.push((format!("momentum/{i}"), t.clone()));
+        }
+        for (i, t) in s.thermostats.iter().enumerate() {
+            tensors.push((format!("thermostat/{i}"), t.clone()));
+        }
+        let sums = |v: &[f64]| Tensor::from_slice(v, v.len(), &Device::Cpu);
+        tensors.push(("ensemble/test".into(), sums(&self.test.1)?));
+        if let Some((_, v)) = &self.valid {
+            tensors.push(("ensemble/valid".into(), sums(v)?));
+        }
+        let json = serde_json::to_string(&scalars)
+            .map_err(|e| Error::Checkpoint(format!("serialising the run state: {e}")))?;
+        let meta = BTreeMap::from([("state".to_string(), json)]);
+        write_atomic(&state_path(run_dir), &encode_safetensors(&tensors, &meta)?)
+    }
+
+    /// Reads the state file of `run_dir`; `params` names the model's parameters in order.
+    pub fn load(run_dir: &Path, params: &[String]) -> Result<Self> {
+        let path = state_path(run_dir);
+        let bytes = std::fs::read(&path).map_err(|e| {
+            Error::Checkpoint(format!(
+                "{}: cannot read the run state ({e}); was {} made by `bnn train` of this version?",
+                path.display(),
+                run_dir.display()
+            ))
+        })?;
+        let corrupt =
+            |e: String| Error::Checkpoint(format!("{}: corrupt run state: {e}", path.display()));
+        let st =
+            safetensors::SafeTensors::deserialize(&bytes).map_err(|e| corrupt(e.to_string()))?;
+        let (_, header) =
+            safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| corrupt(e.to_string()))?;
+        let json = header
+            .metadata()
+            .as_ref()
+            .and_then(|m| m.get("state"))
+            .ok_or_else(|| corrupt("no `state` metadata".into()))?;
+        let scalars: Scalars = serde_json::from_str(json).map_err(|e| corrupt(e.to_string()))?;
+        if scalars.version != VERSION {
+            return Err(corrupt(format!(
+                "format version {}, this bnn reads {VERSION}",
+                scalars.version
+            )));
+        }
+        let tensor = |name: &str| -> Result<Tensor> {
+            let view = st
+                .tensor(name)
+                .map_err(|_| corrupt(format!("no tensor `{name}`")))?;
+            let data = view.data();
+            Ok(match view.dtype() {
+                safetensors::Dtype::F32 => {
+                    let v: Vec<f32> = data
+                        .chunks_exact(4)
+                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .collect();
+                    Tensor::from_vec(v, view.shape(), &Device::Cpu)?
+                }
+                safetensors::Dtype::F64 => {
+                    let v: Vec<f64> = data
+                        .chunks_exact(8)
+                        .map(|b| f64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+                        .collect();
+                    Tensor::from_vec(v, view.shape(), &Device::Cpu)?
+                }
+                other => return Err(corrupt(format!("tensor `{name}` is {other:?}"))),
+            })
+        };
+        let sums = |name: &str| -> Result<Vec<f64>> {
+            Ok(tensor(name)?.to_dtype(DType::F64)?.to_vec1::<f64>()?)
+        };
+        let params = params
+            .iter()
+            .map(|n| Ok((n.clone(), tensor(&format!("param/{n}"))?)))
+            .collect::<Result<Vec<_>>>()?;
+        let sc = &scalars.sampler;
+        let sampler = SamplerState {
+            step: sc.step,
+            step_size: sc.step_size,
+            momentum: (0..sc.momentum_tensors)
+                .map(|i| tensor(&format!("momentum/{i}")))
+                .collect::<Result<_>>()?,
+            thermostat: sc.thermostat,
+            thermostats: (0..sc.thermostat_tensors)
+                .map(|i| tensor(&format!("thermostat/{i}")))
+                .collect::<Result<_>>()?,
+            kinetic: sc.kinetic,
+        };
+        let valid = match scalars.valid {
+            Some(v) => Some((v, sums("ensemble/valid")?)),
+            None => None,
+        };
+        Ok(RunState {
+            progress: scalars.progress,
+            params,
+            sampler,
+            prior_precisions: scalars.prior_precisions,
+            test: (scalars.test, sums("ensemble/test")?),
+            valid,
+        })
+    }
+}
