@@ -36,6 +36,10 @@ pub struct StepBench {
     pub fused_fraction_of_copy: f64,
 }
 
+fn poisoned() -> crate::error::Error {
+    crate::error::Error::Config("a benchmark chain panicked".into())
+}
+
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
@@ -107,6 +111,8 @@ pub fn step(kind: SamplerKind, sizes: &[usize], repeats: usize) -> Result<Vec<St
 /// One row of `bnn bench train`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TrainBench {
+    /// Chains stepped side by side; the rates are summed over them.
+    pub chains: usize,
     pub model: String,
     pub batch: usize,
     pub sampler: String,
@@ -150,6 +156,9 @@ pub struct TrainBenchOptions {
     pub repeats: usize,
     /// Updates per timed repeat at batch 100 (scaled by 100/batch, at least 10).
     pub steps: usize,
+    /// Independent chains stepped side by side on the pool (one per pool thread), as
+    /// `bnn train --chains`; the rate reported is summed over them.
+    pub chains: usize,
 }
 
 /// Steps per second of the whole training step (gather, forward, backward, update) on
@@ -172,40 +181,69 @@ pub fn train(opts: &TrainBenchOptions) -> Result<Vec<TrainBench>> {
         for &kind in &opts.samplers {
             let mut config = kind.defaults();
             config.integrator = opts.integrator;
+            let chains = opts.chains.max(1);
             let model = Network::new(&spec, ds.train.dim(), NUM_CLASSES, 0, &Device::Cpu)?;
-            let prior = Prior::new(
-                PriorSpec::Gamma {
-                    shape: 1.0,
-                    rate: 1.0,
-                },
-                model.params.len(),
-            )?;
-            let potential = Potential::new(n, 1.0, prior)?;
-            let mut stepper = Stepper::new(
-                &model,
-                potential,
-                config,
-                opts.kernel,
-                opts.backward,
-                0,
-                batch,
-            )?;
+            let mut steppers = Vec::with_capacity(chains);
+            for k in 0..chains {
+                let seed = crate::rng::chain_seed(0, k);
+                let model = Network::new(&spec, ds.train.dim(), NUM_CLASSES, seed, &Device::Cpu)?;
+                let prior = Prior::new(
+                    PriorSpec::Gamma {
+                        shape: 1.0,
+                        rate: 1.0,
+                    },
+                    model.params.len(),
+                )?;
+                let potential = Potential::new(n, 1.0, prior)?;
+                let stepper = Stepper::new(
+                    &model,
+                    potential,
+                    config,
+                    opts.kernel,
+                    opts.backward,
+                    seed,
+                    batch,
+                )?;
+                steppers.push(std::sync::Mutex::new((stepper, 0usize)));
+            }
             let mut rng = rand::rngs::StdRng::seed_from_u64(1);
             let mut order: Vec<usize> = (0..n).collect();
             order.shuffle(&mut rng);
             let steps = (opts.steps * 100 / batch).max(10);
-            let mut cursor = 0;
-            let mut run = |stepper: &mut Stepper| -> Result<()> {
+            let one = |(stepper, cursor): &mut (Stepper, usize)| -> Result<()> {
                 for _ in 0..steps {
-                    if cursor + batch > n {
-                        cursor = 0;
+                    if *cursor + batch > n {
+                        *cursor = 0;
                     }
-                    stepper.step(&ds.train, &order[cursor..cursor + batch])?;
-                    cursor += batch;
+                    stepper.step(&ds.train, &order[*cursor..*cursor + batch])?;
+                    *cursor += batch;
                 }
                 Ok(())
             };
-            let secs = time(opts.repeats, || run(&mut stepper))?;
+            let run = || -> Result<()> {
+                if chains == 1 {
+                    let mut s = steppers[0].lock().map_err(|_| poisoned())?;
+                    return one(&mut s);
+                }
+                // One chain per pool job: each chain's own products then run serially.
+                let failed = std::sync::Mutex::new(None);
+                crate::kernels::pool::run(chains, &|k| {
+                    let result = steppers[k]
+                        .lock()
+                        .map_err(|_| poisoned())
+                        .and_then(|mut s| one(&mut s));
+                    if let (Err(e), Ok(mut f)) = (result, failed.lock()) {
+                        *f = Some(e);
+                    }
+                });
+                match failed.into_inner().ok().flatten() {
+                    Some(e) => Err(e),
+                    None => Ok(()),
+                }
+            };
+            let secs = time(opts.repeats, run)?;
+            let backward = steppers[0].lock().map_err(|_| poisoned())?.0.backward;
+            let steps = steps * chains;
             let sps = steps as f64 / secs;
             let flop = step_flop(&model, batch);
             rows.push(TrainBench {
@@ -213,7 +251,7 @@ pub fn train(opts: &TrainBenchOptions) -> Result<Vec<TrainBench>> {
                 batch,
                 sampler: kind.name().to_string(),
                 integrator: config.integrator,
-                backward: stepper.backward,
+                backward,
                 kernel: opts.kernel,
                 isa: crate::kernels::isa::current().name().to_string(),
                 threads: crate::kernels::pool::threads(),
@@ -224,6 +262,7 @@ pub fn train(opts: &TrainBenchOptions) -> Result<Vec<TrainBench>> {
                 gflop_per_second: flop * sps / 1e9,
                 repeats: opts.repeats,
                 steps_per_repeat: steps,
+                chains,
             });
         }
     }

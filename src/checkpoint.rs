@@ -58,6 +58,13 @@ pub struct RunManifest {
     /// The `bnn train` command line that started the run; `--resume` re-reads it.
     #[serde(default)]
     pub command_line: Vec<String>,
+    /// Chains of the run: 1 keeps samples in `samples/`, K > 1 in `chain-<k>/samples/`.
+    #[serde(default = "one")]
+    pub chains: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 fn default_poly_steps() -> f64 {
@@ -84,6 +91,26 @@ impl RunManifest {
             Error::Checkpoint(format!("{}: corrupt run manifest: {e}", path.display()))
         })
     }
+}
+
+/// The folder of chain `k` of a multi-chain run.
+pub fn chain_dir(run_dir: &Path, k: usize) -> PathBuf {
+    run_dir.join(format!("chain-{k}"))
+}
+
+/// The chains' folders of a run, in chain order: `chain-0`, `chain-1`, … if there are any,
+/// else the run's own folder (a single-chain run).
+pub fn chain_dirs(run_dir: &Path) -> Vec<PathBuf> {
+    let mut k = 0;
+    let mut dirs = Vec::new();
+    while chain_dir(run_dir, k).is_dir() {
+        dirs.push(chain_dir(run_dir, k));
+        k += 1;
+    }
+    if dirs.is_empty() {
+        dirs.push(run_dir.to_path_buf());
+    }
+    dirs
 }
 
 /// The folder holding the samples of a run.

@@ -137,6 +137,9 @@ pub enum BenchCommand {
         /// Updates per repeat at batch 100 (scaled by 100/batch).
         #[arg(long, default_value_t = 200)]
         steps: usize,
+        /// Chains stepped side by side, as `bnn train --chains` (rates summed over them).
+        #[arg(long, default_value_t = 1)]
+        chains: usize,
     },
 }
 
@@ -291,6 +294,11 @@ pub struct TrainArgs {
     /// saved at the end and on SIGINT/SIGTERM.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub checkpoint_every: usize,
+    /// Run K independent chains side by side (seeds derived from --seed; chain 0 has
+    /// --seed itself), in RUN/chain-<k>/; the ensemble pools them, and the summary adds
+    /// each chain's figures, split-R-hat and ESS.
+    #[arg(long, default_value_t = 1, value_name = "K")]
+    pub chains: usize,
     /// Device for parameters, minibatches and sampler state.
     #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
     pub device: DeviceKind,

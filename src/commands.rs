@@ -117,6 +117,7 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
             kernel,
             repeats,
             steps,
+            chains,
         }) => {
             let cnn_batches = cnn_batch
                 .split(',')
@@ -150,9 +151,10 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
                 })
                 .collect::<Result<Vec<_>>>()?;
             let sizes = || batch.iter().chain(&cnn_batches);
-            if sizes().any(|&b| b == 0 || b > 10_000) || repeats == 0 || steps == 0 {
+            if sizes().any(|&b| b == 0 || b > 10_000) || repeats == 0 || steps == 0 || chains == 0 {
                 return Err(Error::Config(
-                    "bench train needs batches in 1..=10000 and positive repeats and steps".into(),
+                    "bench train needs batches in 1..=10000 and positive repeats, steps and chains"
+                        .into(),
                 ));
             }
             let opts = crate::bench::TrainBenchOptions {
@@ -165,6 +167,7 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
                 kernel,
                 repeats,
                 steps,
+                chains,
             };
             json(&crate::bench::train(&opts)?)
         }
@@ -422,6 +425,7 @@ fn train_config(
         resume: false,
         checkpoint_every: args.checkpoint_every,
         command_line,
+        chains: args.chains,
     };
     Ok((cfg, ds))
 }

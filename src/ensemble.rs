@@ -66,6 +66,8 @@ pub struct Accumulator {
     pub history: Vec<Metrics>,
     /// Metrics of the last sample alone.
     pub last_sample: Option<Metrics>,
+    /// The test NLL of each sample alone, in order (the chains' convergence diagnostics).
+    sample_nll: Vec<f64>,
 }
 
 /// What an [`Accumulator`] holds besides its sums, as plain data (a run's saved state).
@@ -74,6 +76,8 @@ pub struct AccumulatorState {
     pub samples: usize,
     pub history: Vec<Metrics>,
     pub last_sample: Option<Metrics>,
+    #[serde(default)]
+    pub sample_nll: Vec<f64>,
 }
 
 /// The ensemble after k samples, for `bnn eval`'s accuracy-versus-samples curve.
@@ -92,6 +96,7 @@ impl Accumulator {
             samples: 0,
             history: Vec::new(),
             last_sample: None,
+            sample_nll: Vec::new(),
         }
     }
 
@@ -103,7 +108,9 @@ impl Accumulator {
         }
         self.samples += 1;
         let single: Vec<f64> = probs.iter().map(|&p| p as f64).collect();
-        self.last_sample = Some(metrics::evaluate(&single, &self.labels, NUM_CLASSES));
+        let alone = metrics::evaluate(&single, &self.labels, NUM_CLASSES);
+        self.sample_nll.push(alone.nll);
+        self.last_sample = Some(alone);
         let m = self.metrics().expect("just added a sample");
         self.history.push(m);
     }
@@ -115,6 +122,7 @@ impl Accumulator {
                 samples: self.samples,
                 history: self.history.clone(),
                 last_sample: self.last_sample,
+                sample_nll: self.sample_nll.clone(),
             },
             &self.sum,
         )
@@ -135,7 +143,40 @@ impl Accumulator {
             samples: state.samples,
             history: state.history,
             last_sample: state.last_sample,
+            sample_nll: state.sample_nll,
         })
+    }
+
+    /// The NLL of each sample alone, in the order added.
+    pub fn sample_nll(&self) -> &[f64] {
+        &self.sample_nll
+    }
+
+    /// The ensemble of several chains' samples: their sums added in the order given (so
+    /// that `bnn eval`, pooling the same way, gets the same bits). Its history is the
+    /// first part's; its last sample, the last part's.
+    pub fn pooled<'a>(parts: impl IntoIterator<Item = &'a Accumulator>) -> Result<Accumulator> {
+        let mut parts = parts.into_iter();
+        let Some(first) = parts.next() else {
+            return Err(crate::error::Error::Config("no chains to pool".into()));
+        };
+        let mut pooled = first.clone();
+        for p in parts {
+            if p.sum.len() != pooled.sum.len() {
+                return Err(crate::error::Error::Config(
+                    "chains evaluated on different sets".into(),
+                ));
+            }
+            for (s, &x) in pooled.sum.iter_mut().zip(&p.sum) {
+                *s += x;
+            }
+            pooled.samples += p.samples;
+            pooled.sample_nll.extend(&p.sample_nll);
+            if p.samples > 0 {
+                pooled.last_sample = p.last_sample;
+            }
+        }
+        Ok(pooled)
     }
 
     pub fn samples(&self) -> usize {

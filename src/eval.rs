@@ -22,7 +22,8 @@ pub struct EvalReport {
     pub ensemble: Option<Metrics>,
     pub last_sample: Option<Metrics>,
     pub valid_ensemble: Option<Metrics>,
-    /// Test accuracy and NLL of the ensemble of the first k samples, for each k.
+    /// Test accuracy and NLL of the ensemble of the first k samples, for each k (of the
+    /// first chain, in a multi-chain run).
     pub progress: Vec<Progress>,
 }
 
@@ -66,26 +67,37 @@ pub fn evaluate_run(
 ) -> Result<EvalReport> {
     let device = device.clone();
     let model = Network::new(&manifest.model, manifest.input_dim, NUM_CLASSES, 0, &device)?;
-    let paths = checkpoint::list_samples(run_dir)?;
-    if paths.is_empty() {
-        return Err(Error::Checkpoint(format!(
-            "{}: no samples (sample-*.safetensors) in {}",
-            run_dir.display(),
-            checkpoint::samples_dir(run_dir).display()
-        )));
-    }
-    let mut test = Accumulator::new(&ds.test.labels);
-    let mut valid = ds.valid.as_ref().map(|v| Accumulator::new(&v.labels));
-    for path in &paths {
-        let sample = checkpoint::load_sample(path, &device)?;
-        model
-            .load(&sample.tensors)
-            .map_err(|e| Error::Checkpoint(format!("{}: {e}", path.display())))?;
-        test.add(&ensemble::predict(&model, &ds.test, &device)?);
-        if let (Some(acc), Some(v)) = (valid.as_mut(), ds.valid.as_ref()) {
-            acc.add(&ensemble::predict(&model, v, &device)?);
+    // Chain by chain, then pooled in chain order, as training pools them.
+    let (mut tests, mut valids) = (Vec::new(), Vec::new());
+    for dir in checkpoint::chain_dirs(run_dir) {
+        let paths = checkpoint::list_samples(&dir)?;
+        if paths.is_empty() {
+            return Err(Error::Checkpoint(format!(
+                "{}: no samples (sample-*.safetensors) in {}",
+                run_dir.display(),
+                checkpoint::samples_dir(&dir).display()
+            )));
         }
+        let mut test = Accumulator::new(&ds.test.labels);
+        let mut valid = ds.valid.as_ref().map(|v| Accumulator::new(&v.labels));
+        for path in &paths {
+            let sample = checkpoint::load_sample(path, &device)?;
+            model
+                .load(&sample.tensors)
+                .map_err(|e| Error::Checkpoint(format!("{}: {e}", path.display())))?;
+            test.add(&ensemble::predict(&model, &ds.test, &device)?);
+            if let (Some(acc), Some(v)) = (valid.as_mut(), ds.valid.as_ref()) {
+                acc.add(&ensemble::predict(&model, v, &device)?);
+            }
+        }
+        tests.push(test);
+        valids.extend(valid);
     }
+    let test = Accumulator::pooled(&tests)?;
+    let valid = match valids.is_empty() {
+        true => None,
+        false => Some(Accumulator::pooled(&valids)?),
+    };
     Ok(EvalReport {
         run_dir: run_dir.display().to_string(),
         dataset: manifest.dataset.clone(),

@@ -11,6 +11,7 @@ pub mod bench;
 pub mod checkpoint;
 pub mod cli;
 pub mod commands;
+pub mod convergence;
 pub mod data;
 pub mod ensemble;
 pub mod error;

@@ -114,6 +114,23 @@ pub fn box_muller(a: u32, b: u32) -> (f32, f32) {
     (r * c, r * s)
 }
 
+/// Separates the seeds of a run's chains (`--chains`).
+const CHAIN_STREAM: u64 = 0x4348_4149_4e00_0000;
+
+/// The seed of chain `k` of a run seeded `seed`: chain 0 has the run's seed (so `--chains
+/// 1` is the single-chain run), the others a SplitMix64 mix of the seed and k, which
+/// does not depend on the number of chains.
+pub fn chain_seed(seed: u64, k: usize) -> u64 {
+    if k == 0 {
+        return seed;
+    }
+    let mut z = seed ^ CHAIN_STREAM.wrapping_add(k as u64);
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// The noise stream of one parameter tensor at one step.
 #[derive(Debug, Clone, Copy)]
 pub struct NoiseKey {

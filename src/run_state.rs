@@ -69,6 +69,8 @@ struct Scalars {
     prior_precisions: Vec<f64>,
     test: AccumulatorState,
     valid: Option<AccumulatorState>,
+    #[serde(default)]
+    kinetic_trace: Vec<f64>,
 }
 
 /// Everything a run needs to continue.
@@ -82,6 +84,8 @@ pub struct RunState {
     /// The test ensemble's state and sums; the validation ensemble's, if any.
     pub test: (AccumulatorState, Vec<f64>),
     pub valid: Option<(AccumulatorState, Vec<f64>)>,
+    /// The kinetic energy per parameter at each kept sample (for the chains' diagnostics).
+    pub kinetic_trace: Vec<f64>,
 }
 
 impl RunState {
@@ -102,6 +106,7 @@ impl RunState {
             prior_precisions: self.prior_precisions.clone(),
             test: self.test.0.clone(),
             valid: self.valid.as_ref().map(|v| v.0.clone()),
+            kinetic_trace: self.kinetic_trace.clone(),
         };
         let mut tensors: Vec<(String, Tensor)> = self
             .params
@@ -207,6 +212,7 @@ impl RunState {
             prior_precisions: scalars.prior_precisions,
             test: (scalars.test, sums("ensemble/test")?),
             valid,
+            kinetic_trace: scalars.kinetic_trace,
         })
     }
 }

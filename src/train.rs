@@ -13,6 +13,7 @@ use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, RunManifest};
+use crate::convergence::{self, Convergence};
 use crate::data::{Dataset, Split, NUM_CLASSES};
 use crate::ensemble::{self, Accumulator};
 use crate::error::{Error, Result};
@@ -69,6 +70,8 @@ pub struct TrainConfig {
     pub checkpoint_every: usize,
     /// The command line that started the run (recorded in `run.json` for `--resume`).
     pub command_line: Vec<String>,
+    /// Independent chains run side by side (1: today's single chain and layout).
+    pub chains: usize,
 }
 
 impl TrainConfig {
@@ -109,6 +112,9 @@ impl TrainConfig {
         }
         if self.thin == 0 {
             return bad("--thin must be at least 1".into());
+        }
+        if self.chains == 0 || self.chains > 1024 {
+            return bad(format!("--chains must be in 1..=1024, got {}", self.chains));
         }
         self.model.validate()?;
         self.sampler.validate()
@@ -212,9 +218,37 @@ pub struct Summary {
     pub steps: u64,
     /// Wall time of the whole loop, evaluation and checkpoints included.
     pub train_seconds: f64,
-    /// Updates per second of the training step alone (gather, forward, backward, update).
+    /// Updates per second of the training step alone (gather, forward, backward, update);
+    /// with several chains, summed over them.
     pub steps_per_second: f64,
+    /// Each chain's own figures (runs of several chains).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chains: Vec<ChainSummary>,
+    /// Split-R̂ and ESS across the chains (runs of several chains).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub convergence: Option<ChainDiagnostics>,
     pub run_dir: String,
+}
+
+/// One chain of a multi-chain run in `summary.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChainSummary {
+    pub chain: usize,
+    pub seed: u64,
+    pub samples: usize,
+    pub ensemble: Option<Metrics>,
+    pub last_sample: Option<Metrics>,
+    pub valid_ensemble: Option<Metrics>,
+    pub steps_per_second: f64,
+}
+
+/// Convergence across chains: of the test log-likelihood of each sample alone, and of the
+/// kinetic energy per parameter at each sample (momentum samplers); `None` where there are
+/// too few samples.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChainDiagnostics {
+    pub test_log_likelihood: Option<Convergence>,
+    pub kinetic_energy: Option<Convergence>,
 }
 
 fn append_line(path: &Path, line: &str) -> Result<()> {
@@ -450,22 +484,131 @@ pub fn manifest(cfg: &TrainConfig, ds: &Dataset, num_params: usize) -> RunManife
         backward: Some(cfg.backward),
         checkpoint_every: cfg.checkpoint_every,
         command_line: cfg.command_line.clone(),
+        chains: cfg.chains,
     }
 }
 
 /// Trains on `ds` and returns the summary (also written to `summary.json`). With
 /// `cfg.resume` it continues the run in `cfg.run_dir` from its saved state, bit for bit.
+/// With `cfg.chains` = K > 1, K independent chains run side by side on the thread pool
+/// (one chain per pool thread), each in `RUN/chain-<k>/` with its own seed
+/// ([`rng::chain_seed`]); the ensemble pools every chain's samples.
 pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
     cfg.validate(ds.train.len())?;
-    let device = cfg.device.clone();
     let run_dir = &cfg.run_dir;
+    if cfg.chains <= 1 {
+        let chain = run_chain(cfg, ds, run_dir, true)?;
+        return finish(cfg, ds, vec![chain]);
+    }
+    std::fs::create_dir_all(run_dir).map_err(|e| Error::io(run_dir, e))?;
+    if !cfg.resume {
+        // A new run under this name: nothing of an earlier one (of either layout) stays.
+        let old_manifest = run_dir.join("run.json");
+        for old in [
+            old_manifest,
+            run_dir.join("summary.json"),
+            run_dir.join("metrics.jsonl"),
+        ] {
+            if old.exists() {
+                std::fs::remove_file(&old).map_err(|e| Error::io(&old, e))?;
+            }
+        }
+        for old in [checkpoint::samples_dir(run_dir), run_dir.join("state")] {
+            if old.exists() {
+                std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))?;
+            }
+        }
+    }
+    // run.json first: a chain stopped before its first state starts afresh on resume.
+    manifest(
+        cfg,
+        ds,
+        Network::new(
+            &cfg.model,
+            ds.train.dim(),
+            NUM_CLASSES,
+            cfg.seed,
+            &Device::Cpu,
+        )?
+        .num_params(),
+    )
+    .write(run_dir)?;
+    let results: Vec<std::sync::Mutex<Option<Result<ChainOutcome>>>> = (0..cfg.chains)
+        .map(|_| std::sync::Mutex::new(None))
+        .collect();
+    crate::kernels::pool::run(cfg.chains, &|k| {
+        let mut chain_cfg = cfg.clone();
+        chain_cfg.seed = crate::rng::chain_seed(cfg.seed, k);
+        chain_cfg.progress = false;
+        let _span = tracing::info_span!("chain", k).entered();
+        let out = run_chain(&chain_cfg, ds, &checkpoint::chain_dir(run_dir, k), false);
+        if let Ok(mut slot) = results[k].lock() {
+            *slot = Some(out);
+        }
+    });
+    let mut chains = Vec::with_capacity(cfg.chains);
+    let mut first_error = None;
+    for (k, slot) in results.into_iter().enumerate() {
+        match slot.into_inner().ok().flatten() {
+            Some(Ok(c)) => chains.push(c),
+            Some(Err(e)) => {
+                // A stop by signal is reported only if no chain failed otherwise.
+                let replace = match (&first_error, &e) {
+                    (None, _) => true,
+                    (Some(Error::Interrupted { .. }), e) => !matches!(e, Error::Interrupted { .. }),
+                    _ => false,
+                };
+                if replace {
+                    first_error = Some(match e {
+                        Error::Interrupted { signal, step, .. } => Error::Interrupted {
+                            signal,
+                            step,
+                            run_dir: run_dir.clone(),
+                        },
+                        e => Error::Checkpoint(format!("chain {k}: {e}")),
+                    });
+                }
+            }
+            None => return Err(Error::Config(format!("chain {k} did not report"))),
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    finish(cfg, ds, chains)
+}
+
+/// What one chain leaves for the run's summary.
+struct ChainOutcome {
+    seed: u64,
+    test: Accumulator,
+    valid: Option<Accumulator>,
+    steps: u64,
+    step_seconds: f64,
+    train_seconds: f64,
+    /// The kinetic energy per parameter at each kept sample (momentum samplers).
+    kinetic_trace: Vec<f64>,
+    backward: Backward,
+}
+
+/// One chain in `run_dir` (the run's folder, or a chain's folder of it); `write_manifest`
+/// for a single-chain run, whose folder is the run's.
+fn run_chain(
+    cfg: &TrainConfig,
+    ds: &Dataset,
+    run_dir: &Path,
+    write_manifest: bool,
+) -> Result<ChainOutcome> {
+    let device = cfg.device.clone();
     std::fs::create_dir_all(checkpoint::samples_dir(run_dir)).map_err(|e| Error::io(run_dir, e))?;
     let dim = ds.train.dim();
     let model = Network::new(&cfg.model, dim, NUM_CLASSES, cfg.seed, &device)?;
     let vars = model.vars();
     let manifest = manifest(cfg, ds, model.num_params());
     let metrics_path = run_dir.join("metrics.jsonl");
-    let saved = if cfg.resume {
+    // A chain of a multi-chain run stopped before its first state starts afresh.
+    let resume = cfg.resume && (write_manifest || run_state::state_path(run_dir).exists());
+    let saved = if resume {
         let names: Vec<String> = model.params.iter().map(|p| p.name.clone()).collect();
         let state = RunState::load(run_dir, &names)?;
         if state.progress.epoch > cfg.epochs {
@@ -511,7 +654,9 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
     let mut test_acc = Accumulator::new(&ds.test.labels);
     let mut valid_acc = ds.valid.as_ref().map(|v| Accumulator::new(&v.labels));
     let mut at = Progress::default();
+    let mut kinetic_trace = Vec::new();
     if let Some(state) = saved {
+        kinetic_trace = state.kinetic_trace;
         // After the sampler's init (splitting moves θ by v/2 there): the saved θ and state.
         for (var, (_, t)) in vars.iter().zip(&state.params) {
             var.set(&t.to_device(&device)?)?;
@@ -566,6 +711,7 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
     let save = |stepper: &Stepper,
                 test_acc: &Accumulator,
                 valid_acc: &Option<Accumulator>,
+                kinetic_trace: &[f64],
                 progress: Progress|
      -> Result<()> {
         let (ts, tsum) = test_acc.state();
@@ -583,16 +729,25 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
                 let (s, sum) = a.state();
                 (s, sum.to_vec())
             }),
+            kinetic_trace: kinetic_trace.to_vec(),
         }
         .save(run_dir)
     };
 
-    if !cfg.resume {
+    if !resume {
         // The state before the first update, then run.json: from here on the run can be
         // resumed whenever it stops.
-        save(&stepper, &test_acc, &valid_acc, Progress::default())?;
+        save(
+            &stepper,
+            &test_acc,
+            &valid_acc,
+            &kinetic_trace,
+            Progress::default(),
+        )?;
     }
-    manifest.write(run_dir)?;
+    if write_manifest {
+        manifest.write(run_dir)?;
+    }
 
     for epoch in at.epoch..cfg.epochs {
         let epoch_start = Instant::now();
@@ -642,6 +797,9 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
                 }
                 let meta = sample_metadata(cfg, ds, step, epoch, eta)?;
                 checkpoint::save_sample(run_dir, step, &model, meta)?;
+                if let Some(ke) = diag.kinetic_energy {
+                    kinetic_trace.push(ke);
+                }
                 test_acc.add(&ensemble::predict(&model, &ds.test, &device)?);
                 if let (Some(acc), Some(v)) = (valid_acc.as_mut(), ds.valid.as_ref()) {
                     acc.add(&ensemble::predict(&model, v, &device)?);
@@ -667,7 +825,7 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
                     train_seconds: seconds_before + started.elapsed().as_secs_f64(),
                     ..sums.clone()
                 };
-                save(&stepper, &test_acc, &valid_acc, progress)?;
+                save(&stepper, &test_acc, &valid_acc, &kinetic_trace, progress)?;
                 if let Some(signal) = signal {
                     bar.finish_and_clear();
                     return Err(interrupted(signal, step, run_dir));
@@ -728,23 +886,98 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
                 train_seconds: seconds_before + started.elapsed().as_secs_f64(),
                 ..Progress::default()
             };
-            save(&stepper, &test_acc, &valid_acc, progress)?;
+            save(&stepper, &test_acc, &valid_acc, &kinetic_trace, progress)?;
             if let (Some(signal), false) = (signal, last) {
                 return Err(interrupted(signal, step, run_dir));
             }
         }
     }
 
+    Ok(ChainOutcome {
+        seed: cfg.seed,
+        test: test_acc,
+        valid: valid_acc,
+        steps: step,
+        step_seconds,
+        train_seconds: seconds_before + started.elapsed().as_secs_f64(),
+        kinetic_trace,
+        backward,
+    })
+}
+
+/// The run's summary from its chains (pooled when there are several; then also each
+/// chain's figures and the convergence diagnostics), written to `summary.json`.
+fn finish(cfg: &TrainConfig, ds: &Dataset, chains: Vec<ChainOutcome>) -> Result<Summary> {
+    let run_dir = &cfg.run_dir;
+    let num_params = Network::new(
+        &cfg.model,
+        ds.train.dim(),
+        NUM_CLASSES,
+        cfg.seed,
+        &Device::Cpu,
+    )?
+    .num_params();
+    let test = Accumulator::pooled(chains.iter().map(|c| &c.test))?;
+    let valid = match chains.first().and_then(|c| c.valid.as_ref()) {
+        Some(_) => Some(Accumulator::pooled(
+            chains.iter().filter_map(|c| c.valid.as_ref()),
+        )?),
+        None => None,
+    };
+    let several = chains.len() > 1;
+    let per_chain: Vec<ChainSummary> = if several {
+        chains
+            .iter()
+            .enumerate()
+            .map(|(k, c)| ChainSummary {
+                chain: k,
+                seed: c.seed,
+                samples: c.test.samples(),
+                ensemble: c.test.metrics(),
+                last_sample: c.test.last_sample,
+                valid_ensemble: c.valid.as_ref().and_then(|a| a.metrics()),
+                steps_per_second: c.steps as f64 / c.step_seconds.max(1e-9),
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let convergence = several.then(|| {
+        // The test log-likelihood of each sample alone, and the kinetic energy at it.
+        let loglik: Vec<Vec<f64>> = chains
+            .iter()
+            .map(|c| c.test.sample_nll().iter().map(|n| -n).collect())
+            .collect();
+        let kinetic: Vec<Vec<f64>> = chains.iter().map(|c| c.kinetic_trace.clone()).collect();
+        ChainDiagnostics {
+            test_log_likelihood: convergence::diagnose(&loglik),
+            kinetic_energy: convergence::diagnose(&kinetic),
+        }
+    });
+    if let Some(d) = &convergence {
+        let show = |c: Option<Convergence>| {
+            c.map_or("n/a (too few samples)".to_string(), |c| {
+                format!("R-hat {:.3}, ESS {:.0}", c.rhat, c.ess)
+            })
+        };
+        tracing::info!(
+            "{} chains: test log-likelihood per sample: {}; kinetic energy: {}",
+            chains.len(),
+            show(d.test_log_likelihood),
+            show(d.kinetic_energy)
+        );
+    }
+    let steps: u64 = chains.iter().map(|c| c.steps).sum();
     let summary = Summary {
         dataset: ds.name.clone(),
         data_source: ds.source.clone(),
         standardized_inputs: ds.train.standardization.is_some(),
         model: cfg.model.label(),
-        num_params: model.num_params(),
+        num_params,
         sampler: cfg.sampler,
         kernel: cfg.kernel,
         isa: crate::kernels::isa::current().name().to_string(),
-        backward,
+        backward: chains.first().map_or(cfg.backward, |c| c.backward),
         prior: cfg.prior,
         temperature: cfg.temperature,
         batch_size: cfg.batch_size,
@@ -758,13 +991,19 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
         poly_gamma: cfg.poly_gamma,
         poly_steps: cfg.poly_steps,
         seed: cfg.seed,
-        samples: test_acc.samples(),
-        ensemble: test_acc.metrics(),
-        last_sample: test_acc.last_sample,
-        valid_ensemble: valid_acc.as_ref().and_then(|a| a.metrics()),
-        steps: step,
-        train_seconds: seconds_before + started.elapsed().as_secs_f64(),
-        steps_per_second: step as f64 / step_seconds.max(1e-9),
+        samples: test.samples(),
+        ensemble: test.metrics(),
+        last_sample: test.last_sample,
+        valid_ensemble: valid.as_ref().and_then(|a| a.metrics()),
+        steps,
+        train_seconds: chains.iter().map(|c| c.train_seconds).fold(0.0, f64::max),
+        // Summed over chains: the aggregate throughput.
+        steps_per_second: chains
+            .iter()
+            .map(|c| c.steps as f64 / c.step_seconds.max(1e-9))
+            .sum(),
+        chains: per_chain,
+        convergence,
         run_dir: run_dir.display().to_string(),
     };
     let json = serde_json::to_string_pretty(&summary)
@@ -896,6 +1135,7 @@ mod tests {
             resume: false,
             checkpoint_every: 0,
             command_line: Vec::new(),
+            chains: 1,
         }
     }
 

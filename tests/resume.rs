@@ -17,6 +17,10 @@ const BIN: &str = env!("CARGO_BIN_EXE_bnn");
 /// A short run on the built-in subset (100 updates per epoch at batch 100, 25 samples),
 /// with a checkpoint every 7 updates so that stops land between checkpoints too.
 fn train_args(out: &Path, name: &str) -> Vec<String> {
+    train_args_with(out, name, &[])
+}
+
+fn train_args_with(out: &Path, name: &str, extra: &[&str]) -> Vec<String> {
     [
         "train",
         "--dataset",
@@ -38,6 +42,7 @@ fn train_args(out: &Path, name: &str) -> Vec<String> {
     .iter()
     .map(|s| s.to_string())
     .chain([out.display().to_string(), "--run-name".into(), name.into()])
+    .chain(extra.iter().map(|s| s.to_string()))
     .collect()
 }
 
@@ -58,7 +63,12 @@ fn spawn(args: &[String], pause_ms: u64) -> Child {
 fn check_folder(run: &Path) -> bool {
     let mut in_write = false;
     let mut files = Vec::new();
-    for dir in [run.to_path_buf(), run.join("samples"), run.join("state")] {
+    let mut dirs = vec![run.to_path_buf()];
+    for chain in bnn::checkpoint::chain_dirs(run) {
+        dirs.extend([chain.clone(), chain.join("samples"), chain.join("state")]);
+    }
+    dirs.dedup();
+    for dir in dirs {
         if let Ok(entries) = std::fs::read_dir(&dir) {
             for e in entries.flatten() {
                 if e.path().is_file() {
@@ -89,7 +99,8 @@ fn check_folder(run: &Path) -> bool {
             }
             "chain.safetensors" => {
                 let names = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"].map(String::from);
-                RunState::load(run, &names).expect("the state loads");
+                let chain = f.parent().and_then(Path::parent).unwrap();
+                RunState::load(chain, &names).expect("the state loads");
             }
             n if n.starts_with("sample-") => {
                 load_sample(f, &Device::Cpu).expect("a sample loads");
@@ -109,27 +120,25 @@ struct Outcome {
 }
 
 fn outcome(run: &Path) -> Outcome {
-    let samples = list_samples(run)
-        .unwrap()
-        .into_iter()
-        .map(|p| {
-            (
-                PathBuf::from(p.file_name().unwrap()),
-                std::fs::read(&p).unwrap(),
-            )
-        })
-        .collect();
     let strip = |mut v: serde_json::Value, keys: &[&str]| {
         for k in keys {
             v.as_object_mut().unwrap().remove(*k);
         }
         v
     };
-    let metrics = std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| strip(serde_json::from_str(l).unwrap(), &["seconds"]))
-        .collect();
+    let (mut samples, mut metrics) = (Vec::new(), Vec::new());
+    for chain in bnn::checkpoint::chain_dirs(run) {
+        for p in list_samples(&chain).unwrap() {
+            let name = p.strip_prefix(run).unwrap().to_path_buf();
+            samples.push((name, std::fs::read(&p).unwrap()));
+        }
+        for l in std::fs::read_to_string(chain.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+        {
+            metrics.push(strip(serde_json::from_str(l).unwrap(), &["seconds"]));
+        }
+    }
     let summary = strip(
         serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap(),
         &["train_seconds", "steps_per_second", "run_dir"],
@@ -144,6 +153,17 @@ fn outcome(run: &Path) -> Outcome {
 /// Runs `name` to its end, stopping it `stops` times with `signal` at random moments and
 /// resuming; returns how many stops landed inside a write.
 fn stop_and_resume(out: &Path, name: &str, signal: i32, stops: usize, seed: u64) -> usize {
+    stop_and_resume_with(out, name, &[], signal, stops, seed)
+}
+
+fn stop_and_resume_with(
+    out: &Path,
+    name: &str,
+    extra: &[&str],
+    signal: i32,
+    stops: usize,
+    seed: u64,
+) -> usize {
     let run = out.join(name);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let (mut done, mut in_writes) = (0, 0);
@@ -157,7 +177,7 @@ fn stop_and_resume(out: &Path, name: &str, signal: i32, stops: usize, seed: u64)
                 "--no-progress".into(),
             ]
         } else {
-            train_args(out, name)
+            train_args_with(out, name, extra)
         };
         let pause = if done < stops { 15 } else { 0 };
         let mut child = spawn(&args, pause);
@@ -273,4 +293,98 @@ fn a_resume_with_changed_settings_is_refused() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let lines = std::fs::read_to_string(out.join("r/metrics.jsonl")).unwrap();
     assert_eq!(lines.lines().count(), 3);
+}
+
+/// `--chains 2`: chain 0 is the single-chain run of the same seed, byte for byte (on one
+/// pool thread instead of two); `bnn eval` pools the chains to the summary's figures
+/// exactly; the summary has each chain and the diagnostics; a multi-chain run killed and
+/// resumed equals one never stopped.
+#[test]
+fn chains_pool_resume_and_evaluate() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    let run = |name: &str, extra: &[&str]| {
+        let status = Command::new(BIN)
+            .args(train_args_with(out, name, extra))
+            .arg("-q")
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    run("one", &[]);
+    run("two", &["--chains", "2"]);
+    let one = outcome(&out.join("one"));
+    let chain0 = list_samples(&out.join("two/chain-0")).unwrap();
+    assert_eq!(chain0.len(), one.samples.len());
+    for (p, (_, bytes)) in chain0.iter().zip(&one.samples) {
+        assert!(
+            &std::fs::read(p).unwrap() == bytes,
+            "{} differs",
+            p.display()
+        );
+    }
+    let chain1 = list_samples(&out.join("two/chain-1")).unwrap();
+    assert_ne!(
+        std::fs::read(&chain1[0]).unwrap(),
+        one.samples[0].1,
+        "chain 1 has its own seed"
+    );
+
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("two/summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["samples"], 2 * one.samples.len());
+    assert_eq!(summary["chains"].as_array().unwrap().len(), 2);
+    for key in ["test_log_likelihood", "kinetic_energy"] {
+        let c = &summary["convergence"][key];
+        assert!(
+            c["rhat"].as_f64().unwrap() > 0.5 && c["ess"].as_f64().unwrap() > 0.0,
+            "{c}"
+        );
+    }
+    let eval = Command::new(BIN)
+        .args([
+            "eval",
+            "--run",
+            &out.join("two").display().to_string(),
+            "--offline",
+            "-q",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        eval.status.success(),
+        "{}",
+        String::from_utf8_lossy(&eval.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&eval.stdout).unwrap();
+    assert_eq!(
+        report["ensemble"], summary["ensemble"],
+        "eval pools as training did"
+    );
+    assert_eq!(report["samples"], summary["samples"]);
+
+    stop_and_resume_with(out, "two-killed", &["--chains", "2"], libc::SIGKILL, 6, 13);
+    let whole = outcome(&out.join("two"));
+    let killed = outcome(&out.join("two-killed"));
+    assert_eq!(killed.metrics, whole.metrics);
+    let strip = |mut v: serde_json::Value| {
+        for c in v["chains"].as_array_mut().unwrap() {
+            c.as_object_mut().unwrap().remove("steps_per_second");
+        }
+        v
+    };
+    assert_eq!(strip(killed.summary), strip(whole.summary));
+    for k in 0..2 {
+        let a = list_samples(&out.join(format!("two/chain-{k}"))).unwrap();
+        let b = list_samples(&out.join(format!("two-killed/chain-{k}"))).unwrap();
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(&b) {
+            assert!(
+                std::fs::read(x).unwrap() == std::fs::read(y).unwrap(),
+                "{}",
+                y.display()
+            );
+        }
+    }
 }

@@ -286,7 +286,7 @@ fn from_state(saved: &[Tensor], like: &[Tensor], what: &str) -> Result<Vec<Tenso
 
 /// One update rule. `init` builds the state from the parameters; `step` applies one
 /// update in place given ∇Ũ(θ) for each parameter tensor (same order).
-pub trait Sampler {
+pub trait Sampler: Send {
     fn config(&self) -> SamplerConfig;
     fn step(&mut self, params: &[Var], grads: &[Tensor]) -> Result<()>;
     fn diagnostics(&self) -> Diagnostics;
