@@ -81,8 +81,8 @@ pub fn step(kind: SamplerKind, sizes: &[usize], repeats: usize) -> Result<Vec<St
         let mut dst = vec![0f32; words];
         let copy = time(repeats, || {
             const PART: usize = 1 << 16;
-            let out = crate::kernels::pool::Disjoint::new(&mut dst[..]);
-            crate::kernels::pool::run(words.div_ceil(PART), &|p| {
+            let out = crate::pool::Disjoint::new(&mut dst[..]);
+            crate::pool::run(words.div_ceil(PART), &|p| {
                 let (a, b) = (p * PART, ((p + 1) * PART).min(words));
                 // SAFETY: part p alone writes dst[a..b].
                 unsafe { out.slice(a, b) }.copy_from_slice(&src[a..b]);
@@ -95,7 +95,7 @@ pub fn step(kind: SamplerKind, sizes: &[usize], repeats: usize) -> Result<Vec<St
             sampler: kind.name().to_string(),
             params: n,
             isa: crate::kernels::isa::current().name().to_string(),
-            threads: crate::kernels::pool::threads(),
+            threads: crate::pool::threads(),
             bytes_per_param,
             fused_ns_per_param: fused * 1e9 / n as f64,
             composed_ns_per_param: composed * 1e9 / n as f64,
@@ -227,7 +227,7 @@ pub fn train(opts: &TrainBenchOptions) -> Result<Vec<TrainBench>> {
                 }
                 // One chain per pool job: each chain's own products then run serially.
                 let failed = std::sync::Mutex::new(None);
-                crate::kernels::pool::run(chains, &|k| {
+                crate::pool::run(chains, &|k| {
                     let result = steppers[k]
                         .lock()
                         .map_err(|_| poisoned())
@@ -254,7 +254,7 @@ pub fn train(opts: &TrainBenchOptions) -> Result<Vec<TrainBench>> {
                 backward,
                 kernel: opts.kernel,
                 isa: crate::kernels::isa::current().name().to_string(),
-                threads: crate::kernels::pool::threads(),
+                threads: crate::pool::threads(),
                 steps_per_second: sps,
                 images_per_second: sps * batch as f64,
                 ms_per_step: 1e3 / sps,

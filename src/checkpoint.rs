@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use crate::data::fetch::write_atomic;
+use crate::atomic::write_atomic;
 use crate::error::{Error, Result};
 use crate::model::{ModelSpec, Network};
 use crate::potential::PriorSpec;

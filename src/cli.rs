@@ -4,10 +4,10 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::model::Activation;
-use crate::potential::Backward;
-use crate::sampler::{Integrator, Kernel, SamplerKind};
-use crate::synthetic::PotentialKind;
+use bnn::model::Activation;
+use bnn::potential::Backward;
+use bnn::sampler::{Integrator, Kernel, SamplerKind};
+use bnn::synthetic::PotentialKind;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -2,29 +2,29 @@
 
 use std::path::PathBuf;
 
-use crate::checkpoint::RunManifest;
 use crate::cli::{BenchCommand, Command, DataCommand, DeviceKind, PriorKind, TrainArgs};
-use crate::data::{self, registry, LoadOptions};
-use crate::error::{Error, Result};
-use crate::model::ModelSpec;
-use crate::potential::PriorSpec;
-use crate::sampler::SamplerConfig;
+use bnn::checkpoint::RunManifest;
+use bnn::data::{self, registry, LoadOptions};
+use bnn::error::{Error, Result};
+use bnn::model::ModelSpec;
+use bnn::potential::PriorSpec;
+use bnn::sampler::SamplerConfig;
 use clap::Parser;
 
-use crate::train::{self, TrainConfig};
+use bnn::train::{self, TrainConfig};
 
 /// Runs a parsed command; returns the JSON document to print last on stdout.
 pub fn run(command: Command, quiet: bool) -> Result<String> {
     // A bad BNN_ISA is a user error, reported before anything runs.
-    crate::kernels::isa::cap_from_env()?;
-    tracing::debug!("CPU kernels: {}", crate::kernels::isa::selected());
+    bnn::kernels::isa::cap_from_env()?;
+    tracing::debug!("CPU kernels: {}", bnn::kernels::isa::selected());
     match command {
         Command::Train(args) => train_command(*args, quiet),
         Command::Eval(args) => {
             let manifest = RunManifest::read(&args.run)?;
-            let ds = crate::eval::load_run_data(&manifest, args.data_dir, args.offline)?;
+            let ds = bnn::eval::load_run_data(&manifest, args.data_dir, args.offline)?;
             let device = device_of(args.device)?;
-            let report = crate::eval::evaluate_run(&args.run, &manifest, &ds, &device)?;
+            let report = bnn::eval::evaluate_run(&args.run, &manifest, &ds, &device)?;
             json(&report)
         }
         Command::Data(DataCommand::Fetch { data, mirror }) => {
@@ -42,7 +42,7 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
             }))
         }
         Command::Sample(a) => {
-            let opts = crate::synthetic::SampleOptions {
+            let opts = bnn::synthetic::SampleOptions {
                 potential: a.potential,
                 sampler: a.sampler,
                 integrator: a.integrator.unwrap_or(a.sampler.default_integrator()),
@@ -57,7 +57,7 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
                 bins: a.bins,
                 seed: a.seed,
             };
-            let (report, samples) = crate::synthetic::run(&opts)?;
+            let (report, samples) = bnn::synthetic::run(&opts)?;
             if let Some(path) = &a.csv {
                 let dim = report.mean.len();
                 let mut text = String::new();
@@ -66,7 +66,7 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
                     text.push_str(&cells.join(","));
                     text.push('\n');
                 }
-                crate::data::fetch::write_atomic(path, text.as_bytes())?;
+                bnn::atomic::write_atomic(path, text.as_bytes())?;
             }
             json(&report)
         }
@@ -80,7 +80,7 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
                     "bench step needs sgld, sghmc or sgnht, positive sizes and repeats".into(),
                 ));
             }
-            json(&crate::bench::step(sampler, &sizes, repeats)?)
+            json(&bnn::bench::step(sampler, &sizes, repeats)?)
         }
         Command::Bench(BenchCommand::Gemm { repeats }) => {
             let mut rows = Vec::new();
@@ -97,14 +97,14 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
                     (batch, 400, 400, false, "input error 400×400"),
                 ] {
                     let (ours, crate_gemm) =
-                        crate::kernels::gemm::bench(m, n, k, transposed, repeats.max(1));
+                        bnn::kernels::gemm::bench(m, n, k, transposed, repeats.max(1));
                     rows.push(serde_json::json!({
                         "product": what, "batch": batch, "m": m, "n": n, "k": k,
                         "bnn_gflop_per_s": ours, "gemm_crate_gflop_per_s": crate_gemm,
                     }));
                 }
             }
-            let skipping = crate::bench::zero_skipping(repeats.max(1))?;
+            let skipping = bnn::bench::zero_skipping(repeats.max(1))?;
             json(&serde_json::json!({ "products": rows, "first_layer_zero_skipping": skipping }))
         }
         Command::Bench(BenchCommand::Train {
@@ -157,7 +157,7 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
                         .into(),
                 ));
             }
-            let opts = crate::bench::TrainBenchOptions {
+            let opts = bnn::bench::TrainBenchOptions {
                 hidden,
                 batches: batch,
                 cnn_batches,
@@ -169,7 +169,7 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
                 steps,
                 chains,
             };
-            json(&crate::bench::train(&opts)?)
+            json(&bnn::bench::train(&opts)?)
         }
         Command::Data(DataCommand::Verify { data }) => {
             let spec = spec_of(&data.dataset)?;
@@ -257,7 +257,7 @@ fn train_command(args: TrainArgs, quiet: bool) -> Result<String> {
 }
 
 fn run_training((cfg, ds): (TrainConfig, data::Dataset)) -> Result<String> {
-    crate::signals::install();
+    bnn::signals::install();
     let summary = train::train(&cfg, &ds)?;
     json(&summary)
 }
@@ -376,7 +376,7 @@ fn train_config(
             rate: args.gamma_rate,
         },
     };
-    crate::potential::Prior::new(prior, 1)?;
+    bnn::potential::Prior::new(prior, 1)?;
     let opts = LoadOptions {
         data_dir: args.data.data_dir.clone(),
         offline: args.offline,

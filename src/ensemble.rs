@@ -5,9 +5,9 @@
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
+use crate::backprop::Backprop;
 use crate::data::{Split, NUM_CLASSES};
 use crate::error::Result;
-use crate::kernels::Backprop;
 use crate::metrics::{self, Metrics};
 use crate::model::Network;
 

@@ -58,7 +58,7 @@ pub enum Error {
     /// SIGINT or SIGTERM arrived: the update in progress was finished and the state saved.
     #[error(
         "stopped by {} after update {step}; the state is saved: continue with \
-         `bnn train --resume {}`", crate::signals::name(*signal), run_dir.display()
+         `bnn train --resume {}`", signal_name(*signal), run_dir.display()
     )]
     Interrupted {
         signal: i32,
@@ -87,6 +87,15 @@ impl Error {
             path: path.into(),
             source,
         }
+    }
+}
+
+/// A signal's name for messages (SIGINT and SIGTERM are the ones the run catches).
+fn signal_name(signal: i32) -> String {
+    match signal {
+        2 => "SIGINT".into(),
+        15 => "SIGTERM".into(),
+        s => format!("signal {s}"),
     }
 }
 

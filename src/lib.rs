@@ -7,10 +7,10 @@
 //! folded into the Bayesian model average ([`ensemble`], [`metrics`]).
 
 pub mod alloc;
+pub mod atomic;
+pub mod backprop;
 pub mod bench;
 pub mod checkpoint;
-pub mod cli;
-pub mod commands;
 pub mod convergence;
 pub mod data;
 pub mod ensemble;
@@ -19,6 +19,7 @@ pub mod eval;
 pub mod kernels;
 pub mod metrics;
 pub mod model;
+pub mod pool;
 pub mod potential;
 pub mod rng;
 pub mod run_state;

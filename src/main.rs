@@ -1,11 +1,14 @@
 use clap::Parser;
 
+mod cli;
+mod commands;
+
 /// Large buffers cache-line aligned for the AVX-512 kernels (see `bnn::alloc`).
 #[global_allocator]
 static ALLOC: bnn::alloc::CacheLineAligned = bnn::alloc::CacheLineAligned;
 
 fn main() {
-    let cli = bnn::cli::Cli::parse();
+    let cli = cli::Cli::parse();
     let level = match (cli.quiet, cli.verbose) {
         (true, _) => "error",
         (false, 0) => "info",
@@ -19,7 +22,7 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_target(false)
         .init();
-    match bnn::commands::run(cli.command, cli.quiet) {
+    match commands::run(cli.command, cli.quiet) {
         Ok(json) => println!("{json}"),
         Err(e) => {
             eprintln!("bnn: error: {e}");

@@ -11,18 +11,19 @@ use rand::SeedableRng;
 use rand_distr::Distribution;
 use serde::{Deserialize, Serialize};
 
+use crate::backprop::mlp::BatchLoss;
+use crate::backprop::Backprop;
 use crate::error::{Error, Result};
-use crate::kernels::mlp::BatchLoss;
-use crate::kernels::Backprop;
 use crate::model::Network;
 
 /// How the gradient of the potential is computed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Backward {
     /// The hand-written backward on the CPU, candle's autograd on other devices.
     Auto,
-    /// The hand-written forward and backward pass ([`crate::kernels::mlp`]); CPU only.
+    /// The hand-written forward and backward pass ([`crate::backprop::mlp`]); CPU only.
     Custom,
     /// candle's autograd: the reference implementation.
     Autograd,
@@ -168,7 +169,7 @@ impl Potential {
         model: &Network,
         x: &[f32],
         y: &[u32],
-        ready: Option<crate::kernels::mlp::GradientReady<'_>>,
+        ready: Option<crate::backprop::mlp::GradientReady<'_>>,
     ) -> Result<BatchLoss> {
         backprop.loss_and_grad_then(
             model,

@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
+use crate::atomic::write_atomic;
 use crate::checkpoint::encode_safetensors;
-use crate::data::fetch::write_atomic;
 use crate::ensemble::AccumulatorState;
 use crate::error::{Error, Result};
 use crate::sampler::SamplerState;

@@ -31,12 +31,3 @@ pub fn pending() -> Option<i32> {
         s => Some(s),
     }
 }
-
-/// A signal's name for messages.
-pub fn name(signal: i32) -> String {
-    match signal {
-        libc::SIGINT => "SIGINT".into(),
-        libc::SIGTERM => "SIGTERM".into(),
-        s => format!("signal {s}"),
-    }
-}

@@ -14,7 +14,8 @@ use crate::rng::NoiseKey;
 use crate::sampler::{self, Integrator, Kernel, SamplerConfig, SamplerKind};
 
 /// The synthetic targets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum PotentialKind {
     /// U = (θ+4)(θ+1)(θ−1)(θ−3)/14 + 0.5 (Ding et al. Fig. 1; Li et al. Fig. 1).

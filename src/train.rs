@@ -12,13 +12,13 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
+use crate::backprop::mlp::{BatchLoss, GradientSink};
+use crate::backprop::Backprop;
 use crate::checkpoint::{self, RunManifest};
 use crate::convergence::{self, Convergence};
 use crate::data::{Dataset, Split, NUM_CLASSES};
 use crate::ensemble::{self, Accumulator};
 use crate::error::{Error, Result};
-use crate::kernels::mlp::{BatchLoss, GradientSink};
-use crate::kernels::Backprop;
 use crate::kernels::InlineUpdate;
 use crate::metrics::Metrics;
 use crate::model::{ModelSpec, Network};
@@ -536,7 +536,7 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
     let results: Vec<std::sync::Mutex<Option<Result<ChainOutcome>>>> = (0..cfg.chains)
         .map(|_| std::sync::Mutex::new(None))
         .collect();
-    crate::kernels::pool::run(cfg.chains, &|k| {
+    crate::pool::run(cfg.chains, &|k| {
         let mut chain_cfg = cfg.clone();
         chain_cfg.seed = crate::rng::chain_seed(cfg.seed, k);
         chain_cfg.progress = false;
@@ -1008,7 +1008,7 @@ fn finish(cfg: &TrainConfig, ds: &Dataset, chains: Vec<ChainOutcome>) -> Result<
     };
     let json = serde_json::to_string_pretty(&summary)
         .map_err(|e| Error::Checkpoint(format!("serialising summary: {e}")))?;
-    crate::data::fetch::write_atomic(&run_dir.join("summary.json"), json.as_bytes())?;
+    crate::atomic::write_atomic(&run_dir.join("summary.json"), json.as_bytes())?;
     Ok(summary)
 }
 
@@ -1065,7 +1065,7 @@ fn discard_after(run_dir: &Path, metrics_path: &Path, at: &Progress) -> Result<(
                 ]
             })
             .collect();
-        crate::data::fetch::write_atomic(metrics_path, kept.as_bytes())?;
+        crate::atomic::write_atomic(metrics_path, kept.as_bytes())?;
     }
     Ok(())
 }

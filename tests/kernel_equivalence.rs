@@ -85,11 +85,11 @@ fn header_step_equals_cpu_op_bit_for_bit() {
 }
 
 /// Runs `f` inside a job of the step's thread pool, where nested parallel regions run
-/// their parts one after another on a single thread (`kernels::pool`).
+/// their parts one after another on a single thread (`pool`).
 fn on_one_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     let f = std::sync::Mutex::new(Some(f));
     let out = std::sync::Mutex::new(None);
-    bnn::kernels::pool::run(2, &|part| {
+    bnn::pool::run(2, &|part| {
         if part == 0 {
             let f = f.lock().unwrap().take().unwrap();
             *out.lock().unwrap() = Some(f());

@@ -115,7 +115,7 @@ impl Split {
         // Large minibatches convert on two threads, each its own rows of x.
         let work = x.len();
         let std = self.standardization.as_deref();
-        crate::kernels::pool::halves(x, d, work, |part, at| {
+        crate::pool::halves(x, d, work, |part, at| {
             let mine = &indices[at / d..];
             for (k, (row, &i)) in part.chunks_exact_mut(d).zip(mine).enumerate() {
                 // The rows are scattered over the dataset: fetch the next one while this

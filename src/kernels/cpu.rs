@@ -9,8 +9,8 @@ use candle_core::{backend::BackendStorage, CpuStorage, InplaceOp2, Layout};
 
 use super::isa::{self, Isa};
 use super::noise::{Autovec, Normals};
-use super::pool::{self, Disjoint};
 use super::{buffer::StateBuffer, StepConsts, Update};
+use crate::pool::{self, Disjoint};
 use crate::rng::NoiseKey;
 
 /// Elements per parallel chunk: a multiple of 4 (Philox blocks never straddle chunks) and

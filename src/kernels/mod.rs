@@ -18,7 +18,6 @@
 //! bit for bit (tested in `tests/kernel_equivalence.rs`).
 
 pub mod buffer;
-pub mod cnn;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -26,82 +25,7 @@ pub mod gemm;
 #[doc(hidden)]
 pub mod host;
 pub mod isa;
-pub mod mlp;
 pub mod noise;
-pub mod pool;
-
-/// The hand-written CPU forward and backward pass of a network: the MLP's or the CNN's.
-#[derive(Debug)]
-pub enum Backprop {
-    Mlp(mlp::MlpBackprop),
-    Cnn(cnn::CnnBackprop),
-}
-
-impl Backprop {
-    /// Buffers for `model` at minibatches of up to `batch` rows.
-    pub fn new(model: &crate::model::Network, batch: usize) -> crate::error::Result<Self> {
-        Ok(if model.convs.is_empty() {
-            Backprop::Mlp(mlp::MlpBackprop::new(model, batch)?)
-        } else {
-            Backprop::Cnn(cnn::CnnBackprop::new(model, batch)?)
-        })
-    }
-
-    /// The gradients of the last backward pass, in the model's order.
-    pub fn grads(&self) -> &[candle_core::Tensor] {
-        match self {
-            Backprop::Mlp(b) => b.grads(),
-            Backprop::Cnn(b) => b.grads(),
-        }
-    }
-
-    /// Logits of `rows` inputs `x` (row-major).
-    pub fn forward(
-        &mut self,
-        model: &crate::model::Network,
-        x: &[f32],
-        rows: usize,
-    ) -> crate::error::Result<&[f32]> {
-        match self {
-            Backprop::Mlp(b) => b.forward(model, x, rows),
-            Backprop::Cnn(b) => b.forward(model, x, rows),
-        }
-    }
-
-    /// Loss and gradients of a minibatch ([`mlp::MlpBackprop::loss_and_grad_then`]).
-    #[allow(clippy::too_many_arguments)]
-    pub fn loss_and_grad_then(
-        &mut self,
-        model: &crate::model::Network,
-        x: &[f32],
-        labels: &[u32],
-        likelihood_scale: f64,
-        prior_precision: &[f64],
-        prior_factor: f64,
-        ready: Option<mlp::GradientReady<'_>>,
-    ) -> crate::error::Result<mlp::BatchLoss> {
-        match self {
-            Backprop::Mlp(b) => b.loss_and_grad_then(
-                model,
-                x,
-                labels,
-                likelihood_scale,
-                prior_precision,
-                prior_factor,
-                ready,
-            ),
-            Backprop::Cnn(b) => b.loss_and_grad_then(
-                model,
-                x,
-                labels,
-                likelihood_scale,
-                prior_precision,
-                prior_factor,
-                ready,
-            ),
-        }
-    }
-}
 
 /// Which element update a fused op applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -32,7 +32,8 @@ use crate::error::{Error, Result};
 use crate::rng::NoiseKey;
 
 /// The sampler families of the CLI.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum SamplerKind {
     /// Stochastic gradient Langevin dynamics (Welling & Teh 2011).
@@ -114,7 +115,8 @@ impl SamplerKind {
 }
 
 /// How the continuous dynamics is discretised.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Integrator {
     /// First order: the papers' original updates (Chen et al. eq. 15; Ding et al. Alg. 2).
@@ -336,7 +338,8 @@ pub trait TensorwiseStep {
 }
 
 /// How a sampler's update is computed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Kernel {
     /// One fused pass per parameter tensor ([`crate::kernels`]); SGD and momentum, which

@@ -152,7 +152,7 @@ impl NonZero {
         }
         let isa = isa::current();
         // Large maps on two threads, each its own rows.
-        super::pool::halves(&mut self.bits, words, rows * cols, |part, at| {
+        crate::pool::halves(&mut self.bits, words, rows * cols, |part, at| {
             let first = at / words;
             for (r, out) in part.chunks_exact_mut(words).enumerate() {
                 let row = &data[(first + r) * cols..(first + r + 1) * cols];
@@ -381,7 +381,7 @@ fn check_operands(
 /// Threads for an (m × k)·(k × n) product: at least PARALLEL_MIN_MACS multiply-adds per
 /// thread (on a many-core machine a small product does not get split into slivers).
 fn threads_for(m: usize, n: usize, k: usize) -> usize {
-    super::pool::threads().min((m * n * k / PARALLEL_MIN_MACS).max(1))
+    crate::pool::threads().min((m * n * k / PARALLEL_MIN_MACS).max(1))
 }
 
 /// Runs `part(start, end)` over `parts` even splits of `0..len` (rounded to `align`),
@@ -393,7 +393,7 @@ fn split(len: usize, parts: usize, align: usize, part: impl Fn(usize, usize) + S
         return;
     }
     let per = len.div_ceil(parts).div_ceil(align) * align;
-    super::pool::run(parts, &|p| {
+    crate::pool::run(parts, &|p| {
         let (a, b) = ((p * per).min(len), ((p + 1) * per).min(len));
         if a < b {
             part(a, b)

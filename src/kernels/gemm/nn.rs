@@ -15,7 +15,7 @@ use std::cell::RefCell;
 
 use super::simd::{Simd, MAX_BLOCKS};
 use super::{balanced, split, Mat, Options, Zeros};
-use crate::kernels::pool::Disjoint;
+use crate::pool::Disjoint;
 
 /// The k block. Zero-map blocks start on whole 64-bit words.
 pub(super) const KC: usize = 128;

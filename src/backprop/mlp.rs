@@ -18,24 +18,24 @@
 //! gradient tensors are ordinary candle CPU
 //! tensors written through an in-place op (candle's only sound way to write a tensor's
 //! storage); the samplers read them as usual. The matrix products are
-//! [`super::gemm::product`]; the first layer skips the minibatch's zero pixels
-//! ([`super::gemm::NonZero`]).
+//! [`crate::kernels::gemm::product`]; the first layer skips the minibatch's zero pixels
+//! ([`crate::kernels::gemm::NonZero`]).
 //!
 //! With a [`GradientSink`] (the fused samplers' layer-by-layer step), each tensor is
 //! handed over as soon as its gradient is final, and a large weight tensor's update runs
-//! inside its gradient's product ([`super::gemm::product_then_update`]): the input error
+//! inside its gradient's product ([`crate::kernels::gemm::product_then_update`]): the input error
 //! Δₖ·Wₖ is computed first, then ∇Wₖ is completed tile by tile and θ, v updated from the
 //! registers, so that ∇Wₖ is never stored and θ is read once.
 
 use candle_core::{CpuStorage, InplaceOp1, Layout, Storage, Tensor};
 
-use super::gemm::{
+use crate::error::{Error, Result};
+use crate::kernels::gemm::{
     matmul, product, product_then_update, updates_inline, Mat, NonZero, Options, Zeros,
 };
-use super::pool;
-use super::InlineUpdate;
-use crate::error::{Error, Result};
+use crate::kernels::InlineUpdate;
 use crate::model::{Activation, Network};
+use crate::pool;
 
 /// Layers with at least this many neurons split their forward product by neuron.
 const SPLIT_BY_NEURON: usize = 256;
@@ -58,7 +58,7 @@ pub trait GradientSink {
     /// ∇_t is final: update θ_t now.
     fn ready(&mut self, t: usize, grad: &Tensor) -> Result<()>;
     /// The update of weight tensor `t` if it can be applied inside the weight-gradient
-    /// product ([`super::gemm::product_then_update`]); `ready` is then not called for t,
+    /// product ([`crate::kernels::gemm::product_then_update`]); `ready` is then not called for t,
     /// but [`GradientSink::updated`] with the update's Σv².
     fn inline(&mut self, t: usize) -> Result<Option<InlineUpdate<'_>>> {
         let _ = t;
@@ -359,7 +359,7 @@ impl MlpBackprop {
     pub fn new(model: &Network, batch: usize) -> Result<Self> {
         if !model.convs.is_empty() {
             return Err(Error::Config(
-                "internal: the MLP pass was given a CNN (use kernels::Backprop)".into(),
+                "internal: the MLP pass was given a CNN (use backprop::Backprop)".into(),
             ));
         }
         let mut widths = vec![model.input_dim];

@@ -16,20 +16,20 @@
 //! - the fully connected head as in [`super::mlp`], whose first layer's input error goes
 //!   back to the last convolution's pooled output.
 //!
-//! The products are [`super::gemm::product`]; im2col, col2im and the pool passes split
+//! The products are [`crate::kernels::gemm::product`]; im2col, col2im and the pool passes split
 //! their channels (or rows) over the step's two threads. Buffers are allocated once and
 //! grow only when a larger minibatch comes.
 
 use candle_core::Tensor;
 
-use super::gemm::{product, Mat, Options, Zeros};
 use super::mlp::{
     activation_backward, bias_gradient, dense_forward, fc_shapes_match, held, lock_params,
     prepare_grads, softmax_xent, with_data_mut, BatchLoss, CpuView, GradientReady,
 };
-use super::pool;
 use crate::error::{Error, Result};
+use crate::kernels::gemm::{product, Mat, Options, Zeros};
 use crate::model::{Activation, ConvShape, Network};
+use crate::pool;
 
 /// Buffers for the forward and backward pass of one CNN, reused across steps.
 #[derive(Debug)]
