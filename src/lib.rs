@@ -24,6 +24,7 @@ pub mod potential;
 pub mod rng;
 pub mod run_state;
 pub mod sampler;
+pub mod schedule;
 pub mod signals;
 pub mod synthetic;
 pub mod train;

@@ -44,6 +44,15 @@ pub struct Progress {
     pub seen: usize,
     pub ke_sum: f64,
     pub ke_count: usize,
+    /// Updates in the epoch so far, and the step sizes they used: first, last, sum.
+    #[serde(default)]
+    pub updates: usize,
+    #[serde(default)]
+    pub eta_first: f64,
+    #[serde(default)]
+    pub eta_last: f64,
+    #[serde(default)]
+    pub eta_sum: f64,
     /// Seconds spent in updates and in all before this state (timings only).
     pub step_seconds: f64,
     pub train_seconds: f64,

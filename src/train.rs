@@ -25,6 +25,7 @@ use crate::model::{ModelSpec, Network};
 use crate::potential::{Backward, Potential, Prior, PriorSpec};
 use crate::run_state::{self, Progress, RunState};
 use crate::sampler::{self, Kernel, Sampler, SamplerConfig, TensorwiseStep};
+use crate::schedule::Schedule;
 use crate::signals;
 
 /// Everything a training run needs besides the data.
@@ -122,41 +123,19 @@ impl TrainConfig {
 }
 
 impl TrainConfig {
-    /// η during `epoch` (0-based) under the step-decay schedule.
-    pub fn step_size_at(&self, epoch: usize) -> f64 {
-        let decays = self.decay_at.iter().filter(|&&e| e <= epoch).count();
-        self.sampler.step_size * self.decay_factor.powi(decays as i32)
-    }
-
-    /// Position in the current cycle, in [0, 1), of update `step` (0-based) out of
-    /// `total`; `None` without a cyclical schedule.
-    pub fn cycle_position(&self, step: u64, total: u64) -> Option<f64> {
-        if self.cycles == 0 {
-            return None;
+    /// The step-size schedule and sampling window of this run.
+    pub fn schedule(&self) -> Schedule {
+        Schedule {
+            step_size: self.sampler.step_size,
+            decay_at: self.decay_at.clone(),
+            decay_factor: self.decay_factor,
+            cycles: self.cycles,
+            sample_fraction: self.sample_fraction,
+            poly_gamma: self.poly_gamma,
+            poly_steps: self.poly_steps,
+            burnin: self.burnin,
+            thin: self.thin,
         }
-        let len = total.div_ceil(self.cycles as u64).max(1);
-        Some((step % len) as f64 / len as f64)
-    }
-
-    /// η of update `step` in `epoch`: the step decay, times the cosine factor
-    /// ½(1 + cos(π r)) of a cyclical schedule at cycle position r.
-    pub fn step_size_of(&self, step: u64, total: u64, epoch: usize) -> f64 {
-        let mut base = self.step_size_at(epoch);
-        if self.poly_gamma > 0.0 {
-            base *= (self.poly_steps / (self.poly_steps + step as f64)).powf(self.poly_gamma);
-        }
-        match self.cycle_position(step, total) {
-            Some(r) => base * 0.5 * (1.0 + (std::f64::consts::PI * r).cos()),
-            None => base,
-        }
-    }
-
-    /// Whether the sample after update `step` (1-based count) may be kept.
-    fn keeps_sample(&self, step: u64, total: u64, epoch: usize) -> bool {
-        let in_window = self
-            .cycle_position(step - 1, total)
-            .is_none_or(|r| r >= 1.0 - self.sample_fraction);
-        epoch >= self.burnin && step.is_multiple_of(self.thin as u64) && in_window
     }
 }
 
@@ -169,7 +148,13 @@ pub struct EpochRecord {
     pub train_nll: f64,
     /// Accuracy on the minibatches as they were seen.
     pub train_accuracy: f64,
+    /// η of the epoch's first update; where the schedule changes it within the epoch
+    /// (`--cycles`, `--poly-gamma`), also its last and its mean over the epoch.
     pub step_size: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_size_last: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_size_mean: Option<f64>,
     pub kinetic_energy: Option<f64>,
     pub thermostat: Option<f64>,
     pub prior_precisions: Vec<f64>,
@@ -690,6 +675,7 @@ fn run_chain(
         0 => batches_per_epoch as u64,
         k => k as u64,
     };
+    let schedule = cfg.schedule();
     let mut order: Vec<usize> = (0..n).collect();
     // The minibatch order of the epochs done: the shuffle stream replayed.
     for _ in 0..at.epoch {
@@ -751,7 +737,6 @@ fn run_chain(
 
     for epoch in at.epoch..cfg.epochs {
         let epoch_start = Instant::now();
-        let step_size = cfg.step_size_at(epoch);
         order.shuffle(&mut shuffle_rng);
         let resumed = epoch == at.epoch;
         let first_batch = if resumed { at.batch } else { 0 };
@@ -767,7 +752,13 @@ fn run_chain(
             .skip(first_batch)
         {
             let t0 = Instant::now();
-            let eta = cfg.step_size_of(step, total_steps, epoch);
+            let eta = schedule.step_size_of(step, total_steps, epoch);
+            if sums.updates == 0 {
+                sums.eta_first = eta;
+            }
+            sums.eta_last = eta;
+            sums.eta_sum += eta;
+            sums.updates += 1;
             if eta != stepper.sampler.config().step_size {
                 stepper.sampler.set_step_size(eta)?;
             }
@@ -790,7 +781,7 @@ fn run_chain(
                 sums.ke_count += 1;
             }
 
-            if cfg.keeps_sample(step, total_steps, epoch) {
+            if schedule.keeps_sample(step, total_steps, epoch) {
                 // Never write a sample from a diverging chain.
                 if !model.all_finite()? {
                     return Err(diverged(step, epoch, f64::NAN, cfg.sampler.step_size));
@@ -853,7 +844,11 @@ fn run_chain(
             steps: step,
             train_nll: sums.nll_sum / sums.seen as f64,
             train_accuracy: sums.correct as f64 / sums.seen as f64,
-            step_size,
+            step_size: sums.eta_first,
+            // A schedule that changes η within the epoch (cycles, polynomial decay).
+            step_size_last: (sums.eta_last != sums.eta_first).then_some(sums.eta_last),
+            step_size_mean: (sums.eta_last != sums.eta_first)
+                .then(|| sums.eta_sum / sums.updates as f64),
             kinetic_energy: (sums.ke_count > 0).then(|| sums.ke_sum / sums.ke_count as f64),
             thermostat: diag.thermostat,
             prior_precisions: stepper.potential.prior.precisions.clone(),
@@ -1137,48 +1132,5 @@ mod tests {
             command_line: Vec::new(),
             chains: 1,
         }
-    }
-
-    #[test]
-    fn step_decay() {
-        let mut c = config();
-        c.decay_at = vec![3, 6];
-        let eta = c.sampler.step_size;
-        assert_eq!(c.step_size_at(2), eta);
-        assert_eq!(c.step_size_at(3), eta * 0.5);
-        assert_eq!(c.step_size_at(9), eta * 0.25);
-    }
-
-    #[test]
-    fn cyclical_schedule_and_sampling_window() {
-        let mut c = config();
-        c.cycles = 2;
-        let eta = c.sampler.step_size;
-        // 100 updates in all: two cycles of 50.
-        assert_eq!(c.step_size_of(0, 100, 0), eta);
-        assert!((c.step_size_of(25, 100, 0) - eta / 2.0).abs() < 1e-18);
-        assert_eq!(c.step_size_of(50, 100, 0), eta);
-        assert!(c.step_size_of(49, 100, 0) < eta * 1e-2);
-        // Samples only in the last quarter of a cycle (positions ≥ 0.75), after burn-in,
-        // on multiples of thin: updates 40 and 45 (positions 0.78 and 0.88), not 35.
-        assert!(c.keeps_sample(40, 100, 3));
-        assert!(c.keeps_sample(45, 100, 3));
-        assert!(!c.keeps_sample(35, 100, 3));
-        assert!(!c.keeps_sample(41, 100, 3));
-        assert!(!c.keeps_sample(40, 100, 1), "burn-in");
-        c.cycles = 0;
-        assert!(c.keeps_sample(35, 100, 3));
-    }
-
-    #[test]
-    fn polynomial_decay() {
-        let mut c = config();
-        c.poly_gamma = 0.55;
-        c.poly_steps = 100.0;
-        let eta = c.sampler.step_size;
-        assert_eq!(c.step_size_of(0, 1000, 0), eta);
-        // t = 300: (100/400)^0.55.
-        let want = eta * 0.25f64.powf(0.55);
-        assert!((c.step_size_of(300, 1000, 0) - want).abs() < 1e-18);
     }
 }

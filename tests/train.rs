@@ -372,3 +372,59 @@ fn bench_train_runs_the_cnn() {
         assert!(row["steps_per_second"].as_f64().unwrap() > 0.0);
     }
 }
+
+/// metrics.jsonl records the step size actually used: under `--cycles` (η changes every
+/// update) the epoch's first, last and mean; under the default step decay one value per
+/// epoch, halved from `--decay-at` on, and no range.
+#[test]
+fn metrics_record_the_step_sizes_used() {
+    let d = tempfile::tempdir().unwrap();
+    let lines = |name: &str| -> Vec<Value> {
+        std::fs::read_to_string(
+            d.path()
+                .join("checkpoints")
+                .join(name)
+                .join("metrics.jsonl"),
+        )
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+    };
+    let base = [
+        "--dataset",
+        "mnist-mini",
+        "--offline",
+        "--epochs",
+        "4",
+        "--burnin",
+        "1",
+    ];
+    let mut args = base.to_vec();
+    args.extend(["--cycles", "1", "--run-name", "cyc"]);
+    train(d.path(), &args);
+    let eta = 2e-6; // SGHMC's default
+    for (e, m) in lines("cyc").iter().enumerate() {
+        let first = m["step_size"].as_f64().unwrap();
+        let last = m["step_size_last"]
+            .as_f64()
+            .expect("a range under --cycles");
+        let mean = m["step_size_mean"].as_f64().unwrap();
+        // One cosine cycle over 400 updates: η falls within every epoch.
+        assert!(
+            first > mean && mean > last,
+            "epoch {e}: {first} {mean} {last}"
+        );
+        if e == 0 {
+            assert_eq!(first, eta);
+        }
+    }
+    let mut args = base.to_vec();
+    args.extend(["--decay-at", "2", "--run-name", "dec"]);
+    train(d.path(), &args);
+    for (e, m) in lines("dec").iter().enumerate() {
+        let want = if e < 2 { eta } else { eta * 0.5 };
+        assert_eq!(m["step_size"].as_f64().unwrap(), want, "epoch {e}");
+        assert!(m.get("step_size_last").is_none());
+    }
+}
