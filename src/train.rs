@@ -1133,4 +1133,15 @@ mod tests {
             chains: 1,
         }
     }
+
+    /// The run's schedule is its configuration's: η from the sampler, the rest as given.
+    #[test]
+    fn schedule_of_a_config() {
+        let mut c = config();
+        c.decay_at = vec![3];
+        c.cycles = 2;
+        let s = c.schedule();
+        assert_eq!(s.step_size, c.sampler.step_size);
+        assert_eq!((s.decay_at, s.cycles, s.burnin, s.thin), (vec![3], 2, 2, 5));
+    }
 }
