@@ -33,16 +33,9 @@ pub struct RunManifest {
     pub temperature: f64,
     pub batch_size: usize,
     pub epochs: usize,
-    pub burnin: usize,
-    pub thin: usize,
-    pub decay_at: Vec<usize>,
-    pub decay_factor: f64,
-    pub cycles: usize,
-    pub sample_fraction: f64,
-    #[serde(default)]
-    pub poly_gamma: f64,
-    #[serde(default = "default_poly_steps")]
-    pub poly_steps: f64,
+    /// Burn-in, thinning, step-size schedule (flattened: the keys of older runs).
+    #[serde(flatten)]
+    pub schedule: crate::schedule::Schedule,
     pub seed: u64,
     /// The per-pixel input standardisation of `--standardize` (absent: pixels in [0, 1]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -65,10 +58,6 @@ pub struct RunManifest {
 
 fn one() -> usize {
     1
-}
-
-fn default_poly_steps() -> f64 {
-    1000.0
 }
 
 impl RunManifest {

@@ -41,22 +41,8 @@ pub struct TrainConfig {
     pub temperature: f64,
     pub batch_size: usize,
     pub epochs: usize,
-    /// Epochs before the first sample is kept.
-    pub burnin: usize,
-    /// Keep one sample every `thin` updates after burn-in.
-    pub thin: usize,
-    /// Step decay: η is multiplied by `decay_factor` at the start of each of these epochs
-    /// (counted from 0, as `--decay-at 20` means "from the 21st epoch on").
-    pub decay_at: Vec<usize>,
-    pub decay_factor: f64,
-    /// Cyclical schedule (Zhang et al. 2020): this many cosine cycles over the run
-    /// (0: none); samples are kept only in the last `sample_fraction` of each cycle.
-    pub cycles: usize,
-    pub sample_fraction: f64,
-    /// Polynomial decay (Welling & Teh 2011): η_t = η·(b/(b + t))^γ with γ =
-    /// `poly_gamma` (0: none) and b = `poly_steps` updates.
-    pub poly_gamma: f64,
-    pub poly_steps: f64,
+    /// Burn-in, thinning and the step-size schedule.
+    pub schedule: Schedule,
     pub seed: u64,
     /// Folder of this run (`checkpoints/<run>`).
     pub run_dir: PathBuf,
@@ -87,31 +73,31 @@ impl TrainConfig {
         if self.epochs == 0 {
             return bad("--epochs must be at least 1".into());
         }
-        if self.burnin >= self.epochs {
+        if self.schedule.burnin >= self.epochs {
             return bad(format!(
                 "--burnin {} leaves no epoch to sample in (--epochs {})",
-                self.burnin, self.epochs
+                self.schedule.burnin, self.epochs
             ));
         }
-        if !(self.decay_factor > 0.0 && self.decay_factor.is_finite()) {
+        if !(self.schedule.decay_factor > 0.0 && self.schedule.decay_factor.is_finite()) {
             return bad(format!(
                 "--decay-factor must be positive, got {}",
-                self.decay_factor
+                self.schedule.decay_factor
             ));
         }
-        if !(self.poly_gamma >= 0.0 && self.poly_steps > 0.0) {
+        if !(self.schedule.poly_gamma >= 0.0 && self.schedule.poly_steps > 0.0) {
             return bad(format!(
                 "--poly-gamma must be ≥ 0 and --poly-steps > 0, got {} and {}",
-                self.poly_gamma, self.poly_steps
+                self.schedule.poly_gamma, self.schedule.poly_steps
             ));
         }
-        if !(self.sample_fraction > 0.0 && self.sample_fraction <= 1.0) {
+        if !(self.schedule.sample_fraction > 0.0 && self.schedule.sample_fraction <= 1.0) {
             return bad(format!(
                 "--sample-fraction must be in (0, 1], got {}",
-                self.sample_fraction
+                self.schedule.sample_fraction
             ));
         }
-        if self.thin == 0 {
+        if self.schedule.thin == 0 {
             return bad("--thin must be at least 1".into());
         }
         if self.chains == 0 || self.chains > 1024 {
@@ -119,23 +105,6 @@ impl TrainConfig {
         }
         self.model.validate()?;
         self.sampler.validate()
-    }
-}
-
-impl TrainConfig {
-    /// The step-size schedule and sampling window of this run.
-    pub fn schedule(&self) -> Schedule {
-        Schedule {
-            step_size: self.sampler.step_size,
-            decay_at: self.decay_at.clone(),
-            decay_factor: self.decay_factor,
-            cycles: self.cycles,
-            sample_fraction: self.sample_fraction,
-            poly_gamma: self.poly_gamma,
-            poly_steps: self.poly_steps,
-            burnin: self.burnin,
-            thin: self.thin,
-        }
     }
 }
 
@@ -185,14 +154,8 @@ pub struct Summary {
     pub temperature: f64,
     pub batch_size: usize,
     pub epochs: usize,
-    pub burnin: usize,
-    pub thin: usize,
-    pub decay_at: Vec<usize>,
-    pub decay_factor: f64,
-    pub cycles: usize,
-    pub sample_fraction: f64,
-    pub poly_gamma: f64,
-    pub poly_steps: f64,
+    #[serde(flatten)]
+    pub schedule: Schedule,
     pub seed: u64,
     pub samples: usize,
     /// Bayesian model average over the kept samples, on the test set.
@@ -455,14 +418,7 @@ pub fn manifest(cfg: &TrainConfig, ds: &Dataset, num_params: usize) -> RunManife
         temperature: cfg.temperature,
         batch_size: cfg.batch_size,
         epochs: cfg.epochs,
-        burnin: cfg.burnin,
-        thin: cfg.thin,
-        decay_at: cfg.decay_at.clone(),
-        decay_factor: cfg.decay_factor,
-        cycles: cfg.cycles,
-        sample_fraction: cfg.sample_fraction,
-        poly_gamma: cfg.poly_gamma,
-        poly_steps: cfg.poly_steps,
+        schedule: cfg.schedule.clone(),
         seed: cfg.seed,
         standardization: ds.train.standardization.as_deref().cloned(),
         kernel: Some(cfg.kernel),
@@ -675,7 +631,7 @@ fn run_chain(
         0 => batches_per_epoch as u64,
         k => k as u64,
     };
-    let schedule = cfg.schedule();
+    let schedule = &cfg.schedule;
     let mut order: Vec<usize> = (0..n).collect();
     // The minibatch order of the epochs done: the shuffle stream replayed.
     for _ in 0..at.epoch {
@@ -752,7 +708,7 @@ fn run_chain(
             .skip(first_batch)
         {
             let t0 = Instant::now();
-            let eta = schedule.step_size_of(step, total_steps, epoch);
+            let eta = schedule.step_size_of(cfg.sampler.step_size, step, total_steps, epoch);
             if sums.updates == 0 {
                 sums.eta_first = eta;
             }
@@ -977,14 +933,7 @@ fn finish(cfg: &TrainConfig, ds: &Dataset, chains: Vec<ChainOutcome>) -> Result<
         temperature: cfg.temperature,
         batch_size: cfg.batch_size,
         epochs: cfg.epochs,
-        burnin: cfg.burnin,
-        thin: cfg.thin,
-        decay_at: cfg.decay_at.clone(),
-        decay_factor: cfg.decay_factor,
-        cycles: cfg.cycles,
-        sample_fraction: cfg.sample_fraction,
-        poly_gamma: cfg.poly_gamma,
-        poly_steps: cfg.poly_steps,
+        schedule: cfg.schedule.clone(),
         seed: cfg.seed,
         samples: test.samples(),
         ensemble: test.metrics(),
@@ -1115,14 +1064,16 @@ mod tests {
             temperature: 1.0,
             batch_size: 100,
             epochs: 10,
-            burnin: 2,
-            thin: 5,
-            decay_at: vec![],
-            decay_factor: 0.5,
-            cycles: 0,
-            sample_fraction: 0.25,
-            poly_gamma: 0.0,
-            poly_steps: 1000.0,
+            schedule: Schedule {
+                burnin: 2,
+                thin: 5,
+                decay_at: vec![],
+                decay_factor: 0.5,
+                cycles: 0,
+                sample_fraction: 0.25,
+                poly_gamma: 0.0,
+                poly_steps: 1000.0,
+            },
             seed: 0,
             run_dir: PathBuf::from("unused"),
             progress: false,
@@ -1134,14 +1085,24 @@ mod tests {
         }
     }
 
-    /// The run's schedule is its configuration's: η from the sampler, the rest as given.
+    /// The schedule's checks are the run's: burn-in past the end, zero thinning, a bad
+    /// decay factor are refused with the flag's name.
     #[test]
-    fn schedule_of_a_config() {
-        let mut c = config();
-        c.decay_at = vec![3];
-        c.cycles = 2;
-        let s = c.schedule();
-        assert_eq!(s.step_size, c.sampler.step_size);
-        assert_eq!((s.decay_at, s.cycles, s.burnin, s.thin), (vec![3], 2, 2, 5));
+    fn schedule_settings_are_validated() {
+        assert!(config().validate(1000).is_ok());
+        for (edit, flag) in [
+            (
+                (|c: &mut TrainConfig| c.schedule.burnin = 10) as fn(&mut TrainConfig),
+                "--burnin",
+            ),
+            (|c| c.schedule.thin = 0, "--thin"),
+            (|c| c.schedule.decay_factor = 0.0, "--decay-factor"),
+            (|c| c.schedule.sample_fraction = 1.5, "--sample-fraction"),
+        ] {
+            let mut c = config();
+            edit(&mut c);
+            let e = c.validate(1000).unwrap_err().to_string();
+            assert!(e.contains(flag), "{e}");
+        }
     }
 }
