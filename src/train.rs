@@ -780,11 +780,19 @@ fn run_chain(
             }
         }
         bar.finish_and_clear();
-        let gibbs = stepper.potential.prior.gibbs_step(
-            &vars,
-            cfg.temperature,
-            cfg.seed ^ GIBBS_STREAM ^ epoch as u64,
-        );
+        // The prior's precisions are resampled for the samplers only: SGD and momentum are
+        // point estimates, for which the prior is a fixed weight decay (its initial λ).
+        let gibbs = if cfg.sampler.kind.is_sampler() {
+            stepper.potential.prior.gibbs_step(
+                &vars,
+                cfg.temperature,
+                cfg.seed ^ GIBBS_STREAM ^ epoch as u64,
+            )
+        } else if model.all_finite()? {
+            Ok(())
+        } else {
+            Err(Error::NotFinite("a parameter".into()))
+        };
         if let Err(Error::NotFinite(what)) = gibbs {
             return Err(Error::Exploded {
                 step,

@@ -428,3 +428,52 @@ fn metrics_record_the_step_sizes_used() {
         assert!(m.get("step_size_last").is_none());
     }
 }
+
+/// SGD and momentum are point estimates: the prior is a fixed weight decay (no Gibbs step;
+/// the Gamma prior's mean λ = shape/rate = 1 every epoch), while a sampler's precisions are
+/// resampled every epoch.
+#[test]
+fn map_baselines_keep_a_fixed_weight_decay() {
+    let d = tempfile::tempdir().unwrap();
+    let precisions = |sampler: &str| -> Vec<Vec<f64>> {
+        let args = [
+            "--dataset",
+            "mnist-mini",
+            "--offline",
+            "--epochs",
+            "3",
+            "--burnin",
+            "1",
+            "--sampler",
+            sampler,
+            "--run-name",
+            sampler,
+        ];
+        train(d.path(), &args);
+        std::fs::read_to_string(
+            d.path()
+                .join("checkpoints")
+                .join(sampler)
+                .join("metrics.jsonl"),
+        )
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            v["prior_precisions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect()
+        })
+        .collect()
+    };
+    for map in ["sgd", "momentum"] {
+        for epoch in precisions(map) {
+            assert!(epoch.iter().all(|&l| l == 1.0), "{map}: {epoch:?}");
+        }
+    }
+    let sampled = precisions("sghmc");
+    assert!(sampled.iter().flatten().any(|&l| l != 1.0), "{sampled:?}");
+}
