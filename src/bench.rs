@@ -182,11 +182,14 @@ pub fn train(opts: &TrainBenchOptions) -> Result<Vec<TrainBench>> {
             let mut config = kind.defaults();
             config.integrator = opts.integrator;
             let chains = opts.chains.max(1);
-            let model = Network::new(&spec, ds.train.dim(), NUM_CLASSES, 0, &Device::Cpu)?;
             let mut steppers = Vec::with_capacity(chains);
+            let mut flop = 0.0;
             for k in 0..chains {
                 let seed = crate::rng::chain_seed(0, k);
                 let model = Network::new(&spec, ds.train.dim(), NUM_CLASSES, seed, &Device::Cpu)?;
+                if k == 0 {
+                    flop = step_flop(&model, batch);
+                }
                 let prior = Prior::new(
                     PriorSpec::Gamma {
                         shape: 1.0,
@@ -245,7 +248,6 @@ pub fn train(opts: &TrainBenchOptions) -> Result<Vec<TrainBench>> {
             let backward = steppers[0].lock().map_err(|_| poisoned())?.0.backward;
             let steps = steps * chains;
             let sps = steps as f64 / secs;
-            let flop = step_flop(&model, batch);
             rows.push(TrainBench {
                 model: spec.label(),
                 batch,

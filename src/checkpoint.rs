@@ -192,12 +192,8 @@ pub fn load_sample(path: &Path, device: &Device) -> Result<Sample> {
                 view.dtype()
             )));
         }
-        let data: Vec<f32> = view
-            .data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        tensors.insert(name, Tensor::from_vec(data, view.shape(), device)?);
+        let t = decode_tensor(&view, device)?.ok_or_else(|| corrupt(format!("tensor `{name}`")))?;
+        tensors.insert(name, t);
     }
     Ok(Sample {
         path: path.to_path_buf(),
@@ -206,8 +202,42 @@ pub fn load_sample(path: &Path, device: &Device) -> Result<Sample> {
     })
 }
 
+/// A little-endian F32 or F64 safetensors view as a tensor on `device` (`None` for any
+/// other dtype): what [`encode_safetensors`] writes, read back.
+pub fn decode_tensor(
+    view: &safetensors::tensor::TensorView<'_>,
+    device: &Device,
+) -> Result<Option<Tensor>> {
+    let data = view.data();
+    Ok(Some(match view.dtype() {
+        safetensors::Dtype::F32 => {
+            let v: Vec<f32> = data
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            Tensor::from_vec(v, view.shape(), device)?
+        }
+        safetensors::Dtype::F64 => {
+            let v: Vec<f64> = data
+                .chunks_exact(8)
+                .map(|b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+                .collect();
+            Tensor::from_vec(v, view.shape(), device)?
+        }
+        _ => return Ok(None),
+    }))
+}
+
 /// The sample files of a run, ordered by step.
 pub fn list_samples(run_dir: &Path) -> Result<Vec<PathBuf>> {
+    Ok(list_samples_by_step(run_dir)?
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect())
+}
+
+/// The sample files of a run with the step each was taken after, ordered by step.
+pub fn list_samples_by_step(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let dir = samples_dir(run_dir);
     let entries = std::fs::read_dir(&dir)
         .map_err(|e| Error::Checkpoint(format!("{}: cannot list samples ({e})", dir.display())))?;
@@ -224,7 +254,7 @@ pub fn list_samples(run_dir: &Path) -> Result<Vec<PathBuf>> {
         }
     }
     found.sort();
-    Ok(found.into_iter().map(|(_, p)| p).collect())
+    Ok(found)
 }
 
 #[cfg(test)]

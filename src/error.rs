@@ -93,8 +93,8 @@ impl Error {
 /// A signal's name for messages (SIGINT and SIGTERM are the ones the run catches).
 fn signal_name(signal: i32) -> String {
     match signal {
-        2 => "SIGINT".into(),
-        15 => "SIGTERM".into(),
+        libc::SIGINT => "SIGINT".into(),
+        libc::SIGTERM => "SIGTERM".into(),
         s => format!("signal {s}"),
     }
 }

@@ -16,7 +16,7 @@ use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::atomic::write_atomic;
-use crate::checkpoint::encode_safetensors;
+use crate::checkpoint::{decode_tensor, encode_safetensors};
 use crate::ensemble::AccumulatorState;
 use crate::error::{Error, Result};
 use crate::sampler::SamplerState;
@@ -171,24 +171,8 @@ impl RunState {
             let view = st
                 .tensor(name)
                 .map_err(|_| corrupt(format!("no tensor `{name}`")))?;
-            let data = view.data();
-            Ok(match view.dtype() {
-                safetensors::Dtype::F32 => {
-                    let v: Vec<f32> = data
-                        .chunks_exact(4)
-                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                        .collect();
-                    Tensor::from_vec(v, view.shape(), &Device::Cpu)?
-                }
-                safetensors::Dtype::F64 => {
-                    let v: Vec<f64> = data
-                        .chunks_exact(8)
-                        .map(|b| f64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
-                        .collect();
-                    Tensor::from_vec(v, view.shape(), &Device::Cpu)?
-                }
-                other => return Err(corrupt(format!("tensor `{name}` is {other:?}"))),
-            })
+            decode_tensor(&view, &Device::Cpu)?
+                .ok_or_else(|| corrupt(format!("tensor `{name}` is {:?}", view.dtype())))
         };
         let sums = |name: &str| -> Result<Vec<f64>> {
             Ok(tensor(name)?.to_dtype(DType::F64)?.to_vec1::<f64>()?)

@@ -522,6 +522,7 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
 /// What one chain leaves for the run's summary.
 struct ChainOutcome {
     seed: u64,
+    num_params: usize,
     test: Accumulator,
     valid: Option<Accumulator>,
     steps: u64,
@@ -545,7 +546,6 @@ fn run_chain(
     let dim = ds.train.dim();
     let model = Network::new(&cfg.model, dim, NUM_CLASSES, cfg.seed, &device)?;
     let vars = model.vars();
-    let manifest = manifest(cfg, ds, model.num_params());
     let metrics_path = run_dir.join("metrics.jsonl");
     // A chain of a multi-chain run stopped before its first state starts afresh.
     let resume = cfg.resume && (write_manifest || run_state::state_path(run_dir).exists());
@@ -688,7 +688,7 @@ fn run_chain(
         )?;
     }
     if write_manifest {
-        manifest.write(run_dir)?;
+        manifest(cfg, ds, model.num_params()).write(run_dir)?;
     }
 
     for epoch in at.epoch..cfg.epochs {
@@ -854,6 +854,7 @@ fn run_chain(
 
     Ok(ChainOutcome {
         seed: cfg.seed,
+        num_params: model.num_params(),
         test: test_acc,
         valid: valid_acc,
         steps: step,
@@ -868,14 +869,7 @@ fn run_chain(
 /// chain's figures and the convergence diagnostics), written to `summary.json`.
 fn finish(cfg: &TrainConfig, ds: &Dataset, chains: Vec<ChainOutcome>) -> Result<Summary> {
     let run_dir = &cfg.run_dir;
-    let num_params = Network::new(
-        &cfg.model,
-        ds.train.dim(),
-        NUM_CLASSES,
-        cfg.seed,
-        &Device::Cpu,
-    )?
-    .num_params();
+    let num_params = chains.first().map_or(0, |c| c.num_params);
     let test = Accumulator::pooled(chains.iter().map(|c| &c.test))?;
     let valid = match chains.first().and_then(|c| c.valid.as_ref()) {
         Some(_) => Some(Accumulator::pooled(
@@ -976,13 +970,8 @@ fn interrupted(signal: i32, step: u64, run_dir: &Path) -> Error {
 /// updates, metrics lines of later epochs) and temporary files a kill left behind; they
 /// are written again, identically.
 fn discard_after(run_dir: &Path, metrics_path: &Path, at: &Progress) -> Result<()> {
-    for path in checkpoint::list_samples(run_dir)? {
-        let step = path
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .and_then(|s| s.strip_prefix("sample-"))
-            .and_then(|s| s.parse::<u64>().ok());
-        if step.is_some_and(|s| s > at.step) {
+    for (step, path) in checkpoint::list_samples_by_step(run_dir)? {
+        if step > at.step {
             std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
         }
     }

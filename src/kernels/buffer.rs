@@ -26,6 +26,19 @@ impl StateBuffer {
         }
     }
 
+    /// The number of values.
+    pub fn len(&self) -> usize {
+        match self {
+            StateBuffer::Host(v) => v.len(),
+            #[cfg(feature = "cuda")]
+            StateBuffer::Cuda(s) => s.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// The values, copied to the host.
     pub fn to_host(&self, device: &Device) -> Result<Vec<f32>> {
         match (self, device) {

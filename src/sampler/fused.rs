@@ -337,10 +337,11 @@ impl Sampler for Fused {
             }
             for (s, o) in saved.iter().zip(own.iter_mut()) {
                 let values = s.flatten_all()?.to_vec1::<f32>()?;
-                if values.len() != o.to_host(&self.device)?.len() {
+                if values.len() != o.len() {
                     return Err(Error::Checkpoint(format!(
-                        "a saved {what} tensor has {} values, the sampler's another count",
-                        values.len()
+                        "a saved {what} tensor has {} values, the sampler's {}",
+                        values.len(),
+                        o.len()
                     )));
                 }
                 *o = StateBuffer::new(values, &self.device)?;
