@@ -161,15 +161,15 @@ impl Potential {
         self.evaluate_fast_then(backprop, model, x, y, None)
     }
 
-    /// [`Potential::evaluate_fast`], handing each parameter tensor's gradient to `ready`
-    /// as soon as it is final ([`Backprop::loss_and_grad_then`]).
+    /// [`Potential::evaluate_fast`] and, given a sampler's `step`, its update, each
+    /// parameter tensor as soon as its gradient is final ([`Backprop::loss_and_grad_then`]).
     pub fn evaluate_fast_then(
         &self,
         backprop: &mut Backprop,
         model: &Network,
         x: &[f32],
         y: &[u32],
-        ready: Option<crate::backprop::mlp::GradientReady<'_>>,
+        step: Option<&mut dyn crate::kernels::TensorwiseStep>,
     ) -> Result<BatchLoss> {
         backprop.loss_and_grad_then(
             model,
@@ -178,7 +178,7 @@ impl Potential {
             self.likelihood_scale(y.len()),
             &self.prior.precisions,
             1.0 / self.temperature,
-            ready,
+            step,
         )
     }
 

@@ -12,14 +12,13 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
-use crate::backprop::mlp::{BatchLoss, GradientSink};
+use crate::backprop::mlp::BatchLoss;
 use crate::backprop::Backprop;
 use crate::checkpoint::{self, RunManifest};
 use crate::convergence::{self, Convergence};
 use crate::data::{Dataset, Split, NUM_CLASSES};
 use crate::ensemble::{self, Accumulator};
 use crate::error::{Error, Result};
-use crate::kernels::InlineUpdate;
 use crate::metrics::Metrics;
 use crate::model::{ModelSpec, Network};
 use crate::potential::{Backward, Potential, Prior, PriorSpec};
@@ -253,14 +252,9 @@ pub struct Stepper {
     /// The gradient implementation in use (`auto` resolved).
     pub backward: Backward,
     backprop: Option<Backprop>,
-    /// With the custom backward and a sampler that steps by tensor: update each layer
-    /// as soon as its gradient is ready (default), instead of after the whole backward.
+    /// With the custom backward: update each layer as soon as its gradient is ready
+    /// (default), instead of after the whole backward.
     pub by_layer: bool,
-    /// With `by_layer`: apply the update of each weight tensor inside its gradient's
-    /// product (default) rather than in a pass of its own.
-    pub inline_update: bool,
-    /// Weight tensors updated inside their gradient's product so far.
-    inline_updates: u64,
     xbuf: Vec<f32>,
     ybuf: Vec<u32>,
 }
@@ -292,17 +286,22 @@ impl Stepper {
             backward,
             backprop,
             by_layer: true,
-            inline_update: true,
-            inline_updates: 0,
             xbuf: Vec::new(),
             ybuf: Vec::new(),
         })
     }
 
-    /// Weight tensors updated inside their gradient's product so far (see
-    /// [`Stepper::inline_update`]).
+    /// With `by_layer`: whether large weight tensors are updated inside their gradient's
+    /// product (default) rather than in a pass of their own.
+    pub fn set_inline_update(&mut self, on: bool) {
+        if let Some(bp) = self.backprop.as_mut() {
+            bp.set_inline_update(on);
+        }
+    }
+
+    /// Weight tensors updated inside their gradient's product so far.
     pub fn inline_updates(&self) -> u64 {
-        self.inline_updates
+        self.backprop.as_ref().map_or(0, |bp| bp.inline_updates())
     }
 
     /// One update on the examples `idx` of `split`. Returns the minibatch loss; when it is
@@ -311,30 +310,16 @@ impl Stepper {
         split.gather(idx, &mut self.xbuf, &mut self.ybuf);
         if let Some(bp) = self.backprop.as_mut() {
             if self.by_layer {
-                if let Some(sampler) = self.sampler.by_tensor() {
-                    // Each layer is updated as soon as its gradient is ready (while it
-                    // is in cache), its weights inside their gradient's product where the
-                    // sampler can; θ and v bit-identical to the whole-model step below.
-                    let mut sink = LayerSink {
-                        sampler,
-                        vars: &self.vars,
-                        begun: false,
-                        inline: self.inline_update,
-                        updated: 0,
-                    };
-                    let loss = self.potential.evaluate_fast_then(
-                        bp,
-                        &self.model,
-                        &self.xbuf,
-                        &self.ybuf,
-                        Some(&mut sink),
-                    )?;
-                    if sink.begun {
-                        sink.sampler.finish()?;
-                    }
-                    self.inline_updates += sink.updated;
-                    return Ok(loss);
-                }
+                // Each layer is updated as soon as its gradient is ready (while it is in
+                // cache); θ and v bit-identical to the whole-model step below.
+                let step: &mut dyn TensorwiseStep = self.sampler.as_mut();
+                return self.potential.evaluate_fast_then(
+                    bp,
+                    &self.model,
+                    &self.xbuf,
+                    &self.ybuf,
+                    Some(step),
+                );
             }
             let loss = self
                 .potential
@@ -357,47 +342,6 @@ impl Stepper {
             nll: eval.nll,
             correct,
         })
-    }
-}
-
-/// The backward's gradient sink for a sampler that steps tensor by tensor: begins the
-/// step at the first tensor.
-struct LayerSink<'s> {
-    sampler: &'s mut dyn TensorwiseStep,
-    vars: &'s [Var],
-    begun: bool,
-    inline: bool,
-    /// Tensors updated inline in this step.
-    updated: u64,
-}
-
-impl LayerSink<'_> {
-    fn begin(&mut self) -> Result<()> {
-        if !self.begun {
-            self.sampler.begin()?;
-            self.begun = true;
-        }
-        Ok(())
-    }
-}
-
-impl GradientSink for LayerSink<'_> {
-    fn ready(&mut self, t: usize, grad: &Tensor) -> Result<()> {
-        self.begin()?;
-        self.sampler.tensor(t, &self.vars[t], grad)
-    }
-
-    fn inline(&mut self, t: usize) -> Result<Option<InlineUpdate<'_>>> {
-        if !self.inline {
-            return Ok(None);
-        }
-        self.begin()?;
-        self.sampler.inline(t)
-    }
-
-    fn updated(&mut self, t: usize, sum_sq: f64) -> Result<()> {
-        self.updated += 1;
-        self.sampler.updated(t, sum_sq)
     }
 }
 

@@ -24,10 +24,11 @@ use candle_core::Tensor;
 
 use super::mlp::{
     activation_backward, bias_gradient, dense_forward, fc_shapes_match, held, lock_params,
-    prepare_grads, softmax_xent, with_data_mut, BatchLoss, CpuView, GradientReady,
+    prepare_grads, softmax_xent, with_data_mut, BatchLoss, CpuView,
 };
 use crate::error::{Error, Result};
 use crate::kernels::gemm::{product, Mat, Options, Zeros};
+use crate::kernels::TensorwiseStep;
 use crate::model::{Activation, ConvShape, Network};
 use crate::pool;
 
@@ -349,9 +350,9 @@ impl CnnBackprop {
 
     /// Forward and backward pass on a minibatch, as [`super::mlp::MlpBackprop::loss_and_grad_then`]:
     /// the mean NLL and correct count; ∇ = `likelihood_scale`·Σᵢ∇(−log p(yᵢ|xᵢ,θ)) +
-    /// `prior_factor`·`prior_precision[t]`·θ_t into [`CnnBackprop::grads`], each tensor
-    /// handed to `ready` once final and no longer read (last layer first). Nothing is
-    /// handed over when the loss is not finite.
+    /// `prior_factor`·`prior_precision[t]`·θ_t into [`CnnBackprop::grads`]; given a
+    /// sampler's `step`, each tensor updated once its gradient is final and θ_t no longer
+    /// read (last layer first). No update when the loss is not finite.
     #[allow(clippy::too_many_arguments)]
     pub fn loss_and_grad_then(
         &mut self,
@@ -361,7 +362,7 @@ impl CnnBackprop {
         likelihood_scale: f64,
         prior_precision: &[f64],
         prior_factor: f64,
-        mut ready: Option<GradientReady<'_>>,
+        step: Option<&mut dyn TensorwiseStep>,
     ) -> Result<BatchLoss> {
         let rows = labels.len();
         prepare_grads(model, prior_precision, &mut self.grads)?;
@@ -378,13 +379,17 @@ impl CnnBackprop {
             &mut self.delta[..rows * classes],
         )?;
         let prior = |t: usize| (prior_factor * prior_precision[t]) as f32;
-        // Hands tensors `ts` to the sink once nothing reads them any more.
+        let mut step = step.filter(|_| nll.is_finite());
+        if let Some(step) = step.as_mut() {
+            step.begin()?;
+        }
+        // Updates tensors `ts` once nothing reads them any more.
         let mut hand_over =
             |views: &mut Vec<Option<CpuView<'_>>>, grads: &[Tensor], ts: [usize; 2]| {
-                if let (Some(sink), true) = (ready.as_mut(), nll.is_finite()) {
+                if let Some(step) = step.as_mut() {
                     for t in ts {
                         views[t] = None;
-                        sink.ready(t, &grads[t])?;
+                        step.tensor(t, &model.params[t].var, &grads[t])?;
                     }
                 }
                 Ok::<(), Error>(())
@@ -497,6 +502,9 @@ impl CnnBackprop {
                 col2im(cols, &s, rows, &mut before[l - 1]);
             }
             hand_over(&mut views, &self.grads, [t, t + 1])?;
+        }
+        if let Some(step) = step {
+            step.finish()?;
         }
         Ok(BatchLoss {
             nll: nll / rows.max(1) as f64,

@@ -21,8 +21,8 @@
 //! [`crate::kernels::gemm::product`]; the first layer skips the minibatch's zero pixels
 //! ([`crate::kernels::gemm::NonZero`]).
 //!
-//! With a [`GradientSink`] (the fused samplers' layer-by-layer step), each tensor is
-//! handed over as soon as its gradient is final, and a large weight tensor's update runs
+//! Given a sampler's per-tensor step ([`TensorwiseStep`]), each tensor is updated as soon
+//! as its gradient is final, and a large weight tensor's update runs
 //! inside its gradient's product ([`crate::kernels::gemm::product_then_update`]): the input error
 //! Δₖ·Wₖ is computed first, then ∇Wₖ is completed tile by tile and θ, v updated from the
 //! registers, so that ∇Wₖ is never stored and θ is read once.
@@ -33,7 +33,7 @@ use crate::error::{Error, Result};
 use crate::kernels::gemm::{
     matmul, product, product_then_update, updates_inline, Mat, NonZero, Options, Zeros,
 };
-use crate::kernels::InlineUpdate;
+use crate::kernels::TensorwiseStep;
 use crate::model::{Activation, Network};
 use crate::pool;
 
@@ -41,7 +41,7 @@ use crate::pool;
 const SPLIT_BY_NEURON: usize = 256;
 
 /// Weight tensors at least this large are updated inside their gradient's product
-/// ([`GradientSink::inline`]). Measured (`bnn bench train`, batch 100, interleaved):
+/// ([`TensorwiseStep::inline`]). Measured (`bnn bench train`, batch 100, interleaved):
 /// 784-400-400-10, whose W₁ and W₂ (314k, 160k elements) with their v and ∇ do not fit a
 /// core's L2, runs 5% faster that way (664 → 699 steps/s; the W₁ region 510 → 457 µs),
 /// while 784-100-10's W₁ (78k) is 3–5% faster through the separate pass over cached data.
@@ -51,30 +51,6 @@ const INLINE_MIN_WEIGHTS: usize = 100_000;
 /// dense: MNIST is 0.19, Fashion-MNIST 0.50 (measured no faster or slower either way),
 /// standardised inputs ≈ 1.
 const MAX_SKIPPING_DENSITY: f64 = 0.6;
-
-/// Where [`MlpBackprop::loss_and_grad_then`] hands each parameter tensor as soon as its
-/// gradient is final and the pass no longer reads it (a layer-by-layer sampler step).
-pub trait GradientSink {
-    /// ∇_t is final: update θ_t now.
-    fn ready(&mut self, t: usize, grad: &Tensor) -> Result<()>;
-    /// The update of weight tensor `t` if it can be applied inside the weight-gradient
-    /// product ([`crate::kernels::gemm::product_then_update`]); `ready` is then not called for t,
-    /// but [`GradientSink::updated`] with the update's Σv².
-    fn inline(&mut self, t: usize) -> Result<Option<InlineUpdate<'_>>> {
-        let _ = t;
-        Ok(None)
-    }
-    /// θ_t was updated inside the product; `sum_sq` = Σv² after the update.
-    fn updated(&mut self, t: usize, sum_sq: f64) -> Result<()> {
-        let _ = sum_sq;
-        Err(Error::Config(format!(
-            "internal: tensor {t} updated inline without an inline update"
-        )))
-    }
-}
-
-/// The sink of one call, if any.
-pub type GradientReady<'a> = &'a mut dyn GradientSink;
 
 /// Loss statistics of one minibatch.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -103,11 +79,16 @@ pub struct MlpBackprop {
     delta_prev: Vec<f32>,
     /// ∇Ũ/T per parameter tensor, in the model's order; overwritten by each step. Allocated
     /// by the first backward pass (a forward-only use, prediction, never needs them).
-    /// A weight tensor updated inside its product ([`GradientSink::inline`]) keeps stale
+    /// A weight tensor updated inside its product ([`TensorwiseStep::inline`]) keeps stale
     /// values here.
     grads: Vec<Tensor>,
     /// Per-row Σv² of an inline update.
     row_sums: Vec<f64>,
+    /// Whether large weight tensors are updated inside their gradient's product where the
+    /// sampler can (default), rather than in a pass of their own.
+    pub inline_update: bool,
+    /// Weight tensors updated inside their gradient's product so far.
+    pub inline_updates: u64,
 }
 
 /// Read access to a CPU f32 tensor's contiguous data, holding its storage lock.
@@ -376,6 +357,8 @@ impl MlpBackprop {
             widths,
             grads: Vec::new(),
             row_sums: Vec::new(),
+            inline_update: true,
+            inline_updates: 0,
         })
     }
 
@@ -483,13 +466,13 @@ impl MlpBackprop {
         )
     }
 
-    /// [`MlpBackprop::loss_and_grad`], handing each parameter tensor t to `ready` as soon
-    /// as its gradient is final and the pass no longer reads θ_t (a layer's weights and
-    /// bias once its input error is computed, last layer first): [`GradientSink::ready`]
-    /// with ∇_t, so that the caller may update θ_t in place while ∇_t is still in cache,
-    /// or, for a large weight tensor whose update the sink gives ([`GradientSink::inline`]),
-    /// the update applied inside ∇_t's product and [`GradientSink::updated`]. Nothing is
-    /// handed over when the loss is not finite (the parameters then stay as they were).
+    /// [`MlpBackprop::loss_and_grad`] and, given a sampler's `step`, one whole update of
+    /// it: each parameter tensor t is updated ([`TensorwiseStep::tensor`]) as soon as ∇_t
+    /// is final and the pass no longer reads θ_t (a layer's weights and bias once its input
+    /// error is computed, last layer first), while ∇_t is still in cache; a large weight
+    /// tensor whose update the sampler gives ([`TensorwiseStep::inline`]) inside ∇_t's
+    /// product. No update is made when the loss is not finite (the parameters then stay
+    /// as they were).
     #[allow(clippy::too_many_arguments)]
     pub fn loss_and_grad_then(
         &mut self,
@@ -499,7 +482,7 @@ impl MlpBackprop {
         likelihood_scale: f64,
         prior_precision: &[f64],
         prior_factor: f64,
-        mut ready: Option<GradientReady<'_>>,
+        step: Option<&mut dyn TensorwiseStep>,
     ) -> Result<BatchLoss> {
         let rows = labels.len();
         prepare_grads(model, prior_precision, &mut self.grads)?;
@@ -515,6 +498,10 @@ impl MlpBackprop {
             likelihood_scale as f32,
             &mut self.delta[..rows * classes],
         )?;
+        let mut step = step.filter(|_| nll.is_finite());
+        if let Some(step) = step.as_mut() {
+            step.begin()?;
+        }
 
         for k in (0..layers).rev() {
             let (fan_in, fan_out) = (self.widths[k], self.widths[k + 1]);
@@ -531,14 +518,14 @@ impl MlpBackprop {
             let (delta_t, input_mat) = (Mat::transposed(delta, fan_out), Mat::rows(input, fan_in));
             // The sampler may update W inside its gradient's product; then everything that
             // reads W (the input error) runs first.
-            let sink = ready.as_mut().filter(|_| nll.is_finite());
-            let inline = match sink {
-                Some(sink)
-                    if rows > 0
+            let inline = match step.as_mut() {
+                Some(step)
+                    if self.inline_update
+                        && rows > 0
                         && updates_inline(fan_in)
                         && fan_in * fan_out >= INLINE_MIN_WEIGHTS =>
                 {
-                    sink.inline(2 * k)?
+                    step.inline(2 * k)?
                 }
                 _ => None,
             };
@@ -573,7 +560,7 @@ impl MlpBackprop {
                     activation_backward(half, &input[at..at + half.len()], act)
                 });
             }
-            if let Some(step) = inline {
+            if let Some(update) = inline {
                 // Nothing reads W any more: release it, and run its gradient's product with
                 // the update in the epilogue (the gradient tensor holds partial sums only).
                 views[2 * k] = None;
@@ -583,20 +570,21 @@ impl MlpBackprop {
                     with_data_mut(&theta, |theta| {
                         product_then_update(
                             fan_out, fan_in, rows, scratch, delta_t, input_mat, zeros, theta, lw,
-                            step, row_sums,
+                            update, row_sums,
                         )
                     })
                 })??;
-                if let Some(sink) = ready.as_mut() {
-                    sink.updated(2 * k, sum_sq)?;
+                if let Some(step) = step.as_mut() {
+                    step.updated(2 * k, sum_sq)?;
+                    self.inline_updates += 1;
                 }
             }
             if k > 0 {
                 std::mem::swap(&mut self.delta, &mut self.delta_prev);
             }
-            if let (Some(sink), true) = (ready.as_mut(), nll.is_finite()) {
-                // Nothing below reads this layer's parameters: release them, then hand
-                // over their final gradients.
+            if let Some(step) = step.as_mut() {
+                // Nothing below reads this layer's parameters: release them, then update
+                // them from their final gradients.
                 let tensors = if updated_inline {
                     2 * k + 1..2 * k + 2
                 } else {
@@ -604,9 +592,12 @@ impl MlpBackprop {
                 };
                 for t in tensors {
                     views[t] = None;
-                    sink.ready(t, &self.grads[t])?;
+                    step.tensor(t, &model.params[t].var, &self.grads[t])?;
                 }
             }
+        }
+        if let Some(step) = step {
+            step.finish()?;
         }
         Ok(BatchLoss {
             nll: nll / rows.max(1) as f64,

@@ -30,6 +30,22 @@ impl Backprop {
         }
     }
 
+    /// Whether the MLP's large weight tensors are updated inside their gradient's product
+    /// ([`mlp::MlpBackprop::inline_update`]; the CNN never does).
+    pub fn set_inline_update(&mut self, on: bool) {
+        if let Backprop::Mlp(b) = self {
+            b.inline_update = on;
+        }
+    }
+
+    /// Weight tensors updated inside their gradient's product so far.
+    pub fn inline_updates(&self) -> u64 {
+        match self {
+            Backprop::Mlp(b) => b.inline_updates,
+            Backprop::Cnn(_) => 0,
+        }
+    }
+
     /// Logits of `rows` inputs `x` (row-major).
     pub fn forward(
         &mut self,
@@ -43,7 +59,8 @@ impl Backprop {
         }
     }
 
-    /// Loss and gradients of a minibatch ([`mlp::MlpBackprop::loss_and_grad_then`]).
+    /// Loss and gradients of a minibatch and, given a sampler's `step`, its update tensor
+    /// by tensor ([`mlp::MlpBackprop::loss_and_grad_then`]).
     #[allow(clippy::too_many_arguments)]
     pub fn loss_and_grad_then(
         &mut self,
@@ -53,7 +70,7 @@ impl Backprop {
         likelihood_scale: f64,
         prior_precision: &[f64],
         prior_factor: f64,
-        ready: Option<mlp::GradientReady<'_>>,
+        step: Option<&mut dyn crate::kernels::TensorwiseStep>,
     ) -> crate::error::Result<mlp::BatchLoss> {
         match self {
             Backprop::Mlp(b) => b.loss_and_grad_then(
@@ -63,7 +80,7 @@ impl Backprop {
                 likelihood_scale,
                 prior_precision,
                 prior_factor,
-                ready,
+                step,
             ),
             Backprop::Cnn(b) => b.loss_and_grad_then(
                 model,
@@ -72,7 +89,7 @@ impl Backprop {
                 likelihood_scale,
                 prior_precision,
                 prior_factor,
-                ready,
+                step,
             ),
         }
     }

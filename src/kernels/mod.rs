@@ -27,6 +27,10 @@ pub mod host;
 pub mod isa;
 pub mod noise;
 
+use candle_core::{Tensor, Var};
+
+use crate::error::{Error, Result};
+
 /// Which element update a fused op applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Update {
@@ -52,6 +56,40 @@ pub struct InlineUpdate<'a> {
     pub key: crate::rng::NoiseKey,
     /// v of the tensor (empty for SGLD).
     pub momentum: &'a mut [f32],
+}
+
+/// One sampler update of every parameter tensor, split by tensor: [`TensorwiseStep::begin`],
+/// then for every parameter tensor t, in any order, either [`TensorwiseStep::tensor`] with
+/// θ_t and its final ∇_t, or, where [`TensorwiseStep::inline`] gives an update, that update
+/// applied inside ∇_t's product followed by [`TensorwiseStep::updated`]; then
+/// [`TensorwiseStep::finish`]. The result does not depend on the order of the tensors.
+///
+/// The one protocol between gradients and samplers: every sampler implements it
+/// (`sampler::Sampler` builds its whole-model step on it), the hand-written backward
+/// drives it layer by layer while each gradient is still in cache. It lives on this floor
+/// because the backward (model side) and the samplers must not see each other.
+pub trait TensorwiseStep {
+    /// Opens one update.
+    fn begin(&mut self) -> Result<()>;
+    /// Updates θ_t (`param`) in place from its gradient.
+    fn tensor(&mut self, t: usize, param: &Var, grad: &Tensor) -> Result<()>;
+    /// The update of tensor t for the weight-gradient product to apply as it stores the
+    /// gradient ([`gemm::product_then_update`]), where the sampler can; the caller then
+    /// reports Σv² through [`TensorwiseStep::updated`] instead of calling `tensor`. θ and v
+    /// come out bit-identical; Σv² is summed in another order.
+    fn inline(&mut self, t: usize) -> Result<Option<InlineUpdate<'_>>> {
+        let _ = t;
+        Ok(None)
+    }
+    /// Tensor t was updated inline; `sum_sq` = Σv² after the update.
+    fn updated(&mut self, t: usize, sum_sq: f64) -> Result<()> {
+        let _ = sum_sq;
+        Err(Error::Config(format!(
+            "sampler: tensor {t} updated inline without an inline update"
+        )))
+    }
+    /// Closes the update: an error unless every tensor was updated exactly once.
+    fn finish(&mut self) -> Result<()>;
 }
 
 /// Constants of one update in f32, as the kernels use them (`bnn_step_consts`).

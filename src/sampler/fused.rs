@@ -9,8 +9,8 @@ use std::cell::{Cell, RefCell};
 use candle_core::{Device, Tensor, Var};
 
 use super::{
-    check_lengths, init_momentum, Diagnostics, Integrator, Sampler, SamplerConfig, SamplerKind,
-    SamplerState, TensorwiseStep,
+    init_momentum, Diagnostics, Integrator, Sampler, SamplerConfig, SamplerKind, SamplerState,
+    TensorsDone, TensorwiseStep,
 };
 use crate::error::{Error, Result};
 use crate::kernels::{buffer::StateBuffer, cpu::FusedStepOp, InlineUpdate, StepConsts, Update};
@@ -35,6 +35,7 @@ pub struct Fused {
     /// The step in progress ([`TensorwiseStep`]): its update and constants, and Σv² and
     /// Σα per tensor (summed in tensor order at the end, whatever order they came in).
     pending: Option<Pending>,
+    done: TensorsDone,
 }
 
 #[derive(Debug, Clone)]
@@ -43,7 +44,6 @@ struct Pending {
     consts: StepConsts,
     sum_sq: Vec<f64>,
     sum_thermostat: Vec<f64>,
-    done: Vec<bool>,
 }
 
 impl Fused {
@@ -104,6 +104,7 @@ impl Fused {
             tensors: params.len(),
             kinetic: 0.0,
             pending: None,
+            done: TensorsDone::default(),
         };
         s.kinetic = s.kinetic_from(sum_sq);
         if config.integrator == Integrator::Splitting {
@@ -154,18 +155,19 @@ impl TensorwiseStep for Fused {
             Integrator::Splitting => StepConsts::splitting(self.config.step_size, alpha, sigma),
         };
         let tensors = self.tensors;
+        self.done.begin(tensors)?;
         self.pending = Some(Pending {
             update,
             consts,
             sum_sq: vec![0.0; tensors],
             sum_thermostat: vec![0.0; tensors],
-            done: vec![false; tensors],
         });
         Ok(())
     }
 
     fn tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
-        let pending = open_tensor(&mut self.pending, i)?;
+        self.done.mark(i)?;
+        let pending = in_update(&mut self.pending)?;
         let op = FusedStepOp {
             update: pending.update,
             consts: pending.consts,
@@ -183,12 +185,12 @@ impl TensorwiseStep for Fused {
         p.as_detached_tensor().inplace_op2(&g, &op)?;
         pending.sum_sq[i] = op.sum_sq.get();
         pending.sum_thermostat[i] = op.sum_thermostat.get();
-        pending.done[i] = true;
         Ok(())
     }
 
     fn inline(&mut self, index: usize) -> Result<Option<InlineUpdate<'_>>> {
-        let pending = open_tensor(&mut self.pending, index)?;
+        self.done.check(index)?;
+        let pending = in_update(&mut self.pending)?;
         let (update, consts) = (pending.update, pending.consts);
         let momentum: &mut [f32] = match (update, self.momentum.get_mut(index)) {
             (Update::Sgld, _) => &mut [],
@@ -210,21 +212,17 @@ impl TensorwiseStep for Fused {
     }
 
     fn updated(&mut self, index: usize, sum_sq: f64) -> Result<()> {
-        let pending = open_tensor(&mut self.pending, index)?;
-        pending.sum_sq[index] = sum_sq;
-        pending.done[index] = true;
+        self.done.mark(index)?;
+        in_update(&mut self.pending)?.sum_sq[index] = sum_sq;
         Ok(())
     }
 
     fn finish(&mut self) -> Result<()> {
-        let Some(pending) = self.pending.take() else {
-            return Err(Error::Config("sampler: finish without begin".into()));
-        };
-        if !pending.done.iter().all(|&d| d) {
-            return Err(Error::Config(
-                "sampler: a step ended before every parameter tensor was updated".into(),
-            ));
-        }
+        self.done.finish()?;
+        let pending = self
+            .pending
+            .take()
+            .ok_or_else(|| Error::Config("sampler: finish without begin".into()))?;
         // Summed in tensor order from 0, as a whole-model step sums them.
         let sum_sq = pending.sum_sq.iter().fold(0f64, |a, &s| a + s);
         let sum_thermostat = pending.sum_thermostat.iter().fold(0f64, |a, &s| a + s);
@@ -243,19 +241,11 @@ impl TensorwiseStep for Fused {
     }
 }
 
-/// The step in progress, if tensor `index` may still be updated in it.
-fn open_tensor(pending: &mut Option<Pending>, index: usize) -> Result<&mut Pending> {
-    let Some(pending) = pending.as_mut() else {
-        return Err(Error::Config(
-            "sampler: tensor step outside begin/finish".into(),
-        ));
-    };
-    if index >= pending.done.len() || pending.done[index] {
-        return Err(Error::Config(format!(
-            "sampler: parameter tensor {index} stepped twice or out of range"
-        )));
-    }
-    Ok(pending)
+/// The update in progress.
+fn in_update(pending: &mut Option<Pending>) -> Result<&mut Pending> {
+    pending
+        .as_mut()
+        .ok_or_else(|| Error::Config("sampler: tensor step outside begin/finish".into()))
 }
 
 fn update_of(kind: SamplerKind, integrator: Integrator) -> Result<Update> {
@@ -277,19 +267,6 @@ impl Sampler for Fused {
         self.config
     }
 
-    fn step(&mut self, params: &[Var], grads: &[Tensor]) -> Result<()> {
-        check_lengths(params, grads)?;
-        self.begin()?;
-        for (i, (p, g)) in params.iter().zip(grads).enumerate() {
-            self.tensor(i, p, g)?;
-        }
-        self.finish()
-    }
-
-    fn by_tensor(&mut self) -> Option<&mut dyn TensorwiseStep> {
-        Some(self)
-    }
-
     fn diagnostics(&self) -> Diagnostics {
         let momentum = !self.momentum.is_empty();
         Diagnostics {
@@ -300,7 +277,7 @@ impl Sampler for Fused {
     }
 
     fn state(&self) -> Result<SamplerState> {
-        if self.pending.is_some() {
+        if self.done.open() {
             return Err(Error::Config(
                 "sampler state asked for in the middle of a step".into(),
             ));

@@ -29,6 +29,7 @@ use candle_core::{Tensor, Var};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+pub use crate::kernels::TensorwiseStep;
 use crate::rng::NoiseKey;
 
 /// The sampler families of the CLI.
@@ -286,11 +287,21 @@ fn from_state(saved: &[Tensor], like: &[Tensor], what: &str) -> Result<Vec<Tenso
         .collect()
 }
 
-/// One update rule. `init` builds the state from the parameters; `step` applies one
-/// update in place given ∇Ũ(θ) for each parameter tensor (same order).
-pub trait Sampler: Send {
+/// One update rule: a configuration, a state built by `init` from the parameters, and the
+/// update, given ∇Ũ(θ) per parameter tensor, through the per-tensor protocol
+/// [`TensorwiseStep`] that every sampler implements.
+pub trait Sampler: TensorwiseStep + Send {
     fn config(&self) -> SamplerConfig;
-    fn step(&mut self, params: &[Var], grads: &[Tensor]) -> Result<()>;
+    /// One update of all parameters from their gradients (same order): the per-tensor
+    /// protocol in parameter order.
+    fn step(&mut self, params: &[Var], grads: &[Tensor]) -> Result<()> {
+        check_lengths(params, grads)?;
+        self.begin()?;
+        for (t, (p, g)) in params.iter().zip(grads).enumerate() {
+            self.tensor(t, p, g)?;
+        }
+        self.finish()
+    }
     fn diagnostics(&self) -> Diagnostics;
     /// The state between updates, as plain data.
     fn state(&self) -> Result<SamplerState>;
@@ -303,37 +314,65 @@ pub trait Sampler: Send {
     /// Changes the step size η (for a schedule). Momentum samplers rescale v = p·h by
     /// √(η'/η), so that the momentum p of the continuous dynamics is unchanged.
     fn set_step_size(&mut self, step_size: f64) -> Result<()>;
-    /// The same step, one parameter tensor at a time, where the sampler can do that (the
-    /// fused samplers): the hand-written backward then updates each layer as soon as its
-    /// gradient is ready, while the gradient is still in cache.
-    fn by_tensor(&mut self) -> Option<&mut dyn TensorwiseStep> {
-        None
-    }
 }
 
-/// A sampler step split by parameter tensor: `begin`, then `tensor` once for every
-/// parameter tensor (in any order), then `finish`. The result is bit-identical to
-/// [`Sampler::step`] with the same gradients.
-pub trait TensorwiseStep {
-    fn begin(&mut self) -> Result<()>;
-    fn tensor(&mut self, index: usize, param: &Var, grad: &Tensor) -> Result<()>;
-    fn finish(&mut self) -> Result<()>;
-    /// Instead of [`TensorwiseStep::tensor`]: the update of tensor `index` for a weight
-    /// gradient product to apply as it stores the gradient
-    /// ([`crate::kernels::gemm::product_then_update`]), where the sampler can; the caller
-    /// then reports Σv² through [`TensorwiseStep::updated`]. θ and v come out
-    /// bit-identical; Σv² is summed in another order (SGNHT's thermostat differs at the
-    /// rounding level).
-    fn inline(&mut self, index: usize) -> Result<Option<crate::kernels::InlineUpdate<'_>>> {
-        let _ = index;
-        Ok(None)
+/// Which tensors of the update in progress are done: the checks of the per-tensor
+/// protocol, shared by every sampler.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TensorsDone {
+    /// `Some` between `begin` and `finish`: one flag per parameter tensor.
+    done: Option<Vec<bool>>,
+}
+
+impl TensorsDone {
+    pub(crate) fn begin(&mut self, tensors: usize) -> Result<()> {
+        if self.done.is_some() {
+            return Err(Error::Config(
+                "sampler: an update begun twice without finish".into(),
+            ));
+        }
+        self.done = Some(vec![false; tensors]);
+        Ok(())
     }
-    /// Tensor `index` was updated inline; `sum_sq` = Σv² after the update.
-    fn updated(&mut self, index: usize, sum_sq: f64) -> Result<()> {
-        let _ = sum_sq;
-        Err(crate::error::Error::Config(format!(
-            "sampler: tensor {index} updated inline without an inline update"
-        )))
+
+    /// Marks tensor `t` done: an error outside an update, for an index out of range or a
+    /// tensor updated twice.
+    pub(crate) fn mark(&mut self, t: usize) -> Result<()> {
+        let Some(done) = self.done.as_mut() else {
+            return Err(Error::Config(
+                "sampler: tensor step outside begin/finish".into(),
+            ));
+        };
+        match done.get_mut(t) {
+            Some(d) if !*d => {
+                *d = true;
+                Ok(())
+            }
+            _ => Err(Error::Config(format!(
+                "sampler: parameter tensor {t} stepped twice or out of range"
+            ))),
+        }
+    }
+
+    /// Checks that tensor `t` may still be updated (before lending its state).
+    pub(crate) fn check(&self, t: usize) -> Result<()> {
+        let mut probe = self.clone();
+        probe.mark(t)
+    }
+
+    pub(crate) fn finish(&mut self) -> Result<()> {
+        match self.done.take() {
+            None => Err(Error::Config("sampler: finish without begin".into())),
+            Some(done) if !done.iter().all(|&d| d) => Err(Error::Config(
+                "sampler: an update ended before every parameter tensor was updated".into(),
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Whether an update is in progress.
+    pub(crate) fn open(&self) -> bool {
+        self.done.is_some()
     }
 }
 
@@ -376,7 +415,7 @@ pub fn build_with(
 pub fn build(config: SamplerConfig, params: &[Var], seed: u64) -> Result<Box<dyn Sampler>> {
     config.validate()?;
     Ok(match config.kind {
-        SamplerKind::Sgld => Box::new(sgld::Sgld::init(config, seed)),
+        SamplerKind::Sgld => Box::new(sgld::Sgld::init(config, params, seed)),
         SamplerKind::Sghmc => Box::new(sghmc::Sghmc::init(config, params, seed)?),
         SamplerKind::Sgnht => Box::new(sgnht::Sgnht::init(config, params, seed, false)?),
         SamplerKind::Msgnht => Box::new(msgnht::init(config, params, seed)?),

@@ -4,7 +4,8 @@
 use candle_core::{Tensor, Var};
 
 use super::{
-    check_lengths, from_state, to_state, Diagnostics, SamplerConfig, SamplerKind, SamplerState,
+    from_state, to_state, Diagnostics, SamplerConfig, SamplerKind, SamplerState, TensorsDone,
+    TensorwiseStep,
 };
 use crate::error::Result;
 
@@ -14,6 +15,9 @@ pub struct Sgd {
     pub step: u64,
     /// Present for `momentum`, starting at zero.
     pub momentum: Option<Vec<Tensor>>,
+    /// Number of parameter tensors.
+    tensors: usize,
+    done: TensorsDone,
 }
 
 impl Sgd {
@@ -32,31 +36,42 @@ impl Sgd {
             config,
             step: 0,
             momentum,
+            tensors: params.len(),
+            done: TensorsDone::default(),
         })
+    }
+}
+
+impl TensorwiseStep for Sgd {
+    fn begin(&mut self) -> Result<()> {
+        self.done.begin(self.tensors)
+    }
+
+    fn tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
+        self.done.mark(i)?;
+        let eta = self.config.step_size;
+        let g = &g.detach(); // keep autograd history out of the sampler state
+        let delta = match &mut self.momentum {
+            Some(m) => {
+                m[i] = ((&m[i] * (1.0 - self.config.friction))? - (g * eta)?)?;
+                m[i].clone()
+            }
+            None => (g * -eta)?,
+        };
+        p.set(&(p.as_detached_tensor() + delta)?)?;
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        self.done.finish()?;
+        self.step += 1;
+        Ok(())
     }
 }
 
 impl super::Sampler for Sgd {
     fn config(&self) -> SamplerConfig {
         self.config
-    }
-
-    fn step(&mut self, params: &[Var], grads: &[Tensor]) -> Result<()> {
-        check_lengths(params, grads)?;
-        let eta = self.config.step_size;
-        for (i, (p, g)) in params.iter().zip(grads).enumerate() {
-            let g = &g.detach(); // keep autograd history out of the sampler state
-            let delta = match &mut self.momentum {
-                Some(m) => {
-                    m[i] = ((&m[i] * (1.0 - self.config.friction))? - (g * eta)?)?;
-                    m[i].clone()
-                }
-                None => (g * -eta)?,
-            };
-            p.set(&(p.as_detached_tensor() + delta)?)?;
-        }
-        self.step += 1;
-        Ok(())
     }
 
     fn diagnostics(&self) -> Diagnostics {

@@ -15,8 +15,8 @@
 use candle_core::{Tensor, Var};
 
 use super::{
-    check_lengths, from_state, init_momentum, kinetic_energy, noise_like, to_state, Diagnostics,
-    Integrator, Sampler, SamplerConfig, SamplerState,
+    from_state, init_momentum, kinetic_energy, noise_like, to_state, Diagnostics, Integrator,
+    Sampler, SamplerConfig, SamplerState, TensorsDone, TensorwiseStep,
 };
 use crate::error::Result;
 
@@ -28,6 +28,7 @@ pub struct Sghmc {
     /// v = p·h, one tensor per parameter tensor.
     pub momentum: Vec<Tensor>,
     kinetic: f64,
+    done: TensorsDone,
 }
 
 impl Sghmc {
@@ -46,17 +47,18 @@ impl Sghmc {
             step: 0,
             momentum,
             kinetic,
+            done: TensorsDone::default(),
         })
     }
 }
 
-impl Sampler for Sghmc {
-    fn config(&self) -> SamplerConfig {
-        self.config
+impl TensorwiseStep for Sghmc {
+    fn begin(&mut self) -> Result<()> {
+        self.done.begin(self.momentum.len())
     }
 
-    fn step(&mut self, params: &[Var], grads: &[Tensor]) -> Result<()> {
-        check_lengths(params, grads)?;
+    fn tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
+        self.done.mark(i)?;
         let SamplerConfig {
             step_size: eta,
             friction: alpha,
@@ -64,22 +66,31 @@ impl Sampler for Sghmc {
             ..
         } = self.config;
         let sigma = (2.0 * (alpha - beta) * eta).sqrt();
-        for (i, (p, g)) in params.iter().zip(grads).enumerate() {
-            let g = &g.detach(); // keep autograd history out of the sampler state
-            let z = noise_like(g, self.seed, self.step, i)?;
-            let v = &self.momentum[i];
-            let v = if self.config.integrator == Integrator::Splitting {
-                let damp = (-alpha / 2.0).exp();
-                ((((v * damp)? - (g * eta)?)? + (z * sigma)?)? * damp)?
-            } else {
-                (((v * (1.0 - alpha))? - (g * eta)?)? + (z * sigma)?)?
-            };
-            p.set(&(p.as_detached_tensor() + &v)?)?;
-            self.momentum[i] = v;
-        }
-        self.kinetic = kinetic_energy(&self.momentum, eta)?;
+        let g = &g.detach(); // keep autograd history out of the sampler state
+        let z = noise_like(g, self.seed, self.step, i)?;
+        let v = &self.momentum[i];
+        let v = if self.config.integrator == Integrator::Splitting {
+            let damp = (-alpha / 2.0).exp();
+            ((((v * damp)? - (g * eta)?)? + (z * sigma)?)? * damp)?
+        } else {
+            (((v * (1.0 - alpha))? - (g * eta)?)? + (z * sigma)?)?
+        };
+        p.set(&(p.as_detached_tensor() + &v)?)?;
+        self.momentum[i] = v;
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        self.done.finish()?;
+        self.kinetic = kinetic_energy(&self.momentum, self.config.step_size)?;
         self.step += 1;
         Ok(())
+    }
+}
+
+impl Sampler for Sghmc {
+    fn config(&self) -> SamplerConfig {
+        self.config
     }
 
     fn diagnostics(&self) -> Diagnostics {

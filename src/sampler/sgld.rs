@@ -5,7 +5,9 @@
 
 use candle_core::{Tensor, Var};
 
-use super::{check_lengths, noise_like, Diagnostics, Sampler, SamplerConfig, SamplerState};
+use super::{
+    noise_like, Diagnostics, Sampler, SamplerConfig, SamplerState, TensorsDone, TensorwiseStep,
+};
 use crate::error::Result;
 
 #[derive(Debug, Clone)]
@@ -13,35 +15,49 @@ pub struct Sgld {
     pub config: SamplerConfig,
     pub seed: u64,
     pub step: u64,
+    /// Number of parameter tensors.
+    tensors: usize,
+    done: TensorsDone,
 }
 
 impl Sgld {
-    pub fn init(config: SamplerConfig, seed: u64) -> Self {
+    pub fn init(config: SamplerConfig, params: &[Var], seed: u64) -> Self {
         Sgld {
             config,
             seed,
             step: 0,
+            tensors: params.len(),
+            done: TensorsDone::default(),
         }
+    }
+}
+
+impl TensorwiseStep for Sgld {
+    fn begin(&mut self) -> Result<()> {
+        self.done.begin(self.tensors)
+    }
+
+    fn tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
+        self.done.mark(i)?;
+        let eta = self.config.step_size;
+        let sigma = (2.0 * eta).sqrt();
+        let g = &g.detach(); // keep autograd history out of the sampler state
+        let z = noise_like(g, self.seed, self.step, i)?;
+        let theta = ((p.as_detached_tensor() - (g * eta)?)? + (z * sigma)?)?;
+        p.set(&theta)?;
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        self.done.finish()?;
+        self.step += 1;
+        Ok(())
     }
 }
 
 impl Sampler for Sgld {
     fn config(&self) -> SamplerConfig {
         self.config
-    }
-
-    fn step(&mut self, params: &[Var], grads: &[Tensor]) -> Result<()> {
-        check_lengths(params, grads)?;
-        let eta = self.config.step_size;
-        let sigma = (2.0 * eta).sqrt();
-        for (i, (p, g)) in params.iter().zip(grads).enumerate() {
-            let g = &g.detach(); // keep autograd history out of the sampler state
-            let z = noise_like(g, self.seed, self.step, i)?;
-            let theta = ((p.as_detached_tensor() - (g * eta)?)? + (z * sigma)?)?;
-            p.set(&theta)?;
-        }
-        self.step += 1;
-        Ok(())
     }
 
     fn diagnostics(&self) -> Diagnostics {

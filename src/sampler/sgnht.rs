@@ -25,8 +25,8 @@
 use candle_core::{Tensor, Var};
 
 use super::{
-    check_lengths, from_state, init_momentum, kinetic_energy, noise_like, to_state, Diagnostics,
-    Integrator, Sampler, SamplerConfig, SamplerState,
+    from_state, init_momentum, kinetic_energy, noise_like, to_state, Diagnostics, Integrator,
+    Sampler, SamplerConfig, SamplerState, TensorsDone, TensorwiseStep,
 };
 use crate::error::{Error, Result};
 
@@ -46,6 +46,7 @@ pub struct Sgnht {
     pub momentum: Vec<Tensor>,
     pub thermostat: Thermostat,
     kinetic: f64,
+    done: TensorsDone,
 }
 
 impl Sgnht {
@@ -76,28 +77,36 @@ impl Sgnht {
             momentum,
             thermostat,
             kinetic,
+            done: TensorsDone::default(),
         };
         if config.integrator == Integrator::Splitting {
-            s.drift(params, 0.5)?;
+            for (i, p) in params.iter().enumerate() {
+                s.drift_tensor(i, p, 0.5)?;
+            }
+            s.drift_scalar(0.5)?;
         }
         Ok(s)
     }
 
-    /// A (fraction·h): θ ← θ + f·u, α ← α + f·(u⊙u − η) (scalar: the mean over all n).
-    fn drift(&mut self, params: &[Var], fraction: f64) -> Result<()> {
-        let eta = self.config.step_size;
-        for (p, u) in params.iter().zip(&self.momentum) {
-            p.set(&(p.as_detached_tensor() + (u * fraction)?)?)?;
+    /// A (fraction·h) of tensor i: θ ← θ + f·u and, per element, α ← α + f·(u⊙u − η).
+    fn drift_tensor(&mut self, i: usize, p: &Var, fraction: f64) -> Result<()> {
+        let u = &self.momentum[i];
+        p.set(&(p.as_detached_tensor() + (u * fraction)?)?)?;
+        if let Thermostat::PerElement(alphas) = &mut self.thermostat {
+            let eta = self.config.step_size;
+            alphas[i] = (&alphas[i] + ((u.sqr()? - eta)? * fraction)?)?;
         }
+        Ok(())
+    }
+
+    /// The rest of A (fraction·h) once every tensor has drifted: the kinetic energy and
+    /// the scalar thermostat α ← α + f·(uᵀu/n − η).
+    fn drift_scalar(&mut self, fraction: f64) -> Result<()> {
+        let eta = self.config.step_size;
         self.kinetic = kinetic_energy(&self.momentum, eta)?;
-        match &mut self.thermostat {
+        if let Thermostat::Scalar(alpha) = &mut self.thermostat {
             // uᵀu/n = 2η·K, with K the kinetic energy per parameter.
-            Thermostat::Scalar(alpha) => *alpha += fraction * (2.0 * eta * self.kinetic - eta),
-            Thermostat::PerElement(alphas) => {
-                for (alpha, u) in alphas.iter_mut().zip(&self.momentum) {
-                    *alpha = (&*alpha + ((u.sqr()? - eta)? * fraction)?)?;
-                }
-            }
+            *alpha += fraction * (2.0 * eta * self.kinetic - eta);
         }
         Ok(())
     }
@@ -135,33 +144,43 @@ impl Sgnht {
     }
 }
 
+impl TensorwiseStep for Sgnht {
+    fn begin(&mut self) -> Result<()> {
+        self.done.begin(self.momentum.len())
+    }
+
+    /// Euler: u ← (1 − α)u − η∇ + √(2aη)z; splitting: B (h/2), O (h), B (h/2). Then θ
+    /// and the per-element α drift: Euler's θ ← θ + u, α ← α + (u⊙u − η), which is also
+    /// splitting's merged A (h).
+    fn tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
+        self.done.mark(i)?;
+        let eta = self.config.step_size;
+        let sigma = (2.0 * self.config.diffusion * eta).sqrt();
+        let g = &g.detach(); // keep autograd history out of the sampler state
+        let z = noise_like(g, self.seed, self.step, i)?;
+        let u = &self.momentum[i];
+        let u = if self.config.integrator == Integrator::Splitting {
+            let u = self.friction_half(i, u)?;
+            let u = ((u - (g * eta)?)? + (z * sigma)?)?;
+            self.friction_half(i, &u)?
+        } else {
+            ((self.friction_euler(i, u)? - (g * eta)?)? + (z * sigma)?)?
+        };
+        self.momentum[i] = u;
+        self.drift_tensor(i, p, 1.0)
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        self.done.finish()?;
+        self.drift_scalar(1.0)?;
+        self.step += 1;
+        Ok(())
+    }
+}
+
 impl Sampler for Sgnht {
     fn config(&self) -> SamplerConfig {
         self.config
-    }
-
-    fn step(&mut self, params: &[Var], grads: &[Tensor]) -> Result<()> {
-        check_lengths(params, grads)?;
-        let eta = self.config.step_size;
-        let sigma = (2.0 * self.config.diffusion * eta).sqrt();
-        let splitting = self.config.integrator == Integrator::Splitting;
-        for (i, g) in grads.iter().enumerate() {
-            let g = &g.detach(); // keep autograd history out of the sampler state
-            let z = noise_like(g, self.seed, self.step, i)?;
-            let u = &self.momentum[i];
-            let u = if splitting {
-                let u = self.friction_half(i, u)?;
-                let u = ((u - (g * eta)?)? + (z * sigma)?)?;
-                self.friction_half(i, &u)?
-            } else {
-                ((self.friction_euler(i, u)? - (g * eta)?)? + (z * sigma)?)?
-            };
-            self.momentum[i] = u;
-        }
-        // Euler: θ ← θ + u, α ← α + (u⊙u − η); splitting: the merged A (h), the same update.
-        self.drift(params, 1.0)?;
-        self.step += 1;
-        Ok(())
     }
 
     fn diagnostics(&self) -> Diagnostics {
