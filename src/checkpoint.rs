@@ -11,9 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::atomic::write_atomic;
 use crate::error::{Error, Result};
-use crate::model::{ModelSpec, Network};
-use crate::potential::PriorSpec;
-use crate::sampler::SamplerConfig;
+use crate::model::Network;
 
 /// `run.json`: everything needed to rebuild the model and reread the data of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -26,38 +24,16 @@ pub struct RunManifest {
     pub train_examples: usize,
     pub input_dim: usize,
     pub num_classes: usize,
-    pub model: ModelSpec,
     pub num_params: usize,
-    pub sampler: SamplerConfig,
-    pub prior: PriorSpec,
-    pub temperature: f64,
-    pub batch_size: usize,
-    pub epochs: usize,
-    /// Burn-in, thinning, step-size schedule (flattened: the keys of older runs).
+    /// The hyper-parameters (flattened: the keys of older runs).
     #[serde(flatten)]
-    pub schedule: crate::schedule::Schedule,
-    pub seed: u64,
+    pub settings: crate::settings::Settings,
     /// The per-pixel input standardisation of `--standardize` (absent: pixels in [0, 1]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standardization: Option<crate::data::Standardization>,
-    /// Fused or composed update, custom or autograd backward (absent in older runs).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kernel: Option<crate::sampler::Kernel>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backward: Option<crate::potential::Backward>,
-    /// `--checkpoint-every` (0: once per epoch).
-    #[serde(default)]
-    pub checkpoint_every: usize,
     /// The `bnn train` command line that started the run; `--resume` re-reads it.
     #[serde(default)]
     pub command_line: Vec<String>,
-    /// Chains of the run: 1 keeps samples in `samples/`, K > 1 in `chain-<k>/samples/`.
-    #[serde(default = "one")]
-    pub chains: usize,
-}
-
-fn one() -> usize {
-    1
 }
 
 impl RunManifest {

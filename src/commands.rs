@@ -11,6 +11,7 @@ use bnn::potential::PriorSpec;
 use bnn::sampler::SamplerConfig;
 use clap::Parser;
 
+use bnn::settings::Settings;
 use bnn::train::{self, TrainConfig};
 
 /// Runs a parsed command; returns the JSON document to print last on stdout.
@@ -400,34 +401,36 @@ fn train_config(
     });
     let run_dir: PathBuf = args.out.join(run_name);
     let cfg = TrainConfig {
-        model,
-        sampler,
-        kernel: args.kernel,
-        backward: args.backward,
-        prior,
-        temperature: args.temperature,
-        batch_size: args.batch_size,
-        epochs: args.epochs,
-        schedule: bnn::schedule::Schedule {
-            burnin: args.burnin,
-            thin: args.thin,
-            decay_at: args.decay_at.clone(),
-            decay_factor: args.decay_factor,
-            cycles: args.cycles,
-            sample_fraction: args.sample_fraction,
-            poly_gamma: args.poly_gamma,
-            poly_steps: args.poly_steps,
+        settings: Settings {
+            model,
+            sampler,
+            kernel: args.kernel,
+            backward: args.backward,
+            prior,
+            temperature: args.temperature,
+            batch_size: args.batch_size,
+            epochs: args.epochs,
+            schedule: bnn::schedule::Schedule {
+                burnin: args.burnin,
+                thin: args.thin,
+                decay_at: args.decay_at.clone(),
+                decay_factor: args.decay_factor,
+                cycles: args.cycles,
+                sample_fraction: args.sample_fraction,
+                poly_gamma: args.poly_gamma,
+                poly_steps: args.poly_steps,
+            },
+            seed: args.seed,
+            checkpoint_every: args.checkpoint_every,
+            chains: args.chains,
         },
-        seed: args.seed,
         run_dir,
         device: device_of(args.device)?,
         progress: !args.no_progress
             && !quiet
             && std::io::IsTerminal::is_terminal(&std::io::stderr()),
         resume: false,
-        checkpoint_every: args.checkpoint_every,
         command_line,
-        chains: args.chains,
     };
     Ok((cfg, ds))
 }

@@ -66,7 +66,13 @@ pub fn evaluate_run(
     device: &Device,
 ) -> Result<EvalReport> {
     let device = device.clone();
-    let model = Network::new(&manifest.model, manifest.input_dim, NUM_CLASSES, 0, &device)?;
+    let model = Network::new(
+        &manifest.settings.model,
+        manifest.input_dim,
+        NUM_CLASSES,
+        0,
+        &device,
+    )?;
     // Chain by chain, then pooled in chain order, as training pools them.
     let (mut tests, mut valids) = (Vec::new(), Vec::new());
     for dir in checkpoint::chain_dirs(run_dir) {

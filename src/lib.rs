@@ -25,6 +25,7 @@ pub mod rng;
 pub mod run_state;
 pub mod sampler;
 pub mod schedule;
+pub mod settings;
 pub mod signals;
 pub mod synthetic;
 pub mod train;

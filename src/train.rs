@@ -20,29 +20,18 @@ use crate::data::{Dataset, Split, NUM_CLASSES};
 use crate::ensemble::{self, Accumulator};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::model::{ModelSpec, Network};
-use crate::potential::{Backward, Potential, Prior, PriorSpec};
+use crate::model::Network;
+use crate::potential::{Backward, Potential, Prior};
 use crate::run_state::{self, Progress, RunState};
 use crate::sampler::{self, Kernel, Sampler, SamplerConfig, TensorwiseStep};
-use crate::schedule::Schedule;
+use crate::settings::Settings;
 use crate::signals;
 
-/// Everything a training run needs besides the data.
+/// Everything a training run needs besides the data: its settings and where and how it
+/// runs.
 #[derive(Debug, Clone)]
 pub struct TrainConfig {
-    pub model: ModelSpec,
-    pub sampler: SamplerConfig,
-    /// Fused kernels (default) or the composed reference.
-    pub kernel: Kernel,
-    /// Hand-written CPU backward or candle's autograd.
-    pub backward: Backward,
-    pub prior: PriorSpec,
-    pub temperature: f64,
-    pub batch_size: usize,
-    pub epochs: usize,
-    /// Burn-in, thinning and the step-size schedule.
-    pub schedule: Schedule,
-    pub seed: u64,
+    pub settings: Settings,
     /// Folder of this run (`checkpoints/<run>`).
     pub run_dir: PathBuf,
     /// Show a progress bar.
@@ -51,60 +40,8 @@ pub struct TrainConfig {
     pub device: Device,
     /// Continue the run in `run_dir` from its saved state.
     pub resume: bool,
-    /// Save the run's state every this many updates (0: once per epoch), at the end, and
-    /// on SIGINT/SIGTERM.
-    pub checkpoint_every: usize,
     /// The command line that started the run (recorded in `run.json` for `--resume`).
     pub command_line: Vec<String>,
-    /// Independent chains run side by side (1: today's single chain and layout).
-    pub chains: usize,
-}
-
-impl TrainConfig {
-    pub fn validate(&self, train_examples: usize) -> Result<()> {
-        let bad = |m: String| Err(Error::Config(m));
-        if self.batch_size == 0 || self.batch_size > train_examples {
-            return bad(format!(
-                "--batch-size must be in 1..={train_examples}, got {}",
-                self.batch_size
-            ));
-        }
-        if self.epochs == 0 {
-            return bad("--epochs must be at least 1".into());
-        }
-        if self.schedule.burnin >= self.epochs {
-            return bad(format!(
-                "--burnin {} leaves no epoch to sample in (--epochs {})",
-                self.schedule.burnin, self.epochs
-            ));
-        }
-        if !(self.schedule.decay_factor > 0.0 && self.schedule.decay_factor.is_finite()) {
-            return bad(format!(
-                "--decay-factor must be positive, got {}",
-                self.schedule.decay_factor
-            ));
-        }
-        if !(self.schedule.poly_gamma >= 0.0 && self.schedule.poly_steps > 0.0) {
-            return bad(format!(
-                "--poly-gamma must be ≥ 0 and --poly-steps > 0, got {} and {}",
-                self.schedule.poly_gamma, self.schedule.poly_steps
-            ));
-        }
-        if !(self.schedule.sample_fraction > 0.0 && self.schedule.sample_fraction <= 1.0) {
-            return bad(format!(
-                "--sample-fraction must be in (0, 1], got {}",
-                self.schedule.sample_fraction
-            ));
-        }
-        if self.schedule.thin == 0 {
-            return bad("--thin must be at least 1".into());
-        }
-        if self.chains == 0 || self.chains > 1024 {
-            return bad(format!("--chains must be in 1..=1024, got {}", self.chains));
-        }
-        self.model.validate()?;
-        self.sampler.validate()
-    }
 }
 
 /// One line of `metrics.jsonl`.
@@ -140,22 +77,17 @@ pub struct Summary {
     pub data_source: String,
     /// Pixels standardised per pixel (`--standardize`) rather than scaled to [0, 1].
     pub standardized_inputs: bool,
-    pub model: String,
+    /// The run's settings, as in `run.json`.
+    #[serde(flatten)]
+    pub settings: Settings,
+    /// The network in short (`mlp-784-100-10-relu`, ...).
+    pub model_label: String,
     pub num_params: usize,
-    pub sampler: SamplerConfig,
-    pub kernel: Kernel,
     /// The CPU kernel path (`avx512`, `avx2` or `portable`; see `kernels::isa`).
     #[serde(default)]
     pub isa: String,
-    /// The gradient implementation used (`custom` or `autograd`).
-    pub backward: Backward,
-    pub prior: PriorSpec,
-    pub temperature: f64,
-    pub batch_size: usize,
-    pub epochs: usize,
-    #[serde(flatten)]
-    pub schedule: Schedule,
-    pub seed: u64,
+    /// The gradient implementation used (`custom` or `autograd`: `auto` resolved).
+    pub backward_used: Backward,
     pub samples: usize,
     /// Bayesian model average over the kept samples, on the test set.
     pub ensemble: Option<Metrics>,
@@ -222,14 +154,23 @@ fn sample_metadata(
     Ok(BTreeMap::from([
         ("step".to_string(), step.to_string()),
         ("epoch".to_string(), epoch.to_string()),
-        ("sampler".to_string(), cfg.sampler.kind.name().to_string()),
-        ("hyperparameters".to_string(), to_json(&cfg.sampler)?),
-        ("prior".to_string(), to_json(&cfg.prior)?),
-        ("temperature".to_string(), cfg.temperature.to_string()),
+        (
+            "sampler".to_string(),
+            cfg.settings.sampler.kind.name().to_string(),
+        ),
+        (
+            "hyperparameters".to_string(),
+            to_json(&cfg.settings.sampler)?,
+        ),
+        ("prior".to_string(), to_json(&cfg.settings.prior)?),
+        (
+            "temperature".to_string(),
+            cfg.settings.temperature.to_string(),
+        ),
         ("step_size".to_string(), step_size.to_string()),
         ("dataset".to_string(), ds.name.clone()),
-        ("architecture".to_string(), to_json(&cfg.model)?),
-        ("seed".to_string(), cfg.seed.to_string()),
+        ("architecture".to_string(), to_json(&cfg.settings.model)?),
+        ("seed".to_string(), cfg.settings.seed.to_string()),
         (
             "bnn_version".to_string(),
             env!("CARGO_PKG_VERSION").to_string(),
@@ -355,33 +296,22 @@ pub fn manifest(cfg: &TrainConfig, ds: &Dataset, num_params: usize) -> RunManife
         train_examples: ds.train.len(),
         input_dim: ds.train.dim(),
         num_classes: NUM_CLASSES,
-        model: cfg.model.clone(),
         num_params,
-        sampler: cfg.sampler,
-        prior: cfg.prior,
-        temperature: cfg.temperature,
-        batch_size: cfg.batch_size,
-        epochs: cfg.epochs,
-        schedule: cfg.schedule.clone(),
-        seed: cfg.seed,
+        settings: cfg.settings.clone(),
         standardization: ds.train.standardization.as_deref().cloned(),
-        kernel: Some(cfg.kernel),
-        backward: Some(cfg.backward),
-        checkpoint_every: cfg.checkpoint_every,
         command_line: cfg.command_line.clone(),
-        chains: cfg.chains,
     }
 }
 
 /// Trains on `ds` and returns the summary (also written to `summary.json`). With
 /// `cfg.resume` it continues the run in `cfg.run_dir` from its saved state, bit for bit.
-/// With `cfg.chains` = K > 1, K independent chains run side by side on the thread pool
+/// With `cfg.settings.chains` = K > 1, K independent chains run side by side on the thread pool
 /// (one chain per pool thread), each in `RUN/chain-<k>/` with its own seed
 /// ([`rng::chain_seed`]); the ensemble pools every chain's samples.
 pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
-    cfg.validate(ds.train.len())?;
+    cfg.settings.validate(ds.train.len())?;
     let run_dir = &cfg.run_dir;
-    if cfg.chains <= 1 {
+    if cfg.settings.chains <= 1 {
         let chain = run_chain(cfg, ds, run_dir, true)?;
         return finish(cfg, ds, vec![chain]);
     }
@@ -409,21 +339,21 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
         cfg,
         ds,
         Network::new(
-            &cfg.model,
+            &cfg.settings.model,
             ds.train.dim(),
             NUM_CLASSES,
-            cfg.seed,
+            cfg.settings.seed,
             &Device::Cpu,
         )?
         .num_params(),
     )
     .write(run_dir)?;
-    let results: Vec<std::sync::Mutex<Option<Result<ChainOutcome>>>> = (0..cfg.chains)
+    let results: Vec<std::sync::Mutex<Option<Result<ChainOutcome>>>> = (0..cfg.settings.chains)
         .map(|_| std::sync::Mutex::new(None))
         .collect();
-    crate::pool::run(cfg.chains, &|k| {
+    crate::pool::run(cfg.settings.chains, &|k| {
         let mut chain_cfg = cfg.clone();
-        chain_cfg.seed = crate::rng::chain_seed(cfg.seed, k);
+        chain_cfg.settings.seed = crate::rng::chain_seed(cfg.settings.seed, k);
         chain_cfg.progress = false;
         let _span = tracing::info_span!("chain", k).entered();
         let out = run_chain(&chain_cfg, ds, &checkpoint::chain_dir(run_dir, k), false);
@@ -431,7 +361,7 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
             *slot = Some(out);
         }
     });
-    let mut chains = Vec::with_capacity(cfg.chains);
+    let mut chains = Vec::with_capacity(cfg.settings.chains);
     let mut first_error = None;
     for (k, slot) in results.into_iter().enumerate() {
         match slot.into_inner().ok().flatten() {
@@ -488,7 +418,13 @@ fn run_chain(
     let device = cfg.device.clone();
     std::fs::create_dir_all(checkpoint::samples_dir(run_dir)).map_err(|e| Error::io(run_dir, e))?;
     let dim = ds.train.dim();
-    let model = Network::new(&cfg.model, dim, NUM_CLASSES, cfg.seed, &device)?;
+    let model = Network::new(
+        &cfg.settings.model,
+        dim,
+        NUM_CLASSES,
+        cfg.settings.seed,
+        &device,
+    )?;
     let vars = model.vars();
     let metrics_path = run_dir.join("metrics.jsonl");
     // A chain of a multi-chain run stopped before its first state starts afresh.
@@ -496,10 +432,10 @@ fn run_chain(
     let saved = if resume {
         let names: Vec<String> = model.params.iter().map(|p| p.name.clone()).collect();
         let state = RunState::load(run_dir, &names)?;
-        if state.progress.epoch > cfg.epochs {
+        if state.progress.epoch > cfg.settings.epochs {
             return Err(Error::Config(format!(
                 "--epochs {} is fewer than the {} the run has done",
-                cfg.epochs, state.progress.epoch
+                cfg.settings.epochs, state.progress.epoch
             )));
         }
         discard_after(run_dir, &metrics_path, &state.progress)?;
@@ -524,16 +460,16 @@ fn run_chain(
         None
     };
 
-    let prior = Prior::new(cfg.prior, model.params.len())?;
-    let potential = Potential::new(ds.train.len(), cfg.temperature, prior)?;
+    let prior = Prior::new(cfg.settings.prior, model.params.len())?;
+    let potential = Potential::new(ds.train.len(), cfg.settings.temperature, prior)?;
     let mut stepper = Stepper::new(
         &model,
         potential,
-        cfg.sampler,
-        cfg.kernel,
-        cfg.backward,
-        cfg.seed,
-        cfg.batch_size,
+        cfg.settings.sampler,
+        cfg.settings.kernel,
+        cfg.settings.backward,
+        cfg.settings.seed,
+        cfg.settings.batch_size,
     )?;
     let backward = stepper.backward;
     let mut test_acc = Accumulator::new(&ds.test.labels);
@@ -566,16 +502,16 @@ fn run_chain(
             "resuming"
         );
     }
-    let mut shuffle_rng = rand::rngs::StdRng::seed_from_u64(cfg.seed ^ SHUFFLE_STREAM);
+    let mut shuffle_rng = rand::rngs::StdRng::seed_from_u64(cfg.settings.seed ^ SHUFFLE_STREAM);
 
     let n = ds.train.len();
-    let batches_per_epoch = n / cfg.batch_size;
-    let total_steps = (batches_per_epoch * cfg.epochs) as u64;
-    let every = match cfg.checkpoint_every {
+    let batches_per_epoch = n / cfg.settings.batch_size;
+    let total_steps = (batches_per_epoch * cfg.settings.epochs) as u64;
+    let every = match cfg.settings.checkpoint_every {
         0 => batches_per_epoch as u64,
         k => k as u64,
     };
-    let schedule = &cfg.schedule;
+    let schedule = &cfg.settings.schedule;
     let mut order: Vec<usize> = (0..n).collect();
     // The minibatch order of the epochs done: the shuffle stream replayed.
     for _ in 0..at.epoch {
@@ -589,8 +525,8 @@ fn run_chain(
         params = model.num_params(),
         train = n,
         "training {} with {}",
-        cfg.model.label(),
-        cfg.sampler.kind.name()
+        cfg.settings.model.label(),
+        cfg.settings.sampler.kind.name()
     );
 
     // Saves the state at `epoch`, `batch` with the epoch's sums so far.
@@ -635,24 +571,30 @@ fn run_chain(
         manifest(cfg, ds, model.num_params()).write(run_dir)?;
     }
 
-    for epoch in at.epoch..cfg.epochs {
+    for epoch in at.epoch..cfg.settings.epochs {
         let epoch_start = Instant::now();
         order.shuffle(&mut shuffle_rng);
         let resumed = epoch == at.epoch;
         let first_batch = if resumed { at.batch } else { 0 };
-        let bar = progress_bar(cfg.progress, batches_per_epoch as u64, epoch, cfg.epochs);
+        let bar = progress_bar(
+            cfg.progress,
+            batches_per_epoch as u64,
+            epoch,
+            cfg.settings.epochs,
+        );
         let mut sums = if resumed {
             at.clone()
         } else {
             Progress::default()
         };
         for (b, idx) in order
-            .chunks_exact(cfg.batch_size)
+            .chunks_exact(cfg.settings.batch_size)
             .enumerate()
             .skip(first_batch)
         {
             let t0 = Instant::now();
-            let eta = schedule.step_size_of(cfg.sampler.step_size, step, total_steps, epoch);
+            let eta =
+                schedule.step_size_of(cfg.settings.sampler.step_size, step, total_steps, epoch);
             if sums.updates == 0 {
                 sums.eta_first = eta;
             }
@@ -664,7 +606,12 @@ fn run_chain(
             }
             let loss = stepper.step(&ds.train, idx)?;
             if !loss.nll.is_finite() {
-                return Err(diverged(step, epoch, loss.nll, cfg.sampler.step_size));
+                return Err(diverged(
+                    step,
+                    epoch,
+                    loss.nll,
+                    cfg.settings.sampler.step_size,
+                ));
             }
             step += 1;
             step_seconds += t0.elapsed().as_secs_f64();
@@ -675,7 +622,7 @@ fn run_chain(
             let diag = stepper.sampler.diagnostics();
             if let Some(ke) = diag.kinetic_energy {
                 if !ke.is_finite() {
-                    return Err(diverged(step, epoch, ke, cfg.sampler.step_size));
+                    return Err(diverged(step, epoch, ke, cfg.settings.sampler.step_size));
                 }
                 sums.ke_sum += ke;
                 sums.ke_count += 1;
@@ -684,7 +631,12 @@ fn run_chain(
             if schedule.keeps_sample(step, total_steps, epoch) {
                 // Never write a sample from a diverging chain.
                 if !model.all_finite()? {
-                    return Err(diverged(step, epoch, f64::NAN, cfg.sampler.step_size));
+                    return Err(diverged(
+                        step,
+                        epoch,
+                        f64::NAN,
+                        cfg.settings.sampler.step_size,
+                    ));
                 }
                 let meta = sample_metadata(cfg, ds, step, epoch, eta)?;
                 checkpoint::save_sample(run_dir, step, &model, meta)?;
@@ -726,11 +678,11 @@ fn run_chain(
         bar.finish_and_clear();
         // The prior's precisions are resampled for the samplers only: SGD and momentum are
         // point estimates, for which the prior is a fixed weight decay (its initial λ).
-        let gibbs = if cfg.sampler.kind.is_sampler() {
+        let gibbs = if cfg.settings.sampler.kind.is_sampler() {
             stepper.potential.prior.gibbs_step(
                 &vars,
-                cfg.temperature,
-                cfg.seed ^ GIBBS_STREAM ^ epoch as u64,
+                cfg.settings.temperature,
+                cfg.settings.seed ^ GIBBS_STREAM ^ epoch as u64,
             )
         } else if model.all_finite()? {
             Ok(())
@@ -742,7 +694,7 @@ fn run_chain(
                 step,
                 epoch: epoch + 1,
                 what,
-                suggestion: cfg.sampler.step_size / 4.0,
+                suggestion: cfg.settings.sampler.step_size / 4.0,
             });
         }
         gibbs?;
@@ -779,7 +731,7 @@ fn run_chain(
             "epoch done"
         );
         let signal = signals::pending();
-        let last = epoch + 1 == cfg.epochs;
+        let last = epoch + 1 == cfg.settings.epochs;
         if signal.is_some() || step.is_multiple_of(every) || last {
             let progress = Progress {
                 epoch: epoch + 1,
@@ -797,7 +749,7 @@ fn run_chain(
     }
 
     Ok(ChainOutcome {
-        seed: cfg.seed,
+        seed: cfg.settings.seed,
         num_params: model.num_params(),
         test: test_acc,
         valid: valid_acc,
@@ -869,18 +821,11 @@ fn finish(cfg: &TrainConfig, ds: &Dataset, chains: Vec<ChainOutcome>) -> Result<
         dataset: ds.name.clone(),
         data_source: ds.source.clone(),
         standardized_inputs: ds.train.standardization.is_some(),
-        model: cfg.model.label(),
+        settings: cfg.settings.clone(),
+        model_label: cfg.settings.model.label(),
         num_params,
-        sampler: cfg.sampler,
-        kernel: cfg.kernel,
         isa: crate::kernels::isa::current().name().to_string(),
-        backward: chains.first().map_or(cfg.backward, |c| c.backward),
-        prior: cfg.prior,
-        temperature: cfg.temperature,
-        batch_size: cfg.batch_size,
-        epochs: cfg.epochs,
-        schedule: cfg.schedule.clone(),
-        seed: cfg.seed,
+        backward_used: chains.first().map_or(cfg.settings.backward, |c| c.backward),
         samples: test.samples(),
         ensemble: test.metrics(),
         last_sample: test.last_sample,
@@ -988,62 +933,4 @@ fn progress_message(nll: f64, acc: f64, diag: sampler::Diagnostics) -> String {
         m.push_str(&format!(" thermostat {t:.3e}"));
     }
     m
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::sampler::SamplerKind;
-
-    fn config() -> TrainConfig {
-        TrainConfig {
-            model: ModelSpec::default(),
-            sampler: SamplerKind::Sghmc.defaults(),
-            kernel: Kernel::Fused,
-            backward: Backward::Auto,
-            prior: PriorSpec::Gaussian { std: 1.0 },
-            temperature: 1.0,
-            batch_size: 100,
-            epochs: 10,
-            schedule: Schedule {
-                burnin: 2,
-                thin: 5,
-                decay_at: vec![],
-                decay_factor: 0.5,
-                cycles: 0,
-                sample_fraction: 0.25,
-                poly_gamma: 0.0,
-                poly_steps: 1000.0,
-            },
-            seed: 0,
-            run_dir: PathBuf::from("unused"),
-            progress: false,
-            device: Device::Cpu,
-            resume: false,
-            checkpoint_every: 0,
-            command_line: Vec::new(),
-            chains: 1,
-        }
-    }
-
-    /// The schedule's checks are the run's: burn-in past the end, zero thinning, a bad
-    /// decay factor are refused with the flag's name.
-    #[test]
-    fn schedule_settings_are_validated() {
-        assert!(config().validate(1000).is_ok());
-        for (edit, flag) in [
-            (
-                (|c: &mut TrainConfig| c.schedule.burnin = 10) as fn(&mut TrainConfig),
-                "--burnin",
-            ),
-            (|c| c.schedule.thin = 0, "--thin"),
-            (|c| c.schedule.decay_factor = 0.0, "--decay-factor"),
-            (|c| c.schedule.sample_fraction = 1.5, "--sample-fraction"),
-        ] {
-            let mut c = config();
-            edit(&mut c);
-            let e = c.validate(1000).unwrap_err().to_string();
-            assert!(e.contains(flag), "{e}");
-        }
-    }
 }

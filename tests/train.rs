@@ -326,7 +326,7 @@ fn cnn_trains_like_autograd_and_is_evaluable() {
             "2",
         ],
     );
-    assert_eq!(runs[0]["model"], "cnn5-c4-c8-32-relu");
+    assert_eq!(runs[0]["model_label"], "cnn5-c4-c8-32-relu");
     let out = bnn(d.path(), &["eval", "--run", "checkpoints/custom"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let e = last_json(&out);

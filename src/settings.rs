@@ -1,0 +1,180 @@
+//! The hyper-parameters of a run, defined once: what `bnn train`'s flags set (the binary
+//! maps its arguments onto [`Settings`]), what `run.json` records and `summary.json`
+//! repeats (flattened into both, so their keys are those of older runs), and what
+//! `--resume` compares.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::model::ModelSpec;
+use crate::potential::{Backward, PriorSpec};
+use crate::sampler::{Kernel, SamplerConfig};
+use crate::schedule::Schedule;
+
+/// Everything that decides a run's numbers, besides the data.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Settings {
+    pub model: ModelSpec,
+    pub sampler: SamplerConfig,
+    /// Fused kernels (default) or the composed reference (absent in older runs: fused).
+    #[serde(default = "fused")]
+    pub kernel: Kernel,
+    /// Hand-written CPU backward or candle's autograd, as asked for (`auto` included).
+    #[serde(default = "auto")]
+    pub backward: Backward,
+    pub prior: PriorSpec,
+    /// T of the tempered posterior p(θ|D)^{1/T}.
+    pub temperature: f64,
+    pub batch_size: usize,
+    pub epochs: usize,
+    /// Burn-in, thinning and the step-size schedule.
+    #[serde(flatten)]
+    pub schedule: Schedule,
+    pub seed: u64,
+    /// Save the run's state every this many updates (0: once per epoch), at the end, and
+    /// on SIGINT/SIGTERM.
+    #[serde(default)]
+    pub checkpoint_every: usize,
+    /// Independent chains run side by side (1: one chain, samples in `RUN/samples/`).
+    #[serde(default = "one")]
+    pub chains: usize,
+}
+
+fn fused() -> Kernel {
+    Kernel::Fused
+}
+
+fn auto() -> Backward {
+    Backward::Auto
+}
+
+fn one() -> usize {
+    1
+}
+
+impl Settings {
+    /// Checks every setting, for a training set of `train_examples`; the message names
+    /// the flag.
+    pub fn validate(&self, train_examples: usize) -> Result<()> {
+        let bad = |m: String| Err(Error::Config(m));
+        if self.batch_size == 0 || self.batch_size > train_examples {
+            return bad(format!(
+                "--batch-size must be in 1..={train_examples}, got {}",
+                self.batch_size
+            ));
+        }
+        if self.epochs == 0 {
+            return bad("--epochs must be at least 1".into());
+        }
+        if self.schedule.burnin >= self.epochs {
+            return bad(format!(
+                "--burnin {} leaves no epoch to sample in (--epochs {})",
+                self.schedule.burnin, self.epochs
+            ));
+        }
+        if !(self.schedule.decay_factor > 0.0 && self.schedule.decay_factor.is_finite()) {
+            return bad(format!(
+                "--decay-factor must be positive, got {}",
+                self.schedule.decay_factor
+            ));
+        }
+        if !(self.schedule.poly_gamma >= 0.0 && self.schedule.poly_steps > 0.0) {
+            return bad(format!(
+                "--poly-gamma must be ≥ 0 and --poly-steps > 0, got {} and {}",
+                self.schedule.poly_gamma, self.schedule.poly_steps
+            ));
+        }
+        if !(self.schedule.sample_fraction > 0.0 && self.schedule.sample_fraction <= 1.0) {
+            return bad(format!(
+                "--sample-fraction must be in (0, 1], got {}",
+                self.schedule.sample_fraction
+            ));
+        }
+        if self.schedule.thin == 0 {
+            return bad("--thin must be at least 1".into());
+        }
+        if self.chains == 0 || self.chains > 1024 {
+            return bad(format!("--chains must be in 1..=1024, got {}", self.chains));
+        }
+        self.model.validate()?;
+        self.sampler.validate()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampler::SamplerKind;
+
+    fn settings() -> Settings {
+        Settings {
+            model: ModelSpec::default(),
+            sampler: SamplerKind::Sghmc.defaults(),
+            kernel: Kernel::Fused,
+            backward: Backward::Auto,
+            prior: PriorSpec::Gaussian { std: 1.0 },
+            temperature: 1.0,
+            batch_size: 100,
+            epochs: 10,
+            schedule: Schedule {
+                burnin: 2,
+                thin: 5,
+                decay_at: vec![],
+                decay_factor: 0.5,
+                cycles: 0,
+                sample_fraction: 0.25,
+                poly_gamma: 0.0,
+                poly_steps: 1000.0,
+            },
+            seed: 0,
+            checkpoint_every: 0,
+            chains: 1,
+        }
+    }
+
+    /// Burn-in past the end, zero thinning, a bad decay factor, a batch larger than the
+    /// data, no chains are refused with the flag's name.
+    #[test]
+    fn settings_are_validated_by_flag() {
+        assert!(settings().validate(1000).is_ok());
+        for (edit, flag) in [
+            (
+                (|c: &mut Settings| c.schedule.burnin = 10) as fn(&mut Settings),
+                "--burnin",
+            ),
+            (|c| c.schedule.thin = 0, "--thin"),
+            (|c| c.schedule.decay_factor = 0.0, "--decay-factor"),
+            (|c| c.schedule.sample_fraction = 1.5, "--sample-fraction"),
+            (|c| c.batch_size = 1001, "--batch-size"),
+            (|c| c.chains = 0, "--chains"),
+            (|c| c.epochs = 0, "--epochs"),
+        ] {
+            let mut c = settings();
+            edit(&mut c);
+            let e = c.validate(1000).unwrap_err().to_string();
+            assert!(e.contains(flag), "{e}");
+        }
+    }
+
+    /// The settings round-trip through JSON, flattened as run.json and summary.json hold
+    /// them; a run.json of before `kernel`, `backward`, `checkpoint_every` and `chains`
+    /// existed reads with their defaults.
+    #[test]
+    fn settings_round_trip_and_old_records_read() {
+        let s = settings();
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["burnin"], 2, "the schedule is flattened: {json}");
+        let back: Settings = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(back, s);
+        let mut old = json;
+        let map = old.as_object_mut().unwrap();
+        for key in ["kernel", "backward", "checkpoint_every", "chains"] {
+            map.remove(key);
+        }
+        let back: Settings = serde_json::from_value(old).unwrap();
+        assert_eq!(
+            (back.kernel, back.backward, back.chains),
+            (Kernel::Fused, Backward::Auto, 1)
+        );
+    }
+}
