@@ -114,8 +114,22 @@ pub fn box_muller(a: u32, b: u32) -> (f32, f32) {
     (r * c, r * s)
 }
 
+// Every seed stream of the project, in one place. A run seeded s draws its initial
+// weights from `StdRng` seeded s itself, its injected noise from Philox keyed by s
+// ([`NoiseKey`]), and the rest from the streams below, so that no two draws share one.
+
 /// Separates the seeds of a run's chains (`--chains`).
 const CHAIN_STREAM: u64 = 0x4348_4149_4e00_0000;
+/// The minibatch order: `StdRng` seeded s ^ SHUFFLE_STREAM, one shuffle per epoch.
+pub const SHUFFLE_STREAM: u64 = 0x5348_5546_464c_4500;
+/// The prior's Gibbs step at the end of epoch e: `StdRng` seeded s ^ GIBBS_STREAM ^ e.
+pub const GIBBS_STREAM: u64 = 0x4749_4242_5300_0000;
+/// The initial momenta: the noise stream at this step index, outside any update's.
+pub const INIT_STREAM: u64 = u64::MAX;
+/// The data of the synthetic Gaussian-mean potential (`bnn sample`): s ^ this.
+pub const SYNTHETIC_DATA_STREAM: u64 = 0xDA7A;
+/// The synthetic potentials' minibatch gradient noise: s ^ this.
+pub const SYNTHETIC_NOISE_STREAM: u64 = 0xBA7C;
 
 /// The seed of chain `k` of a run seeded `seed`: chain 0 has the run's seed (so `--chains
 /// 1` is the single-chain run), the others a SplitMix64 mix of the seed and k, which

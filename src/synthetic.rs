@@ -44,7 +44,8 @@ pub struct Potential {
 impl Potential {
     pub fn new(kind: PotentialKind, seed: u64) -> Self {
         let data = if kind == PotentialKind::GaussianMean {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xDA7A);
+            let mut rng =
+                rand::rngs::StdRng::seed_from_u64(seed ^ crate::rng::SYNTHETIC_DATA_STREAM);
             (0..GM_N)
                 .map(|_| {
                     rand_distr::Distribution::<f64>::sample(&rand_distr::StandardNormal, &mut rng)
@@ -244,7 +245,7 @@ pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
     let params = [theta.clone()];
     let mut s = sampler::build_with(config, &params, opts.seed, Kernel::Fused)?;
     let noise_sd = (2.0 * opts.noise / opts.h).sqrt();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed ^ 0xBA7C);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed ^ crate::rng::SYNTHETIC_NOISE_STREAM);
     let kept = opts.steps - opts.burnin;
     let mut samples = Vec::with_capacity(kept * n);
     let (mut ke_sum, mut xi_sum, mut diag_n) = (0f64, 0f64, 0usize);

@@ -436,8 +436,7 @@ pub fn noise_like(like: &Tensor, seed: u64, step: u64, param: usize) -> Result<T
     Ok(Tensor::from_vec(z, like.shape(), like.device())?)
 }
 
-/// The step index used for the initial momentum draw, outside any update's stream.
-pub const INIT_STREAM: u64 = u64::MAX;
+pub use crate::rng::INIT_STREAM;
 
 /// Initial momenta v ~ N(0, η), i.e. p ~ N(0, I) as in Ding et al. Alg. 1.
 pub fn init_momentum(params: &[Var], step_size: f64, seed: u64) -> Result<Vec<Tensor>> {

@@ -1,0 +1,578 @@
+//! One chain: the training loop proper. [`run_chain`] reads as the algorithm; [`Chain`]
+//! holds the chain's model, its update and its running results, and does each part.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+
+use candle_core::Device;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use serde::Serialize;
+
+use super::{manifest, EpochRecord, Stepper, TrainConfig};
+use crate::checkpoint;
+use crate::data::{Dataset, NUM_CLASSES};
+use crate::ensemble::{self, Accumulator};
+use crate::error::{Error, Result};
+use crate::model::Network;
+use crate::potential::{Backward, Potential, Prior};
+use crate::rng;
+use crate::run_state::{self, Progress, RunState};
+use crate::sampler;
+use crate::signals;
+
+/// What one chain leaves for the run's summary.
+pub(super) struct ChainOutcome {
+    pub seed: u64,
+    pub num_params: usize,
+    pub test: Accumulator,
+    pub valid: Option<Accumulator>,
+    pub steps: u64,
+    pub step_seconds: f64,
+    pub train_seconds: f64,
+    /// The kinetic energy per parameter at each kept sample (momentum samplers).
+    pub kinetic_trace: Vec<f64>,
+    pub backward: Backward,
+}
+
+/// One chain in `run_dir` (the run's folder, or a chain's folder of it); `write_manifest`
+/// for a single-chain run, whose folder is the run's. Per epoch: a fresh shuffle; per
+/// minibatch: the schedule's step size, one update, a sample where the schedule keeps one,
+/// and the state where a checkpoint is due or a signal came; at the epoch's end the
+/// prior's Gibbs step, the metrics line and a checkpoint if due.
+pub(super) fn run_chain(
+    cfg: &TrainConfig,
+    ds: &Dataset,
+    run_dir: &Path,
+    write_manifest: bool,
+) -> Result<ChainOutcome> {
+    let s = &cfg.settings;
+    let (mut chain, at) = Chain::open(cfg, ds, run_dir, write_manifest)?;
+    let batches = ds.train.len() / s.batch_size;
+    let total_steps = (batches * s.epochs) as u64;
+    let every = match s.checkpoint_every {
+        0 => batches,
+        k => k,
+    } as u64;
+    // The minibatch order of the epochs done: the shuffle stream replayed.
+    let mut shuffle = rand::rngs::StdRng::seed_from_u64(s.seed ^ rng::SHUFFLE_STREAM);
+    let mut order: Vec<usize> = (0..ds.train.len()).collect();
+    for _ in 0..at.epoch {
+        order.shuffle(&mut shuffle);
+    }
+    let started = Instant::now();
+    let elapsed = || at.train_seconds + started.elapsed().as_secs_f64();
+    let (mut step, mut step_seconds) = (at.step, at.step_seconds);
+
+    for epoch in at.epoch..s.epochs {
+        let epoch_start = Instant::now();
+        order.shuffle(&mut shuffle);
+        let resumed = epoch == at.epoch;
+        let mut sums = if resumed {
+            at.clone()
+        } else {
+            Progress::default()
+        };
+        let bar = progress_bar(cfg.progress, batches as u64, epoch, s.epochs);
+        let first_batch = if resumed { at.batch } else { 0 };
+        for (b, idx) in order
+            .chunks_exact(s.batch_size)
+            .enumerate()
+            .skip(first_batch)
+        {
+            let t0 = Instant::now();
+            let eta = s
+                .schedule
+                .step_size_of(s.sampler.step_size, step, total_steps, epoch);
+            let diag = chain.update(idx, eta, &mut sums, step, epoch)?;
+            step += 1;
+            step_seconds += t0.elapsed().as_secs_f64();
+            if s.schedule.keeps_sample(step, total_steps, epoch) {
+                chain.keep_sample(step, epoch, eta, diag)?;
+            }
+            if b % 20 == 0 {
+                bar.set_position(b as u64);
+                bar.set_message(progress_message(&sums, diag));
+            }
+            // Mid-epoch checkpoints; one due at the epoch's last update waits for the
+            // epoch's end (the prior's Gibbs step and the metrics line).
+            let signal = signals::pending();
+            if b + 1 < batches && (signal.is_some() || step.is_multiple_of(every)) {
+                chain.save(Progress {
+                    epoch,
+                    batch: b + 1,
+                    step,
+                    step_seconds,
+                    train_seconds: elapsed(),
+                    ..sums.clone()
+                })?;
+                if let Some(signal) = signal {
+                    bar.finish_and_clear();
+                    return Err(interrupted(signal, step, run_dir));
+                }
+            }
+        }
+        bar.finish_and_clear();
+        chain.end_epoch(epoch, step, &sums, epoch_start)?;
+        let signal = signals::pending();
+        let last = epoch + 1 == s.epochs;
+        if signal.is_some() || step.is_multiple_of(every) || last {
+            chain.save(Progress {
+                epoch: epoch + 1,
+                batch: 0,
+                step,
+                step_seconds,
+                train_seconds: elapsed(),
+                ..Progress::default()
+            })?;
+            if let (Some(signal), false) = (signal, last) {
+                return Err(interrupted(signal, step, run_dir));
+            }
+        }
+    }
+    Ok(ChainOutcome {
+        seed: s.seed,
+        num_params: chain.model.num_params(),
+        steps: step,
+        step_seconds,
+        train_seconds: elapsed(),
+        backward: chain.stepper.backward,
+        test: chain.test,
+        valid: chain.valid,
+        kinetic_trace: chain.kinetic_trace,
+    })
+}
+
+/// A chain's model, its update, and its running results.
+struct Chain<'a> {
+    cfg: &'a TrainConfig,
+    ds: &'a Dataset,
+    run_dir: &'a Path,
+    model: Network,
+    stepper: Stepper,
+    /// The streaming ensembles of the kept samples on the test and validation sets.
+    test: Accumulator,
+    valid: Option<Accumulator>,
+    /// The kinetic energy per parameter at each kept sample.
+    kinetic_trace: Vec<f64>,
+}
+
+impl<'a> Chain<'a> {
+    /// A new chain (its folder cleared of an earlier run's files, its state saved before
+    /// the first update), or with `cfg.resume` the chain as its saved state left it; and
+    /// where it stands.
+    fn open(
+        cfg: &'a TrainConfig,
+        ds: &'a Dataset,
+        run_dir: &'a Path,
+        write_manifest: bool,
+    ) -> Result<(Self, Progress)> {
+        let s = &cfg.settings;
+        let device = cfg.device.clone();
+        std::fs::create_dir_all(checkpoint::samples_dir(run_dir))
+            .map_err(|e| Error::io(run_dir, e))?;
+        let model = Network::new(&s.model, ds.train.dim(), NUM_CLASSES, s.seed, &device)?;
+        let prior = Prior::new(s.prior, model.params.len())?;
+        let potential = Potential::new(ds.train.len(), s.temperature, prior)?;
+        // Built before a saved state is restored: the sampler's init (splitting moves θ
+        // by v/2 there) must not undo it.
+        let stepper = Stepper::new(
+            &model,
+            potential,
+            s.sampler,
+            s.kernel,
+            s.backward,
+            s.seed,
+            s.batch_size,
+        )?;
+        let mut chain = Chain {
+            cfg,
+            ds,
+            run_dir,
+            model,
+            stepper,
+            test: Accumulator::new(&ds.test.labels),
+            valid: ds.valid.as_ref().map(|v| Accumulator::new(&v.labels)),
+            kinetic_trace: Vec::new(),
+        };
+        // A chain of a multi-chain run stopped before its first state starts afresh.
+        let resume = cfg.resume && (write_manifest || run_state::state_path(run_dir).exists());
+        let at = if resume {
+            chain.restore()?
+        } else {
+            clear_run_files(run_dir)?;
+            // The state before the first update, then run.json: from here on the run can
+            // be resumed whenever it stops.
+            chain.save(Progress::default())?;
+            Progress::default()
+        };
+        if write_manifest {
+            manifest(cfg, ds, chain.model.num_params()).write(run_dir)?;
+        }
+        tracing::info!(
+            run = %run_dir.display(),
+            params = chain.model.num_params(),
+            train = ds.train.len(),
+            "training {} with {}",
+            s.model.label(),
+            s.sampler.kind.name()
+        );
+        Ok((chain, at))
+    }
+
+    /// Continues from the saved state: θ, the sampler's state, the prior's precisions, the
+    /// ensembles; drops what was written after it.
+    fn restore(&mut self) -> Result<Progress> {
+        let names: Vec<String> = self.model.params.iter().map(|p| p.name.clone()).collect();
+        let state = RunState::load(self.run_dir, &names)?;
+        if state.progress.epoch > self.cfg.settings.epochs {
+            return Err(Error::Config(format!(
+                "--epochs {} is fewer than the {} the run has done",
+                self.cfg.settings.epochs, state.progress.epoch
+            )));
+        }
+        discard_after(self.run_dir, &state.progress)?;
+        for (p, (_, t)) in self.model.params.iter().zip(&state.params) {
+            p.var.set(&t.to_device(&self.cfg.device)?)?;
+        }
+        self.stepper.sampler.restore(&state.sampler)?;
+        self.stepper.potential.prior.precisions = state.prior_precisions;
+        self.test = Accumulator::restore(&self.ds.test.labels, state.test.0, state.test.1)?;
+        self.valid = match (self.ds.valid.as_ref(), state.valid) {
+            (Some(v), Some((s, sum))) => Some(Accumulator::restore(&v.labels, s, sum)?),
+            (None, None) => None,
+            _ => {
+                return Err(Error::Checkpoint(
+                    "the saved state and the data disagree on a validation set".into(),
+                ))
+            }
+        };
+        self.kinetic_trace = state.kinetic_trace;
+        let at = state.progress;
+        tracing::info!(
+            epoch = at.epoch + 1,
+            batch = at.batch,
+            step = at.step,
+            "resuming"
+        );
+        Ok(at)
+    }
+
+    /// Update `step` (0-based) on the minibatch `idx` with step size `eta`, its figures
+    /// added to the epoch's `sums`; a non-finite loss or kinetic energy stops the run.
+    fn update(
+        &mut self,
+        idx: &[usize],
+        eta: f64,
+        sums: &mut Progress,
+        step: u64,
+        epoch: usize,
+    ) -> Result<sampler::Diagnostics> {
+        if sums.updates == 0 {
+            sums.eta_first = eta;
+        }
+        sums.eta_last = eta;
+        sums.eta_sum += eta;
+        sums.updates += 1;
+        if eta != self.stepper.sampler.config().step_size {
+            self.stepper.sampler.set_step_size(eta)?;
+        }
+        let base = self.cfg.settings.sampler.step_size;
+        let loss = self.stepper.step(&self.ds.train, idx)?;
+        if !loss.nll.is_finite() {
+            return Err(diverged(step, epoch, loss.nll, base));
+        }
+        sums.correct += loss.correct;
+        sums.seen += idx.len();
+        sums.nll_sum += loss.nll * idx.len() as f64;
+        let diag = self.stepper.sampler.diagnostics();
+        if let Some(ke) = diag.kinetic_energy {
+            if !ke.is_finite() {
+                return Err(diverged(step + 1, epoch, ke, base));
+            }
+            sums.ke_sum += ke;
+            sums.ke_count += 1;
+        }
+        Ok(diag)
+    }
+
+    /// Keeps the parameters after update `step` as a sample: its file, and its
+    /// predictions in the ensembles.
+    fn keep_sample(
+        &mut self,
+        step: u64,
+        epoch: usize,
+        eta: f64,
+        diag: sampler::Diagnostics,
+    ) -> Result<()> {
+        // Never write a sample from a diverging chain.
+        if !self.model.all_finite()? {
+            let base = self.cfg.settings.sampler.step_size;
+            return Err(diverged(step, epoch, f64::NAN, base));
+        }
+        let meta = sample_metadata(self.cfg, self.ds, step, epoch, eta)?;
+        checkpoint::save_sample(self.run_dir, step, &self.model, meta)?;
+        if let Some(ke) = diag.kinetic_energy {
+            self.kinetic_trace.push(ke);
+        }
+        let device = &self.cfg.device;
+        self.test
+            .add(&ensemble::predict(&self.model, &self.ds.test, device)?);
+        if let (Some(acc), Some(v)) = (self.valid.as_mut(), self.ds.valid.as_ref()) {
+            acc.add(&ensemble::predict(&self.model, v, device)?);
+        }
+        Ok(())
+    }
+
+    /// The end of epoch `epoch`: the prior's Gibbs step (samplers only: SGD and momentum
+    /// are point estimates, for which the prior is a fixed weight decay, its initial λ),
+    /// and the epoch's line in `metrics.jsonl`.
+    fn end_epoch(
+        &mut self,
+        epoch: usize,
+        step: u64,
+        sums: &Progress,
+        started: Instant,
+    ) -> Result<()> {
+        let s = &self.cfg.settings;
+        let gibbs = if s.sampler.kind.is_sampler() {
+            self.stepper.potential.prior.gibbs_step(
+                &self.model.vars(),
+                s.temperature,
+                s.seed ^ rng::GIBBS_STREAM ^ epoch as u64,
+            )
+        } else if self.model.all_finite()? {
+            Ok(())
+        } else {
+            Err(Error::NotFinite("a parameter".into()))
+        };
+        if let Err(Error::NotFinite(what)) = gibbs {
+            return Err(Error::Exploded {
+                step,
+                epoch: epoch + 1,
+                what,
+                suggestion: s.sampler.step_size / 4.0,
+            });
+        }
+        gibbs?;
+        let diag = self.stepper.sampler.diagnostics();
+        // A schedule that changes η within the epoch (cycles, polynomial decay) gives its
+        // last and mean step size too.
+        let varies = sums.eta_last != sums.eta_first;
+        let record = EpochRecord {
+            epoch: epoch + 1,
+            steps: step,
+            train_nll: sums.nll_sum / sums.seen as f64,
+            train_accuracy: sums.correct as f64 / sums.seen as f64,
+            step_size: sums.eta_first,
+            step_size_last: varies.then_some(sums.eta_last),
+            step_size_mean: varies.then(|| sums.eta_sum / sums.updates as f64),
+            kinetic_energy: (sums.ke_count > 0).then(|| sums.ke_sum / sums.ke_count as f64),
+            thermostat: diag.thermostat,
+            prior_precisions: self.stepper.potential.prior.precisions.clone(),
+            samples: self.test.samples(),
+            test_ensemble: self.test.metrics(),
+            test_last_sample: self.test.last_sample,
+            valid_ensemble: self.valid.as_ref().and_then(|a| a.metrics()),
+            seconds: started.elapsed().as_secs_f64(),
+        };
+        append_line(&self.run_dir.join("metrics.jsonl"), &to_json(&record)?)?;
+        tracing::info!(
+            epoch = epoch + 1,
+            nll = format!("{:.4}", record.train_nll),
+            acc = format!("{:.4}", record.train_accuracy),
+            ke = record.kinetic_energy.map(|k| format!("{k:.3}")),
+            thermostat = record.thermostat.map(|t| format!("{t:.3e}")),
+            samples = record.samples,
+            test_ens_acc = record.test_ensemble.map(|m| format!("{:.4}", m.accuracy)),
+            secs = format!("{:.1}", record.seconds),
+            "epoch done"
+        );
+        Ok(())
+    }
+
+    /// Saves the chain's state as it stands at `progress` (atomically).
+    fn save(&self, progress: Progress) -> Result<()> {
+        let (ts, tsum) = self.test.state();
+        RunState {
+            progress,
+            params: self
+                .model
+                .params
+                .iter()
+                .map(|p| Ok((p.name.clone(), p.var.as_tensor().to_device(&Device::Cpu)?)))
+                .collect::<Result<_>>()?,
+            sampler: self.stepper.sampler.state()?,
+            prior_precisions: self.stepper.potential.prior.precisions.clone(),
+            test: (ts, tsum.to_vec()),
+            valid: self.valid.as_ref().map(|a| {
+                let (s, sum) = a.state();
+                (s, sum.to_vec())
+            }),
+            kinetic_trace: self.kinetic_trace.clone(),
+        }
+        .save(self.run_dir)
+    }
+}
+
+/// A rerun under the same name starts afresh: old samples must not join the ensemble.
+/// run.json goes first, so that a kill in between leaves no folder that looks resumable.
+fn clear_run_files(run_dir: &Path) -> Result<()> {
+    for old in [
+        run_dir.join("run.json"),
+        run_dir.join("metrics.jsonl"),
+        run_state::state_path(run_dir),
+    ] {
+        if old.exists() {
+            std::fs::remove_file(&old).map_err(|e| Error::io(&old, e))?;
+        }
+    }
+    for old in checkpoint::list_samples(run_dir)? {
+        std::fs::remove_file(&old).map_err(|e| Error::io(&old, e))?;
+    }
+    Ok(())
+}
+
+fn append_line(path: &Path, line: &str) -> Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    writeln!(f, "{line}").map_err(|e| Error::io(path, e))
+}
+
+fn to_json<T: Serialize>(v: &T) -> Result<String> {
+    serde_json::to_string(v).map_err(|e| Error::Checkpoint(format!("serialising JSON: {e}")))
+}
+
+/// The metadata stored in each sample file.
+fn sample_metadata(
+    cfg: &TrainConfig,
+    ds: &Dataset,
+    step: u64,
+    epoch: usize,
+    step_size: f64,
+) -> Result<BTreeMap<String, String>> {
+    Ok(BTreeMap::from([
+        ("step".to_string(), step.to_string()),
+        ("epoch".to_string(), epoch.to_string()),
+        (
+            "sampler".to_string(),
+            cfg.settings.sampler.kind.name().to_string(),
+        ),
+        (
+            "hyperparameters".to_string(),
+            to_json(&cfg.settings.sampler)?,
+        ),
+        ("prior".to_string(), to_json(&cfg.settings.prior)?),
+        (
+            "temperature".to_string(),
+            cfg.settings.temperature.to_string(),
+        ),
+        ("step_size".to_string(), step_size.to_string()),
+        ("dataset".to_string(), ds.name.clone()),
+        ("architecture".to_string(), to_json(&cfg.settings.model)?),
+        ("seed".to_string(), cfg.settings.seed.to_string()),
+        (
+            "bnn_version".to_string(),
+            env!("CARGO_PKG_VERSION").to_string(),
+        ),
+    ]))
+}
+
+pub(super) fn interrupted(signal: i32, step: u64, run_dir: &Path) -> Error {
+    Error::Interrupted {
+        signal,
+        step,
+        run_dir: run_dir.to_path_buf(),
+    }
+}
+
+/// Before a resume: drops what the run wrote after its saved state (samples of later
+/// updates, metrics lines of later epochs) and temporary files a kill left behind; they
+/// are written again, identically.
+fn discard_after(run_dir: &Path, at: &Progress) -> Result<()> {
+    let metrics_path = &run_dir.join("metrics.jsonl");
+    for (step, path) in checkpoint::list_samples_by_step(run_dir)? {
+        if step > at.step {
+            std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+        }
+    }
+    for dir in [
+        run_dir.to_path_buf(),
+        checkpoint::samples_dir(run_dir),
+        run_state::state_path(run_dir)
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default(),
+    ] {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') && name.contains(".tmp") {
+                let path = entry.path();
+                std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+            }
+        }
+    }
+    if metrics_path.exists() {
+        let text = std::fs::read_to_string(metrics_path).map_err(|e| Error::io(metrics_path, e))?;
+        let kept: String = text
+            .lines()
+            .take(at.epoch)
+            .flat_map(|l| {
+                [
+                    l, "
+",
+                ]
+            })
+            .collect();
+        crate::atomic::write_atomic(metrics_path, kept.as_bytes())?;
+    }
+    Ok(())
+}
+
+fn diverged(step: u64, epoch: usize, loss: f64, step_size: f64) -> Error {
+    Error::Diverged {
+        step,
+        epoch: epoch + 1,
+        loss,
+        suggestion: step_size / 4.0,
+    }
+}
+
+fn progress_bar(show: bool, len: u64, epoch: usize, epochs: usize) -> indicatif::ProgressBar {
+    if !show {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    let style = indicatif::ProgressStyle::with_template(
+        "epoch {prefix} [{bar:30}] {pos}/{len} {per_sec} {msg}",
+    )
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+    .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_prefix(format!("{}/{}", epoch + 1, epochs));
+    bar
+}
+
+/// The bar's message: the epoch's training NLL and accuracy so far, and the diagnostics.
+fn progress_message(sums: &Progress, diag: sampler::Diagnostics) -> String {
+    let (nll, acc) = (
+        sums.nll_sum / sums.seen as f64,
+        sums.correct as f64 / sums.seen as f64,
+    );
+    let mut m = format!("nll {nll:.4} acc {acc:.4}");
+    if let Some(ke) = diag.kinetic_energy {
+        m.push_str(&format!(" ke/param {ke:.3}"));
+    }
+    if let Some(t) = diag.thermostat {
+        m.push_str(&format!(" thermostat {t:.3e}"));
+    }
+    m
+}

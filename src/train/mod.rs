@@ -1,0 +1,320 @@
+//! The training loop: seeded shuffled minibatches, one sampler update per minibatch,
+//! burn-in and thinning, samples to disk and into the streaming ensemble, per-epoch
+//! metrics, and a summary.
+
+mod chain;
+mod stepper;
+
+pub use stepper::Stepper;
+
+use std::path::PathBuf;
+
+use candle_core::Device;
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::{self, RunManifest};
+use crate::convergence::{self, Convergence};
+use crate::data::{Dataset, NUM_CLASSES};
+use crate::ensemble::Accumulator;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::model::Network;
+use crate::potential::Backward;
+use crate::settings::Settings;
+use chain::{run_chain, ChainOutcome};
+
+/// Everything a training run needs besides the data: its settings and where and how it
+/// runs.
+#[derive(Debug, Clone)]
+pub struct TrainConfig {
+    pub settings: Settings,
+    /// Folder of this run (`checkpoints/<run>`).
+    pub run_dir: PathBuf,
+    /// Show a progress bar.
+    pub progress: bool,
+    /// Where parameters, minibatches and sampler state live.
+    pub device: Device,
+    /// Continue the run in `run_dir` from its saved state.
+    pub resume: bool,
+    /// The command line that started the run (recorded in `run.json` for `--resume`).
+    pub command_line: Vec<String>,
+}
+
+/// One line of `metrics.jsonl`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EpochRecord {
+    pub epoch: usize,
+    pub steps: u64,
+    /// Mean minibatch negative log-likelihood per example.
+    pub train_nll: f64,
+    /// Accuracy on the minibatches as they were seen.
+    pub train_accuracy: f64,
+    /// η of the epoch's first update; where the schedule changes it within the epoch
+    /// (`--cycles`, `--poly-gamma`), also its last and its mean over the epoch.
+    pub step_size: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_size_last: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_size_mean: Option<f64>,
+    pub kinetic_energy: Option<f64>,
+    pub thermostat: Option<f64>,
+    pub prior_precisions: Vec<f64>,
+    pub samples: usize,
+    pub test_ensemble: Option<Metrics>,
+    pub test_last_sample: Option<Metrics>,
+    pub valid_ensemble: Option<Metrics>,
+    pub seconds: f64,
+}
+
+/// `summary.json`, also the last line `bnn train` prints.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Summary {
+    pub dataset: String,
+    pub data_source: String,
+    /// Pixels standardised per pixel (`--standardize`) rather than scaled to [0, 1].
+    pub standardized_inputs: bool,
+    /// The run's settings, as in `run.json`.
+    #[serde(flatten)]
+    pub settings: Settings,
+    /// The network in short (`mlp-784-100-10-relu`, ...).
+    pub model_label: String,
+    pub num_params: usize,
+    /// The CPU kernel path (`avx512`, `avx2` or `portable`; see `kernels::isa`).
+    #[serde(default)]
+    pub isa: String,
+    /// The gradient implementation used (`custom` or `autograd`: `auto` resolved).
+    pub backward_used: Backward,
+    pub samples: usize,
+    /// Bayesian model average over the kept samples, on the test set.
+    pub ensemble: Option<Metrics>,
+    /// The last kept sample alone, on the test set.
+    pub last_sample: Option<Metrics>,
+    pub valid_ensemble: Option<Metrics>,
+    pub steps: u64,
+    /// Wall time of the whole loop, evaluation and checkpoints included.
+    pub train_seconds: f64,
+    /// Updates per second of the training step alone (gather, forward, backward, update);
+    /// with several chains, summed over them.
+    pub steps_per_second: f64,
+    /// Each chain's own figures (runs of several chains).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chains: Vec<ChainSummary>,
+    /// Split-R̂ and ESS across the chains (runs of several chains).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub convergence: Option<ChainDiagnostics>,
+    pub run_dir: String,
+}
+
+/// One chain of a multi-chain run in `summary.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChainSummary {
+    pub chain: usize,
+    pub seed: u64,
+    pub samples: usize,
+    pub ensemble: Option<Metrics>,
+    pub last_sample: Option<Metrics>,
+    pub valid_ensemble: Option<Metrics>,
+    pub steps_per_second: f64,
+}
+
+/// Convergence across chains: of the test log-likelihood of each sample alone, and of the
+/// kinetic energy per parameter at each sample (momentum samplers); `None` where there are
+/// too few samples.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChainDiagnostics {
+    pub test_log_likelihood: Option<Convergence>,
+    pub kinetic_energy: Option<Convergence>,
+}
+
+/// What `run.json` records of a run of `cfg` on `ds`.
+pub fn manifest(cfg: &TrainConfig, ds: &Dataset, num_params: usize) -> RunManifest {
+    RunManifest {
+        bnn_version: env!("CARGO_PKG_VERSION").to_string(),
+        dataset: ds.name.clone(),
+        data_source: ds.source.clone(),
+        valid: ds.valid.as_ref().map_or(0, |v| v.len()),
+        train_examples: ds.train.len(),
+        input_dim: ds.train.dim(),
+        num_classes: NUM_CLASSES,
+        num_params,
+        settings: cfg.settings.clone(),
+        standardization: ds.train.standardization.as_deref().cloned(),
+        command_line: cfg.command_line.clone(),
+    }
+}
+
+/// Trains on `ds` and returns the summary (also written to `summary.json`). With
+/// `cfg.resume` it continues the run in `cfg.run_dir` from its saved state, bit for bit.
+/// With `cfg.settings.chains` = K > 1, K independent chains run side by side on the thread pool
+/// (one chain per pool thread), each in `RUN/chain-<k>/` with its own seed
+/// ([`rng::chain_seed`]); the ensemble pools every chain's samples.
+pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
+    cfg.settings.validate(ds.train.len())?;
+    let run_dir = &cfg.run_dir;
+    if cfg.settings.chains <= 1 {
+        let chain = run_chain(cfg, ds, run_dir, true)?;
+        return finish(cfg, ds, vec![chain]);
+    }
+    std::fs::create_dir_all(run_dir).map_err(|e| Error::io(run_dir, e))?;
+    if !cfg.resume {
+        // A new run under this name: nothing of an earlier one (of either layout) stays.
+        let old_manifest = run_dir.join("run.json");
+        for old in [
+            old_manifest,
+            run_dir.join("summary.json"),
+            run_dir.join("metrics.jsonl"),
+        ] {
+            if old.exists() {
+                std::fs::remove_file(&old).map_err(|e| Error::io(&old, e))?;
+            }
+        }
+        for old in [checkpoint::samples_dir(run_dir), run_dir.join("state")] {
+            if old.exists() {
+                std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))?;
+            }
+        }
+    }
+    // run.json first: a chain stopped before its first state starts afresh on resume.
+    manifest(
+        cfg,
+        ds,
+        Network::new(
+            &cfg.settings.model,
+            ds.train.dim(),
+            NUM_CLASSES,
+            cfg.settings.seed,
+            &Device::Cpu,
+        )?
+        .num_params(),
+    )
+    .write(run_dir)?;
+    let results: Vec<std::sync::Mutex<Option<Result<ChainOutcome>>>> = (0..cfg.settings.chains)
+        .map(|_| std::sync::Mutex::new(None))
+        .collect();
+    crate::pool::run(cfg.settings.chains, &|k| {
+        let mut chain_cfg = cfg.clone();
+        chain_cfg.settings.seed = crate::rng::chain_seed(cfg.settings.seed, k);
+        chain_cfg.progress = false;
+        let _span = tracing::info_span!("chain", k).entered();
+        let out = run_chain(&chain_cfg, ds, &checkpoint::chain_dir(run_dir, k), false);
+        if let Ok(mut slot) = results[k].lock() {
+            *slot = Some(out);
+        }
+    });
+    let mut chains = Vec::with_capacity(cfg.settings.chains);
+    let mut first_error = None;
+    for (k, slot) in results.into_iter().enumerate() {
+        match slot.into_inner().ok().flatten() {
+            Some(Ok(c)) => chains.push(c),
+            Some(Err(e)) => {
+                // A stop by signal is reported only if no chain failed otherwise.
+                let replace = match (&first_error, &e) {
+                    (None, _) => true,
+                    (Some(Error::Interrupted { .. }), e) => !matches!(e, Error::Interrupted { .. }),
+                    _ => false,
+                };
+                if replace {
+                    first_error = Some(match e {
+                        Error::Interrupted { signal, step, .. } => Error::Interrupted {
+                            signal,
+                            step,
+                            run_dir: run_dir.clone(),
+                        },
+                        e => Error::Checkpoint(format!("chain {k}: {e}")),
+                    });
+                }
+            }
+            None => return Err(Error::Config(format!("chain {k} did not report"))),
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    finish(cfg, ds, chains)
+}
+
+/// The run's summary from its chains (pooled when there are several; then also each
+/// chain's figures and the convergence diagnostics), written to `summary.json`.
+fn finish(cfg: &TrainConfig, ds: &Dataset, chains: Vec<ChainOutcome>) -> Result<Summary> {
+    let run_dir = &cfg.run_dir;
+    let num_params = chains.first().map_or(0, |c| c.num_params);
+    let test = Accumulator::pooled(chains.iter().map(|c| &c.test))?;
+    let valid = match chains.first().and_then(|c| c.valid.as_ref()) {
+        Some(_) => Some(Accumulator::pooled(
+            chains.iter().filter_map(|c| c.valid.as_ref()),
+        )?),
+        None => None,
+    };
+    let several = chains.len() > 1;
+    let per_chain: Vec<ChainSummary> = if several {
+        chains
+            .iter()
+            .enumerate()
+            .map(|(k, c)| ChainSummary {
+                chain: k,
+                seed: c.seed,
+                samples: c.test.samples(),
+                ensemble: c.test.metrics(),
+                last_sample: c.test.last_sample,
+                valid_ensemble: c.valid.as_ref().and_then(|a| a.metrics()),
+                steps_per_second: c.steps as f64 / c.step_seconds.max(1e-9),
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let convergence = several.then(|| {
+        // The test log-likelihood of each sample alone, and the kinetic energy at it.
+        let loglik: Vec<Vec<f64>> = chains
+            .iter()
+            .map(|c| c.test.sample_nll().iter().map(|n| -n).collect())
+            .collect();
+        let kinetic: Vec<Vec<f64>> = chains.iter().map(|c| c.kinetic_trace.clone()).collect();
+        ChainDiagnostics {
+            test_log_likelihood: convergence::diagnose(&loglik),
+            kinetic_energy: convergence::diagnose(&kinetic),
+        }
+    });
+    if let Some(d) = &convergence {
+        let show = |c: Option<Convergence>| {
+            c.map_or("n/a (too few samples)".to_string(), |c| {
+                format!("R-hat {:.3}, ESS {:.0}", c.rhat, c.ess)
+            })
+        };
+        tracing::info!(
+            "{} chains: test log-likelihood per sample: {}; kinetic energy: {}",
+            chains.len(),
+            show(d.test_log_likelihood),
+            show(d.kinetic_energy)
+        );
+    }
+    let steps: u64 = chains.iter().map(|c| c.steps).sum();
+    let summary = Summary {
+        dataset: ds.name.clone(),
+        data_source: ds.source.clone(),
+        standardized_inputs: ds.train.standardization.is_some(),
+        settings: cfg.settings.clone(),
+        model_label: cfg.settings.model.label(),
+        num_params,
+        isa: crate::kernels::isa::current().name().to_string(),
+        backward_used: chains.first().map_or(cfg.settings.backward, |c| c.backward),
+        samples: test.samples(),
+        ensemble: test.metrics(),
+        last_sample: test.last_sample,
+        valid_ensemble: valid.as_ref().and_then(|a| a.metrics()),
+        steps,
+        train_seconds: chains.iter().map(|c| c.train_seconds).fold(0.0, f64::max),
+        // Summed over chains: the aggregate throughput.
+        steps_per_second: chains
+            .iter()
+            .map(|c| c.steps as f64 / c.step_seconds.max(1e-9))
+            .sum(),
+        chains: per_chain,
+        convergence,
+        run_dir: run_dir.display().to_string(),
+    };
+    let json = serde_json::to_string_pretty(&summary)
+        .map_err(|e| Error::Checkpoint(format!("serialising summary: {e}")))?;
+    crate::atomic::write_atomic(&run_dir.join("summary.json"), json.as_bytes())?;
+    Ok(summary)
+}

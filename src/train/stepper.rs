@@ -1,0 +1,114 @@
+//! One training update (gather, forward, backward, sampler step) with its reused buffers.
+
+use candle_core::{Device, Tensor, Var};
+
+use crate::backprop::mlp::BatchLoss;
+use crate::backprop::Backprop;
+use crate::data::Split;
+use crate::error::Result;
+use crate::model::Network;
+use crate::potential::{Backward, Potential};
+use crate::sampler::{self, Kernel, Sampler, SamplerConfig, TensorwiseStep};
+
+/// One training update (minibatch gather, forward, backward, sampler step) with the
+/// buffers it reuses; shared by [`super::train`] and `bnn bench train`.
+pub struct Stepper {
+    model: Network,
+    vars: Vec<Var>,
+    pub potential: Potential,
+    pub sampler: Box<dyn Sampler>,
+    /// The gradient implementation in use (`auto` resolved).
+    pub backward: Backward,
+    backprop: Option<Backprop>,
+    /// With the custom backward: update each layer as soon as its gradient is ready
+    /// (default), instead of after the whole backward.
+    pub by_layer: bool,
+    xbuf: Vec<f32>,
+    ybuf: Vec<u32>,
+}
+
+impl Stepper {
+    /// A stepper for `model` (whose parameters it updates in place) on minibatches of
+    /// `batch` examples.
+    pub fn new(
+        model: &Network,
+        potential: Potential,
+        sampler: SamplerConfig,
+        kernel: Kernel,
+        backward: Backward,
+        seed: u64,
+        batch: usize,
+    ) -> Result<Self> {
+        let vars = model.vars();
+        let device = vars.first().map_or(Device::Cpu, |v| v.device().clone());
+        let backward = backward.resolve(&device)?;
+        let backprop = match backward {
+            Backward::Custom => Some(Backprop::new(model, batch)?),
+            _ => None,
+        };
+        Ok(Stepper {
+            model: model.clone(),
+            sampler: sampler::build_with(sampler, &vars, seed, kernel)?,
+            vars,
+            potential,
+            backward,
+            backprop,
+            by_layer: true,
+            xbuf: Vec::new(),
+            ybuf: Vec::new(),
+        })
+    }
+
+    /// With `by_layer`: whether large weight tensors are updated inside their gradient's
+    /// product (default) rather than in a pass of their own.
+    pub fn set_inline_update(&mut self, on: bool) {
+        if let Some(bp) = self.backprop.as_mut() {
+            bp.set_inline_update(on);
+        }
+    }
+
+    /// Weight tensors updated inside their gradient's product so far.
+    pub fn inline_updates(&self) -> u64 {
+        self.backprop.as_ref().map_or(0, |bp| bp.inline_updates())
+    }
+
+    /// One update on the examples `idx` of `split`. Returns the minibatch loss; when it is
+    /// not finite the parameters are left as they were.
+    pub fn step(&mut self, split: &Split, idx: &[usize]) -> Result<BatchLoss> {
+        split.gather(idx, &mut self.xbuf, &mut self.ybuf);
+        if let Some(bp) = self.backprop.as_mut() {
+            if self.by_layer {
+                // Each layer is updated as soon as its gradient is ready (while it is in
+                // cache); θ and v bit-identical to the whole-model step below.
+                let step: &mut dyn TensorwiseStep = self.sampler.as_mut();
+                return self.potential.evaluate_fast_then(
+                    bp,
+                    &self.model,
+                    &self.xbuf,
+                    &self.ybuf,
+                    Some(step),
+                );
+            }
+            let loss = self
+                .potential
+                .evaluate_fast(bp, &self.model, &self.xbuf, &self.ybuf)?;
+            if loss.nll.is_finite() {
+                self.sampler.step(&self.vars, bp.grads())?;
+            }
+            return Ok(loss);
+        }
+        let device = self.vars[0].device();
+        let x = Tensor::from_slice(&self.xbuf, (idx.len(), split.dim()), device)?;
+        let y = Tensor::from_slice(&self.ybuf, idx.len(), device)?;
+        let eval = self.potential.evaluate(&self.model, &x, &y)?;
+        if eval.nll.is_finite() {
+            self.sampler.step(&self.vars, &eval.grads)?;
+        }
+        let pred = eval.logits.argmax(1)?.to_vec1::<u32>()?;
+        let correct = pred.iter().zip(&self.ybuf).filter(|(p, y)| p == y).count();
+        Ok(BatchLoss {
+            nll: eval.nll,
+            correct,
+        })
+    }
+}
