@@ -18,6 +18,7 @@
 //! element index), so a run is reproducible and a future fused kernel can be compared with
 //! this code noise for noise.
 
+pub mod exchange;
 pub mod fused;
 pub mod msgnht;
 pub mod sgd;
