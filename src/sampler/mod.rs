@@ -20,6 +20,7 @@
 
 pub mod exchange;
 pub mod fused;
+pub mod ladder;
 pub mod msgnht;
 pub mod sgd;
 pub mod sghmc;

@@ -1,0 +1,235 @@
+//! The temperature ladder of a replica-exchange run: which replica holds which
+//! temperature, which pairs try to swap, swap rates, round trips, and (during burn-in)
+//! the adaptation of the temperatures to a target swap rate.
+//!
+//! Replicas swap temperatures, not parameters (see [`super::exchange`]). Pairs are
+//! adjacent temperature indices (i, i+1). Deterministic even/odd alternation (DEO: pairs
+//! (0,1), (2,3), … in even rounds, (1,2), (3,4), … in odd ones) moves a replica
+//! monotonically up or down the ladder between rejections, which is what makes round trips
+//! fast (Syed et al. 2019, "Non-reversible parallel tempering"); Luo et al.'s Algorithm 2
+//! picks the pairs at random (line 15), kept as an option: one random adjacent pair.
+
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Which pairs try to swap in a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+pub enum PairSchedule {
+    /// Even pairs in even rounds, odd pairs in odd rounds (Syed et al. 2019).
+    Deo,
+    /// One adjacent pair drawn at random per round (Luo et al. Algorithm 2, line 15).
+    Random,
+}
+
+/// Adapting the temperatures to a target swap rate during burn-in: each gap
+/// ρᵢ = log(T_{i+1} − Tᵢ) moves by γₙ(accepted − target) after each try of pair i, with
+/// γₙ = (n + 1)^{−0.6} (a Robbins–Monro step; Atchadé, Roberts & Rosenthal 2011): a pair
+/// that swaps more often than the target widens, one that swaps less narrows. Frozen after
+/// burn-in, so that the chain from then on is an ordinary (fixed-ladder) MCMC.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Adaptation {
+    pub target: f64,
+    pub frozen: bool,
+}
+
+/// The ladder and its statistics.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Ladder {
+    /// T₀ = 1 < T₁ < … < T_{M−1}.
+    pub temperatures: Vec<f64>,
+    /// `holder[i]`: the replica at temperature index i.
+    pub holder: Vec<usize>,
+    pub schedule: PairSchedule,
+    pub adaptation: Option<Adaptation>,
+    /// Rounds of exchanges so far.
+    pub rounds: u64,
+    /// Per pair (i, i+1): tries and swaps; since the ladder froze where it adapts.
+    pub tries: Vec<u64>,
+    pub swaps: Vec<u64>,
+    /// Tries per pair counted for the adaptation's step sizes.
+    adapt_tries: Vec<u64>,
+    /// Per replica: completed round trips (T₀ → T_{M−1} → T₀), and whether it has reached
+    /// the top since it last left the bottom (`None`: not yet at the bottom).
+    pub round_trips: Vec<u64>,
+    heading_down: Vec<Option<bool>>,
+}
+
+impl Ladder {
+    /// M rungs T_j = τ^j, j = 0..M−1 (eq. 21, from T₀ = 1 as Algorithm 2 samples at T₀);
+    /// replica j starts at temperature index j.
+    pub fn geometric(replicas: usize, tau: f64, schedule: PairSchedule) -> Result<Self> {
+        if replicas < 2 || !(tau > 1.0 && tau.is_finite()) {
+            return Err(Error::Config(format!(
+                "--replicas must be at least 2 and --ladder above 1, got {replicas} and {tau}"
+            )));
+        }
+        let pairs = replicas - 1;
+        let mut heading_down = vec![None; replicas];
+        heading_down[0] = Some(false);
+        Ok(Ladder {
+            temperatures: (0..replicas).map(|j| tau.powi(j as i32)).collect(),
+            holder: (0..replicas).collect(),
+            schedule,
+            adaptation: None,
+            rounds: 0,
+            tries: vec![0; pairs],
+            swaps: vec![0; pairs],
+            adapt_tries: vec![0; pairs],
+            round_trips: vec![0; replicas],
+            heading_down,
+        })
+    }
+
+    /// Adapts the temperatures to `target` swaps per try until [`Ladder::freeze`].
+    pub fn adapting(mut self, target: f64) -> Result<Self> {
+        if !(target > 0.0 && target < 1.0) {
+            return Err(Error::Config(format!(
+                "the target swap rate must be in (0, 1), got {target}"
+            )));
+        }
+        self.adaptation = Some(Adaptation {
+            target,
+            frozen: false,
+        });
+        Ok(self)
+    }
+
+    /// Ends the adaptation; the swap statistics start again for the fixed ladder.
+    pub fn freeze(&mut self) {
+        if let Some(a) = self.adaptation.as_mut() {
+            if !a.frozen {
+                a.frozen = true;
+                self.tries.iter_mut().for_each(|t| *t = 0);
+                self.swaps.iter_mut().for_each(|s| *s = 0);
+            }
+        }
+    }
+
+    pub fn replicas(&self) -> usize {
+        self.temperatures.len()
+    }
+
+    /// The temperature replica `r` holds.
+    pub fn temperature_of(&self, r: usize) -> f64 {
+        let i = self.holder.iter().position(|&h| h == r).unwrap_or(0);
+        self.temperatures[i]
+    }
+
+    /// The lower indices i of this round's pairs (i, i+1).
+    pub fn pairs<R: Rng>(&self, rng: &mut R) -> Vec<usize> {
+        let pairs = self.replicas() - 1;
+        match self.schedule {
+            PairSchedule::Deo => ((self.rounds % 2) as usize..pairs).step_by(2).collect(),
+            PairSchedule::Random => vec![rng.random_range(0..pairs)],
+        }
+    }
+
+    /// The outcome of pair (i, i+1)'s try: swaps the holders if `accepted`, counts it,
+    /// adapts the ladder if it adapts.
+    pub fn record(&mut self, i: usize, accepted: bool) {
+        self.tries[i] += 1;
+        if accepted {
+            self.swaps[i] += 1;
+            self.holder.swap(i, i + 1);
+        }
+        if let Some(a) = self.adaptation.as_ref().filter(|a| !a.frozen) {
+            let n = self.adapt_tries[i];
+            self.adapt_tries[i] += 1;
+            let gamma = ((n + 1) as f64).powf(-0.6);
+            let rho = (self.temperatures[i + 1] - self.temperatures[i]).ln()
+                + gamma * (accepted as u8 as f64 - a.target);
+            let shift = self.temperatures[i] + rho.exp() - self.temperatures[i + 1];
+            for t in &mut self.temperatures[i + 1..] {
+                *t += shift;
+            }
+        }
+    }
+
+    /// Ends a round: counts it and the round trips completed.
+    pub fn end_round(&mut self) {
+        self.rounds += 1;
+        let top = self.replicas() - 1;
+        let (bottom_holder, top_holder) = (self.holder[0], self.holder[top]);
+        if self.heading_down[top_holder] == Some(false) {
+            self.heading_down[top_holder] = Some(true);
+        }
+        if self.heading_down[bottom_holder] == Some(true) {
+            self.round_trips[bottom_holder] += 1;
+        }
+        self.heading_down[bottom_holder] = Some(false);
+    }
+
+    /// Swaps per try of each pair (0 where untried).
+    pub fn swap_rates(&self) -> Vec<f64> {
+        self.tries
+            .iter()
+            .zip(&self.swaps)
+            .map(|(&t, &s)| if t == 0 { 0.0 } else { s as f64 / t as f64 })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn deo_alternates_and_round_trips_are_counted() {
+        let mut l = Ladder::geometric(4, 2.0, PairSchedule::Deo).unwrap();
+        assert_eq!(l.temperatures, vec![1.0, 2.0, 4.0, 8.0]);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+        assert_eq!(l.pairs(&mut rng), vec![0, 2]);
+        // Every swap accepted: replica 0 climbs a rung a round to the top (rounds 0–2),
+        // waits a round there (the odd round has no pair with the top), and comes down in
+        // rounds 4–6.
+        for _ in 0..7 {
+            for i in l.pairs(&mut rng) {
+                l.record(i, true);
+            }
+            l.end_round();
+        }
+        assert_eq!(l.pairs(&mut rng), vec![1]);
+        assert_eq!(l.holder[0], 0, "{:?}", l.holder);
+        assert_eq!(l.round_trips[0], 1, "{:?}", l.round_trips);
+        assert_eq!(l.swap_rates(), vec![1.0, 1.0, 1.0]);
+        assert_eq!(l.temperature_of(0), 1.0);
+    }
+
+    /// Pairs whose swap probability falls with the gap (p = e^{−4·gap}, as ΔE grows with
+    /// ΔT): the adapted ladder swaps at the target rate on every pair, then freezes.
+    #[test]
+    fn adaptation_reaches_the_target_rate() {
+        let mut l = Ladder::geometric(5, 3.0, PairSchedule::Deo)
+            .unwrap()
+            .adapting(0.3)
+            .unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let p = |l: &Ladder, i: usize| (-4.0 * (l.temperatures[i + 1] - l.temperatures[i])).exp();
+        for _ in 0..40_000 {
+            for i in l.pairs(&mut rng) {
+                let yes = rng.random::<f64>() < p(&l, i);
+                l.record(i, yes);
+            }
+            l.end_round();
+        }
+        l.freeze();
+        let frozen = l.temperatures.clone();
+        for _ in 0..40_000 {
+            for i in l.pairs(&mut rng) {
+                let yes = rng.random::<f64>() < p(&l, i);
+                l.record(i, yes);
+            }
+            l.end_round();
+        }
+        assert_eq!(l.temperatures, frozen);
+        for (i, r) in l.swap_rates().iter().enumerate() {
+            assert!((r - 0.3).abs() < 0.03, "pair {i}: {r} ({:?})", l.temperatures);
+        }
+        assert_eq!(l.temperatures[0], 1.0);
+    }
+}
