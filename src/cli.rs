@@ -6,6 +6,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use bnn::model::Activation;
 use bnn::potential::Backward;
+use bnn::sampler::ladder::PairSchedule;
 use bnn::sampler::{Integrator, Kernel, SamplerKind};
 use bnn::synthetic::PotentialKind;
 
@@ -87,6 +88,25 @@ pub struct SampleArgs {
     /// Write the kept samples as CSV (one row per step and chain).
     #[arg(long)]
     pub csv: Option<PathBuf>,
+    /// Noise N(0, V) on U and on each coordinate of ∇U, unknown to the sampler (replaces
+    /// --noise; Luo et al. §4.1 use 0.25).
+    #[arg(long)]
+    pub noise_variance: Option<f64>,
+    /// renhd/reld: rungs of the temperature ladder, T₀ = 1 included.
+    #[arg(long, default_value_t = 7)]
+    pub replicas: usize,
+    /// renhd/reld: τ of the ladder T_j = τ^j, or `auto` to adapt it during burn-in.
+    #[arg(long, default_value = "1.5")]
+    pub ladder: String,
+    /// renhd/reld with --ladder auto: the swap rate per pair to aim at.
+    #[arg(long, default_value_t = 0.3)]
+    pub target_swap_rate: f64,
+    /// renhd/reld: updates between exchange rounds (N of Algorithm 2).
+    #[arg(long, default_value_t = 200)]
+    pub exchange_every: usize,
+    /// renhd/reld: deo (even/odd alternation) or random (one adjacent pair per round).
+    #[arg(long, value_enum, default_value_t = PairSchedule::Deo)]
+    pub pairs: PairSchedule,
 }
 
 #[derive(Debug, Subcommand)]

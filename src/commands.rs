@@ -57,6 +57,14 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
                 chains: a.chains,
                 bins: a.bins,
                 seed: a.seed,
+                replicas: bnn::synthetic::replicas::ReplicaOptions {
+                    replicas: a.replicas,
+                    ladder: ladder_of(&a.ladder)?,
+                    target_swap_rate: a.target_swap_rate,
+                    exchange_every: a.exchange_every,
+                    pairs: a.pairs,
+                },
+                noise_variance: a.noise_variance,
             };
             let (report, samples) = bnn::synthetic::run(&opts)?;
             if let Some(path) = &a.csv {
@@ -185,6 +193,19 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
                 "files": files.iter().map(|p| p.display().to_string()).collect::<Vec<_>>()
             }))
         }
+    }
+}
+
+/// `--ladder`: `auto` (adapted during burn-in) or τ > 1.
+fn ladder_of(text: &str) -> Result<Option<f64>> {
+    if text == "auto" {
+        return Ok(None);
+    }
+    match text.parse::<f64>() {
+        Ok(tau) if tau > 1.0 && tau.is_finite() => Ok(Some(tau)),
+        _ => Err(Error::Config(format!(
+            "--ladder must be `auto` or a number above 1, got `{text}`"
+        ))),
     }
 }
 

@@ -128,8 +128,24 @@ pub const GIBBS_STREAM: u64 = 0x4749_4242_5300_0000;
 pub const INIT_STREAM: u64 = u64::MAX;
 /// The data of the synthetic Gaussian-mean potential (`bnn sample`): s ^ this.
 pub const SYNTHETIC_DATA_STREAM: u64 = 0xDA7A;
-/// The synthetic potentials' minibatch gradient noise: s ^ this.
+/// The synthetic potentials' minibatch draws: s ^ this.
 pub const SYNTHETIC_NOISE_STREAM: u64 = 0xBA7C;
+/// The synthetic potentials' gradient noise (Philox keyed by s ^ this).
+pub const SYNTHETIC_GRADIENT_STREAM: u64 = 0x6E01_5E00;
+/// Replica exchange: pair choice, energy noise and the test's draws, `StdRng` from s ^ this.
+pub const EXCHANGE_STREAM: u64 = 0x4558_4348_0000_0000;
+/// Separates the seeds of replica rounds (see [`replica_round_seed`]).
+const REPLICA_STREAM: u64 = 0x5245_504c_0000_0000;
+
+/// The seed of replica `r`'s sampler in exchange round `round` (its momentum re-draw and
+/// noise for that round), a SplitMix64 mix apart from every chain seed.
+pub fn replica_round_seed(seed: u64, r: usize, round: u64) -> u64 {
+    let mut z = seed ^ REPLICA_STREAM ^ ((r as u64) << 40) ^ round;
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
 
 /// The seed of chain `k` of a run seeded `seed`: chain 0 has the run's seed (so `--chains
 /// 1` is the single-chain run), the others a SplitMix64 mix of the seed and k, which

@@ -96,6 +96,12 @@ impl Settings {
         if self.chains == 0 || self.chains > 1024 {
             return bad(format!("--chains must be in 1..=1024, got {}", self.chains));
         }
+        if self.sampler.kind.is_replica_exchange() {
+            return bad(format!(
+                "--sampler {} runs in `bnn sample` so far; `bnn train` with replicas is not built yet",
+                self.sampler.kind.name()
+            ));
+        }
         self.model.validate()?;
         self.sampler.validate()
     }

@@ -45,7 +45,7 @@ fn unknown_sampler_and_bad_numbers_are_usage_errors() {
 #[test]
 fn bad_flag_values() {
     let d = tempfile::tempdir().unwrap();
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 9] = [
         (&["--step-size=-1"], "--step-size must be positive"),
         (
             &["--friction", "1.5"],
@@ -66,6 +66,10 @@ fn bad_flag_values() {
         (&["--batch-size", "0"], "--batch-size must be in"),
         (&["--temperature", "0"], "--temperature must be positive"),
         (&["--hidden", "0"], "hidden widths must be positive"),
+        (
+            &["--sampler", "renhd"],
+            "--sampler renhd runs in `bnn sample` so far",
+        ),
     ];
     for (extra, needle) in cases {
         let mut args = vec!["train", "--dataset", "mnist-mini"];
@@ -83,6 +87,34 @@ fn bad_flag_values() {
         &bnn(d.path(), &["train", "--config", "nope.toml"]),
         "nope.toml",
     );
+}
+
+/// `bnn sample` replica flags out of range are one-line errors.
+#[test]
+fn bad_replica_flags() {
+    let d = tempfile::tempdir().unwrap();
+    for (extra, needle) in [
+        (
+            &["--ladder", "0.9"][..],
+            "--ladder must be `auto` or a number above 1",
+        ),
+        (&["--replicas", "1"], "--replicas must be at least 2"),
+        (&["--exchange-every", "0"], "--exchange-every ≥ 1"),
+    ] {
+        let mut args = vec![
+            "sample",
+            "--potential",
+            "gmm5",
+            "--sampler",
+            "renhd",
+            "--steps",
+            "100",
+            "--burnin",
+            "10",
+        ];
+        args.extend_from_slice(extra);
+        one_line_error(&bnn(d.path(), &args), needle);
+    }
 }
 
 /// Without the `cuda` feature, asking for the GPU is a clear error, not a panic.

@@ -158,7 +158,7 @@ impl Compensation {
     /// Criterion (17) (Algorithm 1, lines 5–7): swap when z_C + z_N + ΔẼ > 0, for an estimate
     /// `delta` of ΔE whose variance `variance` is at most σ*².
     pub fn accept<R: Rng>(&self, delta: f64, variance: f64, rng: &mut R) -> Result<bool> {
-        if !(variance >= 0.0 && variance <= self.sigma2) || !delta.is_finite() {
+        if !(variance >= 0.0 && variance <= self.sigma2 && delta.is_finite()) {
             return Err(Error::Config(format!(
                 "exchange: the estimate {delta} has variance {variance}, above σ*² = {}",
                 self.sigma2
@@ -208,7 +208,9 @@ mod tests {
     fn density_integrates_to_one_is_even_and_matches_its_cdf() {
         let q = Compensation::paper();
         let h = 1e-3;
-        let total: f64 = (-40_000..40_000).map(|i| q.pdf((i as f64 + 0.5) * h) * h).sum();
+        let total: f64 = (-40_000..40_000)
+            .map(|i| q.pdf((i as f64 + 0.5) * h) * h)
+            .sum();
         assert!((total - 1.0).abs() < 1e-9, "{total}");
         for z in [0.1, 0.7, 2.0, 5.0, 12.0] {
             assert!((q.pdf(z) - q.pdf(-z)).abs() < 1e-15, "{z}");
@@ -234,7 +236,8 @@ mod tests {
             let (mut pdf, mut cdf) = (0.0, 0.0);
             for k in -15_000..15_000 {
                 let z = (k as f64 + 0.5) * h;
-                let w = (-(x - z).powi(2) / (2.0 * s2)).exp() / (2.0 * std::f64::consts::PI * s2).sqrt();
+                let w = (-(x - z).powi(2) / (2.0 * s2)).exp()
+                    / (2.0 * std::f64::consts::PI * s2).sqrt();
                 pdf += q.pdf(z) * w * h;
                 cdf += q.cdf(z) * w * h;
             }
@@ -283,7 +286,10 @@ mod tests {
             let p = logistic(delta);
             let rate = yes as f64 / tries as f64;
             let se = (p * (1.0 - p) / tries as f64).sqrt();
-            assert!((rate - p).abs() < 3.0 * se + 1.2e-3, "ΔE {delta}: {rate} vs {p}");
+            assert!(
+                (rate - p).abs() < 3.0 * se + 1.2e-3,
+                "ΔE {delta}: {rate} vs {p}"
+            );
         }
         assert!(q.accept(0.0, 0.3, &mut rng).is_err());
     }

@@ -228,7 +228,11 @@ mod tests {
         }
         assert_eq!(l.temperatures, frozen);
         for (i, r) in l.swap_rates().iter().enumerate() {
-            assert!((r - 0.3).abs() < 0.03, "pair {i}: {r} ({:?})", l.temperatures);
+            assert!(
+                (r - 0.3).abs() < 0.03,
+                "pair {i}: {r} ({:?})",
+                l.temperatures
+            );
         }
         assert_eq!(l.temperatures[0], 1.0);
     }

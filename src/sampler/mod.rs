@@ -51,6 +51,12 @@ pub enum SamplerKind {
     Sgd,
     /// SGD with momentum on U (MAP baseline).
     Momentum,
+    /// Replica-exchange Nosé–Hoover dynamics (Luo et al. 2018): SGNHT (Euler) replicas on
+    /// a temperature ladder, swapped by a noise-tolerant test ([`exchange`], [`ladder`]).
+    Renhd,
+    /// Replica-exchange Langevin dynamics: the same ladder and exchanges with Langevin
+    /// (SGHMC, constant friction) replicas (Luo et al. §4.2's baseline).
+    Reld,
 }
 
 impl SamplerKind {
@@ -62,6 +68,22 @@ impl SamplerKind {
             SamplerKind::Msgnht => "msgnht",
             SamplerKind::Sgd => "sgd",
             SamplerKind::Momentum => "momentum",
+            SamplerKind::Renhd => "renhd",
+            SamplerKind::Reld => "reld",
+        }
+    }
+
+    /// Whether it runs replicas on a temperature ladder.
+    pub fn is_replica_exchange(self) -> bool {
+        matches!(self, SamplerKind::Renhd | SamplerKind::Reld)
+    }
+
+    /// The sampler each replica runs: SGNHT for RENHD, SGHMC for RELD; itself otherwise.
+    pub fn replica_kind(self) -> SamplerKind {
+        match self {
+            SamplerKind::Renhd => SamplerKind::Sgnht,
+            SamplerKind::Reld => SamplerKind::Sghmc,
+            k => k,
         }
     }
 
@@ -98,9 +120,15 @@ impl SamplerKind {
                 friction: 0.1,
                 ..base
             },
-            SamplerKind::Sgnht | SamplerKind::Msgnht => SamplerConfig {
+            // RENHD's c is its diffusion, RELD's its friction (at T = 1).
+            SamplerKind::Sgnht | SamplerKind::Msgnht | SamplerKind::Renhd => SamplerConfig {
                 step_size: 2e-6,
                 diffusion: 0.1,
+                ..base
+            },
+            SamplerKind::Reld => SamplerConfig {
+                step_size: 2e-6,
+                friction: 0.1,
                 ..base
             },
             // Without momentum's 1/α amplification, SGD needs a larger η to move as far.
@@ -161,10 +189,10 @@ impl SamplerConfig {
             ));
         }
         match self.kind {
-            SamplerKind::Sghmc | SamplerKind::Momentum => {
+            SamplerKind::Sghmc | SamplerKind::Momentum | SamplerKind::Reld => {
                 // SGHMC with α = 0 is Chen et al.'s "naive SGHMC" (§3.1): no friction and
                 // no injected noise; allowed, to reproduce how it fails.
-                let lowest = if self.kind == SamplerKind::Sghmc {
+                let lowest = if self.kind != SamplerKind::Momentum {
                     0.0
                 } else {
                     f64::MIN_POSITIVE
@@ -186,7 +214,7 @@ impl SamplerConfig {
                     ));
                 }
             }
-            SamplerKind::Sgnht | SamplerKind::Msgnht => {
+            SamplerKind::Sgnht | SamplerKind::Msgnht | SamplerKind::Renhd => {
                 // a = 0 is allowed: all the noise then comes from the gradient (Ding et al.
                 // Fig. 1, A = 0), which the thermostat absorbs.
                 if !(self.diffusion >= 0.0 && self.diffusion.is_finite()) {
@@ -405,6 +433,7 @@ pub fn build_with(
         SamplerKind::Sgld | SamplerKind::Sghmc | SamplerKind::Sgnht => true,
         SamplerKind::Msgnht => on_cpu,
         SamplerKind::Sgd | SamplerKind::Momentum => false,
+        SamplerKind::Renhd | SamplerKind::Reld => return Err(not_one_chain(config.kind)),
     };
     if kernel == Kernel::Fused && fusable {
         return Ok(Box::new(fused::Fused::init(config, params, seed)?));
@@ -422,7 +451,17 @@ pub fn build(config: SamplerConfig, params: &[Var], seed: u64) -> Result<Box<dyn
         SamplerKind::Sgnht => Box::new(sgnht::Sgnht::init(config, params, seed, false)?),
         SamplerKind::Msgnht => Box::new(msgnht::init(config, params, seed)?),
         SamplerKind::Sgd | SamplerKind::Momentum => Box::new(sgd::Sgd::init(config, params)?),
+        SamplerKind::Renhd | SamplerKind::Reld => return Err(not_one_chain(config.kind)),
     })
+}
+
+/// A replica-exchange sampler is a ladder of chains, not one update rule.
+fn not_one_chain(kind: SamplerKind) -> Error {
+    Error::Config(format!(
+        "{} runs replicas, each a {} chain: build those (see synthetic::replicas)",
+        kind.name(),
+        kind.replica_kind().name()
+    ))
 }
 
 /// A tensor of standard normals shaped like `like`, from the noise stream of parameter

@@ -13,6 +13,8 @@ use crate::error::{Error, Result};
 use crate::rng::NoiseKey;
 use crate::sampler::{self, Integrator, Kernel, SamplerConfig, SamplerKind};
 
+pub mod replicas;
+
 /// The synthetic targets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
@@ -28,10 +30,14 @@ pub enum PotentialKind {
     /// 2-D mixture of 5 Gaussians (σ = 0.5) at radius 4, isolated modes (RENHD §4.1;
     /// the paper does not give positions, these are ours).
     Gmm5,
+    /// U = θ²/2: the standard normal, whose tempered versions N(0, T) are known exactly.
+    Gaussian,
 }
 
 const GMM_RADIUS: f64 = 4.0;
 const GMM_SIGMA: f64 = 0.5;
+/// The variance of the noise on gmm5's U and ∇U (Luo et al. §4.1).
+const GMM_NOISE_VARIANCE: f64 = 0.25;
 const GM_N: usize = 100;
 const GM_BATCH: usize = 10;
 
@@ -65,7 +71,7 @@ impl Potential {
         }
     }
 
-    fn modes() -> impl Iterator<Item = (f64, f64)> {
+    pub(crate) fn modes() -> impl Iterator<Item = (f64, f64)> {
         (0..5).map(|k| {
             let t = std::f64::consts::TAU * k as f64 / 5.0;
             (GMM_RADIUS * t.cos(), GMM_RADIUS * t.sin())
@@ -80,6 +86,7 @@ impl Potential {
                 (t + 4.0) * (t + 1.0) * (t - 1.0) * (t - 3.0) / 14.0 + 0.5
             }
             PotentialKind::Quartic => -2.0 * x[0] * x[0] + x[0].powi(4),
+            PotentialKind::Gaussian => 0.5 * x[0] * x[0],
             PotentialKind::GaussianMean => self.data.iter().map(|d| 0.5 * (x[0] - d).powi(2)).sum(),
             PotentialKind::Gmm5 => {
                 let s2 = GMM_SIGMA * GMM_SIGMA;
@@ -103,6 +110,7 @@ impl Potential {
                 vec![(b * c + a * 2.0 * t * c + a * b) / 14.0]
             }
             PotentialKind::Quartic => vec![-4.0 * x[0] + 4.0 * x[0].powi(3)],
+            PotentialKind::Gaussian => vec![x[0]],
             PotentialKind::GaussianMean => {
                 let s: f64 = batch.iter().map(|&i| x[0] - self.data[i]).sum();
                 vec![s * GM_N as f64 / batch.len() as f64]
@@ -127,6 +135,7 @@ impl Potential {
         match self.kind {
             PotentialKind::DoubleWell => (-6.0, 5.0),
             PotentialKind::Quartic => (-2.5, 2.5),
+            PotentialKind::Gaussian => (-8.0, 8.0),
             PotentialKind::GaussianMean => {
                 let mean = self.data.iter().sum::<f64>() / GM_N as f64;
                 let sd = 1.0 / (GM_N as f64).sqrt();
@@ -167,6 +176,14 @@ pub struct SampleOptions {
     pub chains: usize,
     pub bins: usize,
     pub seed: u64,
+    /// Replica exchange (`--sampler renhd|reld`): rungs, ladder, exchanges.
+    #[serde(default)]
+    pub replicas: replicas::ReplicaOptions,
+    /// Noise N(0, V) on U and on each coordinate of ∇U, unknown to the sampler, instead of
+    /// the gradient noise of `noise`; `None`: 0.25 for `gmm5` (Luo et al. §4.1), the
+    /// gradient noise of `noise` otherwise.
+    #[serde(default)]
+    pub noise_variance: Option<f64>,
 }
 
 /// What `bnn sample` reports.
@@ -195,10 +212,28 @@ pub struct SampleReport {
     /// The step at which the position became non-finite; the statistics then cover
     /// the samples before it and the KL is infinite (`null` in JSON).
     pub diverged_at: Option<usize>,
+    /// `gmm5`: the fraction of samples nearest each mode (true weight 0.2 each), and the
+    /// largest deviation from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode_mass: Option<Vec<f64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_mode_mass_error: Option<f64>,
+    /// Replica exchange: the ladder and its swap statistics, swaps per try of each pair
+    /// (pair i: temperatures i and i+1), and the variance of the first coordinate at each
+    /// temperature after burn-in (exp(−U/T) has T·σ² for a Gaussian U).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ladder: Option<crate::sampler::ladder::Ladder>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swap_rates: Option<Vec<f64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_variances: Option<Vec<f64>>,
 }
 
 /// Runs the sampler; returns the report and the kept samples (steps × chains × dim).
 pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
+    if opts.sampler.is_replica_exchange() {
+        return replicas::run(opts);
+    }
     if opts.h.is_nan()
         || opts.h <= 0.0
         || opts.steps == 0
@@ -244,7 +279,7 @@ pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
     let theta = Var::from_vec(start, n, &Device::Cpu)?;
     let params = [theta.clone()];
     let mut s = sampler::build_with(config, &params, opts.seed, Kernel::Fused)?;
-    let noise_sd = (2.0 * opts.noise / opts.h).sqrt();
+    let noise_sd = gradient_noise_sd(opts);
     let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed ^ crate::rng::SYNTHETIC_NOISE_STREAM);
     let kept = opts.steps - opts.burnin;
     let mut samples = Vec::with_capacity(kept * n);
@@ -263,7 +298,7 @@ pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
             Vec::new()
         };
         NoiseKey {
-            seed: opts.seed ^ 0x6E01_5E00,
+            seed: opts.seed ^ crate::rng::SYNTHETIC_GRADIENT_STREAM,
             step: step as u64,
             param: 0,
         }
@@ -323,6 +358,43 @@ pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
         ..report
     };
     Ok((report, samples))
+}
+
+/// V of the noise N(0, V) on U and ∇U: `--noise-variance`, else for `gmm5` Luo et al.'s
+/// 0.25 (§4.1); `None`: the gradient noise of `--noise` alone.
+fn noise_variance(opts: &SampleOptions) -> Option<f64> {
+    opts.noise_variance
+        .or((opts.potential == PotentialKind::Gmm5).then_some(GMM_NOISE_VARIANCE))
+}
+
+/// The standard deviation of the noise on each coordinate of ∇U: √V (see
+/// [`noise_variance`]), else √(2B/h).
+fn gradient_noise_sd(opts: &SampleOptions) -> f64 {
+    noise_variance(opts).map_or((2.0 * opts.noise / opts.h).sqrt(), f64::sqrt)
+}
+
+/// The fraction of 2-D `samples` nearest each of gmm5's modes, and the largest deviation
+/// from the true weights (equal: 0.2).
+pub fn mode_masses(samples: &[f32]) -> (Vec<f64>, f64) {
+    let modes: Vec<(f64, f64)> = Potential::modes().collect();
+    let mut counts = vec![0usize; modes.len()];
+    for p in samples.chunks_exact(2) {
+        let (x, y) = (p[0] as f64, p[1] as f64);
+        let nearest = (0..modes.len())
+            .min_by(|&a, &b| {
+                let d = |k: usize| (x - modes[k].0).powi(2) + (y - modes[k].1).powi(2);
+                d(a).total_cmp(&d(b))
+            })
+            .unwrap_or(0);
+        counts[nearest] += 1;
+    }
+    let n = (samples.len() / 2).max(1) as f64;
+    let mass: Vec<f64> = counts.iter().map(|&c| c as f64 / n).collect();
+    let worst = mass
+        .iter()
+        .map(|m| (m - 1.0 / modes.len() as f64).abs())
+        .fold(0.0, f64::max);
+    (mass, worst)
 }
 
 /// Grid truth, histogram KL, moments, IAT.
@@ -432,6 +504,7 @@ fn summarise(
     let stride = opts.chains * dim;
     let series: Vec<f64> = (0..kept).map(|t| samples[t * stride] as f64).collect();
     let iat = batch_means_iat(&series);
+    let masses = (opts.potential == PotentialKind::Gmm5).then(|| mode_masses(samples));
     Ok(SampleReport {
         options: opts.clone(),
         samples: total,
@@ -448,6 +521,11 @@ fn summarise(
         iat,
         ess: opts.chains as f64 * kept as f64 / iat,
         diverged_at: None,
+        mode_mass: masses.as_ref().map(|m| m.0.clone()),
+        max_mode_mass_error: masses.map(|m| m.1),
+        ladder: None,
+        swap_rates: None,
+        temperature_variances: None,
     })
 }
 

@@ -1,0 +1,276 @@
+//! `bnn sample --sampler renhd|reld`: replica exchange on a synthetic potential (Luo et al.
+//! 2018, Algorithm 2 with the exchange of Algorithm 1).
+//!
+//! A replica at temperature T targets exp(−U/T). Algorithm 2 runs it as SGNHT with the
+//! thermostat held at T·ε (s ← s + vᵀv/d − Tε, noise N(0, 2cε), so s settles at c/T). That is
+//! exactly our SGNHT at unit temperature on the potential U/T with step size η = T·ε and
+//! diffusion a = c/T: with u = v, its update u ← u − αu − η∇(U/T) + N(0, 2aη) is
+//! v ← v − sv − ε∇U + N(0, 2cε), and its thermostat α ← α + uᵀu/d − η is the paper's. So a
+//! replica is one of our chains with its gradient divided by T and (η, a) set from T, and
+//! the fused kernels serve unchanged. RELD's Langevin replica is SGHMC with the constant
+//! friction α = c/T (the same noise 2cε). At the start of each round between exchanges
+//! the paper re-draws v ~ N(0, Tε) and resets s = c/T (Algorithm 2, line 3): a replica's
+//! sampler is built afresh each round, from its current temperature and a seed of its own
+//! for that round.
+//!
+//! Exchange estimate: U is observed with noise N(0, V) unknown to the sampler, as a
+//! minibatch estimate is; the estimate ΔẼ averages k paired evaluations, k = 8 doubling
+//! until its estimated variance (sample variance / k) is at most σ*² (Algorithm 1, lines
+//! 2–4, with repeated evaluations standing in for a growing minibatch).
+
+use candle_core::{Device, Tensor, Var};
+use rand::{Rng, SeedableRng};
+use rand_distr::StandardNormal;
+use serde::{Deserialize, Serialize};
+
+use super::{
+    gradient_noise_sd, noise_variance, summarise, PotentialKind, SampleOptions, SampleReport,
+};
+use crate::error::{Error, Result};
+use crate::rng::NoiseKey;
+use crate::sampler::exchange::{energy_difference, Compensation};
+use crate::sampler::ladder::{Ladder, PairSchedule};
+use crate::sampler::{self, Integrator, Kernel, SamplerConfig, SamplerKind};
+
+/// The replica-exchange settings of `bnn sample`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReplicaOptions {
+    /// M: rungs, T₀ = 1 included.
+    pub replicas: usize,
+    /// τ of the geometric ladder T_j = τ^j; `None`: adapt during burn-in (`--ladder auto`).
+    pub ladder: Option<f64>,
+    /// The swap rate the adapted ladder aims at.
+    pub target_swap_rate: f64,
+    /// N: updates of every replica between exchange rounds.
+    pub exchange_every: usize,
+    pub pairs: PairSchedule,
+}
+
+impl Default for ReplicaOptions {
+    /// The paper's: N = 200 (§4), M = 7 and τ = 1.5 (§4.1); DEO pairs.
+    fn default() -> Self {
+        ReplicaOptions {
+            replicas: 7,
+            ladder: Some(1.5),
+            target_swap_rate: 0.3,
+            exchange_every: 200,
+            pairs: PairSchedule::Deo,
+        }
+    }
+}
+
+/// First count of paired evaluations of an exchange estimate, and the most it may grow to.
+const FIRST_EVALUATIONS: usize = 8;
+const MAX_EVALUATIONS: usize = 1 << 16;
+
+/// Runs the replicas; the samples (and the report's statistics) are those of whichever
+/// replica holds T₀ = 1 at each step after burn-in.
+pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
+    let ro = &opts.replicas;
+    if opts.h.is_nan() || opts.h <= 0.0 || opts.burnin >= opts.steps || ro.exchange_every == 0 {
+        return Err(Error::Config(
+            "bnn sample needs --h > 0, --steps > --burnin and --exchange-every ≥ 1".into(),
+        ));
+    }
+    if opts.potential == PotentialKind::GaussianMean {
+        return Err(Error::Config(
+            "replica exchange needs an energy with known noise: not gaussian-mean".into(),
+        ));
+    }
+    let mut ladder = match ro.ladder {
+        Some(tau) => Ladder::geometric(ro.replicas, tau, ro.pairs)?,
+        // Adapted from τ = 1.5, the paper's ladder.
+        None => Ladder::geometric(ro.replicas, 1.5, ro.pairs)?.adapting(ro.target_swap_rate)?,
+    };
+    let pot = super::Potential::new(opts.potential, opts.seed);
+    let dim = pot.dim();
+    let start: Vec<f32> = (0..dim)
+        .map(|d| match (opts.potential, d) {
+            (PotentialKind::Gmm5, 0) => super::GMM_RADIUS as f32,
+            (PotentialKind::Gmm5, _) => 0.0,
+            _ => {
+                let (lo, hi) = pot.range();
+                ((lo + hi) / 2.0) as f32
+            }
+        })
+        .collect();
+    let thetas: Vec<Var> = (0..ro.replicas)
+        .map(|_| Var::from_vec(start.clone(), dim, &Device::Cpu))
+        .collect::<candle_core::Result<_>>()?;
+    let epsilon = opts.h * opts.h;
+    let c = match opts.sampler {
+        SamplerKind::Renhd => opts.diffusion * opts.h,
+        _ => opts.friction * opts.h,
+    };
+    let grad_sd = gradient_noise_sd(opts);
+    let energy_sd = noise_variance(opts).unwrap_or(0.0).sqrt();
+    let compensation = Compensation::paper();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed ^ crate::rng::EXCHANGE_STREAM);
+    let kept = opts.steps - opts.burnin;
+    let mut samples = Vec::with_capacity(kept * dim);
+    let mut z = vec![0f32; dim];
+    let mut step = 0;
+    let mut diverged_at = None;
+    // Per temperature index: Σx, Σx² of the first coordinate, and the count, after burn-in.
+    let mut moments = vec![(0f64, 0f64, 0usize); ro.replicas];
+    'rounds: while step < opts.steps {
+        if step >= opts.burnin {
+            ladder.freeze();
+        }
+        let round = ladder.rounds;
+        let mut samplers = (0..ro.replicas)
+            .map(|r| {
+                let t = ladder.temperature_of(r);
+                let config = replica_config(opts.sampler, epsilon, c, t);
+                let seed = crate::rng::replica_round_seed(opts.seed, r, round);
+                sampler::build_with(
+                    config,
+                    std::slice::from_ref(&thetas[r]),
+                    seed,
+                    Kernel::Fused,
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let until = (step + ro.exchange_every).min(opts.steps);
+        while step < until {
+            for (r, s) in samplers.iter_mut().enumerate() {
+                let t = ladder.temperature_of(r);
+                let x: Vec<f64> = thetas[r]
+                    .as_tensor()
+                    .to_vec1::<f32>()?
+                    .iter()
+                    .map(|&v| v as f64)
+                    .collect();
+                NoiseKey {
+                    seed: opts.seed ^ crate::rng::SYNTHETIC_GRADIENT_STREAM,
+                    step: step as u64,
+                    param: r as u32,
+                }
+                .fill(&mut z);
+                let g: Vec<f32> = pot
+                    .gradient(&x, &[])
+                    .iter()
+                    .zip(&z)
+                    .map(|(g, &z)| ((g + grad_sd * z as f64) / t) as f32)
+                    .collect();
+                s.step(
+                    std::slice::from_ref(&thetas[r]),
+                    &[Tensor::from_vec(g, dim, &Device::Cpu)?],
+                )?;
+            }
+            let cold: Vec<f32> = thetas[ladder.holder[0]].as_tensor().to_vec1()?;
+            if cold.iter().any(|v| !v.is_finite()) {
+                diverged_at = Some(step);
+                break 'rounds;
+            }
+            if step >= opts.burnin {
+                samples.extend(cold);
+                for (i, &r) in ladder.holder.iter().enumerate() {
+                    let x = thetas[r].as_tensor().get(0)?.to_scalar::<f32>()? as f64;
+                    let m = &mut moments[i];
+                    *m = (m.0 + x, m.1 + x * x, m.2 + 1);
+                }
+            }
+            step += 1;
+        }
+        for i in ladder.pairs(&mut rng) {
+            let (a, b) = (ladder.holder[i], ladder.holder[i + 1]);
+            let (t_a, t_b) = (ladder.temperatures[i], ladder.temperatures[i + 1]);
+            let x = |r: usize| -> Result<Vec<f64>> {
+                Ok(thetas[r]
+                    .as_tensor()
+                    .to_vec1::<f32>()?
+                    .iter()
+                    .map(|&v| v as f64)
+                    .collect())
+            };
+            let (u_a, u_b) = (pot.energy(&x(a)?), pot.energy(&x(b)?));
+            let (delta, variance) =
+                estimate(&mut rng, u_a, u_b, t_a, t_b, energy_sd, &compensation)?;
+            let accepted = compensation.accept(delta, variance, &mut rng)?;
+            ladder.record(i, accepted);
+        }
+        ladder.end_round();
+    }
+    let got = samples.len() / dim;
+    let single = SampleOptions {
+        chains: 1,
+        ..opts.clone()
+    };
+    let mut report = summarise(&pot, &single, &samples, got, dim)?;
+    report.options = opts.clone();
+    report.swap_rates = Some(ladder.swap_rates());
+    report.temperature_variances = Some(
+        moments
+            .iter()
+            .map(|&(s, s2, n)| {
+                let n = n.max(1) as f64;
+                s2 / n - (s / n).powi(2)
+            })
+            .collect(),
+    );
+    report.ladder = Some(ladder);
+    if let Some(step) = diverged_at {
+        tracing::warn!(step, "the T = 1 replica diverged; try a smaller --h");
+        report.kl = f64::INFINITY;
+        report.diverged_at = diverged_at;
+    }
+    Ok((report, samples))
+}
+
+/// A replica's sampler at temperature `t`: RENHD's SGNHT with η = T·ε and a = c/T, RELD's
+/// SGHMC with η = T·ε and α = c/T (module note), Euler as in Algorithm 2.
+pub fn replica_config(kind: SamplerKind, epsilon: f64, c: f64, t: f64) -> SamplerConfig {
+    let replica = kind.replica_kind();
+    SamplerConfig {
+        kind: replica,
+        step_size: t * epsilon,
+        friction: if replica == SamplerKind::Sghmc {
+            c / t
+        } else {
+            0.0
+        },
+        noise_estimate: 0.0,
+        diffusion: if replica == SamplerKind::Sgnht {
+            c / t
+        } else {
+            0.0
+        },
+        integrator: Integrator::Euler,
+    }
+}
+
+/// ΔẼ from k paired noisy evaluations of U at the two replicas, k doubling from 8 until
+/// the estimate's variance (sample variance / k) is at most σ*²: (estimate, its variance).
+fn estimate<R: Rng>(
+    rng: &mut R,
+    u_a: f64,
+    u_b: f64,
+    t_a: f64,
+    t_b: f64,
+    energy_sd: f64,
+    compensation: &Compensation,
+) -> Result<(f64, f64)> {
+    let mut d: Vec<f64> = Vec::new();
+    let mut k = FIRST_EVALUATIONS;
+    loop {
+        while d.len() < k {
+            let noisy = |u: f64, rng: &mut R| u + energy_sd * rng.sample::<f64, _>(StandardNormal);
+            let (ua, ub) = (noisy(u_a, rng), noisy(u_b, rng));
+            d.push(energy_difference(ua, ub, t_a, t_b));
+        }
+        let n = d.len() as f64;
+        let mean = d.iter().sum::<f64>() / n;
+        let var = d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0) / n;
+        if var <= compensation.sigma2 {
+            return Ok((mean, var));
+        }
+        if k >= MAX_EVALUATIONS {
+            return Err(Error::Config(format!(
+                "exchange: {k} evaluations leave the estimate's variance at {var:.3} > σ*² = {}",
+                compensation.sigma2
+            )));
+        }
+        k *= 2;
+    }
+}
