@@ -69,21 +69,27 @@ impl Schedule {
     }
 }
 
+/// A schedule for tests: burn-in 2 epochs, every 5th update, constant step size.
+#[cfg(test)]
+pub(crate) fn example() -> Schedule {
+    Schedule {
+        decay_at: vec![],
+        decay_factor: 0.5,
+        cycles: 0,
+        sample_fraction: 0.25,
+        poly_gamma: 0.0,
+        poly_steps: 1000.0,
+        burnin: 2,
+        thin: 5,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn schedule() -> Schedule {
-        Schedule {
-            decay_at: vec![],
-            decay_factor: 0.5,
-            cycles: 0,
-            sample_fraction: 0.25,
-            poly_gamma: 0.0,
-            poly_steps: 1000.0,
-            burnin: 2,
-            thin: 5,
-        }
+        example()
     }
 
     #[test]
