@@ -140,11 +140,7 @@ const REPLICA_STREAM: u64 = 0x5245_504c_0000_0000;
 /// The seed of replica `r`'s sampler in exchange round `round` (its momentum re-draw and
 /// noise for that round), a SplitMix64 mix apart from every chain seed.
 pub fn replica_round_seed(seed: u64, r: usize, round: u64) -> u64 {
-    let mut z = seed ^ REPLICA_STREAM ^ ((r as u64) << 40) ^ round;
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    splitmix64(seed ^ REPLICA_STREAM ^ ((r as u64) << 40) ^ round)
 }
 
 /// The seed of chain `k` of a run seeded `seed`: chain 0 has the run's seed (so `--chains
@@ -154,7 +150,11 @@ pub fn chain_seed(seed: u64, k: usize) -> u64 {
     if k == 0 {
         return seed;
     }
-    let mut z = seed ^ CHAIN_STREAM.wrapping_add(k as u64);
+    splitmix64(seed ^ CHAIN_STREAM.wrapping_add(k as u64))
+}
+
+/// SplitMix64's output step (Steele, Lea & Flood 2014): a bijective mix of 64 bits.
+fn splitmix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

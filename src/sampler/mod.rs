@@ -368,26 +368,24 @@ impl TensorsDone {
     /// Marks tensor `t` done: an error outside an update, for an index out of range or a
     /// tensor updated twice.
     pub(crate) fn mark(&mut self, t: usize) -> Result<()> {
-        let Some(done) = self.done.as_mut() else {
-            return Err(Error::Config(
-                "sampler: tensor step outside begin/finish".into(),
-            ));
-        };
-        match done.get_mut(t) {
-            Some(d) if !*d => {
-                *d = true;
-                Ok(())
-            }
-            _ => Err(Error::Config(format!(
-                "sampler: parameter tensor {t} stepped twice or out of range"
-            ))),
+        self.check(t)?;
+        if let Some(done) = self.done.as_mut() {
+            done[t] = true;
         }
+        Ok(())
     }
 
     /// Checks that tensor `t` may still be updated (before lending its state).
     pub(crate) fn check(&self, t: usize) -> Result<()> {
-        let mut probe = self.clone();
-        probe.mark(t)
+        match self.done.as_ref().map(|done| done.get(t)) {
+            None => Err(Error::Config(
+                "sampler: tensor step outside begin/finish".into(),
+            )),
+            Some(Some(false)) => Ok(()),
+            Some(_) => Err(Error::Config(format!(
+                "sampler: parameter tensor {t} stepped twice or out of range"
+            ))),
+        }
     }
 
     pub(crate) fn finish(&mut self) -> Result<()> {

@@ -113,15 +113,19 @@ pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
     let mut diverged_at = None;
     // Per temperature index: Σx, Σx² of the first coordinate, and the count, after burn-in.
     let mut moments = vec![(0f64, 0f64, 0usize); ro.replicas];
+    // Each replica's position, read once after each of its updates (an Euler sampler's
+    // init does not move θ, so it stays valid across the rebuild of a round).
+    let mut positions: Vec<Vec<f64>> = vec![start.iter().map(|&v| v as f64).collect(); ro.replicas];
     'rounds: while step < opts.steps {
         if step >= opts.burnin {
             ladder.freeze();
         }
         let round = ladder.rounds;
+        // Temperatures change only in exchanges, between rounds.
+        let temps: Vec<f64> = (0..ro.replicas).map(|r| ladder.temperature_of(r)).collect();
         let mut samplers = (0..ro.replicas)
             .map(|r| {
-                let t = ladder.temperature_of(r);
-                let config = replica_config(opts.sampler, epsilon, c, t);
+                let config = replica_config(opts.sampler, epsilon, c, temps[r]);
                 let seed = crate::rng::replica_round_seed(opts.seed, r, round);
                 sampler::build_with(
                     config,
@@ -134,13 +138,6 @@ pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
         let until = (step + ro.exchange_every).min(opts.steps);
         while step < until {
             for (r, s) in samplers.iter_mut().enumerate() {
-                let t = ladder.temperature_of(r);
-                let x: Vec<f64> = thetas[r]
-                    .as_tensor()
-                    .to_vec1::<f32>()?
-                    .iter()
-                    .map(|&v| v as f64)
-                    .collect();
                 NoiseKey {
                     seed: opts.seed ^ crate::rng::SYNTHETIC_GRADIENT_STREAM,
                     step: step as u64,
@@ -148,25 +145,32 @@ pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
                 }
                 .fill(&mut z);
                 let g: Vec<f32> = pot
-                    .gradient(&x, &[])
+                    .gradient(&positions[r], &[])
                     .iter()
                     .zip(&z)
-                    .map(|(g, &z)| ((g + grad_sd * z as f64) / t) as f32)
+                    .map(|(g, &z)| ((g + grad_sd * z as f64) / temps[r]) as f32)
                     .collect();
                 s.step(
                     std::slice::from_ref(&thetas[r]),
                     &[Tensor::from_vec(g, dim, &Device::Cpu)?],
                 )?;
+                positions[r] = thetas[r]
+                    .as_tensor()
+                    .to_vec1::<f32>()?
+                    .iter()
+                    .map(|&v| v as f64)
+                    .collect();
             }
-            let cold: Vec<f32> = thetas[ladder.holder[0]].as_tensor().to_vec1()?;
+            let cold = &positions[ladder.holder[0]];
             if cold.iter().any(|v| !v.is_finite()) {
                 diverged_at = Some(step);
                 break 'rounds;
             }
             if step >= opts.burnin {
-                samples.extend(cold);
+                // Exact: the positions are f32 values held as f64.
+                samples.extend(cold.iter().map(|&v| v as f32));
                 for (i, &r) in ladder.holder.iter().enumerate() {
-                    let x = thetas[r].as_tensor().get(0)?.to_scalar::<f32>()? as f64;
+                    let x = positions[r][0];
                     let m = &mut moments[i];
                     *m = (m.0 + x, m.1 + x * x, m.2 + 1);
                 }
@@ -176,15 +180,7 @@ pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
         for i in ladder.pairs(&mut rng) {
             let (a, b) = (ladder.holder[i], ladder.holder[i + 1]);
             let (t_a, t_b) = (ladder.temperatures[i], ladder.temperatures[i + 1]);
-            let x = |r: usize| -> Result<Vec<f64>> {
-                Ok(thetas[r]
-                    .as_tensor()
-                    .to_vec1::<f32>()?
-                    .iter()
-                    .map(|&v| v as f64)
-                    .collect())
-            };
-            let (u_a, u_b) = (pot.energy(&x(a)?), pot.energy(&x(b)?));
+            let (u_a, u_b) = (pot.energy(&positions[a]), pot.energy(&positions[b]));
             let (delta, variance) =
                 estimate(&mut rng, u_a, u_b, t_a, t_b, energy_sd, &compensation)?;
             let accepted = compensation.accept(delta, variance, &mut rng)?;
