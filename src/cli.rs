@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use bnn::model::Activation;
 use bnn::potential::Backward;
 use bnn::sampler::ladder::PairSchedule;
+use bnn::sampler::replica::ReplicaThermostat;
 use bnn::sampler::{Integrator, Kernel, SamplerKind};
 use bnn::synthetic::PotentialKind;
 
@@ -92,6 +93,13 @@ pub struct SampleArgs {
     /// --noise; Luo et al. §4.1 use 0.25).
     #[arg(long)]
     pub noise_variance: Option<f64>,
+    #[command(flatten)]
+    pub replicas: ReplicaArgs,
+}
+
+/// The replica-exchange flags of `bnn sample` and `bnn train` (renhd and reld only).
+#[derive(Debug, Args)]
+pub struct ReplicaArgs {
     /// renhd/reld: rungs of the temperature ladder, T₀ = 1 included.
     #[arg(long, default_value_t = 7)]
     pub replicas: usize,
@@ -107,6 +115,9 @@ pub struct SampleArgs {
     /// renhd/reld: deo (even/odd alternation) or random (one adjacent pair per round).
     #[arg(long, value_enum, default_value_t = PairSchedule::Deo)]
     pub pairs: PairSchedule,
+    /// renhd: one scalar thermostat per replica (the paper's) or one per parameter.
+    #[arg(long, value_enum, default_value_t = ReplicaThermostat::Scalar)]
+    pub replica_thermostat: ReplicaThermostat,
 }
 
 #[derive(Debug, Subcommand)]
@@ -319,6 +330,12 @@ pub struct TrainArgs {
     /// each chain's figures, split-R-hat and ESS.
     #[arg(long, default_value_t = 1, value_name = "K")]
     pub chains: usize,
+    #[command(flatten)]
+    pub replicas: ReplicaArgs,
+    /// At the start of each epoch, permute the labels of this fraction of the training
+    /// examples among themselves (seeded per epoch; Luo et al. §4.2's label noise).
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    pub permute_labels: f64,
     /// Device for parameters, minibatches and sampler state.
     #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
     pub device: DeviceKind,

@@ -2,12 +2,15 @@
 
 use std::path::PathBuf;
 
-use crate::cli::{BenchCommand, Command, DataCommand, DeviceKind, PriorKind, TrainArgs};
+use crate::cli::{
+    BenchCommand, Command, DataCommand, DeviceKind, PriorKind, ReplicaArgs, TrainArgs,
+};
 use bnn::checkpoint::RunManifest;
 use bnn::data::{self, registry, LoadOptions};
 use bnn::error::{Error, Result};
 use bnn::model::ModelSpec;
 use bnn::potential::PriorSpec;
+use bnn::sampler::replica::ReplicaOptions;
 use bnn::sampler::SamplerConfig;
 use clap::Parser;
 
@@ -57,13 +60,7 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
                 chains: a.chains,
                 bins: a.bins,
                 seed: a.seed,
-                replicas: bnn::synthetic::replicas::ReplicaOptions {
-                    replicas: a.replicas,
-                    ladder: ladder_of(&a.ladder)?,
-                    target_swap_rate: a.target_swap_rate,
-                    exchange_every: a.exchange_every,
-                    pairs: a.pairs,
-                },
+                replicas: replica_options(&a.replicas)?,
                 noise_variance: a.noise_variance,
             };
             let (report, samples) = bnn::synthetic::run(&opts)?;
@@ -194,6 +191,18 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
             }))
         }
     }
+}
+
+/// The replica-exchange options of the flags.
+fn replica_options(a: &ReplicaArgs) -> Result<ReplicaOptions> {
+    Ok(ReplicaOptions {
+        replicas: a.replicas,
+        ladder: ladder_of(&a.ladder)?,
+        target_swap_rate: a.target_swap_rate,
+        exchange_every: a.exchange_every,
+        pairs: a.pairs,
+        thermostat: a.replica_thermostat,
+    })
 }
 
 /// `--ladder`: `auto` (adapted during burn-in) or τ > 1.
@@ -444,6 +453,12 @@ fn train_config(
             seed: args.seed,
             checkpoint_every: args.checkpoint_every,
             chains: args.chains,
+            replicas: if sampler.kind.is_replica_exchange() {
+                Some(replica_options(&args.replicas)?)
+            } else {
+                None
+            },
+            permute_labels: args.permute_labels,
         },
         run_dir,
         device: device_of(args.device)?,

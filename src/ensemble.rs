@@ -56,6 +56,48 @@ pub fn predict(model: &Network, split: &Split, device: &Device) -> Result<Vec<f3
     Ok(out)
 }
 
+/// −log p(y | x, θ) of `model` on the examples `idx` of `split`, each alone, in f64 (the
+/// labels from `labels` where given): what an exchange of replicas compares.
+pub fn example_nll(
+    model: &Network,
+    split: &Split,
+    labels: Option<&[u8]>,
+    idx: &[usize],
+    device: &Device,
+) -> Result<Vec<f64>> {
+    let mut out = Vec::with_capacity(idx.len());
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    let batch = CNN_EVAL_BATCH;
+    let mut forward = if device.is_cpu() {
+        Some(Backprop::new(model, batch)?)
+    } else {
+        None
+    };
+    for chunk in idx.chunks(batch) {
+        split.gather(chunk, &mut x, &mut y);
+        if let Some(labels) = labels {
+            for (y, &i) in y.iter_mut().zip(chunk) {
+                *y = labels[i] as u32;
+            }
+        }
+        let device_logits;
+        let logits: &[f32] = match forward.as_mut() {
+            Some(f) => f.forward(model, &x, chunk.len())?,
+            None => {
+                let xt = Tensor::from_slice(&x, (chunk.len(), split.dim()), device)?;
+                device_logits = model.forward(&xt)?.flatten_all()?.to_vec1::<f32>()?;
+                &device_logits
+            }
+        };
+        for (row, &label) in logits.chunks_exact(NUM_CLASSES).zip(&y) {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let sum: f64 = row.iter().map(|&v| (v as f64 - max).exp()).sum();
+            out.push(max + sum.ln() - row[label as usize] as f64);
+        }
+    }
+    Ok(out)
+}
+
 /// Running sums of predictive probabilities over posterior samples.
 #[derive(Debug, Clone)]
 pub struct Accumulator {

@@ -82,6 +82,23 @@ impl Prior {
         })
     }
 
+    /// The prior's part of the energy U(θ, λ) = −log p(θ|λ) − log p(λ), up to a constant:
+    /// Σ_l λ_l Σθ_l²/2 − (n_l/2) log λ_l, and for the Gamma hyper-prior also
+    /// −(a − 1) log λ_l + b λ_l. Its conditional in λ is what [`Prior::gibbs_step`] draws
+    /// from, so replicas that exchange compare this energy.
+    pub fn energy(&self, params: &[Var]) -> Result<f64> {
+        let mut u = 0.0;
+        for (&lambda, p) in self.precisions.iter().zip(params) {
+            let n = p.elem_count() as f64;
+            let s = p.as_tensor().sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
+            u += lambda * s / 2.0 - n / 2.0 * lambda.ln();
+            if let PriorSpec::Gamma { shape, rate } = self.spec {
+                u += -(shape - 1.0) * lambda.ln() + rate * lambda;
+            }
+        }
+        Ok(u)
+    }
+
     /// Gibbs step for the Gamma hyper-prior at temperature T: the conditional of λ given
     /// θ (n elements, Σθ² = s) under [p(θ|λ) p(λ)]^{1/T} is
     /// Gamma(shape = (a − 1 + n/2)/T + 1, rate = (b + s/2)/T), the usual

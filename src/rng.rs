@@ -134,6 +134,21 @@ pub const SYNTHETIC_NOISE_STREAM: u64 = 0xBA7C;
 pub const SYNTHETIC_GRADIENT_STREAM: u64 = 0x6E01_5E00;
 /// Replica exchange: pair choice, energy noise and the test's draws, `StdRng` from s ^ this.
 pub const EXCHANGE_STREAM: u64 = 0x4558_4348_0000_0000;
+/// Seeds the label noise of `--permute-labels` (see [`label_noise_seed`]).
+const LABEL_NOISE_STREAM: u64 = 0x4c41_4245_4c00_0000;
+
+/// The seed of epoch `epoch`'s label permutation in a run seeded `seed` (the run's seed:
+/// every chain and replica of a run sees the same labels, the same posterior).
+pub fn label_noise_seed(seed: u64, epoch: usize) -> u64 {
+    splitmix64(seed ^ LABEL_NOISE_STREAM ^ epoch as u64)
+}
+
+/// The seed of exchange round `round` of a run seeded `seed` (its minibatches, the
+/// estimate's added noise, the compensation draws, random pairs).
+pub fn exchange_round_seed(seed: u64, round: u64) -> u64 {
+    splitmix64(seed ^ EXCHANGE_STREAM ^ round.rotate_left(32))
+}
+
 /// Separates the seeds of replica rounds (see [`replica_round_seed`]).
 const REPLICA_STREAM: u64 = 0x5245_504c_0000_0000;
 

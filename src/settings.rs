@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::model::ModelSpec;
 use crate::potential::{Backward, PriorSpec};
+use crate::sampler::replica::ReplicaOptions;
 use crate::sampler::{Kernel, SamplerConfig};
 use crate::schedule::Schedule;
 
@@ -38,6 +39,13 @@ pub struct Settings {
     /// Independent chains run side by side (1: one chain, samples in `RUN/samples/`).
     #[serde(default = "one")]
     pub chains: usize,
+    /// The ladder and exchanges of `--sampler renhd|reld` (absent for other samplers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<ReplicaOptions>,
+    /// p: the fraction of training labels permuted among themselves at each epoch's start
+    /// (0: none).
+    #[serde(default)]
+    pub permute_labels: f64,
 }
 
 fn fused() -> Kernel {
@@ -96,11 +104,33 @@ impl Settings {
         if self.chains == 0 || self.chains > 1024 {
             return bad(format!("--chains must be in 1..=1024, got {}", self.chains));
         }
-        if self.sampler.kind.is_replica_exchange() {
+        if !(0.0..=1.0).contains(&self.permute_labels) {
             return bad(format!(
-                "--sampler {} runs in `bnn sample` so far; `bnn train` with replicas is not built yet",
-                self.sampler.kind.name()
+                "--permute-labels must be in [0, 1], got {}",
+                self.permute_labels
             ));
+        }
+        match (&self.replicas, self.sampler.kind.is_replica_exchange()) {
+            (Some(r), true) => {
+                r.validate()?;
+                if self.chains > 1 {
+                    return bad(format!(
+                        "--chains {} with --sampler {}: the replicas are its chains; leave --chains at 1",
+                        self.chains,
+                        self.sampler.kind.name()
+                    ));
+                }
+            }
+            (None, false) => {}
+            (Some(_), false) => {
+                return bad("replica options are for --sampler renhd or reld".into())
+            }
+            (None, true) => {
+                return bad(format!(
+                    "--sampler {} needs its replica options",
+                    self.sampler.kind.name()
+                ))
+            }
         }
         self.model.validate()?;
         self.sampler.validate()
@@ -126,6 +156,8 @@ mod tests {
             seed: 0,
             checkpoint_every: 0,
             chains: 1,
+            replicas: None,
+            permute_labels: 0.0,
         }
     }
 
@@ -145,6 +177,25 @@ mod tests {
             (|c| c.batch_size = 1001, "--batch-size"),
             (|c| c.chains = 0, "--chains"),
             (|c| c.epochs = 0, "--epochs"),
+            (|c| c.permute_labels = 1.5, "--permute-labels"),
+            (
+                |c| {
+                    c.sampler = SamplerKind::Renhd.defaults();
+                    c.replicas = Some(ReplicaOptions::default());
+                    c.chains = 2;
+                },
+                "--chains",
+            ),
+            (
+                |c| {
+                    c.sampler = SamplerKind::Renhd.defaults();
+                    c.replicas = Some(ReplicaOptions {
+                        exchange_every: 0,
+                        ..Default::default()
+                    });
+                },
+                "--exchange-every",
+            ),
         ] {
             let mut c = settings();
             edit(&mut c);

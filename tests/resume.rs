@@ -67,6 +67,17 @@ fn check_folder(run: &Path) -> bool {
     for chain in bnn::checkpoint::chain_dirs(run) {
         dirs.extend([chain.clone(), chain.join("samples"), chain.join("state")]);
     }
+    // A replica run: each replica's folder, and its state in both slots.
+    for j in 0.. {
+        let replica = run.join(format!("replica-{j}"));
+        if !replica.is_dir() {
+            break;
+        }
+        dirs.push(replica);
+        for slot in 0..2 {
+            dirs.push(run.join(format!("replicas/slot-{slot}/replica-{j}/state")));
+        }
+    }
     dirs.dedup();
     for dir in dirs {
         if let Ok(entries) = std::fs::read_dir(&dir) {
@@ -93,7 +104,7 @@ fn check_folder(run: &Path) -> bool {
                         .expect("a complete metrics line");
                 }
             }
-            "summary.json" => {
+            "summary.json" | "replicas.json" => {
                 serde_json::from_slice::<serde_json::Value>(&std::fs::read(f).unwrap())
                     .expect("summary.json parses");
             }
@@ -182,11 +193,11 @@ fn stop_and_resume_with(
         let pause = if done < stops { 15 } else { 0 };
         let mut child = spawn(&args, pause);
         if done == stops {
-            let status = child.wait().unwrap();
+            let output = child.wait_with_output().unwrap();
             assert!(
-                status.success(),
-                "the last resume failed: {:?}",
-                child.stderr
+                output.status.success(),
+                "the last resume failed: {}",
+                String::from_utf8_lossy(&output.stderr)
             );
             return in_writes;
         }
@@ -386,5 +397,106 @@ fn chains_pool_resume_and_evaluate() {
                 y.display()
             );
         }
+    }
+}
+
+/// RENHD on the built-in subset with label noise: 3 replicas; the T₀ samples in
+/// chain-0, the ladder and swap counts in the summary, `bnn eval` pools what training did;
+/// killed at random moments and resumed, it ends as one never stopped (samples, the T₀
+/// and every replica's metrics lines, the summary and its ladder).
+#[test]
+fn replicas_keep_t0_samples_resume_and_evaluate() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    let extra = [
+        "--sampler",
+        "renhd",
+        "--replicas",
+        "3",
+        "--ladder",
+        "1.002",
+        "--exchange-every",
+        "30",
+        "--permute-labels",
+        "0.2",
+    ];
+    let status = Command::new(BIN)
+        .args(train_args_with(out, "rx", &extra))
+        .arg("-q")
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let run = out.join("rx");
+    let whole = outcome(&run);
+    assert!(whole.samples.len() >= 20, "{} samples", whole.samples.len());
+    assert!(whole
+        .samples
+        .iter()
+        .all(|(p, _)| p.starts_with("chain-0/samples")));
+    let rx = &whole.summary["replica_exchange"];
+    let ladder = &rx["ladder"];
+    let mut holders: Vec<u64> = ladder["holder"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h.as_u64().unwrap())
+        .collect();
+    holders.sort();
+    assert_eq!(holders, vec![0, 1, 2], "{ladder}");
+    // 600 updates per replica in rounds of 30: 20 rounds, DEO tries pair 0 in 10, pair 1
+    // in 10.
+    assert_eq!(ladder["rounds"], 20);
+    assert_eq!(ladder["tries"], serde_json::json!([10, 10]));
+    assert_eq!(rx["gradient_evaluations"], 3 * 600);
+    assert!(rx["exchange_examples"].as_u64().unwrap() >= 20 * 256);
+    assert_eq!(whole.summary["steps"], 3 * 600);
+
+    let eval = Command::new(BIN)
+        .args([
+            "eval",
+            "--run",
+            &run.display().to_string(),
+            "--offline",
+            "-q",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        eval.status.success(),
+        "{}",
+        String::from_utf8_lossy(&eval.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&eval.stdout).unwrap();
+    assert_eq!(report["ensemble"], whole.summary["ensemble"]);
+
+    stop_and_resume_with(out, "rx-killed", &extra, libc::SIGKILL, 6, 14);
+    let killed = outcome(&out.join("rx-killed"));
+    assert_eq!(killed.samples.len(), whole.samples.len());
+    for (a, b) in whole.samples.iter().zip(&killed.samples) {
+        assert!(a.1 == b.1, "{} differs after kills", b.0.display());
+    }
+    assert_eq!(killed.metrics, whole.metrics);
+    let strip = |mut v: serde_json::Value| {
+        v["replica_exchange"]
+            .as_object_mut()
+            .unwrap()
+            .remove("exchange_seconds");
+        v
+    };
+    assert_eq!(strip(killed.summary), strip(whole.summary));
+    for j in 0..3 {
+        let lines = |r: &str| -> Vec<serde_json::Value> {
+            std::fs::read_to_string(out.join(r).join(format!("replica-{j}/metrics.jsonl")))
+                .unwrap()
+                .lines()
+                .map(|l| {
+                    let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+                    v.as_object_mut().unwrap().remove("seconds");
+                    v
+                })
+                .collect()
+        };
+        assert_eq!(lines("rx"), lines("rx-killed"), "replica {j}");
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod fetch;
 pub mod idx;
+pub mod label_noise;
 pub mod registry;
 
 use std::path::{Path, PathBuf};

@@ -1,17 +1,10 @@
 //! `bnn sample --sampler renhd|reld`: replica exchange on a synthetic potential (Luo et al.
 //! 2018, Algorithm 2 with the exchange of Algorithm 1).
 //!
-//! A replica at temperature T targets exp(−U/T). Algorithm 2 runs it as SGNHT with the
-//! thermostat held at T·ε (s ← s + vᵀv/d − Tε, noise N(0, 2cε), so s settles at c/T). That is
-//! exactly our SGNHT at unit temperature on the potential U/T with step size η = T·ε and
-//! diffusion a = c/T: with u = v, its update u ← u − αu − η∇(U/T) + N(0, 2aη) is
-//! v ← v − sv − ε∇U + N(0, 2cε), and its thermostat α ← α + uᵀu/d − η is the paper's. So a
-//! replica is one of our chains with its gradient divided by T and (η, a) set from T, and
-//! the fused kernels serve unchanged. RELD's Langevin replica is SGHMC with the constant
-//! friction α = c/T (the same noise 2cε). At the start of each round between exchanges
-//! the paper re-draws v ~ N(0, Tε) and resets s = c/T (Algorithm 2, line 3): a replica's
-//! sampler is built afresh each round, from its current temperature and a seed of its own
-//! for that round.
+//! A replica is one of our chains on U/T with (η, a) set from T ([`crate::sampler::replica`]).
+//! At the start of each round between exchanges the paper re-draws v ~ N(0, Tε) and resets
+//! s = c/T (Algorithm 2, line 3): a replica's sampler is built afresh each round, from its
+//! current temperature and a seed of its own for that round.
 //!
 //! Exchange estimate: U is observed with noise N(0, V) unknown to the sampler, as a
 //! minibatch estimate is; the estimate ΔẼ averages k paired evaluations, k = 8 doubling
@@ -21,7 +14,6 @@
 use candle_core::{Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
-use serde::{Deserialize, Serialize};
 
 use super::{
     gradient_noise_sd, noise_variance, summarise, PotentialKind, SampleOptions, SampleReport,
@@ -29,35 +21,11 @@ use super::{
 use crate::error::{Error, Result};
 use crate::rng::NoiseKey;
 use crate::sampler::exchange::{energy_difference, Compensation};
-use crate::sampler::ladder::{Ladder, PairSchedule};
-use crate::sampler::{self, Integrator, Kernel, SamplerConfig, SamplerKind};
+use crate::sampler::ladder::Ladder;
+use crate::sampler::replica::replica_config;
+use crate::sampler::{self, Kernel, SamplerKind};
 
-/// The replica-exchange settings of `bnn sample`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ReplicaOptions {
-    /// M: rungs, T₀ = 1 included.
-    pub replicas: usize,
-    /// τ of the geometric ladder T_j = τ^j; `None`: adapt during burn-in (`--ladder auto`).
-    pub ladder: Option<f64>,
-    /// The swap rate the adapted ladder aims at.
-    pub target_swap_rate: f64,
-    /// N: updates of every replica between exchange rounds.
-    pub exchange_every: usize,
-    pub pairs: PairSchedule,
-}
-
-impl Default for ReplicaOptions {
-    /// The paper's: N = 200 (§4), M = 7 and τ = 1.5 (§4.1); DEO pairs.
-    fn default() -> Self {
-        ReplicaOptions {
-            replicas: 7,
-            ladder: Some(1.5),
-            target_swap_rate: 0.3,
-            exchange_every: 200,
-            pairs: PairSchedule::Deo,
-        }
-    }
-}
+pub use crate::sampler::replica::ReplicaOptions;
 
 /// First count of paired evaluations of an exchange estimate, and the most it may grow to.
 const FIRST_EVALUATIONS: usize = 8;
@@ -125,7 +93,7 @@ pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
         let temps: Vec<f64> = (0..ro.replicas).map(|r| ladder.temperature_of(r)).collect();
         let mut samplers = (0..ro.replicas)
             .map(|r| {
-                let config = replica_config(opts.sampler, epsilon, c, temps[r]);
+                let config = replica_config(opts.sampler, ro.thermostat, epsilon, c, temps[r]);
                 let seed = crate::rng::replica_round_seed(opts.seed, r, round);
                 sampler::build_with(
                     config,
@@ -212,28 +180,6 @@ pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
         report.diverged_at = diverged_at;
     }
     Ok((report, samples))
-}
-
-/// A replica's sampler at temperature `t`: RENHD's SGNHT with η = T·ε and a = c/T, RELD's
-/// SGHMC with η = T·ε and α = c/T (module note), Euler as in Algorithm 2.
-pub fn replica_config(kind: SamplerKind, epsilon: f64, c: f64, t: f64) -> SamplerConfig {
-    let replica = kind.replica_kind();
-    SamplerConfig {
-        kind: replica,
-        step_size: t * epsilon,
-        friction: if replica == SamplerKind::Sghmc {
-            c / t
-        } else {
-            0.0
-        },
-        noise_estimate: 0.0,
-        diffusion: if replica == SamplerKind::Sgnht {
-            c / t
-        } else {
-            0.0
-        },
-        integrator: Integrator::Euler,
-    }
 }
 
 /// ΔẼ from k paired noisy evaluations of U at the two replicas, k doubling from 8 until

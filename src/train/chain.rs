@@ -47,9 +47,10 @@ pub(super) fn run_chain(
     ds: &Dataset,
     run_dir: &Path,
     write_manifest: bool,
+    label_seed: u64,
 ) -> Result<ChainOutcome> {
     let s = &cfg.settings;
-    let (mut chain, at) = Chain::open(cfg, ds, run_dir, write_manifest)?;
+    let (mut chain, at) = Chain::open(cfg, ds, run_dir, write_manifest, label_seed)?;
     let batches = ds.train.len() / s.batch_size;
     let total_steps = (batches * s.epochs) as u64;
     let every = match s.checkpoint_every {
@@ -69,6 +70,7 @@ pub(super) fn run_chain(
     for epoch in at.epoch..s.epochs {
         let epoch_start = Instant::now();
         order.shuffle(&mut shuffle);
+        chain.relabel(epoch);
         let resumed = epoch == at.epoch;
         let mut sums = if resumed {
             at.clone()
@@ -139,41 +141,86 @@ pub(super) fn run_chain(
         step_seconds,
         train_seconds: elapsed(),
         backward: chain.stepper.backward,
-        test: chain.test,
-        valid: chain.valid,
-        kinetic_trace: chain.kinetic_trace,
+        test: chain.kept.test,
+        valid: chain.kept.valid,
+        kinetic_trace: chain.kept.kinetic_trace,
     })
 }
 
 /// A chain's model, its update, and its running results.
-struct Chain<'a> {
-    cfg: &'a TrainConfig,
-    ds: &'a Dataset,
-    run_dir: &'a Path,
-    model: Network,
-    stepper: Stepper,
-    /// The streaming ensembles of the kept samples on the test and validation sets.
-    test: Accumulator,
-    valid: Option<Accumulator>,
-    /// The kinetic energy per parameter at each kept sample.
-    kinetic_trace: Vec<f64>,
+pub(super) struct Chain<'a> {
+    pub cfg: &'a TrainConfig,
+    pub ds: &'a Dataset,
+    pub run_dir: &'a Path,
+    pub model: Network,
+    pub stepper: Stepper,
+    pub kept: Kept,
+    /// The seed of the run's label noise, and this epoch's labels where there is some.
+    label_seed: u64,
+    labels: Option<Vec<u8>>,
+}
+
+/// The kept samples' running results: the streaming ensembles on the test and validation
+/// sets, and the kinetic energy per parameter at each sample.
+pub(super) struct Kept {
+    pub test: Accumulator,
+    pub valid: Option<Accumulator>,
+    pub kinetic_trace: Vec<f64>,
+}
+
+impl Kept {
+    pub fn new(ds: &Dataset) -> Self {
+        Kept {
+            test: Accumulator::new(&ds.test.labels),
+            valid: ds.valid.as_ref().map(|v| Accumulator::new(&v.labels)),
+            kinetic_trace: Vec::new(),
+        }
+    }
+
+    /// Keeps `model`'s parameters after update `step` as a sample: its file in
+    /// `dir/samples/`, and its predictions in the ensembles.
+    #[allow(clippy::too_many_arguments)]
+    pub fn keep(
+        &mut self,
+        cfg: &TrainConfig,
+        ds: &Dataset,
+        dir: &Path,
+        model: &Network,
+        step: u64,
+        epoch: usize,
+        eta: f64,
+        diag: sampler::Diagnostics,
+    ) -> Result<()> {
+        // Never write a sample from a diverging chain.
+        if !model.all_finite()? {
+            let base = cfg.settings.sampler.step_size;
+            return Err(diverged(step, epoch, f64::NAN, base));
+        }
+        let meta = sample_metadata(cfg, ds, step, epoch, eta)?;
+        checkpoint::save_sample(dir, step, model, meta)?;
+        if let Some(ke) = diag.kinetic_energy {
+            self.kinetic_trace.push(ke);
+        }
+        let device = &cfg.device;
+        self.test.add(&ensemble::predict(model, &ds.test, device)?);
+        if let (Some(acc), Some(v)) = (self.valid.as_mut(), ds.valid.as_ref()) {
+            acc.add(&ensemble::predict(model, v, device)?);
+        }
+        Ok(())
+    }
 }
 
 impl<'a> Chain<'a> {
-    /// A new chain (its folder cleared of an earlier run's files, its state saved before
-    /// the first update), or with `cfg.resume` the chain as its saved state left it; and
-    /// where it stands.
-    fn open(
+    /// A chain at its start: the model initialised from `cfg`'s seed, its sampler, no
+    /// samples yet; `label_seed`: the run's seed, which decides its label noise.
+    pub fn new(
         cfg: &'a TrainConfig,
         ds: &'a Dataset,
         run_dir: &'a Path,
-        write_manifest: bool,
-    ) -> Result<(Self, Progress)> {
+        label_seed: u64,
+    ) -> Result<Self> {
         let s = &cfg.settings;
-        let device = cfg.device.clone();
-        std::fs::create_dir_all(checkpoint::samples_dir(run_dir))
-            .map_err(|e| Error::io(run_dir, e))?;
-        let model = Network::new(&s.model, ds.train.dim(), NUM_CLASSES, s.seed, &device)?;
+        let model = Network::new(&s.model, ds.train.dim(), NUM_CLASSES, s.seed, &cfg.device)?;
         let prior = Prior::new(s.prior, model.params.len())?;
         let potential = Potential::new(ds.train.len(), s.temperature, prior)?;
         // Built before a saved state is restored: the sampler's init (splitting moves θ
@@ -187,16 +234,50 @@ impl<'a> Chain<'a> {
             s.seed,
             s.batch_size,
         )?;
-        let mut chain = Chain {
+        Ok(Chain {
             cfg,
             ds,
             run_dir,
             model,
             stepper,
-            test: Accumulator::new(&ds.test.labels),
-            valid: ds.valid.as_ref().map(|v| Accumulator::new(&v.labels)),
-            kinetic_trace: Vec::new(),
-        };
+            kept: Kept::new(ds),
+            label_seed,
+            labels: None,
+        })
+    }
+
+    /// The labels of epoch `epoch`: the data's, or with `--permute-labels p` a fraction
+    /// p of them permuted (the same at every chain and replica of the run, and on resume).
+    pub fn relabel(&mut self, epoch: usize) {
+        let p = self.cfg.settings.permute_labels;
+        self.labels = (p > 0.0).then(|| {
+            crate::data::label_noise::permute_labels(
+                &self.ds.train.labels,
+                p,
+                rng::label_noise_seed(self.label_seed, epoch),
+            )
+        });
+    }
+
+    /// This epoch's training labels.
+    pub fn labels(&self) -> Option<&[u8]> {
+        self.labels.as_deref()
+    }
+
+    /// A new chain (its folder cleared of an earlier run's files, its state saved before
+    /// the first update), or with `cfg.resume` the chain as its saved state left it; and
+    /// where it stands.
+    fn open(
+        cfg: &'a TrainConfig,
+        ds: &'a Dataset,
+        run_dir: &'a Path,
+        write_manifest: bool,
+        label_seed: u64,
+    ) -> Result<(Self, Progress)> {
+        let s = &cfg.settings;
+        std::fs::create_dir_all(checkpoint::samples_dir(run_dir))
+            .map_err(|e| Error::io(run_dir, e))?;
+        let mut chain = Chain::new(cfg, ds, run_dir, label_seed)?;
         // A chain of a multi-chain run stopped before its first state starts afresh.
         let resume = cfg.resume && (write_manifest || run_state::state_path(run_dir).exists());
         let at = if resume {
@@ -225,32 +306,8 @@ impl<'a> Chain<'a> {
     /// Continues from the saved state: θ, the sampler's state, the prior's precisions, the
     /// ensembles; drops what was written after it.
     fn restore(&mut self) -> Result<Progress> {
-        let names: Vec<String> = self.model.params.iter().map(|p| p.name.clone()).collect();
-        let state = RunState::load(self.run_dir, &names)?;
-        if state.progress.epoch > self.cfg.settings.epochs {
-            return Err(Error::Config(format!(
-                "--epochs {} is fewer than the {} the run has done",
-                self.cfg.settings.epochs, state.progress.epoch
-            )));
-        }
-        discard_after(self.run_dir, &state.progress)?;
-        for (p, (_, t)) in self.model.params.iter().zip(&state.params) {
-            p.var.set(&t.to_device(&self.cfg.device)?)?;
-        }
-        self.stepper.sampler.restore(&state.sampler)?;
-        self.stepper.potential.prior.precisions = state.prior_precisions;
-        self.test = Accumulator::restore(&self.ds.test.labels, state.test.0, state.test.1)?;
-        self.valid = match (self.ds.valid.as_ref(), state.valid) {
-            (Some(v), Some((s, sum))) => Some(Accumulator::restore(&v.labels, s, sum)?),
-            (None, None) => None,
-            _ => {
-                return Err(Error::Checkpoint(
-                    "the saved state and the data disagree on a validation set".into(),
-                ))
-            }
-        };
-        self.kinetic_trace = state.kinetic_trace;
-        let at = state.progress;
+        let at = self.restore_from(self.run_dir)?;
+        discard_after(self.run_dir, &at)?;
         tracing::info!(
             epoch = at.epoch + 1,
             batch = at.batch,
@@ -260,9 +317,38 @@ impl<'a> Chain<'a> {
         Ok(at)
     }
 
+    /// Loads the state saved in `dir` (θ, sampler, prior, ensembles) into the chain.
+    pub fn restore_from(&mut self, dir: &Path) -> Result<Progress> {
+        let names: Vec<String> = self.model.params.iter().map(|p| p.name.clone()).collect();
+        let state = RunState::load(dir, &names)?;
+        if state.progress.epoch > self.cfg.settings.epochs {
+            return Err(Error::Config(format!(
+                "--epochs {} is fewer than the {} the run has done",
+                self.cfg.settings.epochs, state.progress.epoch
+            )));
+        }
+        for (p, (_, t)) in self.model.params.iter().zip(&state.params) {
+            p.var.set(&t.to_device(&self.cfg.device)?)?;
+        }
+        self.stepper.sampler.restore(&state.sampler)?;
+        self.stepper.potential.prior.precisions = state.prior_precisions;
+        self.kept.test = Accumulator::restore(&self.ds.test.labels, state.test.0, state.test.1)?;
+        self.kept.valid = match (self.ds.valid.as_ref(), state.valid) {
+            (Some(v), Some((s, sum))) => Some(Accumulator::restore(&v.labels, s, sum)?),
+            (None, None) => None,
+            _ => {
+                return Err(Error::Checkpoint(
+                    "the saved state and the data disagree on a validation set".into(),
+                ))
+            }
+        };
+        self.kept.kinetic_trace = state.kinetic_trace;
+        Ok(state.progress)
+    }
+
     /// Update `step` (0-based) on the minibatch `idx` with step size `eta`, its figures
     /// added to the epoch's `sums`; a non-finite loss or kinetic energy stops the run.
-    fn update(
+    pub fn update(
         &mut self,
         idx: &[usize],
         eta: f64,
@@ -280,7 +366,9 @@ impl<'a> Chain<'a> {
             self.stepper.sampler.set_step_size(eta)?;
         }
         let base = self.cfg.settings.sampler.step_size;
-        let loss = self.stepper.step(&self.ds.train, idx)?;
+        let loss = self
+            .stepper
+            .step(&self.ds.train, self.labels.as_deref(), idx)?;
         if !loss.nll.is_finite() {
             return Err(diverged(step, epoch, loss.nll, base));
         }
@@ -307,28 +395,13 @@ impl<'a> Chain<'a> {
         eta: f64,
         diag: sampler::Diagnostics,
     ) -> Result<()> {
-        // Never write a sample from a diverging chain.
-        if !self.model.all_finite()? {
-            let base = self.cfg.settings.sampler.step_size;
-            return Err(diverged(step, epoch, f64::NAN, base));
-        }
-        let meta = sample_metadata(self.cfg, self.ds, step, epoch, eta)?;
-        checkpoint::save_sample(self.run_dir, step, &self.model, meta)?;
-        if let Some(ke) = diag.kinetic_energy {
-            self.kinetic_trace.push(ke);
-        }
-        let device = &self.cfg.device;
-        self.test
-            .add(&ensemble::predict(&self.model, &self.ds.test, device)?);
-        if let (Some(acc), Some(v)) = (self.valid.as_mut(), self.ds.valid.as_ref()) {
-            acc.add(&ensemble::predict(&self.model, v, device)?);
-        }
-        Ok(())
+        let (cfg, ds, dir) = (self.cfg, self.ds, self.run_dir);
+        self.kept
+            .keep(cfg, ds, dir, &self.model, step, epoch, eta, diag)
     }
 
-    /// The end of epoch `epoch`: the prior's Gibbs step (samplers only: SGD and momentum
-    /// are point estimates, for which the prior is a fixed weight decay, its initial λ),
-    /// and the epoch's line in `metrics.jsonl`.
+    /// The end of epoch `epoch`: the prior's Gibbs step and the epoch's line in
+    /// `metrics.jsonl`.
     fn end_epoch(
         &mut self,
         epoch: usize,
@@ -336,11 +409,22 @@ impl<'a> Chain<'a> {
         sums: &Progress,
         started: Instant,
     ) -> Result<()> {
+        self.gibbs(epoch, step)?;
+        let record = self.epoch_record(epoch, step, sums, started, Some(&self.kept));
+        append_line(&self.run_dir.join("metrics.jsonl"), &to_json(&record)?)?;
+        log_epoch(&record, None);
+        Ok(())
+    }
+
+    /// The prior's Gibbs step at the potential's temperature (samplers only: SGD and
+    /// momentum are point estimates, for which the prior is a fixed weight decay, its
+    /// initial λ); a parameter that is no longer finite stops the run.
+    pub fn gibbs(&mut self, epoch: usize, step: u64) -> Result<()> {
         let s = &self.cfg.settings;
         let gibbs = if s.sampler.kind.is_sampler() {
             self.stepper.potential.prior.gibbs_step(
                 &self.model.vars(),
-                s.temperature,
+                self.stepper.potential.temperature,
                 s.seed ^ rng::GIBBS_STREAM ^ epoch as u64,
             )
         } else if self.model.all_finite()? {
@@ -356,12 +440,24 @@ impl<'a> Chain<'a> {
                 suggestion: s.sampler.step_size / 4.0,
             });
         }
-        gibbs?;
+        gibbs
+    }
+
+    /// The line of epoch `epoch` in `metrics.jsonl`, with the ensembles of `kept` (none:
+    /// no samples).
+    pub fn epoch_record(
+        &self,
+        epoch: usize,
+        step: u64,
+        sums: &Progress,
+        started: Instant,
+        kept: Option<&Kept>,
+    ) -> EpochRecord {
         let diag = self.stepper.sampler.diagnostics();
         // A schedule that changes η within the epoch (cycles, polynomial decay) gives its
         // last and mean step size too.
         let varies = sums.eta_last != sums.eta_first;
-        let record = EpochRecord {
+        EpochRecord {
             epoch: epoch + 1,
             steps: step,
             train_nll: sums.nll_sum / sums.seen as f64,
@@ -372,30 +468,23 @@ impl<'a> Chain<'a> {
             kinetic_energy: (sums.ke_count > 0).then(|| sums.ke_sum / sums.ke_count as f64),
             thermostat: diag.thermostat,
             prior_precisions: self.stepper.potential.prior.precisions.clone(),
-            samples: self.test.samples(),
-            test_ensemble: self.test.metrics(),
-            test_last_sample: self.test.last_sample,
-            valid_ensemble: self.valid.as_ref().and_then(|a| a.metrics()),
+            samples: kept.map_or(0, |k| k.test.samples()),
+            test_ensemble: kept.and_then(|k| k.test.metrics()),
+            test_last_sample: kept.and_then(|k| k.test.last_sample),
+            valid_ensemble: kept.and_then(|k| k.valid.as_ref().and_then(|a| a.metrics())),
             seconds: started.elapsed().as_secs_f64(),
-        };
-        append_line(&self.run_dir.join("metrics.jsonl"), &to_json(&record)?)?;
-        tracing::info!(
-            epoch = epoch + 1,
-            nll = format!("{:.4}", record.train_nll),
-            acc = format!("{:.4}", record.train_accuracy),
-            ke = record.kinetic_energy.map(|k| format!("{k:.3}")),
-            thermostat = record.thermostat.map(|t| format!("{t:.3e}")),
-            samples = record.samples,
-            test_ens_acc = record.test_ensemble.map(|m| format!("{:.4}", m.accuracy)),
-            secs = format!("{:.1}", record.seconds),
-            "epoch done"
-        );
-        Ok(())
+        }
     }
 
     /// Saves the chain's state as it stands at `progress` (atomically).
     fn save(&self, progress: Progress) -> Result<()> {
-        let (ts, tsum) = self.test.state();
+        self.save_to(self.run_dir, progress, &self.kept)
+    }
+
+    /// Saves the chain's state as it stands at `progress`, with `kept`'s ensembles, in
+    /// `dir` (atomically).
+    pub fn save_to(&self, dir: &Path, progress: Progress, kept: &Kept) -> Result<()> {
+        let (ts, tsum) = kept.test.state();
         RunState {
             progress,
             params: self
@@ -407,14 +496,30 @@ impl<'a> Chain<'a> {
             sampler: self.stepper.sampler.state()?,
             prior_precisions: self.stepper.potential.prior.precisions.clone(),
             test: (ts, tsum.to_vec()),
-            valid: self.valid.as_ref().map(|a| {
+            valid: kept.valid.as_ref().map(|a| {
                 let (s, sum) = a.state();
                 (s, sum.to_vec())
             }),
-            kinetic_trace: self.kinetic_trace.clone(),
+            kinetic_trace: kept.kinetic_trace.clone(),
         }
-        .save(self.run_dir)
+        .save(dir)
     }
+}
+
+/// Logs an epoch's line (with the replica's temperature in a replica run).
+pub(super) fn log_epoch(record: &EpochRecord, temperature: Option<f64>) {
+    tracing::info!(
+        epoch = record.epoch,
+        temperature,
+        nll = format!("{:.4}", record.train_nll),
+        acc = format!("{:.4}", record.train_accuracy),
+        ke = record.kinetic_energy.map(|k| format!("{k:.3}")),
+        thermostat = record.thermostat.map(|t| format!("{t:.3e}")),
+        samples = record.samples,
+        test_ens_acc = record.test_ensemble.map(|m| format!("{:.4}", m.accuracy)),
+        secs = format!("{:.1}", record.seconds),
+        "epoch done"
+    );
 }
 
 /// A rerun under the same name starts afresh: old samples must not join the ensemble.
@@ -435,7 +540,7 @@ fn clear_run_files(run_dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn append_line(path: &Path, line: &str) -> Result<()> {
+pub(super) fn append_line(path: &Path, line: &str) -> Result<()> {
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -444,7 +549,7 @@ fn append_line(path: &Path, line: &str) -> Result<()> {
     writeln!(f, "{line}").map_err(|e| Error::io(path, e))
 }
 
-fn to_json<T: Serialize>(v: &T) -> Result<String> {
+pub(super) fn to_json<T: Serialize>(v: &T) -> Result<String> {
     serde_json::to_string(v).map_err(|e| Error::Checkpoint(format!("serialising JSON: {e}")))
 }
 
@@ -494,9 +599,15 @@ pub(super) fn interrupted(signal: i32, step: u64, run_dir: &Path) -> Error {
 /// Before a resume: drops what the run wrote after its saved state (samples of later
 /// updates, metrics lines of later epochs) and temporary files a kill left behind; they
 /// are written again, identically.
-fn discard_after(run_dir: &Path, at: &Progress) -> Result<()> {
+pub(super) fn discard_after(run_dir: &Path, at: &Progress) -> Result<()> {
     let metrics_path = &run_dir.join("metrics.jsonl");
-    for (step, path) in checkpoint::list_samples_by_step(run_dir)? {
+    // A replica's folder has no samples of its own.
+    let samples = if checkpoint::samples_dir(run_dir).is_dir() {
+        checkpoint::list_samples_by_step(run_dir)?
+    } else {
+        Vec::new()
+    };
+    for (step, path) in samples {
         if step > at.step {
             std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
         }
@@ -537,7 +648,7 @@ fn discard_after(run_dir: &Path, at: &Progress) -> Result<()> {
     Ok(())
 }
 
-fn diverged(step: u64, epoch: usize, loss: f64, step_size: f64) -> Error {
+pub(super) fn diverged(step: u64, epoch: usize, loss: f64, step_size: f64) -> Error {
     Error::Diverged {
         step,
         epoch: epoch + 1,

@@ -3,7 +3,10 @@
 //! metrics, and a summary.
 
 mod chain;
+mod replicas;
 mod stepper;
+
+pub use replicas::ReplicaReport;
 
 pub use stepper::Stepper;
 
@@ -102,6 +105,10 @@ pub struct Summary {
     /// Split-R̂ and ESS across the chains (runs of several chains).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub convergence: Option<ChainDiagnostics>,
+    /// The ladder, swap rates and round trips (replica-exchange runs); the samples are
+    /// those of the T = 1 temperature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica_exchange: Option<ReplicaReport>,
     pub run_dir: String,
 }
 
@@ -151,29 +158,18 @@ pub fn manifest(cfg: &TrainConfig, ds: &Dataset, num_params: usize) -> RunManife
 pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
     cfg.settings.validate(ds.train.len())?;
     let run_dir = &cfg.run_dir;
+    if !cfg.resume {
+        clear_run(run_dir)?;
+    }
+    if cfg.settings.sampler.kind.is_replica_exchange() {
+        let (cold, report) = replicas::run_replicas(cfg, ds)?;
+        return finish(cfg, ds, vec![cold], Some(report));
+    }
     if cfg.settings.chains <= 1 {
-        let chain = run_chain(cfg, ds, run_dir, true)?;
-        return finish(cfg, ds, vec![chain]);
+        let chain = run_chain(cfg, ds, run_dir, true, cfg.settings.seed)?;
+        return finish(cfg, ds, vec![chain], None);
     }
     std::fs::create_dir_all(run_dir).map_err(|e| Error::io(run_dir, e))?;
-    if !cfg.resume {
-        // A new run under this name: nothing of an earlier one (of either layout) stays.
-        let old_manifest = run_dir.join("run.json");
-        for old in [
-            old_manifest,
-            run_dir.join("summary.json"),
-            run_dir.join("metrics.jsonl"),
-        ] {
-            if old.exists() {
-                std::fs::remove_file(&old).map_err(|e| Error::io(&old, e))?;
-            }
-        }
-        for old in [checkpoint::samples_dir(run_dir), run_dir.join("state")] {
-            if old.exists() {
-                std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))?;
-            }
-        }
-    }
     // run.json first: a chain stopped before its first state starts afresh on resume.
     manifest(
         cfg,
@@ -196,7 +192,13 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
         chain_cfg.settings.seed = crate::rng::chain_seed(cfg.settings.seed, k);
         chain_cfg.progress = false;
         let _span = tracing::info_span!("chain", k).entered();
-        let out = run_chain(&chain_cfg, ds, &checkpoint::chain_dir(run_dir, k), false);
+        let out = run_chain(
+            &chain_cfg,
+            ds,
+            &checkpoint::chain_dir(run_dir, k),
+            false,
+            cfg.settings.seed,
+        );
         if let Ok(mut slot) = results[k].lock() {
             *slot = Some(out);
         }
@@ -230,12 +232,44 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
     if let Some(e) = first_error {
         return Err(e);
     }
-    finish(cfg, ds, chains)
+    finish(cfg, ds, chains, None)
+}
+
+/// A new run under an existing name: nothing of an earlier run of any layout (one chain,
+/// several, replicas) stays to be mistaken for part of this one. run.json goes first, so
+/// that a kill in between leaves no folder that looks resumable.
+fn clear_run(run_dir: &std::path::Path) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(run_dir) else {
+        return Ok(());
+    };
+    let manifest = run_dir.join("run.json");
+    if manifest.exists() {
+        std::fs::remove_file(&manifest).map_err(|e| Error::io(&manifest, e))?;
+    }
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        let ours_file = ["summary.json", "metrics.jsonl", "replicas.json"].contains(&name.as_str());
+        let ours_dir = ["samples", "state", "replicas"].contains(&name.as_str())
+            || name.starts_with("chain-")
+            || name.starts_with("replica-");
+        if ours_file {
+            std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+        } else if ours_dir && path.is_dir() {
+            std::fs::remove_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+        }
+    }
+    Ok(())
 }
 
 /// The run's summary from its chains (pooled when there are several; then also each
 /// chain's figures and the convergence diagnostics), written to `summary.json`.
-fn finish(cfg: &TrainConfig, ds: &Dataset, chains: Vec<ChainOutcome>) -> Result<Summary> {
+fn finish(
+    cfg: &TrainConfig,
+    ds: &Dataset,
+    chains: Vec<ChainOutcome>,
+    replica_exchange: Option<ReplicaReport>,
+) -> Result<Summary> {
     let run_dir = &cfg.run_dir;
     let num_params = chains.first().map_or(0, |c| c.num_params);
     let test = Accumulator::pooled(chains.iter().map(|c| &c.test))?;
@@ -311,6 +345,7 @@ fn finish(cfg: &TrainConfig, ds: &Dataset, chains: Vec<ChainOutcome>) -> Result<
             .sum(),
         chains: per_chain,
         convergence,
+        replica_exchange,
         run_dir: run_dir.display().to_string(),
     };
     let json = serde_json::to_string_pretty(&summary)

@@ -72,10 +72,33 @@ impl Stepper {
         self.backprop.as_ref().map_or(0, |bp| bp.inline_updates())
     }
 
-    /// One update on the examples `idx` of `split`. Returns the minibatch loss; when it is
-    /// not finite the parameters are left as they were.
-    pub fn step(&mut self, split: &Split, idx: &[usize]) -> Result<BatchLoss> {
+    /// Replaces the sampler (a replica's, at the start of an exchange round) with a new one
+    /// for `config`, its noise keyed by `seed`: momentum re-drawn, thermostat reset.
+    pub fn rebuild_sampler(
+        &mut self,
+        config: SamplerConfig,
+        kernel: Kernel,
+        seed: u64,
+    ) -> Result<()> {
+        self.sampler = sampler::build_with(config, &self.vars, seed, kernel)?;
+        Ok(())
+    }
+
+    /// One update on the examples `idx` of `split`, with `labels` in place of the split's
+    /// where given (label noise). Returns the minibatch loss; when it is not finite the
+    /// parameters are left as they were.
+    pub fn step(
+        &mut self,
+        split: &Split,
+        labels: Option<&[u8]>,
+        idx: &[usize],
+    ) -> Result<BatchLoss> {
         split.gather(idx, &mut self.xbuf, &mut self.ybuf);
+        if let Some(labels) = labels {
+            for (y, &i) in self.ybuf.iter_mut().zip(idx) {
+                *y = labels[i] as u32;
+            }
+        }
         if let Some(bp) = self.backprop.as_mut() {
             if self.by_layer {
                 // Each layer is updated as soon as its gradient is ready (while it is in
