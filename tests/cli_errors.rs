@@ -45,7 +45,7 @@ fn unknown_sampler_and_bad_numbers_are_usage_errors() {
 #[test]
 fn bad_flag_values() {
     let d = tempfile::tempdir().unwrap();
-    let cases: [(&[&str], &str); 9] = [
+    let cases: [(&[&str], &str); 11] = [
         (&["--step-size=-1"], "--step-size must be positive"),
         (
             &["--friction", "1.5"],
@@ -67,9 +67,14 @@ fn bad_flag_values() {
         (&["--temperature", "0"], "--temperature must be positive"),
         (&["--hidden", "0"], "hidden widths must be positive"),
         (
-            &["--sampler", "renhd"],
-            "--sampler renhd runs in `bnn sample` so far",
+            &["--sampler", "renhd", "--chains", "2"],
+            "--chains 2 with --sampler renhd",
         ),
+        (
+            &["--sampler", "reld", "--replicas", "1"],
+            "--replicas must be at least 2",
+        ),
+        (&["--permute-labels", "2"], "--permute-labels must be in [0, 1]"),
     ];
     for (extra, needle) in cases {
         let mut args = vec!["train", "--dataset", "mnist-mini"];
