@@ -149,6 +149,13 @@ pub fn exchange_round_seed(seed: u64, round: u64) -> u64 {
     splitmix64(seed ^ EXCHANGE_STREAM ^ round.rotate_left(32))
 }
 
+/// The seed of pair (i, i+1)'s try in exchange round `round` (its minibatch, the
+/// estimate's added noise, the compensation draw): each pair its own stream, so that the
+/// pairs of a round are estimated side by side.
+pub fn exchange_pair_seed(seed: u64, round: u64, i: usize) -> u64 {
+    splitmix64(exchange_round_seed(seed, round) ^ (i as u64).wrapping_add(1))
+}
+
 /// Separates the seeds of replica rounds (see [`replica_round_seed`]).
 const REPLICA_STREAM: u64 = 0x5245_504c_0000_0000;
 

@@ -50,6 +50,9 @@ pub struct Ladder {
     /// Per pair (i, i+1): tries and swaps; since the ladder froze where it adapts.
     pub tries: Vec<u64>,
     pub swaps: Vec<u64>,
+    /// Per pair: the sum of the tries' swap probabilities (same span as `tries`).
+    #[serde(default)]
+    pub probability_sums: Vec<f64>,
     /// Tries per pair counted for the adaptation's step sizes.
     adapt_tries: Vec<u64>,
     /// Per replica: completed round trips (T₀ → T_{M−1} → T₀), and whether it has reached
@@ -78,6 +81,7 @@ impl Ladder {
             rounds: 0,
             tries: vec![0; pairs],
             swaps: vec![0; pairs],
+            probability_sums: vec![0.0; pairs],
             adapt_tries: vec![0; pairs],
             round_trips: vec![0; replicas],
             heading_down,
@@ -105,6 +109,7 @@ impl Ladder {
                 a.frozen = true;
                 self.tries.iter_mut().for_each(|t| *t = 0);
                 self.swaps.iter_mut().for_each(|s| *s = 0);
+                self.probability_sums.iter_mut().for_each(|s| *s = 0.0);
             }
         }
     }
@@ -129,9 +134,15 @@ impl Ladder {
     }
 
     /// The outcome of pair (i, i+1)'s try: swaps the holders if `accepted`, counts it,
-    /// adapts the ladder if it adapts.
-    pub fn record(&mut self, i: usize, accepted: bool) {
+    /// adapts the ladder if it adapts. `probability` is the try's swap probability given
+    /// what was measured (for the noisy test, g(ΔẼ)): the adaptation steps on it rather
+    /// than on the 0/1 outcome, the same mean with less noise (Rao–Blackwellised), which
+    /// matters when burn-in allows a pair only tens of tries.
+    pub fn record(&mut self, i: usize, accepted: bool, probability: f64) {
         self.tries[i] += 1;
+        if let Some(sum) = self.probability_sums.get_mut(i) {
+            *sum += probability;
+        }
         if accepted {
             self.swaps[i] += 1;
             self.holder.swap(i, i + 1);
@@ -141,7 +152,7 @@ impl Ladder {
             self.adapt_tries[i] += 1;
             let gamma = ((n + 1) as f64).powf(-0.6);
             let rho = (self.temperatures[i + 1] - self.temperatures[i]).ln()
-                + gamma * (accepted as u8 as f64 - a.target);
+                + gamma * (probability.clamp(0.0, 1.0) - a.target);
             let shift = self.temperatures[i] + rho.exp() - self.temperatures[i + 1];
             for t in &mut self.temperatures[i + 1..] {
                 *t += shift;
@@ -161,6 +172,16 @@ impl Ladder {
             self.round_trips[bottom_holder] += 1;
         }
         self.heading_down[bottom_holder] = Some(false);
+    }
+
+    /// The mean swap probability of each pair's tries (0 where untried): the rate that
+    /// `swap_rates` estimates, with less noise.
+    pub fn expected_swap_rates(&self) -> Vec<f64> {
+        self.tries
+            .iter()
+            .zip(&self.probability_sums)
+            .map(|(&t, &p)| if t == 0 { 0.0 } else { p / t as f64 })
+            .collect()
     }
 
     /// Swaps per try of each pair (0 where untried).
@@ -189,7 +210,7 @@ mod tests {
         // rounds 4–6.
         for _ in 0..7 {
             for i in l.pairs(&mut rng) {
-                l.record(i, true);
+                l.record(i, true, 1.0);
             }
             l.end_round();
         }
@@ -212,8 +233,8 @@ mod tests {
         let p = |l: &Ladder, i: usize| (-4.0 * (l.temperatures[i + 1] - l.temperatures[i])).exp();
         for _ in 0..40_000 {
             for i in l.pairs(&mut rng) {
-                let yes = rng.random::<f64>() < p(&l, i);
-                l.record(i, yes);
+                let (q, u) = (p(&l, i), rng.random::<f64>());
+                l.record(i, u < q, q);
             }
             l.end_round();
         }
@@ -221,8 +242,8 @@ mod tests {
         let frozen = l.temperatures.clone();
         for _ in 0..40_000 {
             for i in l.pairs(&mut rng) {
-                let yes = rng.random::<f64>() < p(&l, i);
-                l.record(i, yes);
+                let (q, u) = (p(&l, i), rng.random::<f64>());
+                l.record(i, u < q, q);
             }
             l.end_round();
         }
@@ -235,5 +256,8 @@ mod tests {
             );
         }
         assert_eq!(l.temperatures[0], 1.0);
+        for (i, r) in l.expected_swap_rates().iter().enumerate() {
+            assert!((r - 0.3).abs() < 0.03, "pair {i}: expected {r}");
+        }
     }
 }

@@ -20,7 +20,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::rng::NoiseKey;
-use crate::sampler::exchange::{energy_difference, Compensation};
+use crate::sampler::exchange::{energy_difference, logistic, Compensation};
 use crate::sampler::ladder::Ladder;
 use crate::sampler::replica::replica_config;
 use crate::sampler::{self, Kernel, SamplerKind};
@@ -152,7 +152,7 @@ pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
             let (delta, variance) =
                 estimate(&mut rng, u_a, u_b, t_a, t_b, energy_sd, &compensation)?;
             let accepted = compensation.accept(delta, variance, &mut rng)?;
-            ladder.record(i, accepted);
+            ladder.record(i, accepted, logistic(delta));
         }
         ladder.end_round();
     }

@@ -38,7 +38,7 @@ use crate::ensemble;
 use crate::error::{Error, Result};
 use crate::rng;
 use crate::run_state::Progress;
-use crate::sampler::exchange::{energy_difference, Compensation};
+use crate::sampler::exchange::{energy_difference, logistic, Compensation};
 use crate::sampler::ladder::Ladder;
 use crate::sampler::replica::{noise_coefficient, replica_config};
 use crate::signals;
@@ -53,6 +53,9 @@ pub struct ReplicaReport {
     /// where it adapts).
     pub ladder: Ladder,
     pub swap_rates: Vec<f64>,
+    /// The mean of g(ΔẼ), each try's swap probability given its estimate, per pair: the
+    /// same rate with less noise.
+    pub expected_swap_rates: Vec<f64>,
     /// Updates of all replicas together (gradient evaluations).
     pub gradient_evaluations: u64,
     /// Exchange estimates made, and the examples they evaluated (per model).
@@ -159,6 +162,7 @@ pub(super) fn run_replicas(
             .map_err(|e| Error::io(&plan.cold_dir, e))?;
         let report = ReplicaReport {
             swap_rates: ladder.swap_rates(),
+            expected_swap_rates: ladder.expected_swap_rates(),
             ladder,
             gradient_evaluations: 0,
             exchange_estimates: 0,
@@ -233,6 +237,7 @@ pub(super) fn run_replicas(
         exchange(&plan, &replicas, &mut report, &compensation)?;
         report.ladder.end_round();
         report.swap_rates = report.ladder.swap_rates();
+        report.expected_swap_rates = report.ladder.expected_swap_rates();
         bar.set_position(step);
         bar.set_message(format!(
             "T0 samples {} swap rates {}",
@@ -400,7 +405,9 @@ struct ReplicaEpoch<'a> {
 }
 
 /// The exchange round after the updates: each of the round's pairs of adjacent
-/// temperatures tries to swap (eq. 17); the ladder records it (and adapts, if it adapts).
+/// temperatures tries to swap (eq. 17), the pairs side by side on the thread pool (they are
+/// disjoint, and each has its own random stream); the ladder records the outcomes in pair
+/// order (and adapts, if it adapts).
 fn exchange(
     plan: &Plan,
     replicas: &[Replica],
@@ -408,22 +415,65 @@ fn exchange(
     compensation: &Compensation,
 ) -> Result<()> {
     let started = Instant::now();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(rng::exchange_round_seed(
-        plan.cfg.settings.seed,
-        report.ladder.rounds,
-    ));
-    for i in report.ladder.pairs(&mut rng) {
-        let ladder = &report.ladder;
-        let (a, b) = (&replicas[ladder.holder[i]], &replicas[ladder.holder[i + 1]]);
+    let (seed, round) = (plan.cfg.settings.seed, report.ladder.rounds);
+    let mut round_rng = rand::rngs::StdRng::seed_from_u64(rng::exchange_round_seed(seed, round));
+    let pairs = report.ladder.pairs(&mut round_rng);
+    let ladder = &report.ladder;
+    // What an estimate reads of each replica (its sampler stays behind: not shareable).
+    let views: Vec<View> = replicas
+        .iter()
+        .map(|r| View {
+            model: &r.chain.model,
+            prior: &r.chain.stepper.potential.prior,
+            labels: r.chain.labels(),
+        })
+        .collect();
+    let tries: Vec<Mutex<Option<Result<Try>>>> = pairs.iter().map(|_| Mutex::new(None)).collect();
+    crate::pool::run(pairs.len(), &|k| {
+        let i = pairs[k];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(rng::exchange_pair_seed(seed, round, i));
+        let (a, b) = (&views[ladder.holder[i]], &views[ladder.holder[i + 1]]);
         let (t_a, t_b) = (ladder.temperatures[i], ladder.temperatures[i + 1]);
-        let (delta, variance, examples) = estimate(plan, a, b, t_a, t_b, compensation, &mut rng)?;
-        let accepted = compensation.accept(delta, variance, &mut rng)?;
-        report.ladder.record(i, accepted);
+        let out = estimate(plan, a, b, t_a, t_b, compensation, &mut rng).and_then(
+            |(delta, variance, examples)| {
+                Ok(Try {
+                    accepted: compensation.accept(delta, variance, &mut rng)?,
+                    probability: logistic(delta),
+                    examples,
+                })
+            },
+        );
+        if let Ok(mut slot) = tries[k].lock() {
+            *slot = Some(out);
+        }
+    });
+    for (&i, slot) in pairs.iter().zip(tries) {
+        let t = slot
+            .into_inner()
+            .ok()
+            .flatten()
+            .ok_or_else(|| Error::Config(format!("the exchange of pair {i} did not report")))??;
+        report.ladder.record(i, t.accepted, t.probability);
         report.exchange_estimates += 1;
-        report.exchange_examples += examples as u64;
+        report.exchange_examples += t.examples as u64;
     }
     report.exchange_seconds += started.elapsed().as_secs_f64();
     Ok(())
+}
+
+/// A replica as an exchange sees it.
+struct View<'r> {
+    model: &'r crate::model::Network,
+    prior: &'r crate::potential::Prior,
+    labels: Option<&'r [u8]>,
+}
+
+/// One pair's try: the test's outcome, the swap probability g(ΔẼ) given the estimate, and
+/// the examples it evaluated.
+struct Try {
+    accepted: bool,
+    probability: f64,
+    examples: usize,
 }
 
 /// ΔẼ of replicas `a` (at `t_a`) and `b` (at `t_b`) on a random minibatch of the training
@@ -434,8 +484,8 @@ fn exchange(
 /// estimate, its variance and the examples used.
 fn estimate(
     plan: &Plan,
-    a: &Replica,
-    b: &Replica,
+    a: &View,
+    b: &View,
     t_a: f64,
     t_b: f64,
     compensation: &Compensation,
@@ -443,24 +493,18 @@ fn estimate(
 ) -> Result<(f64, f64, usize)> {
     let (ds, cfg) = (plan.ds, plan.cfg);
     let n_all = ds.train.len();
-    let labels = a.chain.labels();
+    let labels = a.labels;
     let mut order: Vec<usize> = (0..n_all).collect();
     order.shuffle(rng);
     let scale = energy_difference(1.0, 0.0, t_a, t_b) / cfg.settings.temperature;
-    let prior = |r: &Replica| {
-        r.chain
-            .stepper
-            .potential
-            .prior
-            .energy(&r.chain.model.vars())
-    };
+    let prior = |r: &View| r.prior.energy(&r.model.vars());
     let prior_difference = prior(a)? - prior(b)?;
     let mut d: Vec<f64> = Vec::new();
     let mut n = FIRST_EXCHANGE_BATCH.min(n_all);
     loop {
         let idx = &order[d.len()..n];
-        let la = ensemble::example_nll(&a.chain.model, &ds.train, labels, idx, &cfg.device)?;
-        let lb = ensemble::example_nll(&b.chain.model, &ds.train, labels, idx, &cfg.device)?;
+        let la = ensemble::example_nll(a.model, &ds.train, labels, idx, &cfg.device)?;
+        let lb = ensemble::example_nll(b.model, &ds.train, labels, idx, &cfg.device)?;
         d.extend(la.iter().zip(&lb).map(|(x, y)| x - y));
         let k = d.len() as f64;
         let mean = d.iter().sum::<f64>() / k;
