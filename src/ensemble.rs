@@ -282,4 +282,38 @@ mod tests {
         assert_eq!(a.last_sample.unwrap().accuracy, 0.5); // p2 alone: class 5 for example 0
         assert_eq!(a.history[0].accuracy, 0.5);
     }
+
+    /// Each example's −log p(y|x, θ) from the hand-written forward (CPU) averages to the
+    /// minibatch NLL of candle's cross-entropy on the same examples, and a relabelled
+    /// example is scored against its new label.
+    #[test]
+    fn example_nll_agrees_with_the_minibatch_loss() {
+        let ds = crate::data::load_builtin().unwrap();
+        let model = Network::new(
+            &crate::model::ModelSpec::default(),
+            784,
+            10,
+            3,
+            &Device::Cpu,
+        )
+        .unwrap();
+        let idx: Vec<usize> = (0..300).map(|i| i * 7).collect();
+        let nll = example_nll(&model, &ds.train, None, &idx, &Device::Cpu).unwrap();
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        ds.train.gather(&idx, &mut x, &mut y);
+        let xt = Tensor::from_slice(&x, (idx.len(), 784), &Device::Cpu).unwrap();
+        let yt = Tensor::from_slice(&y, idx.len(), &Device::Cpu).unwrap();
+        let logits = model.forward(&xt).unwrap();
+        let reference = candle_nn::loss::cross_entropy(&logits, &yt)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap() as f64;
+        let mean = nll.iter().sum::<f64>() / nll.len() as f64;
+        assert!((mean - reference).abs() < 1e-5, "{mean} vs {reference}");
+        let mut labels = ds.train.labels.clone();
+        labels[idx[0]] = (labels[idx[0]] + 1) % 10;
+        let relabelled = example_nll(&model, &ds.train, Some(&labels), &idx, &Device::Cpu).unwrap();
+        assert_ne!(relabelled[0], nll[0]);
+        assert_eq!(relabelled[1..], nll[1..]);
+    }
 }

@@ -224,3 +224,43 @@ impl Potential {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The prior's energy is the one the Gibbs step and the gradient assume: in θ its
+    /// derivative is λθ (central difference), and in λ it is least at the mode
+    /// (a − 1 + n/2)/(b + Σθ²/2) of the Gibbs conditional at T = 1.
+    #[test]
+    fn prior_energy_matches_its_gradient_and_gibbs_conditional() {
+        let dev = candle_core::Device::Cpu;
+        let theta = [0.3f32, -1.2, 0.7, 2.0];
+        let var = |t: &[f32]| Var::from_slice(t, t.len(), &dev).unwrap();
+        let (a, b) = (2.0, 0.5);
+        let mut prior = Prior::new(PriorSpec::Gamma { shape: a, rate: b }, 1).unwrap();
+        prior.precisions = vec![1.7];
+        let h = 1e-2f32;
+        let mut up = theta;
+        up[1] += h;
+        let mut down = theta;
+        down[1] -= h;
+        let slope = (prior.energy(&[var(&up)]).unwrap() - prior.energy(&[var(&down)]).unwrap())
+            / (2.0 * h as f64);
+        let expected = 1.7 * theta[1] as f64;
+        assert!((slope - expected).abs() < 1e-4, "{slope} vs {expected}");
+        let s: f64 = theta.iter().map(|&x| (x as f64).powi(2)).sum();
+        let mode = (a - 1.0 + 2.0) / (b + s / 2.0);
+        let energy_at = |lambda: f64| {
+            let mut p = prior.clone();
+            p.precisions = vec![lambda];
+            p.energy(&[var(&theta)]).unwrap()
+        };
+        let (e, left, right) = (
+            energy_at(mode),
+            energy_at(mode * 0.99),
+            energy_at(mode * 1.01),
+        );
+        assert!(e < left && e < right, "{left} {e} {right}");
+    }
+}

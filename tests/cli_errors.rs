@@ -74,7 +74,10 @@ fn bad_flag_values() {
             &["--sampler", "reld", "--replicas", "1"],
             "--replicas must be at least 2",
         ),
-        (&["--permute-labels", "2"], "--permute-labels must be in [0, 1]"),
+        (
+            &["--permute-labels", "2"],
+            "--permute-labels must be in [0, 1]",
+        ),
     ];
     for (extra, needle) in cases {
         let mut args = vec!["train", "--dataset", "mnist-mini"];

@@ -448,11 +448,10 @@ fn exchange(
         }
     });
     for (&i, slot) in pairs.iter().zip(tries) {
-        let t = slot
-            .into_inner()
-            .ok()
-            .flatten()
-            .ok_or_else(|| Error::Config(format!("the exchange of pair {i} did not report")))??;
+        let t =
+            slot.into_inner().ok().flatten().ok_or_else(|| {
+                Error::Config(format!("the exchange of pair {i} did not report"))
+            })??;
         report.ladder.record(i, t.accepted, t.probability);
         report.exchange_estimates += 1;
         report.exchange_examples += t.examples as u64;
