@@ -5,7 +5,8 @@
 # gradient evaluations). Runs already finished (summary.json present) are skipped, so the
 # script can be stopped and started again.
 # Usage: bench/replicas_fashion.sh OUT_DIR [RUN ...]   RUN: P/VARIANT, e.g. 0.2/renhd;
-# default: every run, p = 0.2 first. BNN (default target/release/bnn) and BNN_DATA_DIR
+# default: every run, p = 0.2 first; renhd-const and sgnht-const (constant step size,
+# burn-in 20) only when named. BNN (default target/release/bnn) and BNN_DATA_DIR
 # point at the binary and the data.
 set -euo pipefail
 out=${1:?usage: $0 OUT_DIR [P/VARIANT ...]}
@@ -31,6 +32,9 @@ for run in "${runs[@]}"; do
     renhd) flags=(--sampler renhd "${replicas[@]}") ;;
     renhd-per-param) flags=(--sampler renhd "${replicas[@]}" --replica-thermostat per-parameter) ;;
     reld) flags=(--sampler reld "${replicas[@]}") ;;
+    # The ladder adapted over 20 epochs at a constant step size (no decay after it froze).
+    renhd-const) flags=(--sampler renhd "${replicas[@]}" --decay-at --burnin 20) ;;
+    sgnht-const) flags=(--sampler sgnht --integrator euler --decay-at --burnin 20) ;;
     sgnht) flags=(--sampler sgnht --integrator euler) ;;
     sghmc) flags=(--sampler sghmc) ;;
     sgnht-8chains) flags=(--sampler sgnht --integrator euler --chains 8) ;;
