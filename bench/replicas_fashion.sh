@@ -6,7 +6,7 @@
 # script can be stopped and started again.
 # Usage: bench/replicas_fashion.sh OUT_DIR [RUN ...]   RUN: P/VARIANT, e.g. 0.2/renhd;
 # default: every run, p = 0.2 first; renhd-const and sgnht-const (constant step size,
-# burn-in 20) only when named. BNN (default target/release/bnn) and BNN_DATA_DIR
+# burn-in 20), renhd-gauss and sgnht-gauss (Gaussian prior) only when named. BNN (default target/release/bnn) and BNN_DATA_DIR
 # point at the binary and the data.
 set -euo pipefail
 out=${1:?usage: $0 OUT_DIR [P/VARIANT ...]}
@@ -35,6 +35,9 @@ for run in "${runs[@]}"; do
     # The ladder adapted over 20 epochs at a constant step size (no decay after it froze).
     renhd-const) flags=(--sampler renhd "${replicas[@]}" --decay-at --burnin 20) ;;
     sgnht-const) flags=(--sampler sgnht --integrator euler --decay-at --burnin 20) ;;
+    # A fixed Gaussian prior N(0, 1) instead of the Gamma hyper-prior's Gibbs-sampled λ.
+    renhd-gauss) flags=(--sampler renhd "${replicas[@]}" --prior gaussian) ;;
+    sgnht-gauss) flags=(--sampler sgnht --integrator euler --prior gaussian) ;;
     sgnht) flags=(--sampler sgnht --integrator euler) ;;
     sghmc) flags=(--sampler sghmc) ;;
     sgnht-8chains) flags=(--sampler sgnht --integrator euler --chains 8) ;;

@@ -122,6 +122,26 @@ fn check_folder(run: &Path) -> bool {
     in_write
 }
 
+/// `bnn eval --run RUN`'s JSON report (the command must succeed).
+fn eval_report(run: &Path) -> serde_json::Value {
+    let eval = Command::new(BIN)
+        .args([
+            "eval",
+            "--run",
+            &run.display().to_string(),
+            "--offline",
+            "-q",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        eval.status.success(),
+        "{}",
+        String::from_utf8_lossy(&eval.stderr)
+    );
+    serde_json::from_slice(&eval.stdout).unwrap()
+}
+
 /// What a finished run leaves: its samples' names and bytes, its metrics lines and its
 /// summary, both without timings.
 struct Outcome {
@@ -353,22 +373,7 @@ fn chains_pool_resume_and_evaluate() {
             "{c}"
         );
     }
-    let eval = Command::new(BIN)
-        .args([
-            "eval",
-            "--run",
-            &out.join("two").display().to_string(),
-            "--offline",
-            "-q",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        eval.status.success(),
-        "{}",
-        String::from_utf8_lossy(&eval.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&eval.stdout).unwrap();
+    let report = eval_report(&out.join("two"));
     assert_eq!(
         report["ensemble"], summary["ensemble"],
         "eval pools as training did"
@@ -452,22 +457,7 @@ fn replicas_keep_t0_samples_resume_and_evaluate() {
     assert!(rx["exchange_examples"].as_u64().unwrap() >= 20 * 256);
     assert_eq!(whole.summary["steps"], 3 * 600);
 
-    let eval = Command::new(BIN)
-        .args([
-            "eval",
-            "--run",
-            &run.display().to_string(),
-            "--offline",
-            "-q",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        eval.status.success(),
-        "{}",
-        String::from_utf8_lossy(&eval.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&eval.stdout).unwrap();
+    let report = eval_report(&run);
     assert_eq!(report["ensemble"], whole.summary["ensemble"]);
 
     stop_and_resume_with(out, "rx-killed", &extra, libc::SIGKILL, 6, 14);
