@@ -6,7 +6,7 @@
 # script can be stopped and started again.
 # Usage: bench/replicas_fashion.sh OUT_DIR [RUN ...]   RUN: P/VARIANT, e.g. 0.2/renhd;
 # default: every run, p = 0.2 first; renhd-const and sgnht-const (constant step size,
-# burn-in 20), renhd-gauss and sgnht-gauss (Gaussian prior) only when named. BNN (default target/release/bnn) and BNN_DATA_DIR
+# burn-in 20) and every VARIANT-gauss (Gaussian prior) only when named. BNN (default target/release/bnn) and BNN_DATA_DIR
 # point at the binary and the data.
 set -euo pipefail
 out=${1:?usage: $0 OUT_DIR [P/VARIANT ...]}
@@ -28,16 +28,21 @@ for run in "${runs[@]}"; do
   variant=${run#*/}
   name="p$p-$variant"
   [ -f "$out/$name/summary.json" ] && continue
-  case $variant in
+  # A variant ending in -gauss runs with a fixed Gaussian prior N(0, 1) instead of the
+  # Gamma hyper-prior's Gibbs-sampled precisions.
+  prior=()
+  base=$variant
+  if [[ $variant == *-gauss ]]; then
+    prior=(--prior gaussian)
+    base=${variant%-gauss}
+  fi
+  case $base in
     renhd) flags=(--sampler renhd "${replicas[@]}") ;;
     renhd-per-param) flags=(--sampler renhd "${replicas[@]}" --replica-thermostat per-parameter) ;;
     reld) flags=(--sampler reld "${replicas[@]}") ;;
     # The ladder adapted over 20 epochs at a constant step size (no decay after it froze).
     renhd-const) flags=(--sampler renhd "${replicas[@]}" --decay-at --burnin 20) ;;
     sgnht-const) flags=(--sampler sgnht --integrator euler --decay-at --burnin 20) ;;
-    # A fixed Gaussian prior N(0, 1) instead of the Gamma hyper-prior's Gibbs-sampled λ.
-    renhd-gauss) flags=(--sampler renhd "${replicas[@]}" --prior gaussian) ;;
-    sgnht-gauss) flags=(--sampler sgnht --integrator euler --prior gaussian) ;;
     sgnht) flags=(--sampler sgnht --integrator euler) ;;
     sghmc) flags=(--sampler sghmc) ;;
     sgnht-8chains) flags=(--sampler sgnht --integrator euler --chains 8) ;;
@@ -45,6 +50,7 @@ for run in "${runs[@]}"; do
     *) echo "unknown variant $variant" >&2; exit 2 ;;
   esac
   echo "$(date -u +%FT%TZ) start $name" >&2
-  "$bnn" train "${common[@]}" --permute-labels "$p" --run-name "$name" "${flags[@]}" >/dev/null
+  "$bnn" train "${common[@]}" --permute-labels "$p" --run-name "$name" "${flags[@]}" \
+    ${prior[@]+"${prior[@]}"} >/dev/null
   echo "$(date -u +%FT%TZ) done $name" >&2
 done

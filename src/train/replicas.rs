@@ -171,6 +171,13 @@ pub(super) fn run_replicas(
         };
         (0, report, 0.0, 0)
     };
+    if matches!(s.prior, crate::potential::PriorSpec::Gamma { .. }) {
+        // Measured on the Fashion MLP (docs/BENCHMARKS.md, issue 15): the hyper-prior's
+        // −(n/2)·log λ terms differ by ~10⁴ nats between replicas, so pairs hardly swap.
+        tracing::warn!(
+            "replica exchange with --prior gamma: the replicas' energies include the              hyper-prior's (n/2)·log λ per tensor, which differs by thousands of nats              between replicas of a large network, so few pairs swap; --prior gaussian swaps"
+        );
+    }
     let started = Instant::now();
     if !cfg.resume {
         // The state before the first update, then run.json: from here on the run can be
