@@ -23,7 +23,7 @@ for p in ["0", "0.2", "0.3"]:
     for variant in ["renhd", "renhd-per-param", "reld", "sgnht", "sghmc",
                     "renhd-gauss", "renhd-per-param-gauss", "reld-gauss", "sgnht-gauss",
                     "sghmc-gauss", "sgnht-8chains-gauss", "sghmc-8chains-gauss",
-                    "renhd-const", "sgnht-const",
+                    "renhd-const", "sgnht-const", "renhd-const-gauss", "sgnht-const-gauss",
                     "sgnht-8chains", "sghmc-8chains"]:
         f = out / f"p{p}-{variant}" / "summary.json"
         if not f.exists():
