@@ -283,9 +283,10 @@ impl<'a> Chain<'a> {
         let at = if resume {
             chain.restore()?
         } else {
-            clear_run_files(run_dir)?;
-            // The state before the first update, then run.json: from here on the run can
-            // be resumed whenever it stops.
+            // A new run's folder was cleared by `train` (`clear_run`); a chain of a
+            // resumed run that never saved a state has written nothing else. The state
+            // before the first update, then run.json: from here on the run can be resumed
+            // whenever it stops.
             chain.save(Progress::default())?;
             Progress::default()
         };
@@ -522,24 +523,6 @@ pub(super) fn log_epoch(record: &EpochRecord, temperature: Option<f64>) {
     );
 }
 
-/// A rerun under the same name starts afresh: old samples must not join the ensemble.
-/// run.json goes first, so that a kill in between leaves no folder that looks resumable.
-fn clear_run_files(run_dir: &Path) -> Result<()> {
-    for old in [
-        run_dir.join("run.json"),
-        run_dir.join("metrics.jsonl"),
-        run_state::state_path(run_dir),
-    ] {
-        if old.exists() {
-            std::fs::remove_file(&old).map_err(|e| Error::io(&old, e))?;
-        }
-    }
-    for old in checkpoint::list_samples(run_dir)? {
-        std::fs::remove_file(&old).map_err(|e| Error::io(&old, e))?;
-    }
-    Ok(())
-}
-
 pub(super) fn append_line(path: &Path, line: &str) -> Result<()> {
     let mut f = std::fs::OpenOptions::new()
         .create(true)
@@ -658,17 +641,25 @@ pub(super) fn diverged(step: u64, epoch: usize, loss: f64, step_size: f64) -> Er
 }
 
 fn progress_bar(show: bool, len: u64, epoch: usize, epochs: usize) -> indicatif::ProgressBar {
+    let bar = bar(
+        show,
+        len,
+        "epoch {prefix} [{bar:30}] {pos}/{len} {per_sec} {msg}",
+    );
+    bar.set_prefix(format!("{}/{}", epoch + 1, epochs));
+    bar
+}
+
+/// A progress bar of `len` steps drawn by `template` (hidden unless `show`).
+pub(super) fn bar(show: bool, len: u64, template: &str) -> indicatif::ProgressBar {
     if !show {
         return indicatif::ProgressBar::hidden();
     }
     let bar = indicatif::ProgressBar::new(len);
-    let style = indicatif::ProgressStyle::with_template(
-        "epoch {prefix} [{bar:30}] {pos}/{len} {per_sec} {msg}",
-    )
-    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-    .progress_chars("=> ");
+    let style = indicatif::ProgressStyle::with_template(template)
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> ");
     bar.set_style(style);
-    bar.set_prefix(format!("{}/{}", epoch + 1, epochs));
     bar
 }
 

@@ -175,7 +175,9 @@ pub(super) fn run_replicas(
         // Measured on the Fashion MLP (docs/BENCHMARKS.md, issue 15): the hyper-prior's
         // −(n/2)·log λ terms differ by ~10⁴ nats between replicas, so pairs hardly swap.
         tracing::warn!(
-            "replica exchange with --prior gamma: the replicas' energies include the              hyper-prior's (n/2)·log λ per tensor, which differs by thousands of nats              between replicas of a large network, so few pairs swap; --prior gaussian swaps"
+            "replica exchange with --prior gamma: the replicas' energies include the \
+             hyper-prior's (n/2)·log λ per tensor, which differs by thousands of nats \
+             between replicas of a large network, so few pairs swap; --prior gaussian swaps"
         );
     }
     let started = Instant::now();
@@ -215,7 +217,11 @@ pub(super) fn run_replicas(
     };
     let burnin_steps = s.schedule.burnin as u64 * batches;
     let compensation = Compensation::paper();
-    let bar = progress_bar(cfg.progress, plan.total_steps);
+    let bar = super::chain::bar(
+        cfg.progress,
+        plan.total_steps,
+        "replicas [{bar:30}] {pos}/{len} {per_sec} {msg}",
+    );
     while step < plan.total_steps {
         let ladder = &mut report.ladder;
         if step >= burnin_steps {
@@ -355,9 +361,7 @@ fn advance(
         let done = step + 1;
         if let Some(cold) = cold {
             if s.schedule.keeps_sample(done, plan.total_steps, epoch) {
-                let mut kept = cold
-                    .lock()
-                    .map_err(|_| Error::Config("the T0 ensemble's lock is poisoned".into()))?;
+                let mut kept = lock(cold)?;
                 kept.keep(
                     plan.cfg,
                     plan.ds,
@@ -374,9 +378,7 @@ fn advance(
             r.chain.gibbs(epoch, done)?;
             let line = match cold {
                 Some(cold) => {
-                    let kept = cold
-                        .lock()
-                        .map_err(|_| Error::Config("the T0 ensemble's lock is poisoned".into()))?;
+                    let kept = lock(cold)?;
                     r.chain
                         .epoch_record(epoch, done, &r.sums, r.epoch_started, Some(&kept))
                 }
@@ -399,6 +401,12 @@ fn advance(
         }
     }
     Ok(())
+}
+
+/// The T₀ ensembles, for the replica that holds T₀.
+fn lock<'m, 'k>(cold: &'m Mutex<&'k mut Kept>) -> Result<std::sync::MutexGuard<'m, &'k mut Kept>> {
+    cold.lock()
+        .map_err(|_| Error::Config("the T0 ensemble's lock is poisoned".into()))
 }
 
 /// A replica's line in its `metrics.jsonl`: the epoch's record, and the temperature it
@@ -636,17 +644,4 @@ fn slot_dir(run_dir: &Path, slot: usize, j: usize) -> PathBuf {
 fn rates(v: &[f64]) -> String {
     let cells: Vec<String> = v.iter().map(|r| format!("{r:.3}")).collect();
     format!("[{}]", cells.join(", "))
-}
-
-fn progress_bar(show: bool, len: u64) -> indicatif::ProgressBar {
-    if !show {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = indicatif::ProgressBar::new(len);
-    let style =
-        indicatif::ProgressStyle::with_template("replicas [{bar:30}] {pos}/{len} {per_sec} {msg}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("=> ");
-    bar.set_style(style);
-    bar
 }
