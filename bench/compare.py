@@ -8,8 +8,12 @@ ratio is against the fastest PyTorch we could write.
 With --torch-sampler sghmc, every bnn sampler is compared against PyTorch's SGHMC (for
 mSGNHT and the splitting integrators, which the reference does not implement).
 
+ResNets: --resnet 8,20 [--resnet-batch 128] times models/resnet{8,20}.toml as well (with
+--hidden "" --cnn-batch "" only them).
+
 Usage: python3 bench/compare.py [--rounds 3] [--python venv/bin/python] [--bnn target/release/bnn]
        [--sampler msgnht --integrator splitting --torch-sampler sghmc]
+       [--hidden "" --cnn-batch "" --resnet 8,20 --resnet-batch 128]
 """
 
 import argparse
@@ -37,6 +41,9 @@ def main():
     ap.add_argument("--hidden", default="100;400,400")
     ap.add_argument("--batch", default="100,1000")
     ap.add_argument("--cnn-batch", default="64")
+    ap.add_argument("--resnet", default="", help='ResNet depths (models/resnetD.toml), e.g. "8,20"')
+    ap.add_argument("--resnet-batch", default="128")
+    ap.add_argument("--resnet-steps", default="20", help="ResNet updates per repeat at batch 100")
     ap.add_argument("--sampler", default="sghmc,sgnht")
     ap.add_argument("--integrator", default="euler", help="bnn's integrator (euler, splitting)")
     ap.add_argument("--torch-sampler", default=None,
@@ -48,14 +55,23 @@ def main():
     bnn_cmd = [args.bnn, "bench", "train", *shape, "--sampler", args.sampler,
                "--integrator", args.integrator]
     torch_cmd = [args.python, os.path.join(HERE, "pytorch_reference.py"), *shape,
-                 "--sampler", torch_sampler]
+                 "--sampler", torch_sampler, "--resnet", args.resnet,
+                 "--resnet-batch", args.resnet_batch, "--resnet-steps", args.resnet_steps]
+    bnn_cmds = [bnn_cmd] if (args.hidden.strip() or args.cnn_batch.strip()) else []
+    depths = [d.strip() for d in args.resnet.split(",") if d.strip()]
+    if depths:
+        configs = [x for d in depths for x in ("--config", f"models/resnet{d}.toml")]
+        bnn_cmds.append([args.bnn, "bench", "train", "--hidden", "", "--cnn-batch", "",
+                         "--batch", args.resnet_batch, "--repeats", args.repeats,
+                         "--steps", args.resnet_steps, *configs,
+                         "--sampler", args.sampler, "--integrator", args.integrator])
     # The PyTorch row a bnn row is compared with.
     def torch_key(model, batch, sampler):
         return (model, batch, args.torch_sampler or sampler)
 
     bnn, torch, isa = {}, {}, set()
     for r in range(args.rounds):
-        for row in run_json(bnn_cmd):
+        for row in (row for cmd in bnn_cmds for row in run_json(cmd)):
             isa.add(row.get("isa", "?"))
             bnn.setdefault((row["model"], row["batch"], row["sampler"]), []).append(
                 row["steps_per_second"])

@@ -16,6 +16,10 @@ PyTorch eager, as fast as we can honestly make it:
   max-pool 2 -> 120 -> 84 -> 10) gets its gradient by autograd w.r.t. the flat
   parameter leaf (PyTorch's convolutions are oneDNN/MKL kernels; a hand-written
   convolution backward in eager PyTorch would only be slower);
+- the ResNets (models/resnet8.toml, resnet20.toml: 3x3 stem, stages of basic blocks at
+  16/32/64 channels, FRN + TLU, swish, 1x1 projection shortcuts, average pooling, linear
+  head) likewise by autograd w.r.t. the flat leaf, FRN written out in eager ops as its
+  paper gives it (there is no fused FRN in PyTorch);
 - the minibatch is gathered from a uint8 tensor of the whole training set and scaled
   to [0, 1], as `bnn` does.
 
@@ -199,10 +203,105 @@ class LeNet:
         return flop + 2.0 * batch * 3.0 * sum(i * o for i, o in zip(w[:-1], w[1:]))
 
 
-def run(widths, batch, sampler, mode, steps, repeats, images, gen):
+
+RESNET_STAGES = [16, 32, 64]
+FRN_EPSILON = 1e-6
+
+
+class ResNet:
+    """bnn's `models/resnet{8,20}.toml`: parameters in bnn's order (stem conv, FRN
+    gamma/beta/tau; per block conv1 + FRN, conv2 + FRN, a 1x1 projection shortcut with a
+    bias where the shape changes; fc), PyTorch's default init, gamma = 1, beta = tau = 0."""
+
+    def __init__(self, blocks, gen):
+        self.blocks = blocks
+        shapes = []  # (shape, init): init a fan-in or a constant
+
+        def conv(c_out, c_in, k, bias):
+            shapes.append(((c_out, c_in, k, k), c_in * k * k))
+            if bias:
+                shapes.append(((c_out,), c_in * k * k))
+            else:
+                shapes.extend([((c_out,), 1.0), ((c_out,), 0.0), ((c_out,), 0.0)])
+
+        conv(RESNET_STAGES[0], 1, 3, False)
+        self.plan = []  # per block: stride, has a projection
+        c_in, side = RESNET_STAGES[0], 28
+        for s, width in enumerate(RESNET_STAGES):
+            for b in range(blocks):
+                stride = 2 if s > 0 and b == 0 else 1
+                conv(width, c_in, 3, False)
+                conv(width, width, 3, False)
+                project = stride != 1 or c_in != width
+                if project:
+                    conv(width, c_in, 1, True)
+                self.plan.append((stride, project, c_in, width, side))
+                side = (side + 2 - 3) // stride + 1
+                c_in = width
+        shapes += [((10, c_in), c_in), ((10,), c_in)]
+        self.shapes = [s for s, _ in shapes]
+        self.n = sum(math.prod(s) for s in self.shapes)
+        self.theta = torch.empty(self.n)
+        self.grad = torch.zeros(self.n)
+        at = 0
+        for shape, init in shapes:
+            size = math.prod(shape)
+            if isinstance(init, float):
+                self.theta[at : at + size].fill_(init)
+            else:
+                bound = 1.0 / math.sqrt(init)
+                self.theta[at : at + size].uniform_(-bound, bound, generator=gen)
+            at += size
+        self.label = "resnet{}-16-32-64-frn-swish".format(6 * blocks + 2)
+
+    def views(self, theta):
+        out, at = [], 0
+        for s in self.shapes:
+            size = math.prod(s)
+            out.append(theta[at : at + size].view(s))
+            at += size
+        return out
+
+    @staticmethod
+    def frn_tlu(z, gamma, beta, tau):
+        nu2 = z.pow(2).mean(dim=(2, 3), keepdim=True)
+        y = z * torch.rsqrt(nu2 + FRN_EPSILON) * gamma.view(1, -1, 1, 1) + beta.view(1, -1, 1, 1)
+        return torch.max(y, tau.view(1, -1, 1, 1))
+
+    def grad_autograd(self, x, y, scale):
+        theta = self.theta.detach().requires_grad_(True)
+        p = iter(self.views(theta))
+        h = x.view(-1, 1, 28, 28)
+        h = F.silu(self.frn_tlu(F.conv2d(h, next(p), padding=1), next(p), next(p), next(p)))
+        for stride, project, _, _, _ in self.plan:
+            a = F.silu(self.frn_tlu(F.conv2d(h, next(p), stride=stride, padding=1),
+                                    next(p), next(p), next(p)))
+            a = self.frn_tlu(F.conv2d(a, next(p), padding=1), next(p), next(p), next(p))
+            s = F.conv2d(h, next(p), next(p), stride=stride) if project else h
+            h = F.silu(a + s)
+        h = F.linear(h.mean(dim=(2, 3)), next(p), next(p))
+        loss = F.cross_entropy(h, y, reduction="sum") * scale
+        (g,) = torch.autograd.grad(loss, theta)
+        torch.add(g, self.theta, alpha=PRIOR_PRECISION, out=self.grad)
+
+    def step_flop(self, batch):
+        """As bnn's `bench::step_flop`: three products per convolution, two for the stem."""
+        flop = 2.0 * batch * 2.0 * RESNET_STAGES[0] * 9 * 28 * 28
+        for stride, project, c_in, width, side in self.plan:
+            out = (side + 2 - 3) // stride + 1
+            flop += 2.0 * batch * 3.0 * (width * c_in * 9 + width * width * 9) * out * out
+            if project:
+                flop += 2.0 * batch * 3.0 * width * c_in * out * out
+        return flop + 2.0 * batch * 3.0 * RESNET_STAGES[-1] * 10
+
+
+def run(widths, batch, sampler, mode, steps, repeats, images, gen, resnet_blocks=None):
     n_data = images.shape[0]
     cnn = widths is None
-    model = LeNet(gen) if cnn else Mlp(widths, batch, gen)
+    if resnet_blocks:
+        model = ResNet(resnet_blocks, gen)
+    else:
+        model = LeNet(gen) if cnn else Mlp(widths, batch, gen)
     eta = STEP_SIZE
     v = torch.randn(model.n, generator=gen) * math.sqrt(eta)
     noise = torch.empty(model.n)
@@ -248,7 +347,9 @@ def run(widths, batch, sampler, mode, steps, repeats, images, gen):
     if not torch.isfinite(model.theta).all():
         sys.exit(f"{sampler} diverged at batch {batch}: the timing would not be of a real step")
     sps = steps / secs
-    if cnn:
+    if resnet_blocks:
+        flop, name = model.step_flop(batch), model.label
+    elif cnn:
         flop = model.step_flop(batch)
         name = "cnn{}-{}-{}-relu".format(
             LENET_KERNEL, "-".join(f"c{c}" for c in LENET_CONV), "-".join(map(str, LENET_HIDDEN)))
@@ -280,6 +381,10 @@ def main():
     ap.add_argument("--hidden", default="100;400,400")
     ap.add_argument("--batch", default="100,1000")
     ap.add_argument("--cnn-batch", default="64", help='batches of the LeNet-style CNN ("" for none)')
+    ap.add_argument("--resnet", default="", help='ResNet depths, e.g. "8,20" ("" for none)')
+    ap.add_argument("--resnet-batch", default="128", help="batches of the ResNets")
+    ap.add_argument("--resnet-steps", type=int, default=20,
+                    help="ResNet updates per repeat at batch 100 (at least 10)")
     ap.add_argument("--sampler", default="sghmc,sgnht")
     ap.add_argument("--mode", default="both", choices=["both", "autograd", "manual"])
     ap.add_argument("--repeats", type=int, default=7)
@@ -308,6 +413,14 @@ def main():
         for sampler in args.sampler.split(","):
             # Autograd only: no hand-written convolution backward in eager PyTorch.
             rows.append(run(None, batch, sampler, "autograd", steps, args.repeats, images, gen))
+    for depth in (int(d) for d in args.resnet.split(",") if d.strip()):
+        if (depth - 2) % 6:
+            sys.exit(f"--resnet: depth {depth} is not 6*blocks + 2")
+        for batch in (int(b) for b in args.resnet_batch.split(",") if b.strip()):
+            steps = max(10, args.resnet_steps * 100 // batch)
+            for sampler in args.sampler.split(","):
+                rows.append(run(None, batch, sampler, "autograd", steps, args.repeats, images,
+                                gen, resnet_blocks=(depth - 2) // 6))
     print(json.dumps(rows))
 
 

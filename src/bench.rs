@@ -149,6 +149,8 @@ pub struct TrainBenchOptions {
     pub batches: Vec<usize>,
     /// Batch sizes of the LeNet-style CNN (`models/lenet.toml`); empty: no CNN.
     pub cnn_batches: Vec<usize>,
+    /// Architectures timed at each of `batches` besides (`bnn bench train --config`).
+    pub presets: Vec<ModelSpec>,
     pub samplers: Vec<SamplerKind>,
     pub integrator: Integrator,
     pub backward: Backward,
@@ -177,6 +179,9 @@ pub fn train(opts: &TrainBenchOptions) -> Result<Vec<TrainBench>> {
         runs.extend(opts.batches.iter().map(|&b| (spec.clone(), b)));
     }
     runs.extend(opts.cnn_batches.iter().map(|&b| (ModelSpec::lenet(), b)));
+    for spec in &opts.presets {
+        runs.extend(opts.batches.iter().map(|&b| (spec.clone(), b)));
+    }
     for (spec, batch) in runs {
         for &kind in &opts.samplers {
             let mut config = kind.defaults();
@@ -274,6 +279,21 @@ pub fn train(opts: &TrainBenchOptions) -> Result<Vec<TrainBench>> {
 /// FLOP of one training step of `model` at `batch`: the products of the forward, of the
 /// weight gradients and of the input errors of every layer but the first.
 pub fn step_flop(model: &Network, batch: usize) -> f64 {
+    if let Some(r) = &model.resnet {
+        // Every convolution's three products but the stem's input error; the head's.
+        let conv: f64 = r
+            .convs()
+            .iter()
+            .enumerate()
+            .map(|(l, c)| {
+                let g = c.geometry;
+                let macs = (g.out_channels * g.patch() * g.out_plane()) as f64;
+                let passes = if l == 0 { 2.0 } else { 3.0 };
+                2.0 * batch as f64 * passes * macs
+            })
+            .sum();
+        return conv + 2.0 * batch as f64 * 3.0 * (r.features * r.classes) as f64;
+    }
     let conv: f64 = model
         .convs
         .iter()

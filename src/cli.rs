@@ -152,6 +152,11 @@ pub enum BenchCommand {
         /// Minibatch sizes of the LeNet-style CNN (models/lenet.toml); "" for none.
         #[arg(long, default_value = "64")]
         cnn_batch: String,
+        /// Architecture presets (TOML) to time at each --batch, besides the MLPs of
+        /// --hidden and the CNN (e.g. `--hidden "" --cnn-batch "" --batch 128 --config
+        /// models/resnet8.toml`).
+        #[arg(long)]
+        config: Vec<PathBuf>,
         /// Samplers.
         #[arg(long, value_enum, value_delimiter = ',', default_values = ["sghmc", "sgnht"])]
         sampler: Vec<SamplerKind>,

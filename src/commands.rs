@@ -117,6 +117,7 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
             hidden,
             batch,
             cnn_batch,
+            config,
             sampler,
             integrator,
             backward,
@@ -125,6 +126,10 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
             steps,
             chains,
         }) => {
+            let presets = config
+                .iter()
+                .map(|p| bnn::model::ModelSpec::from_toml_file(p))
+                .collect::<Result<Vec<_>>>()?;
             let cnn_batches = cnn_batch
                 .split(',')
                 .filter(|b| !b.trim().is_empty())
@@ -167,6 +172,7 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
                 hidden,
                 batches: batch,
                 cnn_batches,
+                presets,
                 samplers: sampler,
                 integrator,
                 backward,

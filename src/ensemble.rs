@@ -13,8 +13,10 @@ use crate::model::Network;
 
 /// Examples per forward pass when predicting a whole split.
 pub const EVAL_BATCH: usize = 1000;
-/// The same for a CNN, whose im2col buffers grow with the batch (25 floats per pixel of
-/// the first convolution's output: 58 MB at 1000 MNIST images, 15 MB at 256).
+/// The same for a CNN or a ResNet, whose im2col buffers grow with the batch (25 floats
+/// per pixel of the LeNet's first convolution's output: 58 MB at 1000 MNIST images, 15 MB
+/// at 256; a ResNet's activations about 1 MB per image and 144 floats per pixel of a
+/// 16-channel stage's im2col).
 pub const CNN_EVAL_BATCH: usize = 256;
 
 /// Softmax outputs of `model` on every example of `split` (row-major n × classes). On
@@ -26,7 +28,7 @@ pub fn predict(model: &Network, split: &Split, device: &Device) -> Result<Vec<f3
     let mut x = Vec::new();
     let mut y = Vec::new();
     let indices: Vec<usize> = (0..split.len()).collect();
-    let batch = if model.convs.is_empty() {
+    let batch = if model.convs.is_empty() && model.resnet.is_none() {
         EVAL_BATCH
     } else {
         CNN_EVAL_BATCH

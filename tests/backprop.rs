@@ -506,6 +506,7 @@ fn cnn(side: usize, conv: &[usize], kernel: usize, hidden: &[usize], act: Activa
         activation: act,
         conv: conv.to_vec(),
         kernel_size: kernel,
+        ..ModelSpec::default()
     };
     Network::new(&spec, side * side, CLASSES, 4, &Device::Cpu).unwrap()
 }

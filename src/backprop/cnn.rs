@@ -66,6 +66,8 @@ fn activate(v: f32, act: Activation) -> f32 {
     match act {
         Activation::Relu => v.max(0.0),
         Activation::Sigmoid => 1.0 / (1.0 + (-v).exp()),
+        // Not monotone, so not after the pool: refused by `CnnBackprop::new`.
+        Activation::Swish => unreachable!("the CNN pass refuses swish"),
     }
 }
 
@@ -206,6 +208,11 @@ impl CnnBackprop {
         if model.convs.is_empty() {
             return Err(Error::Config(
                 "internal: the CNN pass was given a network without convolutions".into(),
+            ));
+        }
+        if model.spec.activation == Activation::Swish {
+            return Err(Error::Config(
+                "a CNN's activation is relu or sigmoid".into(),
             ));
         }
         let widths = model.fc_widths();

@@ -273,6 +273,10 @@ pub(super) fn bias_activation(z: &mut [f32], bias: &[f32], act: Option<Activatio
                 .iter_mut()
                 .zip(bias)
                 .for_each(|(v, b)| *v = 1.0 / (1.0 + (-(*v + b)).exp())),
+            Some(Activation::Swish) => row.iter_mut().zip(bias).for_each(|(v, b)| {
+                let z = *v + b;
+                *v = z / (1.0 + (-z).exp())
+            }),
         }
     }
 }
@@ -290,6 +294,8 @@ pub(super) fn activation_backward(delta: &mut [f32], a: &[f32], act: Activation)
             .iter_mut()
             .zip(a)
             .for_each(|(d, &a)| *d *= a * (1.0 - a)),
+        // swish′ is not a function of swish's output: refused by `MlpBackprop::new`.
+        Activation::Swish => unreachable!("the MLP pass refuses swish"),
     }
 }
 
@@ -341,6 +347,11 @@ impl MlpBackprop {
         if !model.convs.is_empty() {
             return Err(Error::Config(
                 "internal: the MLP pass was given a CNN (use backprop::Backprop)".into(),
+            ));
+        }
+        if model.spec.activation == Activation::Swish {
+            return Err(Error::Config(
+                "an MLP's activation is relu or sigmoid".into(),
             ));
         }
         let mut widths = vec![model.input_dim];

@@ -4,18 +4,24 @@
 
 pub mod cnn;
 pub mod mlp;
+pub mod resnet;
+mod resnet_ops;
 
 /// The hand-written CPU forward and backward pass of a network: the MLP's or the CNN's.
 #[derive(Debug)]
 pub enum Backprop {
     Mlp(mlp::MlpBackprop),
     Cnn(cnn::CnnBackprop),
+    /// Boxed: its buffers' bookkeeping is larger than the others'.
+    Resnet(Box<resnet::ResnetBackprop>),
 }
 
 impl Backprop {
     /// Buffers for `model` at minibatches of up to `batch` rows.
     pub fn new(model: &crate::model::Network, batch: usize) -> crate::error::Result<Self> {
-        Ok(if model.convs.is_empty() {
+        Ok(if model.resnet.is_some() {
+            Backprop::Resnet(Box::new(resnet::ResnetBackprop::new(model, batch)?))
+        } else if model.convs.is_empty() {
             Backprop::Mlp(mlp::MlpBackprop::new(model, batch)?)
         } else {
             Backprop::Cnn(cnn::CnnBackprop::new(model, batch)?)
@@ -27,6 +33,7 @@ impl Backprop {
         match self {
             Backprop::Mlp(b) => b.grads(),
             Backprop::Cnn(b) => b.grads(),
+            Backprop::Resnet(b) => b.grads(),
         }
     }
 
@@ -42,7 +49,7 @@ impl Backprop {
     pub fn inline_updates(&self) -> u64 {
         match self {
             Backprop::Mlp(b) => b.inline_updates,
-            Backprop::Cnn(_) => 0,
+            Backprop::Cnn(_) | Backprop::Resnet(_) => 0,
         }
     }
 
@@ -56,6 +63,7 @@ impl Backprop {
         match self {
             Backprop::Mlp(b) => b.forward(model, x, rows),
             Backprop::Cnn(b) => b.forward(model, x, rows),
+            Backprop::Resnet(b) => b.forward(model, x, rows),
         }
     }
 
@@ -83,6 +91,15 @@ impl Backprop {
                 step,
             ),
             Backprop::Cnn(b) => b.loss_and_grad_then(
+                model,
+                x,
+                labels,
+                likelihood_scale,
+                prior_precision,
+                prior_factor,
+                step,
+            ),
+            Backprop::Resnet(b) => b.loss_and_grad_then(
                 model,
                 x,
                 labels,

@@ -305,7 +305,8 @@ mod tests {
                 let x = -mu - 10.0 * sd + k as f64 * h;
                 let z = (x + mu) / sd;
                 let w = if k == 0 || k == steps { 0.5 } else { 1.0 };
-                w * h * (-0.5 * z * z).exp() / (sd * (2.0 * std::f64::consts::PI).sqrt())
+                w * h * (-0.5 * z * z).exp()
+                    / (sd * (2.0 * std::f64::consts::PI).sqrt())
                     / (1.0 + (-x).exp())
             })
             .sum()
@@ -332,7 +333,9 @@ mod tests {
             for _ in 0..60 {
                 for i in l.pairs(&mut rng) {
                     let mu = k * (l.temperatures[i + 1] - l.temperatures[i]).powi(2);
-                    let x = Normal::new(-mu, (2.0 * mu).sqrt()).unwrap().sample(&mut rng);
+                    let x = Normal::new(-mu, (2.0 * mu).sqrt())
+                        .unwrap()
+                        .sample(&mut rng);
                     let g = 1.0 / (1.0 + (-x).exp());
                     l.record(i, rng.random::<f64>() < g, g);
                 }

@@ -4,6 +4,8 @@
 //! a fixed order, so that a parameter's index (used to key its noise stream) and its name
 //! in a checkpoint never change between runs.
 
+pub mod resnet;
+
 use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -17,6 +19,9 @@ use crate::error::{Error, Result};
 pub enum Activation {
     Relu,
     Sigmoid,
+    /// x·σ(x) (SiLU); ResNets only (the MLP and CNN passes differentiate through the
+    /// activation's output, which swish's derivative cannot be written in).
+    Swish,
 }
 
 /// Architecture family.
@@ -28,6 +33,9 @@ pub enum ModelKind {
     /// LeNet-style: valid convolutions, each followed by the activation and a 2×2 max-pool,
     /// then fully connected layers.
     Cnn,
+    /// Residual network ([`resnet`]): stem, stages of basic blocks, average pooling, a
+    /// linear head.
+    Resnet,
 }
 
 /// An architecture: what a preset file in `models/` describes.
@@ -35,7 +43,9 @@ pub enum ModelKind {
 #[serde(deny_unknown_fields)]
 pub struct ModelSpec {
     pub kind: ModelKind,
-    /// Widths of the hidden fully connected layers, input to output.
+    /// Widths of the hidden fully connected layers, input to output (none for a ResNet,
+    /// whose head is linear).
+    #[serde(default)]
     pub hidden: Vec<usize>,
     pub activation: Activation,
     /// CNN only: output channels of each convolution, input to output.
@@ -44,10 +54,32 @@ pub struct ModelSpec {
     /// CNN only: side of the square convolution kernels.
     #[serde(default = "default_kernel_size")]
     pub kernel_size: usize,
+    /// ResNet only: channels of each stage (16, 32, 64 for the CIFAR ResNets).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<usize>,
+    /// ResNet only: basic blocks per stage (depth 6·blocks + 2: 1 for ResNet-8, 3 for
+    /// ResNet-20).
+    #[serde(default = "default_blocks", skip_serializing_if = "is_one")]
+    pub blocks: usize,
+    /// ResNet only: the normalisation after each convolution.
+    #[serde(default, skip_serializing_if = "is_frn")]
+    pub norm: resnet::Norm,
 }
 
 fn default_kernel_size() -> usize {
     5
+}
+
+fn default_blocks() -> usize {
+    1
+}
+
+fn is_one(n: &usize) -> bool {
+    *n == 1
+}
+
+fn is_frn(n: &resnet::Norm) -> bool {
+    *n == resnet::Norm::Frn
 }
 
 /// The spatial shape of a CNN's layers on square single-channel images of side `side`:
@@ -124,6 +156,9 @@ impl Default for ModelSpec {
             activation: Activation::Relu,
             conv: Vec::new(),
             kernel_size: default_kernel_size(),
+            stages: Vec::new(),
+            blocks: default_blocks(),
+            norm: resnet::Norm::Frn,
         }
     }
 }
@@ -152,12 +187,20 @@ impl ModelSpec {
     /// The LeNet-style CNN of `models/lenet.toml` (embedded, so that `bnn bench train`
     /// runs it from any directory).
     pub fn lenet() -> Self {
-        let preset: PresetFile = toml::from_str(include_str!("../models/lenet.toml"))
+        let preset: PresetFile = toml::from_str(include_str!("../../models/lenet.toml"))
             .expect("models/lenet.toml is a valid preset (tested)");
         preset.model
     }
 
     pub fn validate(&self) -> Result<()> {
+        if self.kind != ModelKind::Resnet && !self.stages.is_empty() {
+            return Err(Error::Config("`stages` is for kind = \"resnet\"".into()));
+        }
+        if self.kind != ModelKind::Resnet && self.activation == Activation::Swish {
+            return Err(Error::Config(
+                "activation = \"swish\" is for kind = \"resnet\"; use relu or sigmoid".into(),
+            ));
+        }
         if self.hidden.contains(&0) {
             return Err(Error::Config(format!(
                 "hidden widths must be positive, got {:?}",
@@ -178,6 +221,26 @@ impl ModelSpec {
             ModelKind::Cnn if self.kernel_size == 0 => {
                 Err(Error::Config("kernel_size must be positive".into()))
             }
+            ModelKind::Resnet if self.stages.is_empty() || self.stages.contains(&0) => {
+                Err(Error::Config(format!(
+                    "a ResNet needs at least one stage with a positive channel count, got \
+                     stages = {:?}",
+                    self.stages
+                )))
+            }
+            ModelKind::Resnet if self.blocks == 0 => Err(Error::Config(
+                "a ResNet needs at least one block per stage (blocks = 1 is ResNet-8)".into(),
+            )),
+            ModelKind::Resnet if !self.hidden.is_empty() || !self.conv.is_empty() => {
+                Err(Error::Config(
+                    "a ResNet takes `stages`, `blocks` and `norm`, not `hidden` or `conv` \
+                     (its head is linear)"
+                        .into(),
+                ))
+            }
+            ModelKind::Resnet if self.activation == Activation::Sigmoid => Err(Error::Config(
+                "a ResNet's activation is relu or swish".into(),
+            )),
             _ => Ok(()),
         }
     }
@@ -188,9 +251,21 @@ impl ModelSpec {
         let act = match self.activation {
             Activation::Relu => "relu",
             Activation::Sigmoid => "sigmoid",
+            Activation::Swish => "swish",
         };
         let mut parts = Vec::new();
         match self.kind {
+            ModelKind::Resnet => {
+                parts.push(format!("resnet{}", 6 * self.blocks + 2));
+                parts.extend(self.stages.iter().map(|c| c.to_string()));
+                parts.push(
+                    match self.norm {
+                        resnet::Norm::Frn => "frn",
+                        resnet::Norm::None => "nonorm",
+                    }
+                    .to_string(),
+                );
+            }
             ModelKind::Mlp => parts.push("mlp".to_string()),
             ModelKind::Cnn => {
                 parts.push(format!("cnn{}", self.kernel_size));
@@ -254,8 +329,11 @@ pub struct Network {
     /// CNN only: the convolutions' shapes (empty for an MLP).
     pub convs: Vec<ConvShape>,
     /// `conv{k}.weight` (C_out × C_in × k × k) and `conv{k}.bias` (C_out), then `fc{k}.weight`
-    /// (out × in) and `fc{k}.bias` (out), layer by layer.
+    /// (out × in) and `fc{k}.bias` (out), layer by layer; a ResNet's as
+    /// [`resnet::ResnetLayout::new`] lists them.
     pub params: Vec<Param>,
+    /// ResNet only: its layers and where their parameters are.
+    pub resnet: Option<resnet::ResnetLayout>,
 }
 
 impl Network {
@@ -269,9 +347,14 @@ impl Network {
         device: &Device,
     ) -> Result<Self> {
         spec.validate()?;
+        if spec.kind == ModelKind::Resnet {
+            // The IDX datasets' images: one channel, square.
+            let side = image_side(input_dim)?;
+            return Network::for_images(spec, [1, side, side], num_classes, seed, device);
+        }
         let convs = match spec.kind {
-            ModelKind::Mlp => Vec::new(),
             ModelKind::Cnn => conv_shapes(spec, image_side(input_dim)?)?,
+            _ => Vec::new(),
         };
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let mut params = Vec::new();
@@ -309,6 +392,51 @@ impl Network {
             num_classes,
             convs,
             params,
+            resnet: None,
+        })
+    }
+
+    /// A ResNet on images of `image` = [channels, height, width] (inputs row-major, C·H·W
+    /// per example), its parameters as [`resnet::ResnetLayout::new`] lists them, drawn
+    /// from `seed` as [`Network::new`] draws an MLP's.
+    pub fn for_images(
+        spec: &ModelSpec,
+        image: [usize; 3],
+        num_classes: usize,
+        seed: u64,
+        device: &Device,
+    ) -> Result<Self> {
+        spec.validate()?;
+        if spec.kind != ModelKind::Resnet {
+            return Err(Error::Config(
+                "internal: Network::for_images builds ResNets".into(),
+            ));
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (layout, plans) = resnet::ResnetLayout::new(spec, image, num_classes)?;
+        let mut params = Vec::with_capacity(plans.len());
+        for plan in plans {
+            let n = plan.shape.iter().product();
+            let data: Vec<f32> = match plan.init {
+                resnet::Init::Uniform { fan_in } => {
+                    let bound = 1.0 / (fan_in as f32).sqrt();
+                    (0..n).map(|_| rng.random_range(-bound..bound)).collect()
+                }
+                resnet::Init::Constant(v) => vec![v; n],
+            };
+            let t = Tensor::from_vec(data, plan.shape, device)?;
+            params.push(Param {
+                name: plan.name,
+                var: Var::from_tensor(&t)?,
+            });
+        }
+        Ok(Network {
+            spec: spec.clone(),
+            input_dim: image.iter().product(),
+            num_classes,
+            convs: Vec::new(),
+            params,
+            resnet: Some(layout),
         })
     }
 
@@ -328,11 +456,15 @@ impl Network {
         Ok(match self.spec.activation {
             Activation::Relu => h.relu()?,
             Activation::Sigmoid => candle_nn::ops::sigmoid(h)?,
+            Activation::Swish => h.silu()?,
         })
     }
 
     /// Class logits for a batch `x` of shape (batch, input_dim) (a CNN's images row-major).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if let Some(r) = &self.resnet {
+            return r.forward(&self.params, x);
+        }
         let mut h = x.clone();
         let convs = self.convs.len();
         if let Some(first) = self.convs.first() {

@@ -1,0 +1,286 @@
+//! The per-element and per-plane passes of the ResNet pass ([`super::resnet`]): im2col
+//! and its adjoint at any stride and padding, FRN + TLU forward and backward, the
+//! activations, on the pool's two threads.
+
+use crate::kernels::gemm::{product, Mat, Options};
+use crate::model::resnet::{ConvGeometry, FRN_EPSILON};
+use crate::model::Activation;
+use crate::pool::{self, Disjoint};
+
+/// Runs `f` on the plane ranges of two halves of `planes` planes (one thread when `work`
+/// is small); `f` writes only what belongs to its planes.
+pub(super) fn split_planes(
+    planes: usize,
+    work: usize,
+    f: &(dyn Fn(std::ops::Range<usize>) + Sync),
+) {
+    if work < pool::PARALLEL_MIN_ELEMENTS || planes < 2 || pool::threads() < 2 {
+        f(0..planes);
+        return;
+    }
+    let cut = planes.div_ceil(2);
+    pool::run(2, &|p| f(if p == 0 { 0..cut } else { cut..planes }));
+}
+
+/// cols[(c·k + i)·k + j][(b·H_o + y)·W_o + x] = a[c][b][y·s + i − p][x·s + j − p], zero
+/// outside the image: the patches of a (C_in × B × H × W) input as columns.
+pub(super) fn im2col(a: &[f32], g: &ConvGeometry, rows: usize, cols: &mut [f32]) {
+    let (k, s, pad) = (g.kernel, g.stride, g.pad);
+    let (ih, iw, oh, ow) = (g.in_h, g.in_w, g.out_h, g.out_w);
+    let n = rows * oh * ow;
+    let cols = &mut cols[..g.patch() * n];
+    let work = cols.len();
+    pool::halves(cols, n, work, |part, at| {
+        for (q, row) in part.chunks_exact_mut(n).enumerate() {
+            let r = at / n + q;
+            let (c, i, j) = (r / (k * k), r / k % k, r % k);
+            // Output columns whose input column x·s + j − p lies inside the image.
+            let x0 = (pad.saturating_sub(j)).div_ceil(s);
+            let x1 = ((iw + pad - j).div_ceil(s)).min(ow);
+            for (b, out) in row.chunks_exact_mut(oh * ow).enumerate() {
+                let plane = &a[(c * rows + b) * ih * iw..][..ih * iw];
+                for (y, line) in out.chunks_exact_mut(ow).enumerate() {
+                    let iy = y * s + i;
+                    if iy < pad || iy - pad >= ih || x0 >= x1 {
+                        line.fill(0.0);
+                        continue;
+                    }
+                    let src = &plane[(iy - pad) * iw..][..iw];
+                    line[..x0].fill(0.0);
+                    line[x1..].fill(0.0);
+                    if s == 1 {
+                        let from = x0 + j - pad;
+                        line[x0..x1].copy_from_slice(&src[from..from + x1 - x0]);
+                    } else {
+                        for (x, v) in line[x0..x1].iter_mut().enumerate() {
+                            *v = src[(x0 + x) * s + j - pad];
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// The adjoint of [`im2col`]: da[c][b][y·s + i − p][x·s + j − p] += dcols[…] over the
+/// patches that contain the pixel, onto `da` as it is (`accumulate`) or onto zeros.
+pub(super) fn col2im(
+    dcols: &[f32],
+    g: &ConvGeometry,
+    rows: usize,
+    da: &mut [f32],
+    accumulate: bool,
+) {
+    let (k, s, pad) = (g.kernel, g.stride, g.pad);
+    let (ih, iw, oh, ow) = (g.in_h, g.in_w, g.out_h, g.out_w);
+    let n = rows * oh * ow;
+    let plane = rows * ih * iw;
+    let da = &mut da[..g.in_channels * plane];
+    pool::halves(da, plane, g.patch() * n, |part, at| {
+        if !accumulate {
+            part.fill(0.0);
+        }
+        for (q, channel) in part.chunks_exact_mut(plane).enumerate() {
+            let c = at / plane + q;
+            for (i, j) in (0..k).flat_map(|i| (0..k).map(move |j| (i, j))) {
+                let row = &dcols[((c * k + i) * k + j) * n..][..n];
+                let x0 = (pad.saturating_sub(j)).div_ceil(s);
+                let x1 = ((iw + pad - j).div_ceil(s)).min(ow);
+                if x0 >= x1 {
+                    continue;
+                }
+                for (b, patch) in row.chunks_exact(oh * ow).enumerate() {
+                    let image = &mut channel[b * ih * iw..][..ih * iw];
+                    for (y, line) in patch.chunks_exact(ow).enumerate() {
+                        let iy = y * s + i;
+                        if iy < pad || iy - pad >= ih {
+                            continue;
+                        }
+                        let dst = &mut image[(iy - pad) * iw..][..iw];
+                        if s == 1 {
+                            let from = x0 + j - pad;
+                            dst[from..from + x1 - x0]
+                                .iter_mut()
+                                .zip(&line[x0..x1])
+                                .for_each(|(d, &v)| *d += v);
+                        } else {
+                            for (x, &v) in line[x0..x1].iter().enumerate() {
+                                dst[(x0 + x) * s + j - pad] += v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Z (C_out × B·H_o·W_o) = W·im2col(a).
+pub(super) fn conv_forward(
+    a: &[f32],
+    g: &ConvGeometry,
+    rows: usize,
+    w: &[f32],
+    cols: &mut [f32],
+    z: &mut [f32],
+) {
+    let n = rows * g.out_plane();
+    im2col(a, g, rows, cols);
+    let k = g.patch();
+    product(
+        g.out_channels,
+        n,
+        k,
+        &mut z[..g.out_channels * n],
+        Mat::rows(w, k),
+        Mat::rows(&cols[..k * n], n),
+        Options::default(),
+    );
+}
+
+/// Adds b[c] to every element of channel c (`channel` elements each: B planes).
+pub(super) fn add_bias(z: &mut [f32], bias: &[f32], channel: usize) {
+    let work = z.len();
+    pool::halves(z, channel, work, |part, at| {
+        for (q, zc) in part.chunks_exact_mut(channel).enumerate() {
+            let b = bias[at / channel + q];
+            zc.iter_mut().for_each(|v| *v += b);
+        }
+    });
+}
+
+/// FRN and TLU on every (channel, example) plane of `z` (C × B planes of `plane`
+/// elements): r = 1/√(mean z² + ε) into `r`, u = τ + relu(γ·z·r + β − τ) into `u`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn frn_forward(
+    z: &[f32],
+    rows: usize,
+    plane: usize,
+    gamma: &[f32],
+    beta: &[f32],
+    tau: &[f32],
+    r: &mut [f32],
+    u: &mut [f32],
+) {
+    let planes = gamma.len() * rows;
+    let (rp, up) = (Disjoint::new(r), Disjoint::new(u));
+    split_planes(planes, planes * plane, &|range| {
+        for q in range {
+            let c = q / rows;
+            let zp = &z[q * plane..][..plane];
+            let mean_square = zp.iter().map(|&v| v * v).sum::<f32>() / plane as f32;
+            let rq = 1.0 / (mean_square + FRN_EPSILON).sqrt();
+            // SAFETY: plane q's entries of r and u belong to this part alone.
+            let (r, u) = unsafe { (rp.slice(q, q + 1), up.slice(q * plane, (q + 1) * plane)) };
+            r[0] = rq;
+            let (gr, bt, t) = (gamma[c] * rq, beta[c], tau[c]);
+            for (u, &v) in u.iter_mut().zip(zp) {
+                *u = t + (gr * v + bt - t).max(0.0);
+            }
+        }
+    });
+}
+
+/// ∂u → ∂z in place on every plane of `grad` (FRN and TLU's backward), with each plane's
+/// sums ∂γ = Σ ∂y·x̂, ∂β = Σ ∂y, ∂τ = Σ ∂u·[y < τ] into `sums`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn frn_backward(
+    z: &[f32],
+    r: &[f32],
+    rows: usize,
+    plane: usize,
+    gamma: &[f32],
+    beta: &[f32],
+    tau: &[f32],
+    grad: &mut [f32],
+    sums: &mut [[f64; 3]],
+) {
+    let planes = gamma.len() * rows;
+    let (gp, sp) = (Disjoint::new(grad), Disjoint::new(sums));
+    split_planes(planes, planes * plane, &|range| {
+        for q in range {
+            let c = q / rows;
+            let zp = &z[q * plane..][..plane];
+            // SAFETY: plane q's gradients and sums belong to this part alone.
+            let (g, s) = unsafe { (gp.slice(q * plane, (q + 1) * plane), sp.slice(q, q + 1)) };
+            let (rq, gm, bt, t) = (r[q], gamma[c], beta[c], tau[c]);
+            let gr = gm * rq;
+            let (mut dgamma, mut dbeta, mut dtau, mut dot) = (0f32, 0f32, 0f32, 0f32);
+            for (g, &v) in g.iter_mut().zip(zp) {
+                let xhat = v * rq;
+                // The forward's comparison, to the bit.
+                if gr * v + bt - t >= 0.0 {
+                    dgamma += *g * xhat;
+                    dbeta += *g;
+                    *g *= gm;
+                    dot += *g * xhat;
+                } else {
+                    dtau += *g;
+                    *g = 0.0;
+                }
+            }
+            let mean = dot / plane as f32;
+            for (g, &v) in g.iter_mut().zip(zp) {
+                *g = rq * (*g - v * rq * mean);
+            }
+            s[0] = [dgamma as f64, dbeta as f64, dtau as f64];
+        }
+    });
+}
+
+/// out = act(pre).
+pub(super) fn activate(pre: &[f32], out: &mut [f32], act: Activation) {
+    let work = out.len();
+    pool::halves(out, 1 << 12, work, |part, at| {
+        let pre = &pre[at..at + part.len()];
+        match act {
+            Activation::Relu => part.iter_mut().zip(pre).for_each(|(o, &v)| *o = v.max(0.0)),
+            Activation::Swish => part
+                .iter_mut()
+                .zip(pre)
+                .for_each(|(o, &v)| *o = v / (1.0 + (-v).exp())),
+            Activation::Sigmoid => part
+                .iter_mut()
+                .zip(pre)
+                .for_each(|(o, &v)| *o = 1.0 / (1.0 + (-v).exp())),
+        }
+    });
+}
+
+/// grad ⊙= act′(pre): relu′ = [pre ≥ 0] (as candle's), swish′ = σ(1 + pre·(1 − σ)).
+pub(super) fn activation_backward(grad: &mut [f32], pre: &[f32], act: Activation) {
+    let work = grad.len();
+    pool::halves(grad, 1 << 12, work, |part, at| {
+        let pre = &pre[at..at + part.len()];
+        match act {
+            Activation::Relu => part
+                .iter_mut()
+                .zip(pre)
+                .for_each(|(g, &v)| *g = if v >= 0.0 { *g } else { 0.0 }),
+            Activation::Swish => part.iter_mut().zip(pre).for_each(|(g, &v)| {
+                let s = 1.0 / (1.0 + (-v).exp());
+                *g *= s * (1.0 + v * (1.0 - s));
+            }),
+            Activation::Sigmoid => part.iter_mut().zip(pre).for_each(|(g, &v)| {
+                let s = 1.0 / (1.0 + (-v).exp());
+                *g *= s * (1.0 - s);
+            }),
+        }
+    });
+}
+
+/// Per channel of `grad` (C × B planes): Σ over its planes, into `sums[q][0]` per plane.
+pub(super) fn plane_sums(grad: &[f32], plane: usize, sums: &mut [[f64; 3]]) {
+    for (s, g) in sums.iter_mut().zip(grad.chunks_exact(plane)) {
+        *s = [g.iter().sum::<f32>() as f64, 0.0, 0.0];
+    }
+}
+
+/// dst += src.
+pub(super) fn add_into(dst: &mut [f32], src: &[f32]) {
+    let work = dst.len();
+    pool::halves(dst, 1 << 12, work, |part, at| {
+        let src = &src[at..at + part.len()];
+        part.iter_mut().zip(src).for_each(|(d, &s)| *d += s)
+    });
+}
