@@ -98,7 +98,7 @@ pub struct SampleArgs {
 }
 
 /// The replica-exchange flags of `bnn sample` and `bnn train` (renhd and reld only).
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct ReplicaArgs {
     /// renhd/reld: rungs of the temperature ladder, T₀ = 1 included.
     #[arg(long, default_value_t = 7)]
@@ -196,7 +196,7 @@ pub enum PriorKind {
     Gaussian,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct DataArgs {
     /// Dataset: mnist, fashion-mnist or mnist-mini (the built-in subset).
     #[arg(long, default_value = "mnist")]
@@ -207,7 +207,7 @@ pub struct DataArgs {
     pub data_dir: Option<PathBuf>,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct TrainArgs {
     #[command(flatten)]
     pub data: DataArgs,
@@ -225,7 +225,9 @@ pub struct TrainArgs {
     #[arg(long)]
     pub standardize: bool,
 
-    /// Architecture preset (TOML), e.g. models/mlp-400-400.toml.
+    /// Architecture preset (TOML), e.g. models/mlp-400-400.toml; its `[train]` table,
+    /// if any, sets the defaults of the training flags (flags given here win; with
+    /// another --sampler, its sampler settings are not used).
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Hidden layer widths, e.g. 100 or 400,400 (overrides the preset).

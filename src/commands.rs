@@ -395,12 +395,91 @@ fn first_difference(
     }
 }
 
-/// The training configuration and data of `args`.
+/// The ids of `bnn train`'s flags that `command_line` gives (rather than their defaults).
+fn given_flags(command_line: &[String]) -> std::collections::HashSet<String> {
+    use clap::CommandFactory;
+    let Ok(matches) = crate::cli::Cli::command().try_get_matches_from(command_line) else {
+        return Default::default();
+    };
+    let Some(train) = matches.subcommand_matches("train") else {
+        return Default::default();
+    };
+    train
+        .ids()
+        .filter(|id| {
+            train.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine)
+        })
+        .map(|id| id.to_string())
+        .collect()
+}
+
+/// `args` with the `[train]` defaults of its `--config` preset wherever `command_line`
+/// does not give the flag. The preset's sampler settings (step size, friction,
+/// diffusion, noise estimate, integrator) go with its sampler: not used when the command
+/// line names another.
+fn with_preset_defaults(args: &TrainArgs, command_line: &[String]) -> Result<TrainArgs> {
+    let mut a = args.clone();
+    let Some(path) = &args.config else {
+        return Ok(a);
+    };
+    let t = bnn::settings::Preset::from_toml_file(path)?.train;
+    let given = given_flags(command_line);
+    let free = |id: &str| !given.contains(id);
+    let preset_sampler = t.sampler.unwrap_or(a.sampler);
+    if free("sampler") {
+        a.sampler = preset_sampler;
+    }
+    if a.sampler == preset_sampler {
+        a.step_size = a.step_size.or(t.step_size);
+        a.friction = a.friction.or(t.friction);
+        a.diffusion = a.diffusion.or(t.diffusion);
+        a.noise_estimate = a.noise_estimate.or(t.noise_estimate);
+        a.integrator = a.integrator.or(t.integrator);
+    }
+    let set = |v: &mut usize, id: &str, p: Option<usize>| {
+        if let (Some(p), true) = (p, free(id)) {
+            *v = p;
+        }
+    };
+    set(&mut a.batch_size, "batch_size", t.batch_size);
+    set(&mut a.epochs, "epochs", t.epochs);
+    set(&mut a.burnin, "burnin", t.burnin);
+    set(&mut a.thin, "thin", t.thin);
+    if let (Some(d), true) = (t.decay_at, free("decay_at")) {
+        a.decay_at = d;
+    }
+    if let (Some(f), true) = (t.decay_factor, free("decay_factor")) {
+        a.decay_factor = f;
+    }
+    if let (Some(v), true) = (t.temperature, free("temperature")) {
+        a.temperature = v;
+    }
+    let prior_free = ["prior", "prior_std", "gamma_shape", "gamma_rate"]
+        .iter()
+        .all(|id| free(id));
+    match (t.prior, prior_free) {
+        (Some(PriorSpec::Gaussian { std }), true) => {
+            a.prior = PriorKind::Gaussian;
+            a.prior_std = std;
+        }
+        (Some(PriorSpec::Gamma { shape, rate }), true) => {
+            a.prior = PriorKind::Gamma;
+            a.gamma_shape = shape;
+            a.gamma_rate = rate;
+        }
+        _ => {}
+    }
+    Ok(a)
+}
+
+/// The training configuration and data of `args` (with its preset's training defaults
+/// where `command_line` gives no flag).
 fn train_config(
     args: &TrainArgs,
     quiet: bool,
     command_line: Vec<String>,
 ) -> Result<(TrainConfig, data::Dataset)> {
+    let args = &with_preset_defaults(args, &command_line)?;
     let model = model_spec(args)?;
     let sampler = sampler_config(args);
     sampler.validate()?;

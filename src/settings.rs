@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::model::ModelSpec;
 use crate::potential::{Backward, PriorSpec};
 use crate::sampler::replica::ReplicaOptions;
-use crate::sampler::{Kernel, SamplerConfig};
+use crate::sampler::{Integrator, Kernel, SamplerConfig, SamplerKind};
 use crate::schedule::Schedule;
 
 /// Everything that decides a run's numbers, besides the data.
@@ -224,5 +224,85 @@ mod tests {
             (back.kernel, back.backward, back.chains),
             (Kernel::Fused, Backward::Auto, 1)
         );
+    }
+}
+
+/// A preset file: the architecture (`[model]`) and, optionally, training defaults that
+/// suit it (`[train]`); flags given on the command line override them, and the run
+/// records the merged [`Settings`].
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Preset {
+    pub model: ModelSpec,
+    #[serde(default)]
+    pub train: TrainDefaults,
+}
+
+/// The `[train]` table of a preset: each key the flag of the same name (`step_size` is
+/// `--step-size`); absent keys leave the flag's own default.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainDefaults {
+    pub sampler: Option<SamplerKind>,
+    pub step_size: Option<f64>,
+    pub friction: Option<f64>,
+    pub diffusion: Option<f64>,
+    pub noise_estimate: Option<f64>,
+    pub integrator: Option<Integrator>,
+    pub batch_size: Option<usize>,
+    pub epochs: Option<usize>,
+    pub burnin: Option<usize>,
+    pub thin: Option<usize>,
+    pub decay_at: Option<Vec<usize>>,
+    pub decay_factor: Option<f64>,
+    /// `{ kind = "gaussian", std = 0.1 }` or `{ kind = "gamma", shape = 1.0, rate = 1.0 }`.
+    pub prior: Option<PriorSpec>,
+    pub temperature: Option<f64>,
+}
+
+impl Preset {
+    /// Reads and checks a preset; errors name the file and the key.
+    pub fn from_toml_file(path: &std::path::Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let preset: Preset = toml::from_str(&text).map_err(|e| {
+            Error::Config(format!("{}: not a preset: {}", path.display(), e.message()))
+        })?;
+        preset.model.validate()?;
+        let t = &preset.train;
+        let bad = |key: &str, what: &str| {
+            Err(Error::Config(format!(
+                "{}: [train] {key} must be {what}",
+                path.display()
+            )))
+        };
+        let positive = |v: Option<f64>| v.is_some_and(|v| !(v > 0.0 && v.is_finite()));
+        for (key, v) in [
+            ("step_size", t.step_size),
+            ("temperature", t.temperature),
+            ("decay_factor", t.decay_factor),
+        ] {
+            if positive(v) {
+                return bad(key, "a positive number");
+            }
+        }
+        for (key, v) in [
+            ("friction", t.friction),
+            ("diffusion", t.diffusion),
+            ("noise_estimate", t.noise_estimate),
+        ] {
+            if v.is_some_and(|v| !(v >= 0.0 && v.is_finite())) {
+                return bad(key, "a number ≥ 0");
+            }
+        }
+        for (key, v) in [
+            ("batch_size", t.batch_size),
+            ("epochs", t.epochs),
+            ("thin", t.thin),
+        ] {
+            if v == Some(0) {
+                return bad(key, "at least 1");
+            }
+        }
+        Ok(preset)
     }
 }

@@ -85,6 +85,8 @@ pub struct ResnetBackprop {
     delta: Vec<f32>,
     /// Activation-sized gradient buffers.
     g: [Vec<f32>; 3],
+    /// A convolution's weight gradient, transposed (C_in·k² × C_out).
+    weight_t: Vec<f32>,
     /// Per plane: FRN's ∂γ, ∂β, ∂τ sums (or the bias's ∂b in the first).
     plane_sums: Vec<[f64; 3]>,
     /// ∇Ũ/T per parameter tensor, in the model's order (allocated by the first backward).
@@ -125,6 +127,7 @@ impl ResnetBackprop {
             logits: Vec::new(),
             delta: Vec::new(),
             g: Default::default(),
+            weight_t: Vec::new(),
             plane_sums: Vec::new(),
             grads: Vec::new(),
             layout,
@@ -175,6 +178,11 @@ impl ResnetBackprop {
             g.resize(widest_act, 0.0);
         }
         self.plane_sums.resize(planes, [0.0; 3]);
+        let widest_weight = self
+            .convs
+            .iter()
+            .map(|c| c.geometry.patch() * c.geometry.out_channels);
+        self.weight_t.resize(widest_weight.max().unwrap_or(0), 0.0);
         let (features, classes) = (self.layout.features, self.layout.classes);
         self.features.resize(rows * features, 0.0);
         self.features_err.resize(rows * features, 0.0);
@@ -646,21 +654,28 @@ impl ResnetBackprop {
         im2col(self.source(input), &g, rows, &mut cols);
         let t = layer.weight;
         let w = held(views, t)?;
-        let opts = Options {
-            addend: Some((w, prior(t))),
-            ..Options::default()
-        };
         let dz = &grad[..g.out_channels * n];
+        // ∇Wᵀ (k × C_out) = cols·∂Zᵀ, then transposed with the prior's term added: the
+        // product packs ∂Z (C_out × n), where ∂Z·colsᵀ would pack cols, 9·C_in/C_out
+        // times larger (9× in a stage's 3×3 convolutions).
+        let c_out = g.out_channels;
+        let wt = &mut self.weight_t[..k * c_out];
+        product(
+            k,
+            c_out,
+            n,
+            wt,
+            Mat::rows(&cols[..k * n], n),
+            Mat::transposed(dz, n),
+            Options::default(),
+        );
+        let lw = prior(t);
         with_data_mut(&grads[t], |gr| {
-            product(
-                g.out_channels,
-                k,
-                n,
-                gr,
-                Mat::rows(dz, n),
-                Mat::transposed(&cols[..k * n], n),
-                opts,
-            )
+            for (o, (row, w)) in gr.chunks_exact_mut(k).zip(w.chunks_exact(k)).enumerate() {
+                for (q, (gq, &wq)) in row.iter_mut().zip(w).enumerate() {
+                    *gq = wt[q * c_out + o] + lw * wq;
+                }
+            }
         })?;
         let mut done = vec![t];
         if let (Some(b), None) = (layer.bias, layer.frn) {

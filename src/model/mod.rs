@@ -167,6 +167,10 @@ impl Default for ModelSpec {
 #[serde(deny_unknown_fields)]
 struct PresetFile {
     model: ModelSpec,
+    /// The training defaults, read by `settings::Preset` (not the model's business).
+    #[serde(default)]
+    #[allow(dead_code)]
+    train: Option<toml::Value>,
 }
 
 impl ModelSpec {

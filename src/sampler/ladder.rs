@@ -44,6 +44,20 @@ pub struct Adaptation {
     pub frozen: bool,
 }
 
+/// Rounds between two [`LadderSnapshot`]s.
+pub const SNAPSHOT_ROUNDS: u64 = 50;
+
+/// The ladder after a round: its temperatures and each pair's counts so far (since the
+/// freeze, where it adapts), so that rates over windows of rounds are their differences.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LadderSnapshot {
+    pub round: u64,
+    pub temperatures: Vec<f64>,
+    pub tries: Vec<u64>,
+    pub swaps: Vec<u64>,
+    pub probability_sums: Vec<f64>,
+}
+
 /// The ladder and its statistics.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Ladder {
@@ -71,6 +85,9 @@ pub struct Ladder {
     /// the top since it last left the bottom (`None`: not yet at the bottom).
     pub round_trips: Vec<u64>,
     heading_down: Vec<Option<bool>>,
+    /// Every [`SNAPSHOT_ROUNDS`] rounds: how the temperatures and the rates moved.
+    #[serde(default)]
+    pub history: Vec<LadderSnapshot>,
 }
 
 impl Ladder {
@@ -98,6 +115,7 @@ impl Ladder {
             averaged_log_gaps: vec![0.0; pairs],
             round_trips: vec![0; replicas],
             heading_down,
+            history: Vec::new(),
         })
     }
 
@@ -192,9 +210,19 @@ impl Ladder {
         }
     }
 
-    /// Ends a round: counts it and the round trips completed.
+    /// Ends a round: counts it and the round trips completed; a snapshot every
+    /// [`SNAPSHOT_ROUNDS`].
     pub fn end_round(&mut self) {
         self.rounds += 1;
+        if self.rounds.is_multiple_of(SNAPSHOT_ROUNDS) {
+            self.history.push(LadderSnapshot {
+                round: self.rounds,
+                temperatures: self.temperatures.clone(),
+                tries: self.tries.clone(),
+                swaps: self.swaps.clone(),
+                probability_sums: self.probability_sums.clone(),
+            });
+        }
         let top = self.replicas() - 1;
         let (bottom_holder, top_holder) = (self.holder[0], self.holder[top]);
         if self.heading_down[top_holder] == Some(false) {
