@@ -6,6 +6,7 @@ pub mod cnn;
 pub mod mlp;
 pub mod resnet;
 mod resnet_ops;
+pub mod resnet_split;
 
 /// The hand-written CPU forward and backward pass of a network: the MLP's or the CNN's.
 #[derive(Debug)]
@@ -13,14 +14,14 @@ pub enum Backprop {
     Mlp(mlp::MlpBackprop),
     Cnn(cnn::CnnBackprop),
     /// Boxed: its buffers' bookkeeping is larger than the others'.
-    Resnet(Box<resnet::ResnetBackprop>),
+    Resnet(Box<resnet_split::SplitResnet>),
 }
 
 impl Backprop {
     /// Buffers for `model` at minibatches of up to `batch` rows.
     pub fn new(model: &crate::model::Network, batch: usize) -> crate::error::Result<Self> {
         Ok(if model.resnet.is_some() {
-            Backprop::Resnet(Box::new(resnet::ResnetBackprop::new(model, batch)?))
+            Backprop::Resnet(Box::new(resnet_split::SplitResnet::new(model, batch)?))
         } else if model.convs.is_empty() {
             Backprop::Mlp(mlp::MlpBackprop::new(model, batch)?)
         } else {

@@ -45,7 +45,7 @@ struct ConvBuffers {
     r: Vec<f32>,
 }
 
-/// An activation site: its input (pre-activation) and output.
+/// An activation site: its input (pre-activation; after a swish, σ of it) and output.
 #[derive(Debug, Default)]
 struct Site {
     pre: Vec<f32>,
@@ -313,7 +313,8 @@ impl ResnetBackprop {
         }
         let act = self.layout.activation;
         self.conv_norm(views, 0, Source::Input, rows, PreActivation::Stem)?;
-        activate(&self.stem.pre, &mut self.stem.out, act);
+        let stem = &mut self.stem;
+        activate(&mut stem.pre, &mut stem.out, act);
         for b in 0..self.block_convs.len() {
             let bc = self.block_convs[b];
             let input = if b == 0 {
@@ -323,7 +324,7 @@ impl ResnetBackprop {
             };
             self.conv_norm(views, bc.conv1, input, rows, PreActivation::Mid(b))?;
             let mid = &mut self.mid[b];
-            activate(&mid.pre, &mut mid.out, act);
+            activate(&mut mid.pre, &mut mid.out, act);
             self.conv_norm(views, bc.conv2, Source::Mid(b), rows, PreActivation::End(b))?;
             let g = self.convs[bc.conv2].geometry;
             let n = g.out_channels * rows * g.out_plane();
@@ -337,7 +338,7 @@ impl ResnetBackprop {
                 self.end[b].pre = pre;
             }
             let end = &mut self.end[b];
-            activate(&end.pre[..n], &mut end.out[..n], act);
+            activate(&mut end.pre[..n], &mut end.out[..n], act);
         }
         // Global average pooling: features[b][c] = mean of plane (c, b).
         let last = &self.end[self.end.len() - 1].out;
@@ -499,7 +500,13 @@ impl ResnetBackprop {
             let g1 = self.convs[bc.conv1].geometry;
             let n_in = g1.in_channels * rows * g1.in_plane();
             let [g_out, g_mid, g_in] = &mut g;
-            activation_backward(&mut g_out[..n_out], &self.end[bi].pre[..n_out], act);
+            let end = &self.end[bi];
+            activation_backward(
+                &mut g_out[..n_out],
+                &end.pre[..n_out],
+                &end.out[..n_out],
+                act,
+            );
             // The shortcut: its gradients and its part of the block input's error.
             match bc.shortcut {
                 Some(s) => {
@@ -534,7 +541,13 @@ impl ResnetBackprop {
             )?;
             ts2.extend(ts);
             hand_over(&mut views, &ts2)?;
-            activation_backward(&mut g_mid[..n_mid], &self.mid[bi].pre[..n_mid], act);
+            let mid = &self.mid[bi];
+            activation_backward(
+                &mut g_mid[..n_mid],
+                &mid.pre[..n_mid],
+                &mid.out[..n_mid],
+                act,
+            );
             let ts =
                 self.norm_backward(&views, bc.conv1, rows, &mut g_mid[..n_mid], &grads, prior)?;
             let mut ts1 = self.conv_backward(
@@ -554,7 +567,12 @@ impl ResnetBackprop {
         }
         let stem = self.convs[0].geometry;
         let n = stem.out_channels * rows * stem.out_plane();
-        activation_backward(&mut g[0][..n], &self.stem.pre[..n], act);
+        activation_backward(
+            &mut g[0][..n],
+            &self.stem.pre[..n],
+            &self.stem.out[..n],
+            act,
+        );
         let ts = self.norm_backward(&views, 0, rows, &mut g[0][..n], &grads, prior)?;
         let mut ts0 = self.conv_backward(
             &views,
