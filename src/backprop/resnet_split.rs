@@ -35,7 +35,7 @@ pub struct SplitResnet {
 /// The rows of each part of a minibatch of `rows`.
 fn parts(rows: usize) -> Vec<std::ops::Range<usize>> {
     if rows < PARTS {
-        return vec![0..rows];
+        return std::iter::once(0..rows).collect();
     }
     let cut = rows.div_ceil(PARTS);
     vec![0..cut, cut..rows]
@@ -68,7 +68,7 @@ impl SplitResnet {
         f: impl Fn(&mut ResnetBackprop, std::ops::Range<usize>, &[f32]) -> Result<R> + Sync,
     ) -> Result<Vec<R>> {
         let ranges = parts(rows);
-        let dim = if rows == 0 { 0 } else { x.len() / rows };
+        let dim = x.len().checked_div(rows).unwrap_or(0);
         let out: Vec<Mutex<Option<Result<R>>>> = ranges.iter().map(|_| Mutex::new(None)).collect();
         crate::pool::run(ranges.len(), &|p| {
             let r = ranges[p].clone();
