@@ -49,6 +49,11 @@ for run in "${runs[@]}"; do
     renhd-ladder)
       epochs=100
       flags=(--sampler renhd --replicas 8 --ladder auto --exchange-every 50 --decay-at --burnin 25) ;;
+    # The same with 100 epochs of adaptation and 100 frozen: the 100-epoch run's rates
+    # drifted after the freeze (one pair from 0.24 to 0 over epochs 25-67).
+    renhd-ladder-long)
+      epochs=200
+      flags=(--sampler renhd --replicas 8 --ladder auto --exchange-every 50 --decay-at --burnin 100) ;;
     sgnht-const) flags=(--sampler sgnht --integrator euler --decay-at --burnin 20) ;;
     sgnht) flags=(--sampler sgnht --integrator euler) ;;
     sghmc) flags=(--sampler sghmc) ;;
