@@ -140,6 +140,16 @@ LENET_KERNEL = 5
 LENET_HIDDEN = [120, 84]
 
 
+def views_of(shapes, theta):
+    """Views of the flat parameter vector `theta`, one per tensor shape, in order."""
+    out, at = [], 0
+    for s in shapes:
+        size = math.prod(s)
+        out.append(theta[at : at + size].view(s))
+        at += size
+    return out
+
+
 class LeNet:
     """bnn's `models/lenet.toml`: flat parameters, views per tensor, PyTorch's default
     init (U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases)."""
@@ -167,12 +177,7 @@ class LeNet:
         self.flop_widths = widths
 
     def views(self, theta):
-        out, at = [], 0
-        for s in self.shapes:
-            size = math.prod(s)
-            out.append(theta[at : at + size].view(s))
-            at += size
-        return out
+        return views_of(self.shapes, theta)
 
     def grad_autograd(self, x, y, scale):
         theta = self.theta.detach().requires_grad_(True)
@@ -255,12 +260,7 @@ class ResNet:
         self.label = "resnet{}-16-32-64-frn-swish".format(6 * blocks + 2)
 
     def views(self, theta):
-        out, at = [], 0
-        for s in self.shapes:
-            size = math.prod(s)
-            out.append(theta[at : at + size].view(s))
-            at += size
-        return out
+        return views_of(self.shapes, theta)
 
     @staticmethod
     def frn_tlu(z, gamma, beta, tau):
