@@ -223,7 +223,7 @@ pub fn train(opts: &TrainBenchOptions) -> Result<Vec<TrainBench>> {
                     if *cursor + batch > n {
                         *cursor = 0;
                     }
-                    stepper.step(&ds.train, None, &order[*cursor..*cursor + batch])?;
+                    stepper.step(&ds.train, None, &order[*cursor..*cursor + batch], None)?;
                     *cursor += batch;
                 }
                 Ok(())

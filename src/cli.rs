@@ -225,6 +225,12 @@ pub struct TrainArgs {
     #[arg(long)]
     pub standardize: bool,
 
+    /// Augment the training images: random shifts of up to 2 pixels, and left–right flips
+    /// for Fashion-MNIST. Changes the likelihood (the cold-posterior debate); off by
+    /// default.
+    #[arg(long)]
+    pub augment: bool,
+
     /// Architecture preset (TOML), e.g. models/mlp-400-400.toml; its `[train]` table,
     /// if any, sets the defaults of the training flags (flags given here win; with
     /// another --sampler, its sampler settings are not used).

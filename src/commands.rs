@@ -454,6 +454,9 @@ fn with_preset_defaults(args: &TrainArgs, command_line: &[String]) -> Result<Tra
     if let (Some(v), true) = (t.temperature, free("temperature")) {
         a.temperature = v;
     }
+    if let (Some(v), true) = (t.augment, free("augment")) {
+        a.augment = v;
+    }
     let prior_free = ["prior", "prior_std", "gamma_shape", "gamma_rate"]
         .iter()
         .all(|id| free(id));
@@ -544,6 +547,7 @@ fn train_config(
                 None
             },
             permute_labels: args.permute_labels,
+            augment: args.augment,
         },
         run_dir,
         device: device_of(args.device)?,

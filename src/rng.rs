@@ -143,6 +143,14 @@ pub fn label_noise_seed(seed: u64, epoch: usize) -> u64 {
     splitmix64(seed ^ LABEL_NOISE_STREAM ^ epoch as u64)
 }
 
+/// Separates the augmentation of each minibatch (`--augment`).
+const AUGMENT_STREAM: u64 = 0x4155_474d_0000_0000;
+
+/// The seed of the augmentation of update `step` of a chain seeded `seed`.
+pub fn augment_seed(seed: u64, step: u64) -> u64 {
+    splitmix64(seed ^ AUGMENT_STREAM ^ step.rotate_left(24))
+}
+
 /// The seed of exchange round `round` of a run seeded `seed` (its minibatches, the
 /// estimate's added noise, the compensation draws, random pairs).
 pub fn exchange_round_seed(seed: u64, round: u64) -> u64 {

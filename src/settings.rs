@@ -46,6 +46,10 @@ pub struct Settings {
     /// (0: none).
     #[serde(default)]
     pub permute_labels: f64,
+    /// Random shifts (and flips for Fashion-MNIST) of the training images
+    /// ([`crate::data::augment`]); changes the likelihood.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub augment: bool,
 }
 
 fn fused() -> Kernel {
@@ -158,6 +162,7 @@ mod tests {
             chains: 1,
             replicas: None,
             permute_labels: 0.0,
+            augment: false,
         }
     }
 
@@ -258,6 +263,7 @@ pub struct TrainDefaults {
     /// `{ kind = "gaussian", std = 0.1 }` or `{ kind = "gamma", shape = 1.0, rate = 1.0 }`.
     pub prior: Option<PriorSpec>,
     pub temperature: Option<f64>,
+    pub augment: Option<bool>,
 }
 
 impl Preset {

@@ -326,8 +326,8 @@ fn training_steps_agree_between_backward_paths() {
         let idx: Vec<usize> = (0..100)
             .map(|i| (step * 100 + i * 7) % ds.train.len())
             .collect();
-        let a = steppers[0].step(&ds.train, None, &idx).unwrap();
-        let b = steppers[1].step(&ds.train, None, &idx).unwrap();
+        let a = steppers[0].step(&ds.train, None, &idx, None).unwrap();
+        let b = steppers[1].step(&ds.train, None, &idx, None).unwrap();
         assert!(
             (a.nll - b.nll).abs() < 1e-4 * b.nll.max(1.0),
             "step {step}: nll {} vs {}",
@@ -396,7 +396,7 @@ fn layer_by_layer_update_is_bit_identical_to_the_whole_step() {
                 .collect();
             let nll: Vec<u64> = steppers
                 .iter_mut()
-                .map(|(s, _)| s.step(&ds.train, None, &idx).unwrap().nll.to_bits())
+                .map(|(s, _)| s.step(&ds.train, None, &idx, None).unwrap().nll.to_bits())
                 .collect();
             if kind != SamplerKind::Sgnht || kernel == Kernel::Composed {
                 assert!(nll.iter().all(|&b| b == nll[2]), "{kind:?} step {step}");

@@ -1,6 +1,7 @@
 //! Datasets: IDX reading, the registry of known datasets, finding the data folder,
 //! fetching, and minibatch assembly without copying the dataset.
 
+pub mod augment;
 pub mod fetch;
 pub mod idx;
 pub mod label_noise;

@@ -96,7 +96,9 @@ pub(super) fn run_chain(
             }
             if b % 20 == 0 {
                 bar.set_position(b as u64);
-                bar.set_message(progress_message(&sums, diag));
+                let images = ((b + 1 - first_batch) * s.batch_size) as f64;
+                let rate = images / epoch_start.elapsed().as_secs_f64().max(1e-9);
+                bar.set_message(format!("{rate:.0} img/s {}", progress_message(&sums, diag)));
             }
             // Mid-epoch checkpoints; one due at the epoch's last update waits for the
             // epoch's end (the prior's Gibbs step and the metrics line).
@@ -367,9 +369,14 @@ impl<'a> Chain<'a> {
             self.stepper.sampler.set_step_size(eta)?;
         }
         let base = self.cfg.settings.sampler.step_size;
+        let s = &self.cfg.settings;
+        let augment = s.augment.then(|| {
+            let aug = crate::data::augment::Augment::for_dataset(&self.ds.name);
+            (aug, rng::augment_seed(s.seed, step))
+        });
         let loss = self
             .stepper
-            .step(&self.ds.train, self.labels.as_deref(), idx)?;
+            .step(&self.ds.train, self.labels.as_deref(), idx, augment)?;
         if !loss.nll.is_finite() {
             return Err(diverged(step, epoch, loss.nll, base));
         }
@@ -644,7 +651,7 @@ fn progress_bar(show: bool, len: u64, epoch: usize, epochs: usize) -> indicatif:
     let bar = bar(
         show,
         len,
-        "epoch {prefix} [{bar:30}] {pos}/{len} {per_sec} {msg}",
+        "epoch {prefix} [{bar:30}] {pos}/{len} {per_sec} eta {eta} {msg}",
     );
     bar.set_prefix(format!("{}/{}", epoch + 1, epochs));
     bar

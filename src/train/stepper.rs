@@ -4,6 +4,7 @@ use candle_core::{Device, Tensor, Var};
 
 use crate::backprop::mlp::BatchLoss;
 use crate::backprop::Backprop;
+use crate::data::augment::{self, Augment};
 use crate::data::Split;
 use crate::error::Result;
 use crate::model::Network;
@@ -85,15 +86,21 @@ impl Stepper {
     }
 
     /// One update on the examples `idx` of `split`, with `labels` in place of the split's
-    /// where given (label noise). Returns the minibatch loss; when it is not finite the
+    /// where given (label noise), the images augmented with the seed given (`--augment`). Returns the minibatch loss; when it is not finite the
     /// parameters are left as they were.
     pub fn step(
         &mut self,
         split: &Split,
         labels: Option<&[u8]>,
         idx: &[usize],
+        augment: Option<(Augment, u64)>,
     ) -> Result<BatchLoss> {
-        split.gather(idx, &mut self.xbuf, &mut self.ybuf);
+        match augment {
+            Some((aug, seed)) => {
+                augment::gather_augmented(split, idx, aug, seed, &mut self.xbuf, &mut self.ybuf)
+            }
+            None => split.gather(idx, &mut self.xbuf, &mut self.ybuf),
+        }
         if let Some(labels) = labels {
             for (y, &i) in self.ybuf.iter_mut().zip(idx) {
                 *y = labels[i] as u32;
