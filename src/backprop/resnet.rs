@@ -28,8 +28,8 @@ use super::mlp::{
     BatchLoss, CpuView,
 };
 use super::resnet_ops::{
-    activate, activation_backward, add_bias, add_into, col2im, conv_forward, frn_backward,
-    frn_forward, im2col, plane_sums,
+    activate, activation_backward, add_bias, add_into, chunk_images, chunks, col2im, conv_forward,
+    frn_backward, frn_forward, im2col, plane_sums,
 };
 use crate::error::{Error, Result};
 use crate::kernels::gemm::{product, Mat, Options, Zeros};
@@ -155,7 +155,7 @@ impl ResnetBackprop {
         for (l, conv) in self.convs.iter().enumerate() {
             let g = conv.geometry;
             let out = g.out_channels * rows * g.out_plane();
-            widest_cols = widest_cols.max(g.patch() * rows * g.out_plane());
+            widest_cols = widest_cols.max(g.patch() * chunk_images(&g, rows) * g.out_plane());
             widest_act = widest_act.max(out).max(g.in_channels * rows * g.in_plane());
             planes = planes.max(g.out_channels * rows);
             self.conv[l].z.resize(out, 0.0);
@@ -668,33 +668,63 @@ impl ResnetBackprop {
         let g = layer.geometry;
         let n = rows * g.out_plane();
         let k = g.patch();
-        let mut cols = std::mem::take(&mut self.cols);
-        im2col(self.source(input), &g, rows, &mut cols);
         let t = layer.weight;
         let w = held(views, t)?;
         let dz = &grad[..g.out_channels * n];
-        // ∇Wᵀ (k × C_out) = cols·∂Zᵀ, then transposed with the prior's term added: the
-        // product packs ∂Z (C_out × n), where ∂Z·colsᵀ would pack cols, 9·C_in/C_out
-        // times larger (9× in a stage's 3×3 convolutions).
         let c_out = g.out_channels;
-        let wt = &mut self.weight_t[..k * c_out];
-        product(
-            k,
-            c_out,
-            n,
-            wt,
-            Mat::rows(&cols[..k * n], n),
-            Mat::transposed(dz, n),
-            Options::default(),
-        );
+        let plane = g.out_plane();
+        let mut weight_t = std::mem::take(&mut self.weight_t);
+        let wt = &mut weight_t[..k * c_out];
+        let mut cols = std::mem::take(&mut self.cols);
+        let mut input_err = input_err;
+        // A chunk of images at a time (see resnet_ops::CHUNK_BYTES): its im2col matrix,
+        // its part of ∇Wᵀ (k × C_out) = cols·∂Zᵀ, summed over the chunks in order (the
+        // product packs ∂Z (C_out × n), where ∂Z·colsᵀ would pack cols, 9·C_in/C_out
+        // times larger), and its input error col2im(Wᵀ·∂Z) through the same buffer.
+        for (c, images) in chunks(&g, rows).enumerate() {
+            let (at, width) = (images.start * plane, images.len() * plane);
+            im2col(self.source(input), &g, rows, images.clone(), &mut cols);
+            product(
+                k,
+                c_out,
+                width,
+                wt,
+                Mat::rows(&cols[..k * width], width),
+                Mat::transposed(&dz[at..], n),
+                Options {
+                    accumulate: c > 0,
+                    ..Options::default()
+                },
+            );
+            if let Some(err) = input_err.as_deref_mut() {
+                let dz_chunk = Mat {
+                    data: &dz[at..],
+                    rs: n,
+                    cs: 1,
+                };
+                product(
+                    k,
+                    width,
+                    c_out,
+                    &mut cols[..k * width],
+                    Mat::transposed(w, k),
+                    dz_chunk,
+                    Options::default(),
+                );
+                col2im(&cols, &g, rows, images, err, accumulate);
+            }
+        }
+        self.cols = cols;
         let lw = prior(t);
-        with_data_mut(&grads[t], |gr| {
+        let stored = with_data_mut(&grads[t], |gr| {
             for (o, (row, w)) in gr.chunks_exact_mut(k).zip(w.chunks_exact(k)).enumerate() {
                 for (q, (gq, &wq)) in row.iter_mut().zip(w).enumerate() {
                     *gq = wt[q * c_out + o] + lw * wq;
                 }
             }
-        })?;
+        });
+        self.weight_t = weight_t;
+        stored?;
         let mut done = vec![t];
         if let (Some(b), None) = (layer.bias, layer.frn) {
             if self.block_convs.iter().any(|bc| bc.shortcut == Some(l)) {
@@ -710,19 +740,6 @@ impl ResnetBackprop {
                 done.push(b);
             }
         }
-        if let Some(err) = input_err {
-            product(
-                k,
-                n,
-                g.out_channels,
-                &mut cols[..k * n],
-                Mat::transposed(w, k),
-                Mat::rows(dz, n),
-                Options::default(),
-            );
-            col2im(&cols, &g, rows, err, accumulate);
-        }
-        self.cols = cols;
         Ok(done)
     }
 }

@@ -21,6 +21,7 @@ pub mod buffer;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod elementwise;
 pub mod gemm;
 #[doc(hidden)]
 pub mod host;

@@ -107,6 +107,10 @@ pub struct Options<'a> {
     /// Where an operand's zeros are known, the multiply-adds they would contribute are
     /// skipped (see [`NonZero`]).
     pub zeros: Zeros<'a>,
+    /// Row stride of dst when it is not n: the product fills m rows of n columns inside a
+    /// wider matrix (a convolution's output over a chunk of the minibatch's images). Not
+    /// with an addend.
+    pub dst_stride: Option<usize>,
 }
 
 /// Which operand of a product has a [`NonZero`] map.
@@ -209,7 +213,13 @@ pub fn product(
     rhs: Mat<'_>,
     opts: Options<'_>,
 ) {
-    check_operands(m, n, k, dst, lhs, rhs, opts.zeros);
+    let ldc = opts.dst_stride.unwrap_or(n);
+    assert!(ldc >= n, "matmul: dst rows overlap");
+    check_operands(m, n, k, Mat::rows(dst, ldc), lhs, rhs, opts.zeros);
+    assert!(
+        ldc == n || opts.addend.is_none(),
+        "matmul: an addend with a dst stride"
+    );
     if let Some((w, _)) = opts.addend {
         assert!(w.len() >= m * n, "matmul: addend too small");
     }
@@ -227,6 +237,14 @@ pub fn product(
         opts.addend = None;
     }
     if k == 0 {
+        if ldc != n {
+            if !opts.accumulate {
+                dst.chunks_mut(ldc)
+                    .take(m)
+                    .for_each(|row| row[..n].fill(0.0));
+            }
+            return;
+        }
         match opts.addend {
             Some((w, scale)) => dst[..m * n]
                 .iter_mut()
@@ -328,7 +346,7 @@ pub fn product_then_update(
     }
     // With no k the kernel's k loop, and so the update, would not run at all.
     assert!(k > 0, "product_then_update: an empty product");
-    check_operands(m, n, k, scratch, lhs, rhs, zeros);
+    check_operands(m, n, k, Mat::rows(scratch, n), lhs, rhs, zeros);
     assert!(
         rhs.cs == 1 || rhs.rs == 1,
         "product_then_update: rhs must be contiguous along n or k"
@@ -363,12 +381,15 @@ fn check_operands(
     m: usize,
     n: usize,
     k: usize,
-    dst: &[f32],
+    dst: Mat<'_>,
     lhs: Mat<'_>,
     rhs: Mat<'_>,
     zeros: Zeros<'_>,
 ) {
-    assert!(dst.len() >= m * n, "matmul: destination too small");
+    assert!(
+        dst.data.len() >= dst.extent(m, n),
+        "matmul: destination too small"
+    );
     assert!(lhs.data.len() >= lhs.extent(m, k), "matmul: lhs too small");
     assert!(rhs.data.len() >= rhs.extent(k, n), "matmul: rhs too small");
     match zeros {

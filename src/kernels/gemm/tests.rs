@@ -127,6 +127,7 @@ fn skipping_zeros_is_bit_identical_to_the_dense_product() {
                         split_columns,
                         addend,
                         zeros: Zeros::Unknown,
+                        ..Options::default()
                     };
                     let mut dense = w.clone();
                     product(m, n, k, &mut dense, lhs, rhs, opts);
@@ -549,4 +550,69 @@ fn the_update_in_the_epilogue_is_the_same_on_every_path() {
             );
         }
     }
+}
+
+#[test]
+fn lhs_packing_and_strided_dst_do_not_change_a_bit() {
+    on_every_path(|path| {
+        // A row-major (packed by register transposes) against the same A given as the
+        // transpose of its transpose (packed element by element); dst inside a wider
+        // matrix (a convolution's chunk of images) against a contiguous dst, with the
+        // columns outside the chunk untouched.
+        for (m, n, k) in [(16, 784, 144), (13, 50, 300), (7, 17, 19), (1, 9, 1)] {
+            let a = sparse_values(m * k, k, 0.3, 21 + m as u64);
+            let b = sparse_values(k * n, n, 0.0, 22 + k as u64);
+            let mut a_t = vec![0f32; k * m];
+            transpose_scalar(&a, m, k, &mut a_t);
+            for accumulate in [false, true] {
+                let opts = Options {
+                    accumulate,
+                    ..Options::default()
+                };
+                let (mut x, mut y) = (vec![0.5f32; m * n], vec![0.5f32; m * n]);
+                product(m, n, k, &mut x, Mat::rows(&a, k), Mat::rows(&b, n), opts);
+                product(
+                    m,
+                    n,
+                    k,
+                    &mut y,
+                    Mat::transposed(&a_t, m),
+                    Mat::rows(&b, n),
+                    opts,
+                );
+                assert!(
+                    x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits()),
+                    "{path:?} {m}×{n}×{k}: lhs packings differ"
+                );
+                let (ldc, at) = (n + 5, 3);
+                let mut wide = vec![0.5f32; m * ldc];
+                let strided = Options {
+                    dst_stride: Some(ldc),
+                    ..opts
+                };
+                product(
+                    m,
+                    n,
+                    k,
+                    &mut wide[at..],
+                    Mat::rows(&a, k),
+                    Mat::rows(&b, n),
+                    strided,
+                );
+                for (i, row) in wide.chunks_exact(ldc).enumerate() {
+                    let inside = &row[at..at + n];
+                    let same = inside
+                        .iter()
+                        .zip(&x[i * n..])
+                        .all(|(p, q)| p.to_bits() == q.to_bits());
+                    assert!(same, "{path:?} {m}×{n}×{k}: strided row {i} differs");
+                    let outside = row[..at].iter().chain(&row[at + n..]);
+                    assert!(
+                        outside.into_iter().all(|&v| v == 0.5),
+                        "{path:?}: wrote outside"
+                    );
+                }
+            }
+        }
+    });
 }
