@@ -29,7 +29,7 @@ use super::mlp::{
 };
 use super::resnet_ops::{
     activate, activation_backward, add_bias, add_into, chunk_images, chunks, col2im, conv_forward,
-    frn_backward, frn_forward, im2col, plane_sums,
+    frn_backward, frn_forward, im2row, plane_sums,
 };
 use crate::error::{Error, Result};
 use crate::kernels::gemm::{product, Mat, Options, Zeros};
@@ -70,9 +70,11 @@ pub struct ResnetBackprop {
     capacity: usize,
     /// The input, channel-major, for images of more than one channel.
     input: Vec<f32>,
-    /// The im2col matrix of the convolution at hand; its input error's columns in the
-    /// backward.
+    /// The im2col matrix of the convolution at hand; in the backward its patches as rows
+    /// (im2row) for the weight gradient, then its input error's columns.
     cols: Vec<f32>,
+    /// The input of a chunk of images transposed to pixels × channels (for im2row).
+    input_t: Vec<f32>,
     conv: Vec<ConvBuffers>,
     stem: Site,
     /// Per block: act(N₁(conv₁(x))) and act(N₂(conv₂(·)) + shortcut(x)).
@@ -85,8 +87,8 @@ pub struct ResnetBackprop {
     delta: Vec<f32>,
     /// Activation-sized gradient buffers.
     g: [Vec<f32>; 3],
-    /// A convolution's weight gradient, transposed (C_in·k² × C_out).
-    weight_t: Vec<f32>,
+    /// A convolution's weight gradient with the patch in im2row's order (C_out × k²·C_in).
+    weight_grad: Vec<f32>,
     /// Per plane: FRN's ∂γ, ∂β, ∂τ sums (or the bias's ∂b in the first).
     plane_sums: Vec<[f64; 3]>,
     /// ∇Ũ/T per parameter tensor, in the model's order (allocated by the first backward).
@@ -119,6 +121,7 @@ impl ResnetBackprop {
             capacity: 0,
             input: Vec::new(),
             cols: Vec::new(),
+            input_t: Vec::new(),
             stem: Site::default(),
             mid: (0..blocks).map(|_| Site::default()).collect(),
             end: (0..blocks).map(|_| Site::default()).collect(),
@@ -127,7 +130,7 @@ impl ResnetBackprop {
             logits: Vec::new(),
             delta: Vec::new(),
             g: Default::default(),
-            weight_t: Vec::new(),
+            weight_grad: Vec::new(),
             plane_sums: Vec::new(),
             grads: Vec::new(),
             layout,
@@ -151,11 +154,13 @@ impl ResnetBackprop {
         if c > 1 {
             self.input.resize(rows * c * h * w, 0.0);
         }
-        let (mut widest_cols, mut widest_act, mut planes) = (0, 0, 0);
+        let (mut widest_cols, mut widest_act, mut planes, mut widest_input) = (0, 0, 0, 0);
         for (l, conv) in self.convs.iter().enumerate() {
             let g = conv.geometry;
             let out = g.out_channels * rows * g.out_plane();
-            widest_cols = widest_cols.max(g.patch() * chunk_images(&g, rows) * g.out_plane());
+            let images = chunk_images(&g, rows);
+            widest_cols = widest_cols.max(g.patch() * images * g.out_plane());
+            widest_input = widest_input.max(g.in_channels * images * g.in_plane());
             widest_act = widest_act.max(out).max(g.in_channels * rows * g.in_plane());
             planes = planes.max(g.out_channels * rows);
             self.conv[l].z.resize(out, 0.0);
@@ -174,6 +179,7 @@ impl ResnetBackprop {
             site(&mut self.end[b], &block.conv2.geometry);
         }
         self.cols.resize(widest_cols, 0.0);
+        self.input_t.resize(widest_input, 0.0);
         for g in &mut self.g {
             g.resize(widest_act, 0.0);
         }
@@ -182,7 +188,8 @@ impl ResnetBackprop {
             .convs
             .iter()
             .map(|c| c.geometry.patch() * c.geometry.out_channels);
-        self.weight_t.resize(widest_weight.max().unwrap_or(0), 0.0);
+        self.weight_grad
+            .resize(widest_weight.max().unwrap_or(0), 0.0);
         let (features, classes) = (self.layout.features, self.layout.classes);
         self.features.resize(rows * features, 0.0);
         self.features_err.resize(rows * features, 0.0);
@@ -673,35 +680,37 @@ impl ResnetBackprop {
         let dz = &grad[..g.out_channels * n];
         let c_out = g.out_channels;
         let plane = g.out_plane();
-        let mut weight_t = std::mem::take(&mut self.weight_t);
-        let wt = &mut weight_t[..k * c_out];
+        let mut weight_grad = std::mem::take(&mut self.weight_grad);
+        let wg = &mut weight_grad[..c_out * k];
         let mut cols = std::mem::take(&mut self.cols);
+        let mut input_t = std::mem::take(&mut self.input_t);
         let mut input_err = input_err;
-        // A chunk of images at a time (see resnet_ops::CHUNK_BYTES): its im2col matrix,
-        // its part of ∇Wᵀ (k × C_out) = cols·∂Zᵀ, summed over the chunks in order (the
-        // product packs ∂Z (C_out × n), where ∂Z·colsᵀ would pack cols, 9·C_in/C_out
-        // times larger), and its input error col2im(Wᵀ·∂Z) through the same buffer.
+        // A chunk of images at a time (see resnet_ops::CHUNK_BYTES): its patches as rows
+        // (im2row), its part of ∇W (C_out × k, patch in (i, j, c) order) = ∂Z·cols_t,
+        // summed over the chunks in order (the product packs only ∂Z and reads cols_t in
+        // place), and its input error col2im(Wᵀ·∂Z) through the same buffer.
         for (c, images) in chunks(&g, rows).enumerate() {
             let (at, width) = (images.start * plane, images.len() * plane);
-            im2col(self.source(input), &g, rows, images.clone(), &mut cols);
+            let source = self.source(input);
+            im2row(source, &g, rows, images.clone(), &mut input_t, &mut cols);
+            let dz_chunk = Mat {
+                data: &dz[at..],
+                rs: n,
+                cs: 1,
+            };
             product(
-                k,
                 c_out,
+                k,
                 width,
-                wt,
-                Mat::rows(&cols[..k * width], width),
-                Mat::transposed(&dz[at..], n),
+                wg,
+                dz_chunk,
+                Mat::rows(&cols[..width * k], k),
                 Options {
                     accumulate: c > 0,
                     ..Options::default()
                 },
             );
             if let Some(err) = input_err.as_deref_mut() {
-                let dz_chunk = Mat {
-                    data: &dz[at..],
-                    rs: n,
-                    cs: 1,
-                };
                 product(
                     k,
                     width,
@@ -715,15 +724,19 @@ impl ResnetBackprop {
             }
         }
         self.cols = cols;
+        self.input_t = input_t;
         let lw = prior(t);
+        let (taps, c_in) = (g.kernel * g.kernel, g.in_channels);
         let stored = with_data_mut(&grads[t], |gr| {
-            for (o, (row, w)) in gr.chunks_exact_mut(k).zip(w.chunks_exact(k)).enumerate() {
+            let rows = gr.chunks_exact_mut(k).zip(w.chunks_exact(k));
+            for ((row, w), from) in rows.zip(wg.chunks_exact(k)) {
+                // W's patch order is (c, i, j); im2row's is (i, j, c).
                 for (q, (gq, &wq)) in row.iter_mut().zip(w).enumerate() {
-                    *gq = wt[q * c_out + o] + lw * wq;
+                    *gq = from[q % taps * c_in + q / taps] + lw * wq;
                 }
             }
         });
-        self.weight_t = weight_t;
+        self.weight_grad = weight_grad;
         stored?;
         let mut done = vec![t];
         if let (Some(b), None) = (layer.bias, layer.frn) {

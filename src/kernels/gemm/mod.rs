@@ -295,6 +295,43 @@ unsafe fn product_on_current_path(
     }
 }
 
+/// dst (cols × rows, row-major, rows `ld` apart) ← the transpose of src (rows × cols,
+/// rows `src_stride` apart), by register transposes on the current path.
+///
+/// # Panics
+/// On operands too small for the extents.
+pub fn transpose(
+    rows: usize,
+    cols: usize,
+    src: &[f32],
+    src_stride: usize,
+    dst: &mut [f32],
+    ld: usize,
+) {
+    assert!(
+        src.len() >= Mat::rows(src, src_stride).extent(rows, cols)
+            && dst.len() >= Mat::rows(dst, ld).extent(cols, rows)
+            && src_stride >= cols
+            && ld >= rows,
+        "transpose: operands too small"
+    );
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+    // SAFETY: rows × cols of src and cols × rows of dst inside the slices (checked above);
+    // the path's features are present (isa::current caps at what the CPU has).
+    unsafe {
+        match isa::current() {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => simd::Avx512::transpose(s, src_stride, (0, rows), 0, cols, d, ld),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => simd::Avx2::transpose(s, src_stride, (0, rows), 0, cols, d, ld),
+            _ => simd::Portable::transpose(s, src_stride, (0, rows), 0, cols, d, ld),
+        }
+    }
+}
+
 /// Whether [`product_then_update`] can take a product of `n` columns: rows of whole
 /// Philox blocks of 4 elements (every path has the fused epilogue).
 pub fn updates_inline(n: usize) -> bool {

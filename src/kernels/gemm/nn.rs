@@ -444,6 +444,15 @@ pub(super) unsafe fn product<S: Simd>(
                             // (i, p0)), inside the extent checked by `product`; the writes land in
                             // out[0..kc·rows], this thread's own buffer.
                             S::transpose(a, a_rs, (0, rows), 0, kc, out.as_mut_ptr(), rows);
+                        } else if a_rs == 1 {
+                            // Columns of A contiguous (the transpose of a row-major
+                            // matrix, Wᵀ of an input error): `rows` floats per k.
+                            for p in 0..kc {
+                                let col = a.add(p * a_cs);
+                                for r in 0..rows {
+                                    out[p * rows + r] = *col.add(r);
+                                }
+                            }
                         } else {
                             for r in 0..rows {
                                 let row = a.add(r * a_rs);
