@@ -616,3 +616,30 @@ fn lhs_packing_and_strided_dst_do_not_change_a_bit() {
         }
     });
 }
+
+#[test]
+fn transpose_matches_the_scalar_one_on_every_path() {
+    on_every_path(|path| {
+        // Partial blocks of rows and columns (6-row lhs tiles, odd pixel counts), a source
+        // stride wider than its columns, and dst rows wider than the source rows.
+        for (rows, cols, stride, ld) in [(6, 128, 128, 6), (16, 784, 800, 16), (7, 13, 20, 9)] {
+            let src = sparse_values(rows * stride, stride, 0.0, (rows * cols) as u64);
+            let mut dst = vec![-1f32; cols * ld + 3];
+            transpose(rows, cols, &src, stride, &mut dst, ld);
+            for c in 0..cols {
+                for r in 0..ld {
+                    let want = if r < rows { src[r * stride + c] } else { -1.0 };
+                    assert_eq!(
+                        dst[c * ld + r].to_bits(),
+                        want.to_bits(),
+                        "{path:?} {rows}×{cols} ({r}, {c})"
+                    );
+                }
+            }
+            assert!(
+                dst[cols * ld..].iter().all(|&v| v == -1.0),
+                "{path:?}: wrote past the end"
+            );
+        }
+    });
+}
