@@ -4,6 +4,7 @@
 
 use crate::kernels::elementwise;
 use crate::kernels::gemm::{product, transpose, Mat, Options};
+use crate::kernels::isa::multiversion;
 use crate::model::resnet::{ConvGeometry, FRN_EPSILON};
 use crate::model::Activation;
 use crate::pool::{self, Disjoint};
@@ -58,12 +59,27 @@ pub(super) fn im2col(
     images: Range<usize>,
     cols: &mut [f32],
 ) {
-    let (k, s, pad) = (g.kernel, g.stride, g.pad);
-    let (ih, iw, oh, ow) = (g.in_h, g.in_w, g.out_h, g.out_w);
-    let n = images.len() * oh * ow;
+    let n = images.len() * g.out_h * g.out_w;
     let cols = &mut cols[..g.patch() * n];
     let work = cols.len();
     pool::halves(cols, n, work, |part, at| {
+        im2col_part(a, g, rows, images.clone(), part, at)
+    });
+}
+
+multiversion! {
+    /// The rows of [`im2col`]'s matrix in `part`, the first of them `at` elements in.
+    fn im2col_part(
+        a: &[f32],
+        g: &ConvGeometry,
+        rows: usize,
+        images: Range<usize>,
+        part: &mut [f32],
+        at: usize,
+    ) {
+        let (k, s, pad) = (g.kernel, g.stride, g.pad);
+        let (ih, iw, oh, ow) = (g.in_h, g.in_w, g.out_h, g.out_w);
+        let n = images.len() * oh * ow;
         for (q, row) in part.chunks_exact_mut(n).enumerate() {
             let r = at / n + q;
             let (c, i, j) = (r / (k * k), r / k % k, r % k);
@@ -92,7 +108,7 @@ pub(super) fn im2col(
                 }
             }
         }
-    });
+    }
 }
 
 /// The patches as rows, channels last: cols_t[((b − b₀)·H_o + y)·W_o + x][(i·k + j)·C +
@@ -110,7 +126,7 @@ pub(super) fn im2row(
     a_t: &mut [f32],
     cols_t: &mut [f32],
 ) {
-    let (k, s, pad, ch) = (g.kernel, g.stride, g.pad, g.in_channels);
+    let ch = g.in_channels;
     let (ih, iw, oh, ow) = (g.in_h, g.in_w, g.out_h, g.out_w);
     let pixels = images.len() * ih * iw;
     let a_t = &mut a_t[..pixels * ch];
@@ -127,6 +143,16 @@ pub(super) fn im2row(
     let cols_t = &mut cols_t[..images.len() * oh * ow * patch];
     let work = cols_t.len();
     pool::halves(cols_t, patch, work, |part, at| {
+        im2row_part(a_t, g, part, at)
+    });
+}
+
+multiversion! {
+    /// The rows of [`im2row`]'s matrix in `part`, the first of them `at` elements in.
+    fn im2row_part(a_t: &[f32], g: &ConvGeometry, part: &mut [f32], at: usize) {
+        let (k, s, pad, ch) = (g.kernel, g.stride, g.pad, g.in_channels);
+        let (ih, iw, oh, ow) = (g.in_h, g.in_w, g.out_h, g.out_w);
+        let patch = g.patch();
         for (q, row) in part.chunks_exact_mut(patch).enumerate() {
             let pixel = at / patch + q;
             let (b, y, x) = (pixel / (oh * ow), pixel / ow % oh, pixel % ow);
@@ -148,12 +174,13 @@ pub(super) fn im2row(
                 );
             }
         }
-    });
+    }
 }
 
 /// dst ← src for image rows (tens of floats): in 8-float blocks the compiler keeps in
 /// registers, where `copy_from_slice` calls memmove, whose call cost as much as the copy
 /// (6% of a ResNet-8 step in im2col's row copies, measured with `perf`).
+#[inline(always)]
 fn copy_short(dst: &mut [f32], src: &[f32]) {
     let whole = dst.len() / LANES * LANES;
     for (d, s) in dst[..whole]
@@ -188,10 +215,8 @@ pub(super) fn col2im(
     da: &mut [f32],
     accumulate: bool,
 ) {
-    let (k, s, pad) = (g.kernel, g.stride, g.pad);
-    let (ih, iw, oh, ow) = (g.in_h, g.in_w, g.out_h, g.out_w);
-    let n = images.len() * oh * ow;
-    let image = ih * iw;
+    let n = images.len() * g.out_h * g.out_w;
+    let image = g.in_h * g.in_w;
     assert!(
         da.len() >= g.in_channels * rows * image && dcols.len() >= g.patch() * n,
         "col2im: buffers too small"
@@ -203,9 +228,28 @@ pub(super) fn col2im(
             // SAFETY: channel c's images of the chunk belong to this part alone (inside
             // `da`, checked above).
             let part = unsafe { dp.slice(start, start + images.len() * image) };
-            if !accumulate {
-                part.fill(0.0);
-            }
+            col2im_channel(dcols, g, n, c, part, accumulate);
+        }
+    });
+}
+
+multiversion! {
+    /// [`col2im`] for channel `c`: its `n` columns' images in `part`.
+    fn col2im_channel(
+        dcols: &[f32],
+        g: &ConvGeometry,
+        n: usize,
+        c: usize,
+        part: &mut [f32],
+        accumulate: bool,
+    ) {
+        let (k, s, pad) = (g.kernel, g.stride, g.pad);
+        let (ih, iw, oh, ow) = (g.in_h, g.in_w, g.out_h, g.out_w);
+        let image = ih * iw;
+        if !accumulate {
+            part.fill(0.0);
+        }
+        {
             for (i, j) in (0..k).flat_map(|i| (0..k).map(move |j| (i, j))) {
                 let row = &dcols[((c * k + i) * k + j) * n..][..n];
                 let x0 = (pad.saturating_sub(j)).div_ceil(s);
@@ -236,7 +280,7 @@ pub(super) fn col2im(
                 }
             }
         }
-    });
+    }
 }
 
 /// Z (C_out × B·H_o·W_o) = W·im2col(a), a chunk of images at a time (see [`CHUNK_BYTES`]).
@@ -300,6 +344,18 @@ pub(super) fn frn_forward(
         for q in range {
             let c = q / rows;
             let zp = &z[q * plane..][..plane];
+            // SAFETY: plane q's entries of r and u belong to this part alone.
+            let (r, u) = unsafe { (rp.slice(q, q + 1), up.slice(q * plane, (q + 1) * plane)) };
+            frn_forward_plane(zp, gamma[c], beta[c], tau[c], &mut r[0], u);
+        }
+    });
+}
+
+multiversion! {
+    /// [`frn_forward`] on one plane `zp`: r into `r`, u into `u`.
+    fn frn_forward_plane(zp: &[f32], gamma: f32, beta: f32, tau: f32, r: &mut f32, u: &mut [f32]) {
+        let plane = zp.len();
+        {
             let mut acc = [0f32; LANES];
             let whole = plane / LANES * LANES;
             for c8 in zp[..whole].chunks_exact(LANES) {
@@ -310,15 +366,13 @@ pub(super) fn frn_forward(
             let tail: f32 = zp[whole..].iter().map(|&v| v * v).sum();
             let mean_square = (acc.iter().sum::<f32>() + tail) / plane as f32;
             let rq = 1.0 / (mean_square + FRN_EPSILON).sqrt();
-            // SAFETY: plane q's entries of r and u belong to this part alone.
-            let (r, u) = unsafe { (rp.slice(q, q + 1), up.slice(q * plane, (q + 1) * plane)) };
-            r[0] = rq;
-            let (gr, bt, t) = (gamma[c] * rq, beta[c], tau[c]);
+            *r = rq;
+            let (gr, bt, t) = (gamma * rq, beta, tau);
             for (u, &v) in u.iter_mut().zip(zp) {
                 *u = t + (gr * v + bt - t).max(0.0);
             }
         }
-    });
+    }
 }
 
 /// ∂u → ∂z in place on every plane of `grad` (FRN and TLU's backward), with each plane's
@@ -343,7 +397,23 @@ pub(super) fn frn_backward(
             let zp = &z[q * plane..][..plane];
             // SAFETY: plane q's gradients and sums belong to this part alone.
             let (g, s) = unsafe { (gp.slice(q * plane, (q + 1) * plane), sp.slice(q, q + 1)) };
-            let (rq, gm, bt, t) = (r[q], gamma[c], beta[c], tau[c]);
+            s[0] = frn_backward_plane(zp, r[q], gamma[c], beta[c], tau[c], g);
+        }
+    });
+}
+
+multiversion! {
+    /// [`frn_backward`] on one plane: ∂u → ∂z in `g` in place; returns (∂γ, ∂β, ∂τ).
+    fn frn_backward_plane(
+        zp: &[f32],
+        rq: f32,
+        gm: f32,
+        bt: f32,
+        t: f32,
+        g: &mut [f32],
+    ) -> [f64; 3] {
+        let plane = zp.len();
+        {
             let gr = gm * rq;
             // Lane-wise partial sums (∂γ, ∂β, ∂τ, ∂x̂·x̂) so that the loop vectorises; a
             // select rather than a branch for TLU's mask.
@@ -373,9 +443,9 @@ pub(super) fn frn_backward(
             for (g, &v) in g.iter_mut().zip(zp) {
                 *g = rq * (*g - v * rq * mean);
             }
-            s[0] = [dgamma as f64, dbeta as f64, dtau as f64];
+            [dgamma as f64, dbeta as f64, dtau as f64]
         }
-    });
+    }
 }
 
 /// out = act(pre); for swish, pre is overwritten with σ(pre), which is what the
@@ -424,6 +494,13 @@ pub(super) fn activation_backward(grad: &mut [f32], pre: &[f32], out: &[f32], ac
     pool::halves(grad, 1 << 12, work, |part, at| {
         let pre = &pre[at..at + part.len()];
         let out = &out[at..at + part.len()];
+        activation_backward_part(part, pre, out, act)
+    });
+}
+
+multiversion! {
+    /// [`activation_backward`] on one part.
+    fn activation_backward_part(part: &mut [f32], pre: &[f32], out: &[f32], act: Activation) {
         match act {
             Activation::Relu => part
                 .iter_mut()
@@ -438,7 +515,7 @@ pub(super) fn activation_backward(grad: &mut [f32], pre: &[f32], out: &[f32], ac
                 .zip(out)
                 .for_each(|(g, &o)| *g *= o * (1.0 - o)),
         }
-    });
+    }
 }
 
 /// Per channel of `grad` (C × B planes): Σ over its planes, into `sums[q][0]` per plane.
@@ -452,7 +529,13 @@ pub(super) fn plane_sums(grad: &[f32], plane: usize, sums: &mut [[f64; 3]]) {
 pub(super) fn add_into(dst: &mut [f32], src: &[f32]) {
     let work = dst.len();
     pool::halves(dst, 1 << 12, work, |part, at| {
-        let src = &src[at..at + part.len()];
-        part.iter_mut().zip(src).for_each(|(d, &s)| *d += s)
+        add_part(part, &src[at..at + part.len()])
     });
+}
+
+multiversion! {
+    /// dst += src on one part.
+    fn add_part(dst: &mut [f32], src: &[f32]) {
+        dst.iter_mut().zip(src).for_each(|(d, &s)| *d += s)
+    }
 }

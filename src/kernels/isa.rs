@@ -153,6 +153,53 @@ pub fn with<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Defines `fn name(args) { body }` compiled three times — for the build's baseline, for
+/// AVX2 + FMA and for AVX-512 — and run on [`current`]'s path, so that the compiler's own
+/// loops (the per-element and per-plane passes of the hand-written network passes) are
+/// 8 or 16 lanes wide where the CPU has them, where an x86-64 build's baseline is SSE2.
+/// Rust never contracts a·b + c into a fused multiply-add on its own and vectorises no
+/// float reduction it would have to reorder, so every build gives the same bits. What
+/// the body calls should be `#[inline(always)]` to be compiled with it.
+macro_rules! multiversion {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $crate::kernels::isa::multiversion! {
+            $(#[$meta])* $vis fn $name($($arg: $ty),*) -> () $body
+        }
+    };
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty
+        $body:block) => {
+        $(#[$meta])*
+        #[allow(clippy::too_many_arguments, clippy::unused_unit)]
+        $vis fn $name($($arg: $ty),*) -> $ret {
+            #[inline(always)]
+            #[allow(clippy::too_many_arguments, clippy::unused_unit)]
+            fn body($($arg: $ty),*) -> $ret $body
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma")]
+            #[allow(clippy::too_many_arguments, clippy::unused_unit)]
+            unsafe fn avx2($($arg: $ty),*) -> $ret {
+                body($($arg),*)
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
+            #[allow(clippy::too_many_arguments, clippy::unused_unit)]
+            unsafe fn avx512($($arg: $ty),*) -> $ret {
+                body($($arg),*)
+            }
+            match $crate::kernels::isa::current() {
+                // SAFETY: `current` is at most what the CPU has.
+                #[cfg(target_arch = "x86_64")]
+                $crate::kernels::isa::Isa::Avx512 => unsafe { avx512($($arg),*) },
+                // SAFETY: as above.
+                #[cfg(target_arch = "x86_64")]
+                $crate::kernels::isa::Isa::Avx2 => unsafe { avx2($($arg),*) },
+                _ => body($($arg),*),
+            }
+        }
+    };
+}
+pub(crate) use multiversion;
+
 #[cfg(test)]
 mod tests {
     use super::*;
