@@ -133,7 +133,9 @@ fn check_against_autograd(m: &Network, image: [usize; 3], rows: &[usize]) {
 
 /// ResNet-8 and ResNet-20 layouts at small widths on 28×28 MNIST-sized images (strides
 /// 28 → 14 → 7, odd sides at the last stage), FRN and no normalisation, both
-/// activations, batches 1 and 32 (and 5, smaller than the buffers).
+/// activations, batches 1 and 32 (and 5, smaller than the buffers). At batch 32 a
+/// stage-1 convolution runs in 6 chunks of images per half (3 images fit its 384 KiB, the
+/// last chunk one image), so the chunked products and their sums are checked too.
 #[test]
 fn resnet_backward_equals_autograd() {
     let image = [1, 28, 28];
