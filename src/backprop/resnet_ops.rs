@@ -249,32 +249,30 @@ multiversion! {
         if !accumulate {
             part.fill(0.0);
         }
-        {
-            for (i, j) in (0..k).flat_map(|i| (0..k).map(move |j| (i, j))) {
-                let row = &dcols[((c * k + i) * k + j) * n..][..n];
-                let x0 = (pad.saturating_sub(j)).div_ceil(s);
-                let x1 = ((iw + pad - j).div_ceil(s)).min(ow);
-                if x0 >= x1 {
-                    continue;
-                }
-                for (b, patch) in row.chunks_exact(oh * ow).enumerate() {
-                    let image = &mut part[b * image..][..image];
-                    for (y, line) in patch.chunks_exact(ow).enumerate() {
-                        let iy = y * s + i;
-                        if iy < pad || iy - pad >= ih {
-                            continue;
-                        }
-                        let dst = &mut image[(iy - pad) * iw..][..iw];
-                        if s == 1 {
-                            let from = x0 + j - pad;
-                            dst[from..from + x1 - x0]
-                                .iter_mut()
-                                .zip(&line[x0..x1])
-                                .for_each(|(d, &v)| *d += v);
-                        } else {
-                            for (x, &v) in line[x0..x1].iter().enumerate() {
-                                dst[(x0 + x) * s + j - pad] += v;
-                            }
+        for (i, j) in (0..k).flat_map(|i| (0..k).map(move |j| (i, j))) {
+            let row = &dcols[((c * k + i) * k + j) * n..][..n];
+            let x0 = (pad.saturating_sub(j)).div_ceil(s);
+            let x1 = ((iw + pad - j).div_ceil(s)).min(ow);
+            if x0 >= x1 {
+                continue;
+            }
+            for (b, patch) in row.chunks_exact(oh * ow).enumerate() {
+                let image = &mut part[b * image..][..image];
+                for (y, line) in patch.chunks_exact(ow).enumerate() {
+                    let iy = y * s + i;
+                    if iy < pad || iy - pad >= ih {
+                        continue;
+                    }
+                    let dst = &mut image[(iy - pad) * iw..][..iw];
+                    if s == 1 {
+                        let from = x0 + j - pad;
+                        dst[from..from + x1 - x0]
+                            .iter_mut()
+                            .zip(&line[x0..x1])
+                            .for_each(|(d, &v)| *d += v);
+                    } else {
+                        for (x, &v) in line[x0..x1].iter().enumerate() {
+                            dst[(x0 + x) * s + j - pad] += v;
                         }
                     }
                 }
@@ -355,22 +353,20 @@ multiversion! {
     /// [`frn_forward`] on one plane `zp`: r into `r`, u into `u`.
     fn frn_forward_plane(zp: &[f32], gamma: f32, beta: f32, tau: f32, r: &mut f32, u: &mut [f32]) {
         let plane = zp.len();
-        {
-            let mut acc = [0f32; LANES];
-            let whole = plane / LANES * LANES;
-            for c8 in zp[..whole].chunks_exact(LANES) {
-                for i in 0..LANES {
-                    acc[i] += c8[i] * c8[i];
-                }
+        let mut acc = [0f32; LANES];
+        let whole = plane / LANES * LANES;
+        for c8 in zp[..whole].chunks_exact(LANES) {
+            for i in 0..LANES {
+                acc[i] += c8[i] * c8[i];
             }
-            let tail: f32 = zp[whole..].iter().map(|&v| v * v).sum();
-            let mean_square = (acc.iter().sum::<f32>() + tail) / plane as f32;
-            let rq = 1.0 / (mean_square + FRN_EPSILON).sqrt();
-            *r = rq;
-            let (gr, bt, t) = (gamma * rq, beta, tau);
-            for (u, &v) in u.iter_mut().zip(zp) {
-                *u = t + (gr * v + bt - t).max(0.0);
-            }
+        }
+        let tail: f32 = zp[whole..].iter().map(|&v| v * v).sum();
+        let mean_square = (acc.iter().sum::<f32>() + tail) / plane as f32;
+        let rq = 1.0 / (mean_square + FRN_EPSILON).sqrt();
+        *r = rq;
+        let gr = gamma * rq;
+        for (u, &v) in u.iter_mut().zip(zp) {
+            *u = tau + (gr * v + beta - tau).max(0.0);
         }
     }
 }
@@ -413,38 +409,36 @@ multiversion! {
         g: &mut [f32],
     ) -> [f64; 3] {
         let plane = zp.len();
-        {
-            let gr = gm * rq;
-            // Lane-wise partial sums (∂γ, ∂β, ∂τ, ∂x̂·x̂) so that the loop vectorises; a
-            // select rather than a branch for TLU's mask.
-            let mut acc = [[0f32; LANES]; 4];
-            let mut lane = |i: usize, g: &mut f32, v: f32| {
-                let xhat = v * rq;
-                // The forward's comparison, to the bit.
-                let gy = if gr * v + bt - t >= 0.0 { *g } else { 0.0 };
-                acc[2][i] += *g - gy;
-                acc[0][i] += gy * xhat;
-                acc[1][i] += gy;
-                *g = gm * gy;
-                acc[3][i] += *g * xhat;
-            };
-            let whole = plane / LANES * LANES;
-            let (body, tail) = g.split_at_mut(whole);
-            for (gc, zc) in body.chunks_exact_mut(LANES).zip(zp.chunks_exact(LANES)) {
-                for i in 0..LANES {
-                    lane(i, &mut gc[i], zc[i]);
-                }
+        let gr = gm * rq;
+        // Lane-wise partial sums (∂γ, ∂β, ∂τ, ∂x̂·x̂) so that the loop vectorises; a
+        // select rather than a branch for TLU's mask.
+        let mut acc = [[0f32; LANES]; 4];
+        let mut lane = |i: usize, g: &mut f32, v: f32| {
+            let xhat = v * rq;
+            // The forward's comparison, to the bit.
+            let gy = if gr * v + bt - t >= 0.0 { *g } else { 0.0 };
+            acc[2][i] += *g - gy;
+            acc[0][i] += gy * xhat;
+            acc[1][i] += gy;
+            *g = gm * gy;
+            acc[3][i] += *g * xhat;
+        };
+        let whole = plane / LANES * LANES;
+        let (body, tail) = g.split_at_mut(whole);
+        for (gc, zc) in body.chunks_exact_mut(LANES).zip(zp.chunks_exact(LANES)) {
+            for i in 0..LANES {
+                lane(i, &mut gc[i], zc[i]);
             }
-            for (g, &v) in tail.iter_mut().zip(&zp[whole..]) {
-                lane(0, g, v);
-            }
-            let [dgamma, dbeta, dtau, dot] = acc.map(|a| a.iter().sum::<f32>());
-            let mean = dot / plane as f32;
-            for (g, &v) in g.iter_mut().zip(zp) {
-                *g = rq * (*g - v * rq * mean);
-            }
-            [dgamma as f64, dbeta as f64, dtau as f64]
         }
+        for (g, &v) in tail.iter_mut().zip(&zp[whole..]) {
+            lane(0, g, v);
+        }
+        let [dgamma, dbeta, dtau, dot] = acc.map(|a| a.iter().sum::<f32>());
+        let mean = dot / plane as f32;
+        for (g, &v) in g.iter_mut().zip(zp) {
+            *g = rq * (*g - v * rq * mean);
+        }
+        [dgamma as f64, dbeta as f64, dtau as f64]
     }
 }
 

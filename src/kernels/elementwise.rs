@@ -4,41 +4,21 @@
 //! or 16 lanes wide. The same f32 operations on every path, so the same bits.
 
 use super::cpu::exp_f32;
+use super::isa::multiversion;
+#[cfg(test)]
 use super::isa::{self, Isa};
 
-/// out[i] = x·σ(x) and pre[i] ← σ(x) for x = pre[i] (the backward reads σ back from `pre`).
-pub fn swish(pre: &mut [f32], out: &mut [f32]) {
-    assert_eq!(pre.len(), out.len(), "swish: buffers of different lengths");
-    match isa::current() {
-        // SAFETY: `current` is at most what the CPU has.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { swish_avx512(pre, out) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { swish_avx2(pre, out) },
-        _ => swish_body(pre, out),
+multiversion! {
+    /// out[i] = x·σ(x) and pre[i] ← σ(x) for x = pre[i] (the backward reads σ back from
+    /// `pre`).
+    pub fn swish(pre: &mut [f32], out: &mut [f32]) {
+        assert_eq!(pre.len(), out.len(), "swish: buffers of different lengths");
+        for (o, v) in out.iter_mut().zip(pre.iter_mut()) {
+            let s = 1.0 / (1.0 + exp_f32(-*v));
+            *o = *v * s;
+            *v = s;
+        }
     }
-}
-
-#[inline(always)]
-fn swish_body(pre: &mut [f32], out: &mut [f32]) {
-    for (o, v) in out.iter_mut().zip(pre.iter_mut()) {
-        let s = 1.0 / (1.0 + exp_f32(-*v));
-        *o = *v * s;
-        *v = s;
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn swish_avx2(pre: &mut [f32], out: &mut [f32]) {
-    swish_body(pre, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
-unsafe fn swish_avx512(pre: &mut [f32], out: &mut [f32]) {
-    swish_body(pre, out)
 }
 
 #[cfg(test)]

@@ -11,6 +11,11 @@ fn on_every_path(mut f: impl FnMut(Isa)) {
     }
 }
 
+/// Whether two results are the same to the bit.
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
+}
+
 /// The portable transpose (tests build transposed operands with it).
 fn transpose_scalar(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
     const B: usize = 16;
@@ -66,7 +71,7 @@ fn packed_transposed_rhs_is_bit_identical_to_a_row_major_copy() {
                         opts,
                     );
                     assert!(
-                        x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits()),
+                        same_bits(&x, &y),
                         "{path} {m}x{n}x{k} split_columns {split_columns}"
                     );
                 }
@@ -222,13 +227,14 @@ fn update_in_the_epilogue_is_bit_identical_to_product_then_fused_step() {
                     step,
                     &mut rows,
                 );
-                let same =
-                    |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
-                assert!(same(&theta, &theta_ref), "{path} θ {m}x{n}x{k} {update:?}");
+                assert!(
+                    same_bits(&theta, &theta_ref),
+                    "{path} θ {m}x{n}x{k} {update:?}"
+                );
                 if update == Update::Sgld {
-                    assert!(same(&v, &v0) && sum == 0.0);
+                    assert!(same_bits(&v, &v0) && sum == 0.0);
                 } else {
-                    assert!(same(&v, &v_ref), "{path} v {m}x{n}x{k} {update:?}");
+                    assert!(same_bits(&v, &v_ref), "{path} v {m}x{n}x{k} {update:?}");
                     // Σv² in another order: f64 sums of m·n f32 squares agree to ~1e-15.
                     assert!(
                         (sum - sum_ref).abs() <= 1e-12 * sum_ref,
@@ -581,7 +587,7 @@ fn lhs_packing_and_strided_dst_do_not_change_a_bit() {
                     opts,
                 );
                 assert!(
-                    x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits()),
+                    same_bits(&x, &y),
                     "{path:?} {m}×{n}×{k}: lhs packings differ"
                 );
                 let (ldc, at) = (n + 5, 3);
@@ -601,10 +607,7 @@ fn lhs_packing_and_strided_dst_do_not_change_a_bit() {
                 );
                 for (i, row) in wide.chunks_exact(ldc).enumerate() {
                     let inside = &row[at..at + n];
-                    let same = inside
-                        .iter()
-                        .zip(&x[i * n..])
-                        .all(|(p, q)| p.to_bits() == q.to_bits());
+                    let same = same_bits(inside, &x[i * n..(i + 1) * n]);
                     assert!(same, "{path:?} {m}×{n}×{k}: strided row {i} differs");
                     let outside = row[..at].iter().chain(&row[at + n..]);
                     assert!(
