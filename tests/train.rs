@@ -477,3 +477,46 @@ fn map_baselines_keep_a_fixed_weight_decay() {
     let sampled = precisions("sghmc");
     assert!(sampled.iter().flatten().any(|&l| l != 1.0), "{sampled:?}");
 }
+
+/// A ResNet from a preset file (narrow, so that it runs in seconds) trains on the built-in
+/// subset with `--augment` and the preset's own `[train]` table, and `bnn eval` reproduces
+/// the in-training ensemble to the bit: augmentation touches only the training images, and
+/// the hand-written forward at evaluation is the one used in training. Measured: 80.47%
+/// (seed 0; chance is 10%).
+#[test]
+fn resnet_run_is_evaluable_exactly() {
+    let d = tempfile::tempdir().unwrap();
+    let preset = d.path().join("tiny-resnet.toml");
+    std::fs::write(
+        &preset,
+        "[model]\nkind = \"resnet\"\nstages = [4, 8, 8]\nblocks = 1\nnorm = \"frn\"\n\
+         activation = \"swish\"\n[train]\nsampler = \"sghmc\"\nstep_size = 3e-5\n\
+         batch_size = 50\nepochs = 2\nburnin = 0\nthin = 80\n",
+    )
+    .unwrap();
+    let run = train(
+        d.path(),
+        &[
+            "--dataset",
+            "mnist-mini",
+            "--config",
+            preset.to_str().unwrap(),
+            "--augment",
+            "--run-name",
+            "r",
+        ],
+    );
+    assert_eq!(run["batch_size"], 50);
+    assert_eq!(run["samples"], 5, "400 updates, one kept every 80");
+    let acc = run["ensemble"]["accuracy"].as_f64().unwrap();
+    assert!(
+        acc > 0.5,
+        "a ResNet that learns nothing in 400 updates: {acc}"
+    );
+    let out = bnn(d.path(), &["eval", "--run", "checkpoints/r"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let e = last_json(&out);
+    for m in METRICS {
+        assert_eq!(e["ensemble"][m], run["ensemble"][m], "{m}");
+    }
+}
