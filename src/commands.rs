@@ -457,6 +457,9 @@ fn with_preset_defaults(args: &TrainArgs, command_line: &[String]) -> Result<Tra
     if let (Some(v), true) = (t.augment, free("augment")) {
         a.augment = v;
     }
+    if let (Some(v), true) = (t.standardize, free("standardize")) {
+        a.standardize = v;
+    }
     let prior_free = ["prior", "prior_std", "gamma_shape", "gamma_rate"]
         .iter()
         .all(|id| free(id));

@@ -264,6 +264,8 @@ pub struct TrainDefaults {
     pub prior: Option<PriorSpec>,
     pub temperature: Option<f64>,
     pub augment: Option<bool>,
+    /// `--standardize`: pixels standardised with the training set's statistics.
+    pub standardize: Option<bool>,
 }
 
 impl Preset {

@@ -22,6 +22,7 @@ burnin = 1
 thin = 100
 decay_at = []
 prior = { kind = "gaussian", std = 0.5 }
+standardize = true
 "#;
 
 fn run_json(dir: &std::path::Path, name: &str) -> serde_json::Value {
@@ -70,6 +71,7 @@ fn preset_defaults_apply_and_flags_override_them() {
         r["prior"],
         serde_json::json!({"kind": "gaussian", "std": 0.5})
     );
+    assert!(r["standardization"].is_object(), "{r}");
 
     // Flags win; another sampler drops the preset's SGNHT settings for its own defaults.
     train(
