@@ -368,6 +368,25 @@ pub struct EvalArgs {
     /// Device to evaluate on.
     #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
     pub device: DeviceKind,
+    /// Also score telling this dataset's test images (out of distribution) from the run's
+    /// by predictive entropy, max probability and mutual information: AUROC and AUPR, for
+    /// the ensemble and the last sample alone (e.g. fashion-mnist for an MNIST run).
+    #[arg(long, value_name = "NAME")]
+    pub ood_dataset: Option<String>,
+    /// Folder of the out-of-distribution dataset (otherwise found as for training).
+    #[arg(long, value_name = "DIR", requires = "ood_dataset")]
+    pub ood_data_dir: Option<PathBuf>,
+    /// Also evaluate under distribution shift: `rotate` turns the test images by 0°–180°
+    /// in 15° steps (accuracy, NLL, ECE per angle, ensemble and last sample).
+    #[arg(long, value_enum)]
+    pub shift: Option<ShiftKind>,
+}
+
+/// A distribution shift of `bnn eval --shift`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ShiftKind {
+    /// Rotate the test images about their centre, bilinear.
+    Rotate,
 }
 
 #[derive(Debug, Subcommand)]

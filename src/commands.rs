@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use crate::cli::{
-    BenchCommand, Command, DataCommand, DeviceKind, PriorKind, ReplicaArgs, TrainArgs,
+    BenchCommand, Command, DataCommand, DeviceKind, PriorKind, ReplicaArgs, ShiftKind, TrainArgs,
 };
 use bnn::checkpoint::RunManifest;
 use bnn::data::{self, registry, LoadOptions};
@@ -28,7 +28,25 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
             let manifest = RunManifest::read(&args.run)?;
             let ds = bnn::eval::load_run_data(&manifest, args.data_dir, args.offline)?;
             let device = device_of(args.device)?;
-            let report = bnn::eval::evaluate_run(&args.run, &manifest, &ds, &device)?;
+            let extras = bnn::eval::Extras {
+                ood: match &args.ood_dataset {
+                    Some(name) => Some(bnn::eval::load_ood_data(
+                        &manifest,
+                        name,
+                        args.ood_data_dir.clone(),
+                        args.offline,
+                    )?),
+                    None => None,
+                },
+                rotations: match args.shift {
+                    Some(ShiftKind::Rotate) => bnn::data::shift::rotation_angles(),
+                    None => Vec::new(),
+                },
+            };
+            let report = bnn::eval::evaluate_run(&args.run, &manifest, &ds, &device, &extras)?;
+            for path in bnn::eval::write_report(&args.run, &report)? {
+                tracing::info!("wrote {}", path.display());
+            }
             json(&report)
         }
         Command::Data(DataCommand::Fetch { data, mirror }) => {

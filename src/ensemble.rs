@@ -10,6 +10,7 @@ use crate::data::{Split, NUM_CLASSES};
 use crate::error::Result;
 use crate::metrics::{self, Metrics};
 use crate::model::Network;
+use crate::uncertainty::{self, Uncertainty};
 
 /// Examples per forward pass when predicting a whole split.
 pub const EVAL_BATCH: usize = 1000;
@@ -105,6 +106,8 @@ pub fn example_nll(
 pub struct Accumulator {
     labels: Vec<u8>,
     sum: Vec<f64>,
+    /// Per example, Σ_k H[p_k(x)]: the samples' entropies, for the mutual information.
+    entropy_sum: Vec<f64>,
     samples: usize,
     /// Metrics of the running ensemble after each sample (1, 2, ..., K samples).
     pub history: Vec<Metrics>,
@@ -124,6 +127,14 @@ pub struct AccumulatorState {
     pub sample_nll: Vec<f64>,
 }
 
+/// An [`Accumulator`]'s running sums, saved with a run's state: Σ_k p_k(x) (n × classes)
+/// and Σ_k H[p_k(x)] (n).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sums {
+    pub probability: Vec<f64>,
+    pub entropy: Vec<f64>,
+}
+
 /// The ensemble after k samples, for `bnn eval`'s accuracy-versus-samples curve.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Progress {
@@ -137,6 +148,7 @@ impl Accumulator {
         Accumulator {
             labels: labels.to_vec(),
             sum: vec![0.0; labels.len() * NUM_CLASSES],
+            entropy_sum: vec![0.0; labels.len()],
             samples: 0,
             history: Vec::new(),
             last_sample: None,
@@ -150,6 +162,13 @@ impl Accumulator {
         for (s, &p) in self.sum.iter_mut().zip(probs) {
             *s += p as f64;
         }
+        for (h, row) in self
+            .entropy_sum
+            .iter_mut()
+            .zip(probs.chunks_exact(NUM_CLASSES))
+        {
+            *h += uncertainty::entropy_f32(row);
+        }
         self.samples += 1;
         let single: Vec<f64> = probs.iter().map(|&p| p as f64).collect();
         let alone = metrics::evaluate(&single, &self.labels, NUM_CLASSES);
@@ -160,7 +179,7 @@ impl Accumulator {
     }
 
     /// The running sums and the rest of the state, to save.
-    pub fn state(&self) -> (AccumulatorState, &[f64]) {
+    pub fn state(&self) -> (AccumulatorState, Sums) {
         (
             AccumulatorState {
                 samples: self.samples,
@@ -168,22 +187,30 @@ impl Accumulator {
                 last_sample: self.last_sample,
                 sample_nll: self.sample_nll.clone(),
             },
-            &self.sum,
+            Sums {
+                probability: self.sum.clone(),
+                entropy: self.entropy_sum.clone(),
+            },
         )
     }
 
     /// An accumulator for `labels` continuing from a saved state.
-    pub fn restore(labels: &[u8], state: AccumulatorState, sum: Vec<f64>) -> Result<Self> {
-        if sum.len() != labels.len() * NUM_CLASSES {
+    pub fn restore(labels: &[u8], state: AccumulatorState, sums: Sums) -> Result<Self> {
+        if sums.probability.len() != labels.len() * NUM_CLASSES
+            || sums.entropy.len() != labels.len()
+        {
             return Err(crate::error::Error::Checkpoint(format!(
-                "the saved ensemble has {} sums, this data set needs {}",
-                sum.len(),
-                labels.len() * NUM_CLASSES
+                "the saved ensemble has {} + {} sums, this data set needs {} + {}",
+                sums.probability.len(),
+                sums.entropy.len(),
+                labels.len() * NUM_CLASSES,
+                labels.len()
             )));
         }
         Ok(Accumulator {
             labels: labels.to_vec(),
-            sum,
+            sum: sums.probability,
+            entropy_sum: sums.entropy,
             samples: state.samples,
             history: state.history,
             last_sample: state.last_sample,
@@ -214,6 +241,9 @@ impl Accumulator {
             for (s, &x) in pooled.sum.iter_mut().zip(&p.sum) {
                 *s += x;
             }
+            for (s, &x) in pooled.entropy_sum.iter_mut().zip(&p.entropy_sum) {
+                *s += x;
+            }
             pooled.samples += p.samples;
             pooled.sample_nll.extend(&p.sample_nll);
             if p.samples > 0 {
@@ -235,6 +265,43 @@ impl Accumulator {
         let k = self.samples as f64;
         let mean: Vec<f64> = self.sum.iter().map(|s| s / k).collect();
         Some(metrics::evaluate(&mean, &self.labels, NUM_CLASSES))
+    }
+
+    /// The averaged prediction, row-major n × classes; `None` before the first sample.
+    pub fn mean(&self) -> Option<Vec<f64>> {
+        let k = self.samples as f64;
+        (self.samples > 0).then(|| self.sum.iter().map(|s| s / k).collect())
+    }
+
+    /// Entropies, mutual information, per-class accuracy and accuracy-vs-coverage of the
+    /// averaged prediction; `None` before the first sample.
+    pub fn uncertainty(&self) -> Option<Uncertainty> {
+        let mean = self.mean()?;
+        let k = self.samples as f64;
+        let expected: Vec<f64> = self.entropy_sum.iter().map(|h| h / k).collect();
+        Some(uncertainty::evaluate(
+            &mean,
+            &expected,
+            &self.labels,
+            NUM_CLASSES,
+        ))
+    }
+
+    /// Per example, (predictive entropy, mutual information) of the averaged prediction:
+    /// the ensemble's scores for telling out-of-distribution inputs apart.
+    pub fn example_scores(&self) -> Option<(Vec<f64>, Vec<f64>)> {
+        let mean = self.mean()?;
+        let k = self.samples as f64;
+        let predictive: Vec<f64> = mean
+            .chunks_exact(NUM_CLASSES)
+            .map(uncertainty::entropy)
+            .collect();
+        let mi = predictive
+            .iter()
+            .zip(&self.entropy_sum)
+            .map(|(h, s)| h - s / k)
+            .collect();
+        Some((predictive, mi))
     }
 
     /// The accuracy and NLL of the ensemble after each number of samples.

@@ -1,5 +1,10 @@
 //! `bnn eval`: streams every saved sample of a run through the test (and validation) set
-//! and reports the Bayesian model average, exactly as the in-training accumulator did.
+//! and reports the Bayesian model average, exactly as the in-training accumulator did;
+//! in the same pass, optionally, through an out-of-distribution test set (how well
+//! uncertainty tells it apart) and through the test set rotated (accuracy and calibration
+//! under shift), Ovadia et al. 2019's protocols. Memory stays flat in the number of
+//! samples: each set keeps running sums, and the last sample's prediction for the
+//! single-sample scores.
 
 use std::path::{Path, PathBuf};
 
@@ -7,11 +12,12 @@ use candle_core::Device;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, RunManifest};
-use crate::data::{self, Dataset, LoadOptions, NUM_CLASSES};
+use crate::data::{self, shift, Dataset, LoadOptions, Split, NUM_CLASSES};
 use crate::ensemble::{self, Accumulator, Progress};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::model::Network;
+use crate::uncertainty::{self, Detection, Uncertainty};
 
 /// What `bnn eval` prints.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -20,12 +26,92 @@ pub struct EvalReport {
     pub dataset: String,
     pub samples: usize,
     pub ensemble: Option<Metrics>,
+    /// Entropies, mutual information, per-class accuracy, accuracy-vs-coverage.
+    #[serde(default)]
+    pub uncertainty: Option<Uncertainty>,
     pub last_sample: Option<Metrics>,
     pub valid_ensemble: Option<Metrics>,
     /// Test accuracy and NLL of the ensemble of the first k samples, for each k (of the
     /// first chain, in a multi-chain run).
     pub progress: Vec<Progress>,
+    /// Out-of-distribution detection (`--ood-dataset`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ood: Option<OodReport>,
+    /// Accuracy and calibration under rotation (`--shift rotate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shift: Option<ShiftReport>,
 }
+
+/// What else `bnn eval` runs the samples through.
+#[derive(Debug, Clone, Default)]
+pub struct Extras {
+    /// An out-of-distribution set: its dataset's name, where it was read, its test split
+    /// (standardised as the run's data).
+    pub ood: Option<(String, String, Split)>,
+    /// Rotate the test set by each of these angles (degrees).
+    pub rotations: Vec<f64>,
+}
+
+/// Scores of telling in- from out-of-distribution test images apart.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OodScores {
+    /// By predictive entropy H[p(y|x)].
+    pub entropy: Detection,
+    /// By 1 − max_k p(k|x) (a confident prediction: in distribution).
+    pub max_probability: Detection,
+    /// By mutual information; only an ensemble has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mutual_information: Option<Detection>,
+}
+
+/// Histogram of per-example predictive entropy, in and out of distribution.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EntropyHistogram {
+    /// Bin edges in nats, from 0 to ln(classes).
+    pub edges: Vec<f64>,
+    pub inside: Vec<usize>,
+    pub outside: Vec<usize>,
+}
+
+/// `--ood-dataset`: how well uncertainty separates the run's test set from another's.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OodReport {
+    pub in_dataset: String,
+    pub ood_dataset: String,
+    pub ood_data_source: String,
+    pub samples: usize,
+    /// Out of distribution is the positive class of AUPR.
+    pub ensemble: OodScores,
+    /// The last sample alone.
+    pub single_sample: OodScores,
+    /// Mean predictive entropy and mutual information of the ensemble, in and out.
+    pub mean_entropy_in: f64,
+    pub mean_entropy_out: f64,
+    pub mean_mutual_information_in: f64,
+    pub mean_mutual_information_out: f64,
+    pub ensemble_entropy_histogram: EntropyHistogram,
+}
+
+/// One angle of `--shift rotate`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ShiftPoint {
+    pub angle: f64,
+    pub ensemble: Metrics,
+    pub single_sample: Metrics,
+    pub mean_predictive_entropy: f64,
+    pub mean_mutual_information: f64,
+}
+
+/// `--shift rotate`: the test set rotated by 0°…180°.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ShiftReport {
+    pub shift: String,
+    pub samples: usize,
+    pub points: Vec<ShiftPoint>,
+}
+
+/// Bins of [`EntropyHistogram`].
+pub const ENTROPY_BINS: usize = 30;
 
 /// Reloads the data a run was trained on: the folder recorded in `run.json` unless
 /// `data_dir` overrides it.
@@ -58,12 +144,40 @@ pub fn load_run_data(
     Ok(ds)
 }
 
-/// Evaluates every sample of the run in `run_dir` on `ds`.
+/// The test split of dataset `name` as an out-of-distribution set for the run of
+/// `manifest`: standardised as the run's data, of the same image size.
+pub fn load_ood_data(
+    manifest: &RunManifest,
+    name: &str,
+    data_dir: Option<PathBuf>,
+    offline: bool,
+) -> Result<(String, String, Split)> {
+    let opts = LoadOptions {
+        data_dir,
+        offline,
+        mirror: None,
+        valid: 0,
+        builtin_fallback: false,
+    };
+    let mut ds = data::load(name, &opts)?;
+    if ds.test.dim() != manifest.input_dim {
+        return Err(Error::Data(format!(
+            "--ood-dataset {name}: images of {} pixels, the run's have {}",
+            ds.test.dim(),
+            manifest.input_dim
+        )));
+    }
+    ds.set_standardization(manifest.standardization.clone())?;
+    Ok((ds.name.clone(), ds.source.clone(), ds.test))
+}
+
+/// Evaluates every sample of the run in `run_dir` on `ds` (and on what `extras` asks).
 pub fn evaluate_run(
     run_dir: &Path,
     manifest: &RunManifest,
     ds: &Dataset,
     device: &Device,
+    extras: &Extras,
 ) -> Result<EvalReport> {
     let device = device.clone();
     let model = Network::new(
@@ -73,8 +187,15 @@ pub fn evaluate_run(
         0,
         &device,
     )?;
+    let rotated: Vec<Split> = extras
+        .rotations
+        .iter()
+        .map(|&a| shift::rotated(&ds.test, a))
+        .collect();
     // Chain by chain, then pooled in chain order, as training pools them.
     let (mut tests, mut valids) = (Vec::new(), Vec::new());
+    let (mut oods, mut rotations) = (Vec::new(), vec![Vec::new(); rotated.len()]);
+    let (mut last_test, mut last_ood) = (Vec::new(), Vec::new());
     for dir in checkpoint::chain_dirs(run_dir) {
         let paths = checkpoint::list_samples(&dir)?;
         if paths.is_empty() {
@@ -86,31 +207,186 @@ pub fn evaluate_run(
         }
         let mut test = Accumulator::new(&ds.test.labels);
         let mut valid = ds.valid.as_ref().map(|v| Accumulator::new(&v.labels));
+        let mut ood = extras.ood.as_ref().map(|o| Accumulator::new(&o.2.labels));
+        let mut turned: Vec<Accumulator> = rotated
+            .iter()
+            .map(|r| Accumulator::new(&r.labels))
+            .collect();
         for path in &paths {
             let sample = checkpoint::load_sample(path, &device)?;
             model
                 .load(&sample.tensors)
                 .map_err(|e| Error::Checkpoint(format!("{}: {e}", path.display())))?;
-            test.add(&ensemble::predict(&model, &ds.test, &device)?);
+            last_test = ensemble::predict(&model, &ds.test, &device)?;
+            test.add(&last_test);
             if let (Some(acc), Some(v)) = (valid.as_mut(), ds.valid.as_ref()) {
                 acc.add(&ensemble::predict(&model, v, &device)?);
+            }
+            if let (Some(acc), Some(o)) = (ood.as_mut(), extras.ood.as_ref()) {
+                last_ood = ensemble::predict(&model, &o.2, &device)?;
+                acc.add(&last_ood);
+            }
+            for (acc, split) in turned.iter_mut().zip(&rotated) {
+                acc.add(&ensemble::predict(&model, split, &device)?);
             }
         }
         tests.push(test);
         valids.extend(valid);
+        oods.extend(ood);
+        for (all, acc) in rotations.iter_mut().zip(turned) {
+            all.push(acc);
+        }
     }
     let test = Accumulator::pooled(&tests)?;
     let valid = match valids.is_empty() {
         true => None,
         false => Some(Accumulator::pooled(&valids)?),
     };
+    let ood = match &extras.ood {
+        Some((name, source, _)) => Some(ood_report(
+            &manifest.dataset,
+            name,
+            source,
+            (&test, &Accumulator::pooled(&oods)?),
+            (&last_test, &last_ood),
+        )?),
+        None => None,
+    };
+    let shift = match rotated.is_empty() {
+        true => None,
+        false => Some(ShiftReport {
+            shift: "rotate".into(),
+            samples: test.samples(),
+            points: extras
+                .rotations
+                .iter()
+                .zip(&rotations)
+                .map(|(&angle, accs)| shift_point(angle, &Accumulator::pooled(accs)?))
+                .collect::<Result<_>>()?,
+        }),
+    };
     Ok(EvalReport {
         run_dir: run_dir.display().to_string(),
         dataset: manifest.dataset.clone(),
         samples: test.samples(),
         ensemble: test.metrics(),
+        uncertainty: test.uncertainty(),
         last_sample: test.last_sample,
         valid_ensemble: valid.as_ref().and_then(|a| a.metrics()),
         progress: test.progress(),
+        ood,
+        shift,
+    })
+}
+
+/// Writes `report` into `run_dir/eval/`: `in_distribution.json`, and `ood-<dataset>.json`
+/// and `shift-rotate.json` where asked for (what `bnn plot` reads). Returns the paths.
+pub fn write_report(run_dir: &Path, report: &EvalReport) -> Result<Vec<PathBuf>> {
+    let dir = run_dir.join("eval");
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Error::Checkpoint(format!("cannot create {}: {e}", dir.display())))?;
+    let in_distribution = EvalReport {
+        ood: None,
+        shift: None,
+        ..report.clone()
+    };
+    let mut written = vec![put_json(&dir, "in_distribution.json", &in_distribution)?];
+    if let Some(o) = &report.ood {
+        written.push(put_json(&dir, &format!("ood-{}.json", o.ood_dataset), o)?);
+    }
+    if let Some(s) = &report.shift {
+        written.push(put_json(&dir, &format!("shift-{}.json", s.shift), s)?);
+    }
+    Ok(written)
+}
+
+/// Writes `value` as pretty JSON to `dir/name`, atomically.
+fn put_json<T: Serialize>(dir: &Path, name: &str, value: &T) -> Result<PathBuf> {
+    let path = dir.join(name);
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| Error::Checkpoint(format!("serialising {}: {e}", path.display())))?;
+    crate::atomic::write_atomic(&path, text.as_bytes())?;
+    Ok(path)
+}
+
+/// One angle's ensemble and single-sample figures.
+fn shift_point(angle: f64, acc: &Accumulator) -> Result<ShiftPoint> {
+    let none = || Error::Checkpoint("no samples to evaluate".into());
+    let u = acc.uncertainty().ok_or_else(none)?;
+    Ok(ShiftPoint {
+        angle,
+        ensemble: acc.metrics().ok_or_else(none)?,
+        single_sample: acc.last_sample.ok_or_else(none)?,
+        mean_predictive_entropy: u.predictive_entropy,
+        mean_mutual_information: u.mutual_information,
+    })
+}
+
+/// Detection scores from the ensembles of the in- and out-of-distribution sets and from
+/// the last sample's predictions on both.
+fn ood_report(
+    in_dataset: &str,
+    ood_dataset: &str,
+    source: &str,
+    (inside, outside): (&Accumulator, &Accumulator),
+    (last_in, last_out): (&[f32], &[f32]),
+) -> Result<OodReport> {
+    let none = || Error::Checkpoint("no samples to evaluate".into());
+    let (h_in, mi_in) = inside.example_scores().ok_or_else(none)?;
+    let (h_out, mi_out) = outside.example_scores().ok_or_else(none)?;
+    let doubt = |mean: Vec<f64>| -> Vec<f64> {
+        mean.chunks_exact(NUM_CLASSES)
+            .map(|r| 1.0 - r.iter().copied().fold(f64::NEG_INFINITY, f64::max))
+            .collect()
+    };
+    let single = |probs: &[f32]| -> (Vec<f64>, Vec<f64>) {
+        let rows = probs.chunks_exact(NUM_CLASSES);
+        let h = rows.clone().map(uncertainty::entropy_f32).collect();
+        let d = rows
+            .map(|r| 1.0 - r.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64)
+            .collect();
+        (h, d)
+    };
+    let ((sh_in, sd_in), (sh_out, sd_out)) = (single(last_in), single(last_out));
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let top = (NUM_CLASSES as f64).ln();
+    let edges: Vec<f64> = (0..=ENTROPY_BINS)
+        .map(|b| top * b as f64 / ENTROPY_BINS as f64)
+        .collect();
+    let histogram = |v: &[f64]| {
+        let mut counts = vec![0usize; ENTROPY_BINS];
+        for &h in v {
+            let b = ((h / top * ENTROPY_BINS as f64) as usize).min(ENTROPY_BINS - 1);
+            counts[b] += 1;
+        }
+        counts
+    };
+    Ok(OodReport {
+        in_dataset: in_dataset.to_string(),
+        ood_dataset: ood_dataset.to_string(),
+        ood_data_source: source.to_string(),
+        samples: inside.samples(),
+        ensemble: OodScores {
+            entropy: uncertainty::detection(&h_in, &h_out),
+            max_probability: uncertainty::detection(
+                &doubt(inside.mean().ok_or_else(none)?),
+                &doubt(outside.mean().ok_or_else(none)?),
+            ),
+            mutual_information: Some(uncertainty::detection(&mi_in, &mi_out)),
+        },
+        single_sample: OodScores {
+            entropy: uncertainty::detection(&sh_in, &sh_out),
+            max_probability: uncertainty::detection(&sd_in, &sd_out),
+            mutual_information: None,
+        },
+        mean_entropy_in: mean(&h_in),
+        mean_entropy_out: mean(&h_out),
+        mean_mutual_information_in: mean(&mi_in),
+        mean_mutual_information_out: mean(&mi_out),
+        ensemble_entropy_histogram: EntropyHistogram {
+            inside: histogram(&h_in),
+            outside: histogram(&h_out),
+            edges,
+        },
     })
 }

@@ -29,5 +29,6 @@ pub mod settings;
 pub mod signals;
 pub mod synthetic;
 pub mod train;
+pub mod uncertainty;
 
 pub use error::{Error, Result};

@@ -17,12 +17,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::atomic::write_atomic;
 use crate::checkpoint::{decode_tensor, encode_safetensors};
-use crate::ensemble::AccumulatorState;
+use crate::ensemble::{AccumulatorState, Sums};
 use crate::error::{Error, Result};
 use crate::sampler::SamplerState;
 
 /// Format version of the state file.
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 
 /// The state file of a run.
 pub fn state_path(run_dir: &Path) -> PathBuf {
@@ -91,8 +91,8 @@ pub struct RunState {
     pub sampler: SamplerState,
     pub prior_precisions: Vec<f64>,
     /// The test ensemble's state and sums; the validation ensemble's, if any.
-    pub test: (AccumulatorState, Vec<f64>),
-    pub valid: Option<(AccumulatorState, Vec<f64>)>,
+    pub test: (AccumulatorState, Sums),
+    pub valid: Option<(AccumulatorState, Sums)>,
     /// The kinetic energy per parameter at each kept sample (for the chains' diagnostics).
     pub kinetic_trace: Vec<f64>,
 }
@@ -129,9 +129,12 @@ impl RunState {
             tensors.push((format!("thermostat/{i}"), t.clone()));
         }
         let sums = |v: &[f64]| Tensor::from_slice(v, v.len(), &Device::Cpu);
-        tensors.push(("ensemble/test".into(), sums(&self.test.1)?));
-        if let Some((_, v)) = &self.valid {
-            tensors.push(("ensemble/valid".into(), sums(v)?));
+        let (test_sums, valid) = (&self.test.1, &self.valid);
+        tensors.push(("ensemble/test".into(), sums(&test_sums.probability)?));
+        tensors.push(("ensemble/test_entropy".into(), sums(&test_sums.entropy)?));
+        if let Some((_, v)) = valid {
+            tensors.push(("ensemble/valid".into(), sums(&v.probability)?));
+            tensors.push(("ensemble/valid_entropy".into(), sums(&v.entropy)?));
         }
         let json = serde_json::to_string(&scalars)
             .map_err(|e| Error::Checkpoint(format!("serialising the run state: {e}")))?;
@@ -174,8 +177,14 @@ impl RunState {
             decode_tensor(&view, &Device::Cpu)?
                 .ok_or_else(|| corrupt(format!("tensor `{name}` is {:?}", view.dtype())))
         };
-        let sums = |name: &str| -> Result<Vec<f64>> {
+        let vector = |name: &str| -> Result<Vec<f64>> {
             Ok(tensor(name)?.to_dtype(DType::F64)?.to_vec1::<f64>()?)
+        };
+        let sums = |set: &str| -> Result<Sums> {
+            Ok(Sums {
+                probability: vector(&format!("ensemble/{set}"))?,
+                entropy: vector(&format!("ensemble/{set}_entropy"))?,
+            })
         };
         let params = params
             .iter()
@@ -195,7 +204,7 @@ impl RunState {
             kinetic: sc.kinetic,
         };
         let valid = match scalars.valid {
-            Some(v) => Some((v, sums("ensemble/valid")?)),
+            Some(v) => Some((v, sums("valid")?)),
             None => None,
         };
         Ok(RunState {
@@ -203,7 +212,7 @@ impl RunState {
             params,
             sampler,
             prior_precisions: scalars.prior_precisions,
-            test: (scalars.test, sums("ensemble/test")?),
+            test: (scalars.test, sums("test")?),
             valid,
             kinetic_trace: scalars.kinetic_trace,
         })

@@ -6,6 +6,7 @@ pub mod fetch;
 pub mod idx;
 pub mod label_noise;
 pub mod registry;
+pub mod shift;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -503,11 +503,8 @@ impl<'a> Chain<'a> {
                 .collect::<Result<_>>()?,
             sampler: self.stepper.sampler.state()?,
             prior_precisions: self.stepper.potential.prior.precisions.clone(),
-            test: (ts, tsum.to_vec()),
-            valid: kept.valid.as_ref().map(|a| {
-                let (s, sum) = a.state();
-                (s, sum.to_vec())
-            }),
+            test: (ts, tsum),
+            valid: kept.valid.as_ref().map(|a| a.state()),
             kinetic_trace: kept.kinetic_trace.clone(),
         }
         .save(dir)

@@ -90,6 +90,10 @@ pub struct Summary {
     pub samples: usize,
     /// Bayesian model average over the kept samples, on the test set.
     pub ensemble: Option<Metrics>,
+    /// The ensemble's entropies, mutual information, per-class accuracy and
+    /// accuracy-vs-coverage on the test set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uncertainty: Option<crate::uncertainty::Uncertainty>,
     /// The last kept sample alone, on the test set.
     pub last_sample: Option<Metrics>,
     pub valid_ensemble: Option<Metrics>,
@@ -334,6 +338,7 @@ fn finish(
         backward_used: chains.first().map_or(cfg.settings.backward, |c| c.backward),
         samples: test.samples(),
         ensemble: test.metrics(),
+        uncertainty: test.uncertainty(),
         last_sample: test.last_sample,
         valid_ensemble: valid.as_ref().and_then(|a| a.metrics()),
         steps,
