@@ -19,7 +19,8 @@ ALLOWED["backprop"] = GROUND | {"kernels", "model"}
 ALLOWED["potential"] = GROUND | {"kernels", "model", "backprop"}
 ALLOWED["sampler"] = GROUND | {"kernels"}
 ORCHESTRATION = {"train", "ensemble", "metrics", "checkpoint", "run_state", "eval",
-                 "bench", "synthetic", "convergence", "schedule", "settings", "uncertainty"}
+                 "bench", "synthetic", "convergence", "schedule", "settings", "uncertainty",
+                 "plot"}
 LIBRARY = GROUND | {"kernels", "data", "model", "backprop", "potential", "sampler"} | ORCHESTRATION
 for m in ORCHESTRATION:
     ALLOWED[m] = LIBRARY

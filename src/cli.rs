@@ -39,6 +39,10 @@ pub enum Command {
     Train(Box<TrainArgs>),
     /// Evaluate the Bayesian ensemble of a finished run's samples.
     Eval(EvalArgs),
+    /// Draw a run's pictures (PNG and SVG) into RUN/plots: learning curves, ensemble size,
+    /// reliability, sampler dynamics, chains, replicas, and what `bnn eval` wrote
+    /// (rotation, out-of-distribution entropy).
+    Plot(PlotArgs),
     /// Download or verify datasets.
     #[command(subcommand)]
     Data(DataCommand),
@@ -380,6 +384,16 @@ pub struct EvalArgs {
     /// in 15° steps (accuracy, NLL, ECE per angle, ensemble and last sample).
     #[arg(long, value_enum)]
     pub shift: Option<ShiftKind>,
+}
+
+#[derive(Debug, Args)]
+pub struct PlotArgs {
+    /// The run folder.
+    #[arg(long)]
+    pub run: PathBuf,
+    /// Write the pictures here instead of RUN/plots.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
 }
 
 /// A distribution shift of `bnn eval --shift`.

@@ -49,6 +49,14 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
             }
             json(&report)
         }
+        Command::Plot(args) => {
+            let report = bnn::plot::plot_run(&args.run, args.out.as_deref())?;
+            for s in &report.skipped {
+                tracing::info!("not drawn: {s}");
+            }
+            tracing::info!("{} files in {}", report.written.len(), report.out_dir);
+            json(&report)
+        }
         Command::Data(DataCommand::Fetch { data, mirror }) => {
             let spec = spec_of(&data.dataset)?;
             let dir = data::download_dir(&spec, data.data_dir.as_deref());

@@ -19,6 +19,7 @@ pub mod eval;
 pub mod kernels;
 pub mod metrics;
 pub mod model;
+pub mod plot;
 pub mod pool;
 pub mod potential;
 pub mod rng;

@@ -53,6 +53,22 @@ pub struct Uncertainty {
     pub per_class_accuracy: Vec<f64>,
     /// Accuracy of the most certain fraction, at each of [`COVERAGES`].
     pub accuracy_vs_coverage: Vec<CoveragePoint>,
+    /// The reliability diagram: the ECE's equal-width bins of top-class probability
+    /// (bin b holds confidences in (b/15, (b+1)/15]).
+    #[serde(default)]
+    pub reliability: Vec<ReliabilityBin>,
+}
+
+/// One bin of the reliability diagram.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ReliabilityBin {
+    /// The bin's upper edge.
+    pub upper: f64,
+    pub count: usize,
+    /// Mean top-class probability in the bin (0 when empty).
+    pub confidence: f64,
+    /// Share of the bin's predictions that are right (0 when empty).
+    pub accuracy: f64,
 }
 
 /// Index of the largest probability, the first on ties (argmax).
@@ -90,6 +106,27 @@ pub fn evaluate(
         .zip(labels)
         .map(|(row, &y)| predicted(row) == y as usize)
         .collect();
+    let bins = crate::metrics::ECE_BINS;
+    let mut reliability: Vec<ReliabilityBin> = (0..bins)
+        .map(|b| ReliabilityBin {
+            upper: (b + 1) as f64 / bins as f64,
+            count: 0,
+            confidence: 0.0,
+            accuracy: 0.0,
+        })
+        .collect();
+    for (row, &c) in mean.chunks_exact(classes).zip(&correct) {
+        let conf = row[predicted(row)];
+        // As the ECE bins it (metrics::evaluate).
+        let b = ((conf * bins as f64).ceil() as usize).clamp(1, bins) - 1;
+        reliability[b].count += 1;
+        reliability[b].confidence += conf;
+        reliability[b].accuracy += c as usize as f64;
+    }
+    for r in reliability.iter_mut().filter(|r| r.count > 0) {
+        r.confidence /= r.count as f64;
+        r.accuracy /= r.count as f64;
+    }
     let (mut hits, mut seen) = (vec![0usize; classes], vec![0usize; classes]);
     for (&c, &y) in correct.iter().zip(labels) {
         seen[y as usize] += 1;
@@ -123,6 +160,7 @@ pub fn evaluate(
             .map(|(&h, &s)| if s > 0 { h as f64 / s as f64 } else { f64::NAN })
             .collect(),
         accuracy_vs_coverage,
+        reliability,
     }
 }
 
@@ -220,6 +258,20 @@ mod tests {
         assert_eq!(at(1.0), 0.5);
         assert_eq!(at(0.5), 1.0);
         assert_eq!(u.per_class_accuracy, vec![0.5, 0.5]);
+        // Reliability: 0.9 twice (right), 0.6 and 0.55 (wrong), in the ECE's bins.
+        let used: Vec<_> = u.reliability.iter().filter(|r| r.count > 0).collect();
+        assert_eq!(used.len(), 3, "{used:?}");
+        assert_eq!((used[2].count, used[2].accuracy), (2, 1.0));
+        assert!((used[2].confidence - 0.9).abs() < 1e-12);
+        assert_eq!(used[0].accuracy + used[1].accuracy, 0.0);
+        // The ECE from these bins is the metrics module's.
+        let n = 4.0;
+        let ece: f64 = used
+            .iter()
+            .map(|r| r.count as f64 / n * (r.accuracy - r.confidence).abs())
+            .sum();
+        let m = crate::metrics::evaluate(&mean, &labels, 2);
+        assert!((ece - m.ece).abs() < 1e-12);
     }
 
     #[test]

@@ -97,6 +97,10 @@ pub struct Summary {
     /// The last kept sample alone, on the test set.
     pub last_sample: Option<Metrics>,
     pub valid_ensemble: Option<Metrics>,
+    /// Test accuracy and NLL of the ensemble of the first k samples, for each k (of the
+    /// first chain, in a multi-chain run), as `bnn eval` reports it.
+    #[serde(default)]
+    pub progress: Vec<crate::ensemble::Progress>,
     pub steps: u64,
     /// Wall time of the whole loop, evaluation and checkpoints included.
     pub train_seconds: f64,
@@ -341,6 +345,7 @@ fn finish(
         uncertainty: test.uncertainty(),
         last_sample: test.last_sample,
         valid_ensemble: valid.as_ref().and_then(|a| a.metrics()),
+        progress: test.progress(),
         steps,
         train_seconds: chains.iter().map(|c| c.train_seconds).fold(0.0, f64::max),
         // Summed over chains: the aggregate throughput.

@@ -1,0 +1,515 @@
+//! `bnn plot`: the pictures of a run, from what training and `bnn eval` wrote
+//! (`metrics.jsonl`, `summary.json`, `eval/*.json`, the chains' and replicas' folders):
+//! learning curves, ensemble size, reliability, sampler dynamics, chains, replicas,
+//! rotation and out-of-distribution entropy. Each is a PNG and an SVG; a picture whose
+//! data the run lacks is skipped with the reason.
+
+pub mod render;
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::eval::{EvalReport, OodReport, ShiftReport};
+use crate::train::{ChainDiagnostics, EpochRecord, ReplicaReport};
+use render::{Corner, Figure, Mark, Panel, Series};
+
+/// What `bnn plot` prints.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PlotReport {
+    pub run_dir: String,
+    pub out_dir: String,
+    /// Files written, PNG and SVG of each picture.
+    pub written: Vec<String>,
+    /// Pictures not drawn, each with why (and what to run to get it).
+    pub skipped: Vec<String>,
+}
+
+/// What the pictures need of `summary.json` (which flattens the settings into it, so
+/// that its whole type does not read back: the settings' `chains` count and the per-chain
+/// list share a key).
+#[derive(Debug, Clone, Deserialize)]
+struct SummaryView {
+    #[serde(default)]
+    ensemble: Option<crate::metrics::Metrics>,
+    #[serde(default)]
+    uncertainty: Option<crate::uncertainty::Uncertainty>,
+    #[serde(default)]
+    progress: Vec<crate::ensemble::Progress>,
+    #[serde(default)]
+    convergence: Option<ChainDiagnostics>,
+    #[serde(default)]
+    replica_exchange: Option<ReplicaReport>,
+}
+
+/// Draws every picture the run in `run_dir` has data for into `out` (default
+/// `run_dir/plots`).
+pub fn plot_run(run_dir: &Path, out: Option<&Path>) -> Result<PlotReport> {
+    let summary: SummaryView = read_json(&run_dir.join("summary.json")).map_err(|e| {
+        Error::Checkpoint(format!(
+            "{e}; is {} a finished `bnn train` run?",
+            run_dir.display()
+        ))
+    })?;
+    let out_dir = out.map_or_else(|| run_dir.join("plots"), Path::to_path_buf);
+    std::fs::create_dir_all(&out_dir)
+        .map_err(|e| Error::Checkpoint(format!("cannot create {}: {e}", out_dir.display())))?;
+    let eval_dir = run_dir.join("eval");
+    let evaluated: Option<EvalReport> = optional_json(&eval_dir.join("in_distribution.json"))?;
+    let chains = crate::checkpoint::chain_dirs(run_dir);
+    let epochs = read_epochs(&chains[0].join("metrics.jsonl"))?;
+
+    let mut figures = Vec::new();
+    let mut skipped = Vec::new();
+    figures.push(learning_curves(&epochs));
+    figures.push(dynamics(&epochs));
+    let progress = match &evaluated {
+        Some(e) if !e.progress.is_empty() => e.progress.clone(),
+        _ => summary.progress.clone(),
+    };
+    match progress.is_empty() {
+        true => skipped.push("ensemble_size: the run kept no samples".into()),
+        false => figures.push(ensemble_size(&progress)),
+    }
+    match evaluated
+        .as_ref()
+        .and_then(|e| e.uncertainty.clone())
+        .or(summary.uncertainty.clone())
+    {
+        Some(u) => figures.push(reliability(&u.reliability, summary.ensemble.map(|m| m.ece))),
+        None => skipped
+            .push("reliability: no uncertainty in summary.json; run `bnn eval --run RUN`".into()),
+    }
+    if summary.replica_exchange.is_some() {
+        // Its chain-0 is the T = 1 samples, not a chain of its own.
+        skipped.push("chains: a replica-exchange run (see replicas)".into());
+    } else if chains.len() > 1 {
+        let traces = chains
+            .iter()
+            .map(|d| read_epochs(&d.join("metrics.jsonl")))
+            .collect::<Result<Vec<_>>>()?;
+        figures.push(chain_traces(&traces, &summary));
+    } else {
+        skipped.push("chains: a single-chain run (`--chains K` draws each chain)".into());
+    }
+    match &summary.replica_exchange {
+        Some(r) => figures.push(replicas(r, run_dir)?),
+        None => {
+            skipped.push("replicas: not a replica-exchange run (`--sampler renhd|reld`)".into())
+        }
+    }
+    match optional_json::<ShiftReport>(&eval_dir.join("shift-rotate.json"))? {
+        Some(s) => figures.push(rotation(&s)),
+        None => skipped.push(
+            "rotation: no eval/shift-rotate.json; run `bnn eval --run RUN --shift rotate`".into(),
+        ),
+    }
+    let mut oods = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(&eval_dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("ood-") && name.ends_with(".json") {
+                oods.push(e.path());
+            }
+        }
+    }
+    oods.sort();
+    if oods.is_empty() {
+        skipped.push("ood: no eval/ood-*.json; run `bnn eval --run RUN --ood-dataset NAME`".into());
+    }
+    for path in oods {
+        figures.push(ood(&read_json::<OodReport>(&path)?));
+    }
+    let mut written = Vec::new();
+    for f in &figures {
+        for p in render::write(f, &out_dir)? {
+            written.push(p.display().to_string());
+        }
+    }
+    Ok(PlotReport {
+        run_dir: run_dir.display().to_string(),
+        out_dir: out_dir.display().to_string(),
+        written,
+        skipped,
+    })
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Checkpoint(format!("cannot read {}: {e}", path.display())))?;
+    serde_json::from_str(&text)
+        .map_err(|e| Error::Checkpoint(format!("{}: not what bnn writes: {e}", path.display())))
+}
+
+fn optional_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>> {
+    match path.is_file() {
+        true => read_json(path).map(Some),
+        false => Ok(None),
+    }
+}
+
+/// A `metrics.jsonl` line, and the temperature a replica held (replica runs).
+#[derive(Debug, Clone, Deserialize)]
+struct Line {
+    #[serde(flatten)]
+    record: EpochRecord,
+    #[serde(default)]
+    temperature: Option<f64>,
+}
+
+fn read_lines(path: &Path) -> Result<Vec<Line>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Checkpoint(format!("cannot read {}: {e}", path.display())))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .enumerate()
+        .map(|(i, l)| {
+            serde_json::from_str(l)
+                .map_err(|e| Error::Checkpoint(format!("{} line {}: {e}", path.display(), i + 1)))
+        })
+        .collect()
+}
+
+fn read_epochs(path: &Path) -> Result<Vec<EpochRecord>> {
+    Ok(read_lines(path)?.into_iter().map(|l| l.record).collect())
+}
+
+fn panel(title: &str, x: &str, y: &str, series: Vec<Series>) -> Panel {
+    Panel {
+        title: title.into(),
+        x_label: x.into(),
+        y_label: y.into(),
+        series,
+        ..Panel::default()
+    }
+}
+
+/// A panel over epochs, samples or indices: whole-number ticks.
+fn count_panel(title: &str, x: &str, y: &str, series: Vec<Series>) -> Panel {
+    panel(title, x, y, series).integer_x()
+}
+
+fn per_epoch(epochs: &[EpochRecord], f: impl Fn(&EpochRecord) -> Option<f64>) -> Vec<(f64, f64)> {
+    epochs
+        .iter()
+        .filter_map(|e| f(e).map(|v| (e.epoch as f64, v)))
+        .collect()
+}
+
+fn learning_curves(epochs: &[EpochRecord]) -> Figure {
+    let loss = per_epoch(epochs, |e| Some(e.train_nll));
+    let ens = per_epoch(epochs, |e| e.test_ensemble.map(|m| 100.0 * m.accuracy));
+    let last = per_epoch(epochs, |e| e.test_last_sample.map(|m| 100.0 * m.accuracy));
+    let train = per_epoch(epochs, |e| Some(100.0 * e.train_accuracy));
+    Figure {
+        name: "learning_curves".into(),
+        title: "Learning curves".into(),
+        panels: vec![
+            count_panel(
+                "Training loss (minibatch NLL per example)",
+                "epoch",
+                "NLL",
+                vec![Series::new("", loss, Mark::LinePoints)],
+            ),
+            count_panel(
+                "Accuracy",
+                "epoch",
+                "accuracy (%)",
+                vec![
+                    Series::new("test: ensemble so far", ens, Mark::LinePoints),
+                    Series::new("test: last sample", last, Mark::LinePoints),
+                    Series::new("training minibatches", train, Mark::Line),
+                ],
+            )
+            .legend_at(Corner::LowerRight),
+        ],
+    }
+}
+
+fn dynamics(epochs: &[EpochRecord]) -> Figure {
+    let mut panels = vec![count_panel(
+        "Kinetic energy per parameter (epoch mean)",
+        "epoch",
+        "kinetic energy",
+        vec![Series::new(
+            "",
+            per_epoch(epochs, |e| e.kinetic_energy),
+            Mark::LinePoints,
+        )],
+    )];
+    if epochs.iter().any(|e| e.thermostat.is_some()) {
+        panels.push(count_panel(
+            "Thermostat ξ (end of epoch)",
+            "epoch",
+            "ξ",
+            vec![Series::new(
+                "",
+                per_epoch(epochs, |e| e.thermostat),
+                Mark::LinePoints,
+            )],
+        ));
+    }
+    panels.push(count_panel(
+        "Step size η",
+        "epoch",
+        "log10 η",
+        vec![Series::new(
+            "",
+            per_epoch(epochs, |e| {
+                Some(e.step_size_mean.unwrap_or(e.step_size).log10())
+            }),
+            Mark::LinePoints,
+        )],
+    ));
+    Figure {
+        name: "dynamics".into(),
+        title: "Sampler dynamics".into(),
+        panels,
+    }
+}
+
+fn ensemble_size(progress: &[crate::ensemble::Progress]) -> Figure {
+    let acc = progress
+        .iter()
+        .map(|p| (p.samples as f64, 100.0 * p.accuracy))
+        .collect();
+    let nll = progress.iter().map(|p| (p.samples as f64, p.nll)).collect();
+    Figure {
+        name: "ensemble_size".into(),
+        title: "Bayesian model average vs. number of samples (test set)".into(),
+        panels: vec![
+            count_panel(
+                "Accuracy",
+                "samples averaged",
+                "accuracy (%)",
+                vec![Series::new("", acc, Mark::LinePoints)],
+            ),
+            count_panel(
+                "NLL",
+                "samples averaged",
+                "NLL",
+                vec![Series::new("", nll, Mark::LinePoints)],
+            ),
+        ],
+    }
+}
+
+fn reliability(bins: &[crate::uncertainty::ReliabilityBin], ece: Option<f64>) -> Figure {
+    let width = 1.0 / bins.len().max(1) as f64;
+    let centre = |b: &crate::uncertainty::ReliabilityBin| b.upper - width / 2.0;
+    let used: Vec<_> = bins.iter().filter(|b| b.count > 0).collect();
+    let total: usize = bins.iter().map(|b| b.count).sum();
+    let acc = used.iter().map(|b| (centre(b), b.accuracy)).collect();
+    let conf = used.iter().map(|b| (centre(b), b.confidence)).collect();
+    let share = used
+        .iter()
+        .map(|b| (centre(b), 100.0 * b.count as f64 / total.max(1) as f64))
+        .collect();
+    let diagram = panel(
+        "Accuracy per confidence bin",
+        "confidence (top-class probability)",
+        "accuracy",
+        vec![
+            Series::new("accuracy in bin", acc, Mark::Bars(0.9 * width)),
+            Series::new("mean confidence in bin", conf, Mark::LinePoints),
+            Series::new(
+                "perfect calibration",
+                vec![(0.0, 0.0), (1.0, 1.0)],
+                Mark::Dashed,
+            ),
+        ],
+    )
+    .y_range(0.0, 1.02)
+    .legend_at(Corner::UpperLeft);
+    Figure {
+        name: "reliability".into(),
+        title: match ece {
+            Some(e) => format!("Reliability of the ensemble (test set, ECE {:.4})", e),
+            None => "Reliability of the ensemble (test set)".into(),
+        },
+        panels: vec![
+            diagram,
+            panel(
+                "Predictions per bin",
+                "confidence (top-class probability)",
+                "share of test set (%)",
+                vec![Series::new("", share, Mark::Bars(0.9 * width))],
+            ),
+        ],
+    }
+}
+
+fn chain_traces(traces: &[Vec<EpochRecord>], summary: &SummaryView) -> Figure {
+    let series = |f: &dyn Fn(&EpochRecord) -> Option<f64>| -> Vec<Series> {
+        traces
+            .iter()
+            .enumerate()
+            .map(|(k, t)| Series::new(&format!("chain {k}"), per_epoch(t, f), Mark::LinePoints))
+            .collect()
+    };
+    let show = |c: Option<crate::convergence::Convergence>| {
+        c.map_or("n/a".to_string(), |c| format!("{:.3}", c.rhat))
+    };
+    let (ll, ke) = summary
+        .convergence
+        .as_ref()
+        .map_or((None, None), |d| (d.test_log_likelihood, d.kinetic_energy));
+    Figure {
+        name: "chains".into(),
+        title: format!(
+            "{} chains: split R-hat of test log-likelihood {}, of kinetic energy {}",
+            traces.len(),
+            show(ll),
+            show(ke)
+        ),
+        panels: vec![
+            count_panel(
+                "Training loss",
+                "epoch",
+                "NLL",
+                series(&|e| Some(e.train_nll)),
+            ),
+            count_panel(
+                "Test NLL of the last sample",
+                "epoch",
+                "NLL",
+                series(&|e| e.test_last_sample.map(|m| m.nll)),
+            ),
+            count_panel(
+                "Kinetic energy per parameter",
+                "epoch",
+                "kinetic energy",
+                series(&|e| e.kinetic_energy),
+            ),
+        ],
+    }
+}
+
+fn replicas(r: &ReplicaReport, run_dir: &Path) -> Result<Figure> {
+    let rates = r
+        .swap_rates
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| (i as f64, s))
+        .collect();
+    let ladder = r
+        .ladder
+        .temperatures
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| (i as f64, t.log10()))
+        .collect();
+    let mut held = Vec::new();
+    let mut j = 0;
+    loop {
+        let path: PathBuf = run_dir.join(format!("replica-{j}")).join("metrics.jsonl");
+        if !path.is_file() {
+            break;
+        }
+        let points = read_lines(&path)?
+            .iter()
+            .filter_map(|l| l.temperature.map(|t| (l.record.epoch as f64, t.log10())))
+            .collect();
+        held.push(Series::new(
+            &format!("replica {j}"),
+            points,
+            Mark::LinePoints,
+        ));
+        j += 1;
+    }
+    let rate_panel = count_panel(
+        "Swap rate of each pair (i, i+1)",
+        "pair i",
+        "swaps / tries",
+        vec![Series::new("", rates, Mark::Bars(0.7))],
+    )
+    .y_range(0.0, 1.0);
+    Ok(Figure {
+        name: "replicas".into(),
+        title: format!(
+            "Replica exchange: {} temperatures, {} rounds",
+            r.ladder.temperatures.len(),
+            r.ladder.rounds
+        ),
+        panels: vec![
+            rate_panel,
+            count_panel(
+                "Ladder",
+                "temperature index i",
+                "log10 Tᵢ",
+                vec![Series::new("", ladder, Mark::LinePoints)],
+            ),
+            count_panel("Temperature held (end of epoch)", "epoch", "log10 T", held),
+        ],
+    })
+}
+
+fn rotation(s: &ShiftReport) -> Figure {
+    let of = |f: &dyn Fn(&crate::eval::ShiftPoint) -> f64| -> Vec<(f64, f64)> {
+        s.points.iter().map(|p| (p.angle, f(p))).collect()
+    };
+    let pair = |f: &dyn Fn(&crate::metrics::Metrics) -> f64| {
+        vec![
+            Series::new("ensemble", of(&|p| f(&p.ensemble)), Mark::LinePoints),
+            Series::new(
+                "last sample",
+                of(&|p| f(&p.single_sample)),
+                Mark::LinePoints,
+            ),
+        ]
+    };
+    Figure {
+        name: "rotation".into(),
+        title: format!("Rotated test images ({} samples)", s.samples),
+        panels: vec![
+            panel(
+                "Accuracy",
+                "rotation (degrees)",
+                "accuracy (%)",
+                pair(&|m| 100.0 * m.accuracy),
+            ),
+            panel("NLL", "rotation (degrees)", "NLL", pair(&|m| m.nll))
+                .legend_at(Corner::LowerRight),
+            panel("ECE", "rotation (degrees)", "ECE", pair(&|m| m.ece))
+                .legend_at(Corner::LowerRight),
+        ],
+    }
+}
+
+fn ood(o: &OodReport) -> Figure {
+    let h = &o.ensemble_entropy_histogram;
+    let width = h.edges.get(1).copied().unwrap_or(1.0) - h.edges.first().copied().unwrap_or(0.0);
+    let share = |counts: &[usize]| -> Vec<(f64, f64)> {
+        let n: usize = counts.iter().sum();
+        counts
+            .iter()
+            .zip(&h.edges)
+            .map(|(&c, &lo)| (lo + width / 2.0, 100.0 * c as f64 / n.max(1) as f64))
+            .collect()
+    };
+    Figure {
+        name: format!("ood-{}", o.ood_dataset),
+        title: format!(
+            "{} (in) vs. {} (out): AUROC by entropy {:.3} ensemble, {:.3} one sample",
+            o.in_dataset, o.ood_dataset, o.ensemble.entropy.auroc, o.single_sample.entropy.auroc
+        ),
+        panels: vec![panel(
+            "Predictive entropy of the ensemble",
+            "entropy (nats)",
+            "share of test images (%)",
+            vec![
+                Series::new(
+                    &format!("{} (in)", o.in_dataset),
+                    share(&h.inside),
+                    Mark::Bars(0.9 * width),
+                ),
+                Series::new(
+                    &format!("{} (out)", o.ood_dataset),
+                    share(&h.outside),
+                    Mark::Bars(0.9 * width),
+                ),
+            ],
+        )],
+    }
+}
