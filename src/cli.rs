@@ -43,6 +43,9 @@ pub enum Command {
     /// reliability, sampler dynamics, chains, replicas, and what `bnn eval` wrote
     /// (rotation, out-of-distribution entropy).
     Plot(PlotArgs),
+    /// Show what a run folder or a sample file holds: architecture, sampler,
+    /// hyper-parameters, samples, tensors, sizes on disk, metrics (a table, or --json).
+    Inspect(InspectArgs),
     /// Download or verify datasets.
     #[command(subcommand)]
     Data(DataCommand),
@@ -394,6 +397,20 @@ pub struct PlotArgs {
     /// Write the pictures here instead of RUN/plots.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["run", "file"])))]
+pub struct InspectArgs {
+    /// A run folder.
+    #[arg(long)]
+    pub run: Option<PathBuf>,
+    /// One sample file (RUN/samples/sample-*.safetensors).
+    #[arg(long)]
+    pub file: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// A distribution shift of `bnn eval --shift`.

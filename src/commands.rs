@@ -57,6 +57,25 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
             tracing::info!("{} files in {}", report.written.len(), report.out_dir);
             json(&report)
         }
+        Command::Inspect(args) => match (&args.run, &args.file) {
+            (Some(run), _) => {
+                let info = bnn::inspect::inspect_run(run)?;
+                match args.json {
+                    true => json(&info),
+                    false => Ok(bnn::inspect::run_table(&info).trim_end().to_string()),
+                }
+            }
+            (None, Some(file)) => {
+                let info = bnn::inspect::inspect_file(file)?;
+                match args.json {
+                    true => json(&info),
+                    false => Ok(bnn::inspect::file_table(&info).trim_end().to_string()),
+                }
+            }
+            (None, None) => Err(Error::Config(
+                "bnn inspect needs --run RUN or --file SAMPLE".into(),
+            )),
+        },
         Command::Data(DataCommand::Fetch { data, mirror }) => {
             let spec = spec_of(&data.dataset)?;
             let dir = data::download_dir(&spec, data.data_dir.as_deref());

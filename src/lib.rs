@@ -16,6 +16,7 @@ pub mod data;
 pub mod ensemble;
 pub mod error;
 pub mod eval;
+pub mod inspect;
 pub mod kernels;
 pub mod metrics;
 pub mod model;

@@ -1,0 +1,281 @@
+//! `bnn inspect`: what a run folder or one sample file holds: architecture, sampler and
+//! hyper-parameters, samples and steps, tensors (names, shapes, dtypes), sizes on disk and
+//! the summary's metrics; as a table for people or JSON for programs.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::{self, RunManifest};
+use crate::error::{Error, Result};
+
+/// One tensor of a sample file.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TensorInfo {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub dtype: String,
+    pub bytes: usize,
+}
+
+/// A sample file: its tensors in file order and its metadata.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FileInfo {
+    pub path: String,
+    pub bytes: u64,
+    pub parameters: usize,
+    pub tensors: Vec<TensorInfo>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// A run folder.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunInfo {
+    pub run_dir: String,
+    pub dataset: String,
+    pub model: String,
+    pub num_params: usize,
+    /// Everything the run was trained with, as `run.json` records it.
+    pub settings: serde_json::Value,
+    /// Samples per chain, in chain order.
+    pub samples_per_chain: Vec<usize>,
+    pub samples: usize,
+    pub steps: Option<u64>,
+    /// Bytes on disk: the samples, the resumable state, everything in the folder.
+    pub sample_bytes: u64,
+    pub state_bytes: u64,
+    pub total_bytes: u64,
+    /// The first sample's tensors (every sample has the same).
+    pub first_sample: Option<FileInfo>,
+    /// The test-set metrics of `summary.json`: ensemble and last sample (absent while the
+    /// run has not finished).
+    pub ensemble: Option<serde_json::Value>,
+    pub last_sample: Option<serde_json::Value>,
+}
+
+/// Reads the header of the safetensors file at `path` (not its data).
+pub fn inspect_file(path: &Path) -> Result<FileInfo> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let corrupt =
+        |e: String| Error::Checkpoint(format!("{}: not a safetensors sample: {e}", path.display()));
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    let (_, header) =
+        safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    let mut tensors: Vec<(usize, TensorInfo)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            let offset = view.data().as_ptr() as usize - bytes.as_ptr() as usize;
+            let info = TensorInfo {
+                shape: view.shape().to_vec(),
+                dtype: format!("{:?}", view.dtype()),
+                bytes: view.data().len(),
+                name,
+            };
+            (offset, info)
+        })
+        .collect();
+    tensors.sort_by_key(|(offset, _)| *offset);
+    let tensors: Vec<TensorInfo> = tensors.into_iter().map(|(_, t)| t).collect();
+    Ok(FileInfo {
+        path: path.display().to_string(),
+        bytes: bytes.len() as u64,
+        parameters: tensors
+            .iter()
+            .map(|t| t.shape.iter().product::<usize>())
+            .sum(),
+        tensors,
+        metadata: header
+            .metadata()
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .collect(),
+    })
+}
+
+/// Bytes of every file under `dir`, recursively (0 when it does not exist).
+fn bytes_under(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => bytes_under(&e.path()),
+            _ => e.metadata().map_or(0, |m| m.len()),
+        })
+        .sum()
+}
+
+/// Reads the run folder `run_dir`.
+pub fn inspect_run(run_dir: &Path) -> Result<RunInfo> {
+    let manifest = RunManifest::read(run_dir)?;
+    let chains = checkpoint::chain_dirs(run_dir);
+    let mut samples_per_chain = Vec::new();
+    let (mut sample_bytes, mut state_bytes) = (0, 0);
+    let mut first = None;
+    for dir in &chains {
+        let paths = checkpoint::list_samples(dir)?;
+        if first.is_none() {
+            first = paths.first().cloned();
+        }
+        samples_per_chain.push(paths.len());
+        sample_bytes += bytes_under(&checkpoint::samples_dir(dir));
+        state_bytes += bytes_under(&dir.join("state"));
+    }
+    let summary: Option<serde_json::Value> = match run_dir.join("summary.json") {
+        p if p.is_file() => {
+            let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
+            Some(serde_json::from_str(&text).map_err(|e| {
+                Error::Checkpoint(format!("{}: not what bnn writes: {e}", p.display()))
+            })?)
+        }
+        _ => None,
+    };
+    let settings = serde_json::to_value(&manifest.settings)
+        .map_err(|e| Error::Checkpoint(format!("serialising the settings: {e}")))?;
+    let field = |k: &str| summary.as_ref().and_then(|s| s.get(k)).cloned();
+    Ok(RunInfo {
+        run_dir: run_dir.display().to_string(),
+        dataset: manifest.dataset.clone(),
+        model: manifest.settings.model.label(),
+        num_params: manifest.num_params,
+        settings,
+        samples: samples_per_chain.iter().sum(),
+        samples_per_chain,
+        steps: field("steps").and_then(|v| v.as_u64()),
+        sample_bytes,
+        state_bytes,
+        total_bytes: bytes_under(run_dir),
+        first_sample: first.map(|p| inspect_file(&p)).transpose()?,
+        ensemble: field("ensemble").filter(|v| !v.is_null()),
+        last_sample: field("last_sample").filter(|v| !v.is_null()),
+    })
+}
+
+/// A settings value for people: an object as `kind key value …`, strings unquoted.
+fn words(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Object(m) => {
+            let mut parts: Vec<String> = m.get("kind").map(words).into_iter().collect();
+            parts.extend(
+                m.iter()
+                    .filter(|(k, _)| *k != "kind")
+                    .map(|(k, v)| format!("{k} {}", words(v))),
+            );
+            parts.join("  ")
+        }
+        other => other.to_string(),
+    }
+}
+
+/// Megabytes, for people.
+fn mb(bytes: u64) -> String {
+    format!("{:.2} MB", bytes as f64 / 1e6)
+}
+
+fn tensor_table(out: &mut String, f: &FileInfo) {
+    let width = f
+        .tensors
+        .iter()
+        .map(|t| t.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(6);
+    let _ = writeln!(
+        out,
+        "  {:width$}  {:>16}  {:>5}  {:>10}",
+        "tensor", "shape", "dtype", "bytes"
+    );
+    for t in &f.tensors {
+        let shape = format!("{:?}", t.shape);
+        let _ = writeln!(
+            out,
+            "  {:width$}  {:>16}  {:>5}  {:>10}",
+            t.name, shape, t.dtype, t.bytes
+        );
+    }
+}
+
+/// The table `bnn inspect --file` prints.
+pub fn file_table(f: &FileInfo) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "file        {}", f.path);
+    let _ = writeln!(out, "size        {} ({} bytes)", mb(f.bytes), f.bytes);
+    let _ = writeln!(out, "parameters  {}", f.parameters);
+    for (k, v) in &f.metadata {
+        let _ = writeln!(out, "metadata    {k} = {v}");
+    }
+    tensor_table(&mut out, f);
+    out
+}
+
+/// The table `bnn inspect --run` prints.
+pub fn run_table(r: &RunInfo) -> String {
+    let mut out = String::new();
+    let s = &r.settings;
+    let get = |k: &str| s.get(k).map_or("-".to_string(), words);
+    let _ = writeln!(out, "run          {}", r.run_dir);
+    let _ = writeln!(out, "dataset      {}", r.dataset);
+    let _ = writeln!(
+        out,
+        "model        {} ({} parameters)",
+        r.model, r.num_params
+    );
+    let _ = writeln!(out, "sampler      {}", get("sampler"));
+    let _ = writeln!(
+        out,
+        "prior        {}   temperature {}",
+        get("prior"),
+        get("temperature")
+    );
+    let _ = writeln!(
+        out,
+        "schedule     epochs {}  batch {}  burn-in {}  thin {}  decay at {}  cycles {}  seed {}  chains {}",
+        get("epochs"),
+        get("batch_size"),
+        get("burnin"),
+        get("thin"),
+        get("decay_at"),
+        get("cycles"),
+        get("seed"),
+        get("chains")
+    );
+    let per_chain = match r.samples_per_chain.len() {
+        1 => String::new(),
+        _ => format!(" ({:?} per chain)", r.samples_per_chain),
+    };
+    let _ = writeln!(out, "samples      {}{per_chain}", r.samples);
+    let _ = writeln!(
+        out,
+        "steps        {}",
+        r.steps.map_or("- (not finished)".into(), |s| s.to_string())
+    );
+    let _ = writeln!(
+        out,
+        "on disk      samples {}, state {}, whole folder {}",
+        mb(r.sample_bytes),
+        mb(r.state_bytes),
+        mb(r.total_bytes)
+    );
+    let metric = |v: &Option<serde_json::Value>| match v {
+        Some(m) => format!(
+            "accuracy {:.4}  NLL {:.4}  ECE {:.4}",
+            m["accuracy"].as_f64().unwrap_or(f64::NAN),
+            m["nll"].as_f64().unwrap_or(f64::NAN),
+            m["ece"].as_f64().unwrap_or(f64::NAN)
+        ),
+        None => "-".into(),
+    };
+    let _ = writeln!(out, "ensemble     {}", metric(&r.ensemble));
+    let _ = writeln!(out, "last sample  {}", metric(&r.last_sample));
+    if let Some(f) = &r.first_sample {
+        let _ = writeln!(out, "first sample {} ({})", f.path, mb(f.bytes));
+        tensor_table(&mut out, f);
+    }
+    out
+}
