@@ -20,7 +20,7 @@ ALLOWED["potential"] = GROUND | {"kernels", "model", "backprop"}
 ALLOWED["sampler"] = GROUND | {"kernels"}
 ORCHESTRATION = {"train", "ensemble", "metrics", "checkpoint", "run_state", "eval",
                  "bench", "synthetic", "convergence", "schedule", "settings", "uncertainty",
-                 "plot", "inspect"}
+                 "plot", "inspect", "predict"}
 LIBRARY = GROUND | {"kernels", "data", "model", "backprop", "potential", "sampler"} | ORCHESTRATION
 for m in ORCHESTRATION:
     ALLOWED[m] = LIBRARY

@@ -46,6 +46,9 @@ pub enum Command {
     /// Show what a run folder or a sample file holds: architecture, sampler,
     /// hyper-parameters, samples, tensors, sizes on disk, metrics (a table, or --json).
     Inspect(InspectArgs),
+    /// Classify images with a run's ensemble: PNG/JPEG files (any size, grey or colour) or
+    /// an image of an IDX file; class probabilities, entropy and mutual information.
+    Predict(PredictArgs),
     /// Download or verify datasets.
     #[command(subcommand)]
     Data(DataCommand),
@@ -411,6 +414,28 @@ pub struct InspectArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PredictArgs {
+    /// The run folder whose samples predict.
+    #[arg(long)]
+    pub run: PathBuf,
+    /// PNG or JPEG files.
+    #[arg(value_name = "IMAGE")]
+    pub images: Vec<PathBuf>,
+    /// An IDX images file (e.g. t10k-images-idx3-ubyte.gz) to take an image from.
+    #[arg(long, value_name = "FILE", requires = "index")]
+    pub idx: Option<PathBuf>,
+    /// Which image of --idx (from 0).
+    #[arg(long, value_name = "I", requires = "idx")]
+    pub index: Option<usize>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Device to predict on.
+    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
+    pub device: DeviceKind,
 }
 
 /// A distribution shift of `bnn eval --shift`.

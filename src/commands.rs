@@ -57,6 +57,29 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
             tracing::info!("{} files in {}", report.written.len(), report.out_dir);
             json(&report)
         }
+        Command::Predict(args) => {
+            let manifest = RunManifest::read(&args.run)?;
+            let mut inputs = bnn::predict::read_pictures(&manifest, &args.images)?;
+            if let (Some(file), Some(i)) = (&args.idx, args.index) {
+                inputs.push(bnn::predict::read_idx_image(&manifest, file, i)?);
+            }
+            if inputs.is_empty() {
+                return Err(Error::Config(
+                    "bnn predict needs an IMAGE file or --idx FILE --index I".into(),
+                ));
+            }
+            for input in &inputs {
+                if !input.notes.is_empty() {
+                    eprintln!("note: {}: {}", input.name, input.notes.join("; "));
+                }
+            }
+            let device = device_of(args.device)?;
+            let predictions = bnn::predict::predict(&args.run, &manifest, &inputs, &device)?;
+            match args.json {
+                true => json(&predictions),
+                false => Ok(bnn::predict::table(&predictions).trim_end().to_string()),
+            }
+        }
         Command::Inspect(args) => match (&args.run, &args.file) {
             (Some(run), _) => {
                 let info = bnn::inspect::inspect_run(run)?;

@@ -23,6 +23,7 @@ pub mod model;
 pub mod plot;
 pub mod pool;
 pub mod potential;
+pub mod predict;
 pub mod rng;
 pub mod run_state;
 pub mod sampler;

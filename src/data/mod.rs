@@ -5,6 +5,7 @@ pub mod augment;
 pub mod fetch;
 pub mod idx;
 pub mod label_noise;
+pub mod picture;
 pub mod registry;
 pub mod shift;
 
