@@ -348,6 +348,11 @@ pub struct TrainArgs {
     /// saved at the end and on SIGINT/SIGTERM.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub checkpoint_every: usize,
+    /// Record the sampler's diagnostics (minibatch potential energy, kinetic energy per
+    /// parameter overall and per tensor, thermostat mean and spread) in
+    /// RUN/diagnostics.jsonl every N updates; 0: at each epoch's end.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub log_every: usize,
     /// Run K independent chains side by side (seeds derived from --seed; chain 0 has
     /// --seed itself), in RUN/chain-<k>/; the ensemble pools them, and the summary adds
     /// each chain's figures, split-R-hat and ESS.

@@ -425,6 +425,7 @@ fn check_unchanged(recorded: &RunManifest, now: &RunManifest) -> Result<()> {
         "bnn_version",
         "epochs",
         "checkpoint_every",
+        "log_every",
         "command_line",
         "data_source",
     ];
@@ -611,6 +612,7 @@ fn train_config(
             },
             seed: args.seed,
             checkpoint_every: args.checkpoint_every,
+            log_every: args.log_every,
             chains: args.chains,
             replicas: if sampler.kind.is_replica_exchange() {
                 Some(replica_options(&args.replicas)?)

@@ -36,6 +36,10 @@ pub struct Settings {
     /// on SIGINT/SIGTERM.
     #[serde(default)]
     pub checkpoint_every: usize,
+    /// Write a line of `diagnostics.jsonl` every this many updates (0: at each epoch's
+    /// end); see [`crate::train::diagnostics`].
+    #[serde(default)]
+    pub log_every: usize,
     /// Independent chains run side by side (1: one chain, samples in `RUN/samples/`).
     #[serde(default = "one")]
     pub chains: usize,
@@ -159,6 +163,7 @@ mod tests {
             schedule: crate::schedule::example(),
             seed: 0,
             checkpoint_every: 0,
+            log_every: 0,
             chains: 1,
             replicas: None,
             permute_labels: 0.0,

@@ -258,12 +258,14 @@ mod tests {
         assert_eq!(at(1.0), 0.5);
         assert_eq!(at(0.5), 1.0);
         assert_eq!(u.per_class_accuracy, vec![0.5, 0.5]);
-        // Reliability: 0.9 twice (right), 0.6 and 0.55 (wrong), in the ECE's bins.
+        // Reliability: 0.9 twice (right) in (0.867, 0.933]; 0.6 and 0.55 (wrong) in
+        // (0.533, 0.6], the ECE's bins.
         let used: Vec<_> = u.reliability.iter().filter(|r| r.count > 0).collect();
-        assert_eq!(used.len(), 3, "{used:?}");
-        assert_eq!((used[2].count, used[2].accuracy), (2, 1.0));
-        assert!((used[2].confidence - 0.9).abs() < 1e-12);
-        assert_eq!(used[0].accuracy + used[1].accuracy, 0.0);
+        assert_eq!(used.len(), 2, "{used:?}");
+        assert_eq!((used[1].count, used[1].accuracy), (2, 1.0));
+        assert!((used[1].confidence - 0.9).abs() < 1e-12);
+        assert_eq!((used[0].count, used[0].accuracy), (2, 0.0));
+        assert!((used[0].confidence - 0.575).abs() < 1e-12);
         // The ECE from these bins is the metrics module's.
         let n = 4.0;
         let ece: f64 = used

@@ -36,6 +36,9 @@ fn train_args_with(out: &Path, name: &str, extra: &[&str]) -> Vec<String> {
         "20",
         "--checkpoint-every",
         "7",
+        // Diagnostics lines between checkpoints: a resume drops those after the state.
+        "--log-every",
+        "5",
         "--no-progress",
         "--out",
     ]
@@ -98,7 +101,7 @@ fn check_folder(run: &Path) -> bool {
             "run.json" => {
                 RunManifest::read(run).expect("run.json loads");
             }
-            "metrics.jsonl" => {
+            "metrics.jsonl" | "diagnostics.jsonl" => {
                 for line in std::fs::read_to_string(f).unwrap().lines() {
                     serde_json::from_str::<serde_json::Value>(line)
                         .expect("a complete metrics line");
@@ -147,6 +150,8 @@ fn eval_report(run: &Path) -> serde_json::Value {
 struct Outcome {
     samples: Vec<(PathBuf, Vec<u8>)>,
     metrics: Vec<serde_json::Value>,
+    /// The lines of `diagnostics.jsonl` (all deterministic).
+    diagnostics: Vec<String>,
     summary: serde_json::Value,
 }
 
@@ -157,7 +162,7 @@ fn outcome(run: &Path) -> Outcome {
         }
         v
     };
-    let (mut samples, mut metrics) = (Vec::new(), Vec::new());
+    let (mut samples, mut metrics, mut diagnostics) = (Vec::new(), Vec::new(), Vec::new());
     for chain in bnn::checkpoint::chain_dirs(run) {
         for p in list_samples(&chain).unwrap() {
             let name = p.strip_prefix(run).unwrap().to_path_buf();
@@ -170,6 +175,20 @@ fn outcome(run: &Path) -> Outcome {
             metrics.push(strip(serde_json::from_str(l).unwrap(), &["seconds"]));
         }
     }
+    // The chains' (or the replicas') diagnostics, and a replica run's exchanges.
+    let mut watched: Vec<PathBuf> = bnn::checkpoint::chain_dirs(run);
+    watched.extend(
+        (0..)
+            .map(|j| run.join(format!("replica-{j}")))
+            .take_while(|d| d.is_dir()),
+    );
+    watched.push(run.to_path_buf());
+    watched.dedup();
+    for dir in watched {
+        if let Ok(diag) = std::fs::read_to_string(dir.join("diagnostics.jsonl")) {
+            diagnostics.extend(diag.lines().map(String::from));
+        }
+    }
     let summary = strip(
         serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap(),
         &["train_seconds", "steps_per_second", "run_dir"],
@@ -177,6 +196,7 @@ fn outcome(run: &Path) -> Outcome {
     Outcome {
         samples,
         metrics,
+        diagnostics,
         summary,
     }
 }
@@ -291,6 +311,7 @@ fn runs_stopped_and_resumed_are_bit_identical_to_an_uninterrupted_run() {
         );
     }
     assert_eq!(killed.metrics, whole.metrics, "metrics.jsonl");
+    assert_eq!(killed.diagnostics, whole.diagnostics, "diagnostics.jsonl");
     assert_eq!(killed.summary, whole.summary, "summary.json");
 
     stop_and_resume(out, "interrupted", libc::SIGINT, 5, 12);

@@ -63,7 +63,13 @@ pub fn plot_run(run_dir: &Path, out: Option<&Path>) -> Result<PlotReport> {
     let mut figures = Vec::new();
     let mut skipped = Vec::new();
     figures.push(learning_curves(&epochs));
-    figures.push(dynamics(&epochs));
+    let diagnostics_path = chains[0].join("diagnostics.jsonl");
+    let watched: Vec<crate::train::diagnostics::DiagnosticRecord> = match diagnostics_path.is_file()
+    {
+        true => read_jsonl(&diagnostics_path)?,
+        false => Vec::new(),
+    };
+    figures.push(dynamics(&epochs, &watched));
     let progress = match &evaluated {
         Some(e) if !e.progress.is_empty() => e.progress.clone(),
         _ => summary.progress.clone(),
@@ -159,6 +165,10 @@ struct Line {
 }
 
 fn read_lines(path: &Path) -> Result<Vec<Line>> {
+    read_jsonl(path)
+}
+
+fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::Checkpoint(format!("cannot read {}: {e}", path.display())))?;
     text.lines()
@@ -227,7 +237,10 @@ fn learning_curves(epochs: &[EpochRecord]) -> Figure {
     }
 }
 
-fn dynamics(epochs: &[EpochRecord]) -> Figure {
+fn dynamics(
+    epochs: &[EpochRecord],
+    watched: &[crate::train::diagnostics::DiagnosticRecord],
+) -> Figure {
     let mut panels = vec![count_panel(
         "Kinetic energy per parameter (epoch mean)",
         "epoch",
@@ -248,6 +261,30 @@ fn dynamics(epochs: &[EpochRecord]) -> Figure {
                 per_epoch(epochs, |e| e.thermostat),
                 Mark::LinePoints,
             )],
+        ));
+    }
+    if let Some(first) = watched.first() {
+        let per_tensor = first
+            .kinetic_per_tensor
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let points = watched
+                    .iter()
+                    .filter_map(|r| {
+                        r.kinetic_per_tensor
+                            .get(i)
+                            .map(|k| (r.step as f64, k.kinetic_energy))
+                    })
+                    .collect();
+                Series::new(&t.tensor, points, Mark::Line)
+            })
+            .collect();
+        panels.push(panel(
+            "Kinetic energy per parameter of each tensor",
+            "update",
+            "kinetic energy",
+            per_tensor,
         ));
     }
     panels.push(count_panel(

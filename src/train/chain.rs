@@ -90,6 +90,7 @@ pub(super) fn run_chain(
                 .step_size_of(s.sampler.step_size, step, total_steps, epoch);
             let diag = chain.update(idx, eta, &mut sums, step, epoch)?;
             step += 1;
+            chain.watch(step, epoch, b + 1 == batches, None)?;
             step_seconds += t0.elapsed().as_secs_f64();
             if s.schedule.keeps_sample(step, total_steps, epoch) {
                 chain.keep_sample(step, epoch, eta, diag)?;
@@ -160,6 +161,10 @@ pub(super) struct Chain<'a> {
     /// The seed of the run's label noise, and this epoch's labels where there is some.
     label_seed: u64,
     labels: Option<Vec<u8>>,
+    /// Watches the sampler: `diagnostics.jsonl` and the warnings.
+    pub monitor: super::diagnostics::Monitor,
+    /// The mean NLL of the last minibatch.
+    last_nll: f64,
 }
 
 /// The kept samples' running results: the streaming ensembles on the test and validation
@@ -236,15 +241,23 @@ impl<'a> Chain<'a> {
             s.seed,
             s.batch_size,
         )?;
+        let monitor = super::diagnostics::Monitor::new(
+            s.log_every,
+            stepper.sampler.diagnostics().thermostat,
+            "",
+        )
+        .checking_from(s.schedule.burnin);
         Ok(Chain {
             cfg,
             ds,
             run_dir,
             model,
             stepper,
+            monitor,
             kept: Kept::new(ds),
             label_seed,
             labels: None,
+            last_nll: f64::NAN,
         })
     }
 
@@ -380,6 +393,7 @@ impl<'a> Chain<'a> {
         if !loss.nll.is_finite() {
             return Err(diverged(step, epoch, loss.nll, base));
         }
+        self.last_nll = loss.nll;
         sums.correct += loss.correct;
         sums.seen += idx.len();
         sums.nll_sum += loss.nll * idx.len() as f64;
@@ -421,7 +435,32 @@ impl<'a> Chain<'a> {
         let record = self.epoch_record(epoch, step, sums, started, Some(&self.kept));
         append_line(&self.run_dir.join("metrics.jsonl"), &to_json(&record)?)?;
         log_epoch(&record, None);
+        self.monitor.end_epoch(epoch, record.kinetic_energy);
         Ok(())
+    }
+
+    /// After update `step` (counted from 1) of epoch `epoch`: a line of
+    /// `diagnostics.jsonl` where one is due (`temperature`: a replica's).
+    pub fn watch(
+        &mut self,
+        step: u64,
+        epoch: usize,
+        last_of_epoch: bool,
+        temperature: Option<f64>,
+    ) -> Result<()> {
+        if !self.monitor.due(step, last_of_epoch) {
+            return Ok(());
+        }
+        let inputs = super::diagnostics::Inputs {
+            names: self.model.params.iter().map(|p| p.name.clone()).collect(),
+            sampler: self.stepper.sampler.as_ref(),
+            prior_energy: self.stepper.potential.prior.energy(&self.model.vars())?,
+            n_data: self.ds.train.len(),
+            minibatch_nll: self.last_nll,
+        };
+        let mut record = super::diagnostics::record(step, epoch, inputs)?;
+        record.temperature = temperature;
+        self.monitor.write(self.run_dir, record)
     }
 
     /// The prior's Gibbs step at the potential's temperature (samplers only: SGD and
@@ -588,6 +627,7 @@ pub(super) fn interrupted(signal: i32, step: u64, run_dir: &Path) -> Error {
 /// are written again, identically.
 pub(super) fn discard_after(run_dir: &Path, at: &Progress) -> Result<()> {
     let metrics_path = &run_dir.join("metrics.jsonl");
+    trim_diagnostics(&run_dir.join("diagnostics.jsonl"), at.step)?;
     // A replica's folder has no samples of its own.
     let samples = if checkpoint::samples_dir(run_dir).is_dir() {
         checkpoint::list_samples_by_step(run_dir)?
@@ -633,6 +673,25 @@ pub(super) fn discard_after(run_dir: &Path, at: &Progress) -> Result<()> {
         crate::atomic::write_atomic(metrics_path, kept.as_bytes())?;
     }
     Ok(())
+}
+
+/// Drops the lines of a `diagnostics.jsonl` written after update `step`.
+pub(super) fn trim_diagnostics(path: &Path, step: u64) -> Result<()> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let kept: String = text
+        .lines()
+        .filter(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .and_then(|v| v["step"].as_u64())
+                .is_some_and(|s| s <= step)
+        })
+        .flat_map(|l| [l, "\n"])
+        .collect();
+    crate::atomic::write_atomic(path, kept.as_bytes())
 }
 
 pub(super) fn diverged(step: u64, epoch: usize, loss: f64, step_size: f64) -> Error {

@@ -3,6 +3,7 @@
 //! metrics, and a summary.
 
 mod chain;
+pub mod diagnostics;
 mod replicas;
 mod stepper;
 
@@ -257,8 +258,15 @@ fn clear_run(run_dir: &std::path::Path) -> Result<()> {
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let path = entry.path();
-        let ours_file = ["summary.json", "metrics.jsonl", "replicas.json"].contains(&name.as_str());
-        let ours_dir = ["samples", "state", "replicas"].contains(&name.as_str())
+        let ours_file = [
+            "summary.json",
+            "metrics.jsonl",
+            "replicas.json",
+            "diagnostics.jsonl",
+        ]
+        .contains(&name.as_str());
+        // `eval/` and `plots/` describe the earlier run's samples.
+        let ours_dir = ["samples", "state", "replicas", "eval", "plots"].contains(&name.as_str())
             || name.starts_with("chain-")
             || name.starts_with("replica-");
         if ours_file {

@@ -136,10 +136,17 @@ pub(super) fn run_replicas(
         .collect();
     let dirs: Vec<PathBuf> = (0..m).map(|j| replica_dir(run_dir, j)).collect();
     let mut replicas = Vec::with_capacity(m);
-    for (c, dir) in cfgs.iter().zip(&dirs) {
+    for (j, (c, dir)) in cfgs.iter().zip(&dirs).enumerate() {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let mut chain = Chain::new(c, ds, dir, s.seed)?;
+        chain.monitor = super::diagnostics::Monitor::new(
+            s.log_every,
+            chain.stepper.sampler.diagnostics().thermostat,
+            &format!("replica {j}: "),
+        )
+        .checking_from(s.schedule.burnin);
         replicas.push(Replica {
-            chain: Chain::new(c, ds, dir, s.seed)?,
+            chain,
             shuffle: rand::rngs::StdRng::seed_from_u64(c.settings.seed ^ rng::SHUFFLE_STREAM),
             order: (0..ds.train.len()).collect(),
             sums: Progress::default(),
@@ -251,6 +258,21 @@ pub(super) fn run_replicas(
         report.ladder.end_round();
         report.swap_rates = report.ladder.swap_rates();
         report.expected_swap_rates = report.ladder.expected_swap_rates();
+        // The exchanges in RUN/diagnostics.jsonl where a record fell in this round.
+        let due = match s.log_every as u64 {
+            0 => from / plan.batches != step / plan.batches,
+            k => from / k != step / k,
+        };
+        if due {
+            let line = serde_json::json!({
+                "step": step,
+                "round": report.ladder.rounds,
+                "temperatures": report.ladder.temperatures,
+                "holder": report.ladder.holder,
+                "swap_rates": report.swap_rates,
+            });
+            append_line(&run_dir.join("diagnostics.jsonl"), &line.to_string())?;
+        }
         bar.set_position(step);
         bar.set_message(format!(
             "T0 samples {} swap rates {}",
@@ -359,6 +381,8 @@ fn advance(
         let diag = r.chain.update(idx, t * eta, &mut r.sums, step, epoch)?;
         r.step_seconds += t0.elapsed().as_secs_f64();
         let done = step + 1;
+        r.chain
+            .watch(done, epoch, b as u64 + 1 == plan.batches, Some(t))?;
         if let Some(cold) = cold {
             if s.schedule.keeps_sample(done, plan.total_steps, epoch) {
                 let mut kept = lock(cold)?;
@@ -386,6 +410,7 @@ fn advance(
                     .chain
                     .epoch_record(epoch, done, &r.sums, r.epoch_started, None),
             };
+            r.chain.monitor.end_epoch(epoch, line.kinetic_energy);
             let record = ReplicaEpoch {
                 replica: j,
                 temperature: t,
@@ -620,6 +645,7 @@ fn restore(
     *cold = std::mem::replace(&mut replicas[0].chain.kept, Kept::new(plan.ds));
     let at = &replicas[0].sums;
     super::chain::discard_after(&plan.cold_dir, at)?;
+    super::chain::trim_diagnostics(&run_dir.join("diagnostics.jsonl"), record.step)?;
     tracing::info!(
         epoch = at.epoch + 1,
         batch = at.batch,
