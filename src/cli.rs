@@ -99,6 +99,10 @@ pub struct SampleArgs {
     /// Write the kept samples as CSV (one row per step and chain).
     #[arg(long)]
     pub csv: Option<PathBuf>,
+    /// Draw each coordinate's histogram against the true density into DIR/sample.png and
+    /// DIR/sample.svg.
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<PathBuf>,
     /// Noise N(0, V) on U and on each coordinate of ∇U, unknown to the sampler (replaces
     /// --noise; Luo et al. §4.1 use 0.25).
     #[arg(long)]

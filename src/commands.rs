@@ -142,6 +142,11 @@ pub fn run(command: Command, quiet: bool) -> Result<String> {
                 }
                 bnn::atomic::write_atomic(path, text.as_bytes())?;
             }
+            if let Some(dir) = &a.plot {
+                for p in bnn::plot::plot_sample(&report, dir)? {
+                    tracing::info!("wrote {}", p.display());
+                }
+            }
             json(&report)
         }
         Command::Bench(BenchCommand::Step {

@@ -40,16 +40,8 @@ pub fn evaluate(probs: &[f64], labels: &[u8], classes: usize) -> Metrics {
     for (row, &y) in probs.chunks_exact(classes).zip(labels) {
         let y = y as usize;
         // First maximum wins ties, like argmax.
-        let (pred, conf) =
-            row.iter()
-                .enumerate()
-                .fold((0, f64::NEG_INFINITY), |(bi, bp), (i, &p)| {
-                    if p > bp {
-                        (i, p)
-                    } else {
-                        (bi, bp)
-                    }
-                });
+        let pred = crate::uncertainty::predicted(row);
+        let conf = row[pred];
         let hit = pred == y;
         correct += hit as usize;
         nll -= row[y].max(MIN_PROB).ln();

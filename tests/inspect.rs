@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{bnn, last_json, stderr, stdout};
+use common::{bnn, fails_with, last_json, stderr, stdout};
 
 #[test]
 fn inspect_shows_a_run_and_a_sample() {
@@ -72,15 +72,11 @@ fn inspect_rejects_files_that_are_no_samples() {
     std::fs::write(d.path().join("notes.txt"), "not a tensor file\n").unwrap();
     std::fs::write(d.path().join("empty.safetensors"), "").unwrap();
     for name in ["notes.txt", "empty.safetensors"] {
-        let out = bnn(d.path(), &["inspect", "--file", name]);
-        assert_eq!(out.status.code(), Some(1), "{name}");
-        let err = stderr(&out);
-        assert!(
-            err.contains(name) && err.contains("not a safetensors sample"),
-            "{err}"
+        fails_with(
+            d.path(),
+            &["inspect", "--file", name],
+            &[name, "not a safetensors sample"],
         );
-        assert_eq!(err.lines().count(), 1, "{err}");
     }
-    let out = bnn(d.path(), &["inspect", "--run", "nowhere"]);
-    assert_eq!(out.status.code(), Some(1));
+    fails_with(d.path(), &["inspect", "--run", "nowhere"], &["nowhere"]);
 }

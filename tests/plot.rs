@@ -5,13 +5,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{bnn, last_json, real_data, stderr};
-
-fn run_ok(cwd: &Path, args: &[&str]) -> serde_json::Value {
-    let out = bnn(cwd, args);
-    assert!(out.status.success(), "bnn {args:?}: {}", stderr(&out));
-    last_json(&out)
-}
+use common::{bnn, real_data, run_ok, stderr};
 
 /// Decodes `stem.png` and parses `stem.svg` in `dir`.
 fn check_picture(dir: &Path, stem: &str) {
@@ -156,4 +150,40 @@ fn plot_refuses_a_folder_that_is_not_a_run() {
         "{err}"
     );
     assert!(!d.path().join("empty/plots").exists());
+}
+
+/// `bnn sample --plot DIR`: the double well's histogram against its density.
+#[test]
+fn sample_draws_its_histogram_against_the_true_density() {
+    let d = tempfile::tempdir().unwrap();
+    let report = run_ok(
+        d.path(),
+        &[
+            "sample",
+            "--potential",
+            "double-well",
+            "--sampler",
+            "sghmc",
+            "--steps",
+            "20000",
+            "--burnin",
+            "1000",
+            "--plot",
+            "pictures",
+        ],
+    );
+    check_picture(&d.path().join("pictures"), "sample");
+    // The marginal drawn: densities that integrate to the mass inside the grid.
+    let m = &report["marginals"][0];
+    let centers = m["centers"].as_array().unwrap();
+    let width = centers[1].as_f64().unwrap() - centers[0].as_f64().unwrap();
+    for key in ["sampled", "truth"] {
+        let mass: f64 = m[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() * width)
+            .sum();
+        assert!((mass - 1.0).abs() < 0.01, "{key}: {mass}");
+    }
 }

@@ -5,7 +5,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{bnn, last_json, real_data, stderr, stdout};
+use common::{bnn, fails_with, last_json, real_data, run_ok, short_mnist_run, stderr, stdout};
 
 /// Writes a PNG of `width × height` grey (or RGB) pixels.
 fn write_png(path: &Path, width: u32, height: u32, rgb: bool, data: &[u8]) {
@@ -43,27 +43,7 @@ fn predict_classifies_a_saved_test_digit_at_any_size() {
         return;
     };
     let d = tempfile::tempdir().unwrap();
-    let train = bnn(
-        d.path(),
-        &[
-            "train",
-            "--dataset",
-            "mnist",
-            "--data-dir",
-            mnist.to_str().unwrap(),
-            "--epochs",
-            "1",
-            "--burnin",
-            "0",
-            "--thin",
-            "100",
-            "--seed",
-            "1",
-            "--run-name",
-            "m",
-        ],
-    );
-    assert!(train.status.success(), "{}", stderr(&train));
+    short_mnist_run(d.path(), &mnist, 1, "m");
     let (digit, label) = test_digit(&mnist, 0);
     write_png(&d.path().join("d28.png"), 28, 28, false, &digit);
     // 1000×1000, nearest neighbour; and dark ink on white, in colour.
@@ -130,40 +110,36 @@ fn predict_classifies_a_saved_test_digit_at_any_size() {
 #[test]
 fn predict_rejects_files_that_are_no_images() {
     let d = tempfile::tempdir().unwrap();
-    let train = bnn(
+    let mini = [
+        "--dataset",
+        "mnist-mini",
+        "--epochs",
+        "1",
+        "--burnin",
+        "0",
+        "--thin",
+        "60",
+    ];
+    run_ok(
         d.path(),
-        &[
-            "train",
-            "--dataset",
-            "mnist-mini",
-            "--epochs",
-            "1",
-            "--burnin",
-            "0",
-            "--thin",
-            "60",
-            "--run-name",
-            "r",
-        ],
+        &[&["train", "--run-name", "r"], &mini[..]].concat(),
     );
-    assert!(train.status.success(), "{}", stderr(&train));
     std::fs::write(d.path().join("empty.png"), "").unwrap();
     std::fs::write(
         d.path().join("notes.png"),
         "a text file with a picture's name\n",
     )
     .unwrap();
-    for (name, why) in [
-        ("empty.png", "empty file, not an image"),
-        ("notes.png", "not a PNG or JPEG image"),
-    ] {
-        let out = bnn(d.path(), &["predict", "--run", "checkpoints/r", name]);
-        assert_eq!(out.status.code(), Some(1), "{name}");
-        let err = stderr(&out);
-        assert!(err.contains(name) && err.contains(why), "{err}");
-        assert_eq!(err.lines().count(), 1, "{err}");
-    }
-    let out = bnn(d.path(), &["predict", "--run", "checkpoints/r"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("needs an IMAGE"), "{}", stderr(&out));
+    let predict = ["predict", "--run", "checkpoints/r"];
+    fails_with(
+        d.path(),
+        &[&predict[..], &["empty.png"]].concat(),
+        &["empty.png", "empty file, not an image"],
+    );
+    fails_with(
+        d.path(),
+        &[&predict[..], &["notes.png"]].concat(),
+        &["notes.png", "not a PNG or JPEG image"],
+    );
+    fails_with(d.path(), &predict, &["needs an IMAGE"]);
 }

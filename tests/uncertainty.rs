@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{bnn, last_json, real_data, stderr};
+use common::{bnn, fails_with, last_json, real_data, run_ok, short_mnist_run, stderr};
 use serde_json::Value;
 
 fn read_json(path: &Path) -> Value {
@@ -26,28 +26,7 @@ fn eval_reports_uncertainty_ood_detection_and_rotation() {
         return;
     };
     let d = tempfile::tempdir().unwrap();
-    let train = bnn(
-        d.path(),
-        &[
-            "train",
-            "--dataset",
-            "mnist",
-            "--data-dir",
-            mnist.to_str().unwrap(),
-            "--epochs",
-            "1",
-            "--burnin",
-            "0",
-            "--thin",
-            "100",
-            "--seed",
-            "3",
-            "--run-name",
-            "m",
-        ],
-    );
-    assert!(train.status.success(), "{}", stderr(&train));
-    let s = last_json(&train);
+    let s = short_mnist_run(d.path(), &mnist, 3, "m");
     let out = bnn(
         d.path(),
         &[
@@ -129,57 +108,31 @@ fn eval_reports_uncertainty_ood_detection_and_rotation() {
 #[test]
 fn eval_rejects_an_unknown_or_missing_ood_dataset() {
     let d = tempfile::tempdir().unwrap();
-    let train = bnn(
+    let mini = [
+        "--dataset",
+        "mnist-mini",
+        "--epochs",
+        "1",
+        "--burnin",
+        "0",
+        "--thin",
+        "30",
+    ];
+    run_ok(
         d.path(),
-        &[
-            "train",
-            "--dataset",
-            "mnist-mini",
-            "--epochs",
-            "1",
-            "--burnin",
-            "0",
-            "--thin",
-            "30",
-            "--run-name",
-            "r",
-        ],
+        &[&["train", "--run-name", "r"], &mini[..]].concat(),
     );
-    assert!(train.status.success(), "{}", stderr(&train));
-    let out = bnn(
+    let eval = ["eval", "--run", "checkpoints/r", "--ood-dataset"];
+    fails_with(
         d.path(),
-        &[
-            "eval",
-            "--run",
-            "checkpoints/r",
-            "--ood-dataset",
-            "nonsense",
-        ],
+        &[&eval[..], &["nonsense"]].concat(),
+        &["unknown dataset `nonsense`"],
     );
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        stderr(&out).contains("unknown dataset `nonsense`"),
-        "{}",
-        stderr(&out)
-    );
-    let out = bnn(
+    let missing = ["fashion-mnist", "--ood-data-dir", "nowhere", "--offline"];
+    fails_with(
         d.path(),
-        &[
-            "eval",
-            "--run",
-            "checkpoints/r",
-            "--ood-dataset",
-            "fashion-mnist",
-            "--ood-data-dir",
-            "nowhere",
-            "--offline",
-        ],
-    );
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        stderr(&out).contains("fashion-mnist not found"),
-        "{}",
-        stderr(&out)
+        &[&eval[..], &missing].concat(),
+        &["fashion-mnist not found"],
     );
     assert!(!d.path().join("checkpoints/r/eval").exists());
 }

@@ -141,6 +141,47 @@ pub fn plot_run(run_dir: &Path, out: Option<&Path>) -> Result<PlotReport> {
     })
 }
 
+/// `bnn sample --plot DIR`: each coordinate's sampled histogram against the true
+/// density, as `DIR/sample.png` and `DIR/sample.svg`.
+pub fn plot_sample(report: &crate::synthetic::SampleReport, dir: &Path) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::Checkpoint(format!("cannot create {}: {e}", dir.display())))?;
+    let o = &report.options;
+    let panels = report
+        .marginals
+        .iter()
+        .enumerate()
+        .map(|(d, m)| {
+            let width = match m.centers.as_slice() {
+                [a, b, ..] => b - a,
+                _ => 1.0,
+            };
+            let points = |v: &[f64]| m.centers.iter().copied().zip(v.iter().copied()).collect();
+            panel(
+                &format!("Coordinate {}", d + 1),
+                &format!("x{}", d + 1),
+                "density",
+                vec![
+                    Series::new("samples", points(&m.sampled), Mark::Bars(width)),
+                    Series::new("true density", points(&m.truth), Mark::Line),
+                ],
+            )
+        })
+        .collect();
+    let figure = Figure {
+        name: "sample".into(),
+        title: format!(
+            "{} with {}: {} samples, KL {:.4}",
+            o.potential.name(),
+            o.sampler.name(),
+            report.samples,
+            report.kl
+        ),
+        panels,
+    };
+    render::write(&figure, dir)
+}
+
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::Checkpoint(format!("cannot read {}: {e}", path.display())))?;

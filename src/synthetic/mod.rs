@@ -34,6 +34,19 @@ pub enum PotentialKind {
     Gaussian,
 }
 
+impl PotentialKind {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            PotentialKind::DoubleWell => "double-well",
+            PotentialKind::Quartic => "quartic",
+            PotentialKind::GaussianMean => "gaussian-mean",
+            PotentialKind::Gmm5 => "gmm5",
+            PotentialKind::Gaussian => "gaussian",
+        }
+    }
+}
+
 const GMM_RADIUS: f64 = 4.0;
 const GMM_SIGMA: f64 = 0.5;
 /// The variance of the noise on gmm5's U and ∇U (Luo et al. §4.1).
@@ -227,6 +240,18 @@ pub struct SampleReport {
     pub swap_rates: Option<Vec<f64>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature_variances: Option<Vec<f64>>,
+    /// Each coordinate's marginal on the grid: the samples' histogram against the true
+    /// density (what `bnn sample --plot` draws).
+    #[serde(default)]
+    pub marginals: Vec<Marginal>,
+}
+
+/// One coordinate's marginal on the grid, as densities (integrating to the mass inside).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Marginal {
+    pub centers: Vec<f64>,
+    pub sampled: Vec<f64>,
+    pub truth: Vec<f64>,
 }
 
 /// Runs the sampler; returns the report and the kept samples (steps × chains × dim).
@@ -481,6 +506,22 @@ fn summarise(
         } else {
             0.0
         };
+    // Marginals: the cells summed over the other coordinates, as densities.
+    let marginals = (0..dim)
+        .map(|d| {
+            let (mut sampled, mut truth) = (vec![0f64; bins], vec![0f64; bins]);
+            for c in 0..cells {
+                let k = (c / bins.pow(d as u32)) % bins;
+                sampled[k] += q[c] / (total.max(1) as f64 * width);
+                truth[k] += p[c] / width;
+            }
+            Marginal {
+                centers: (0..bins).map(center).collect(),
+                sampled,
+                truth,
+            }
+        })
+        .collect();
     let count = (samples.len() / dim) as f64;
     let mut mean = vec![0f64; dim];
     for point in samples.chunks_exact(dim) {
@@ -526,6 +567,7 @@ fn summarise(
         ladder: None,
         swap_rates: None,
         temperature_variances: None,
+        marginals,
     })
 }
 

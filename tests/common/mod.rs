@@ -113,3 +113,53 @@ pub fn last_json(o: &Output) -> serde_json::Value {
         .unwrap_or_else(|| panic!("no stdout; stderr: {}", stderr(o)));
     serde_json::from_str(line).unwrap_or_else(|e| panic!("last line is not JSON ({e}): {line}"))
 }
+
+/// Runs `bnn args` in `cwd`, asserting that it succeeds; its last JSON line.
+pub fn run_ok(cwd: &std::path::Path, args: &[&str]) -> serde_json::Value {
+    let out = bnn(cwd, args);
+    assert!(out.status.success(), "bnn {args:?}: {}", stderr(&out));
+    last_json(&out)
+}
+
+/// Runs `bnn args` in `cwd`, asserting exit 1 and one line on stderr containing each of
+/// `needles`.
+pub fn fails_with(cwd: &std::path::Path, args: &[&str], needles: &[&str]) {
+    let out = bnn(cwd, args);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "bnn {args:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "bnn {args:?}: {err}");
+    for n in needles {
+        assert!(err.contains(n), "bnn {args:?}: no `{n}` in {err}");
+    }
+}
+
+/// One epoch of the default MLP on the MNIST folder `mnist` (600 updates, a sample every
+/// 100), seed `seed`, as run `name`; its summary.
+pub fn short_mnist_run(
+    cwd: &std::path::Path,
+    mnist: &std::path::Path,
+    seed: u64,
+    name: &str,
+) -> serde_json::Value {
+    let seed = seed.to_string();
+    run_ok(
+        cwd,
+        &[
+            "train",
+            "--dataset",
+            "mnist",
+            "--data-dir",
+            mnist.to_str().unwrap(),
+            "--epochs",
+            "1",
+            "--burnin",
+            "0",
+            "--thin",
+            "100",
+            "--seed",
+            &seed,
+            "--run-name",
+            name,
+        ],
+    )
+}
