@@ -53,6 +53,11 @@ fn predict_classifies_a_saved_test_digit_at_any_size() {
     write_png(&d.path().join("d1000.png"), 1000, 1000, false, &big);
     let paper: Vec<u8> = big.iter().flat_map(|&v| [255 - v; 3]).collect();
     write_png(&d.path().join("paper.png"), 1000, 1000, true, &paper);
+    // And as a JPEG (lossy: the digit survives its artefacts).
+    image::GrayImage::from_raw(1000, 1000, big.clone())
+        .unwrap()
+        .save_with_format(d.path().join("d1000.jpg"), image::ImageFormat::Jpeg)
+        .unwrap();
     let idx = mnist.join("t10k-images-idx3-ubyte.gz");
     let out = bnn(
         d.path(),
@@ -63,6 +68,7 @@ fn predict_classifies_a_saved_test_digit_at_any_size() {
             "d28.png",
             "d1000.png",
             "paper.png",
+            "d1000.jpg",
             "--idx",
             idx.to_str().unwrap(),
             "--index",
@@ -82,7 +88,7 @@ fn predict_classifies_a_saved_test_digit_at_any_size() {
     );
     let p = last_json(&out);
     let p = p.as_array().unwrap();
-    assert_eq!(p.len(), 4);
+    assert_eq!(p.len(), 5);
     for q in p {
         assert_eq!(q["class"], label as u64, "{q}");
         assert!(q["probability"].as_f64().unwrap() > 0.9, "{q}");
@@ -96,7 +102,7 @@ fn predict_classifies_a_saved_test_digit_at_any_size() {
         assert!(q["mutual_information"].as_f64().unwrap() >= -1e-12);
     }
     // The PNG of the image and the image from the IDX file are the same pixels.
-    assert_eq!(p[0]["probabilities"], p[3]["probabilities"]);
+    assert_eq!(p[0]["probabilities"], p[4]["probabilities"]);
 
     let table = bnn(d.path(), &["predict", "--run", "checkpoints/m", "d28.png"]);
     assert!(table.status.success(), "{}", stderr(&table));
