@@ -42,12 +42,20 @@ pub struct EvalReport {
     pub shift: Option<ShiftReport>,
 }
 
+/// An out-of-distribution test set.
+#[derive(Debug, Clone)]
+pub struct OodSet {
+    pub dataset: String,
+    /// Where it was read.
+    pub source: String,
+    /// Its test split, standardised as the run's data.
+    pub test: Split,
+}
+
 /// What else `bnn eval` runs the samples through.
 #[derive(Debug, Clone, Default)]
 pub struct Extras {
-    /// An out-of-distribution set: its dataset's name, where it was read, its test split
-    /// (standardised as the run's data).
-    pub ood: Option<(String, String, Split)>,
+    pub ood: Option<OodSet>,
     /// Rotate the test set by each of these angles (degrees).
     pub rotations: Vec<f64>,
 }
@@ -151,7 +159,7 @@ pub fn load_ood_data(
     name: &str,
     data_dir: Option<PathBuf>,
     offline: bool,
-) -> Result<(String, String, Split)> {
+) -> Result<OodSet> {
     let opts = LoadOptions {
         data_dir,
         offline,
@@ -168,7 +176,11 @@ pub fn load_ood_data(
         )));
     }
     ds.set_standardization(manifest.standardization.clone())?;
-    Ok((ds.name.clone(), ds.source.clone(), ds.test))
+    Ok(OodSet {
+        dataset: ds.name.clone(),
+        source: ds.source.clone(),
+        test: ds.test,
+    })
 }
 
 /// Evaluates every sample of the run in `run_dir` on `ds` (and on what `extras` asks).
@@ -207,7 +219,10 @@ pub fn evaluate_run(
         }
         let mut test = Accumulator::new(&ds.test.labels);
         let mut valid = ds.valid.as_ref().map(|v| Accumulator::new(&v.labels));
-        let mut ood = extras.ood.as_ref().map(|o| Accumulator::new(&o.2.labels));
+        let mut ood = extras
+            .ood
+            .as_ref()
+            .map(|o| Accumulator::new(&o.test.labels));
         let mut turned: Vec<Accumulator> = rotated
             .iter()
             .map(|r| Accumulator::new(&r.labels))
@@ -223,7 +238,7 @@ pub fn evaluate_run(
                 acc.add(&ensemble::predict(&model, v, &device)?);
             }
             if let (Some(acc), Some(o)) = (ood.as_mut(), extras.ood.as_ref()) {
-                last_ood = ensemble::predict(&model, &o.2, &device)?;
+                last_ood = ensemble::predict(&model, &o.test, &device)?;
                 acc.add(&last_ood);
             }
             for (acc, split) in turned.iter_mut().zip(&rotated) {
@@ -243,10 +258,10 @@ pub fn evaluate_run(
         false => Some(Accumulator::pooled(&valids)?),
     };
     let ood = match &extras.ood {
-        Some((name, source, _)) => Some(ood_report(
+        Some(o) => Some(ood_report(
             &manifest.dataset,
-            name,
-            source,
+            &o.dataset,
+            &o.source,
             (&test, &Accumulator::pooled(&oods)?),
             (&last_test, &last_ood),
         )?),

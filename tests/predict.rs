@@ -1,5 +1,6 @@
 //! `bnn predict`: a test digit saved as a PNG is classified as its label, at 28×28 and at
-//! 1000×1000 (and inverted, in colour); a file that is no image gets one line and exit 1.
+//! 1000×1000 (inverted, in colour; and as a JPEG); a file that is no image gets one line
+//! and exit 1.
 
 mod common;
 
