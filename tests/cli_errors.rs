@@ -218,11 +218,9 @@ fn corrupt_and_truncated_idx_files() {
 
     // A raw IDX file missing its last bytes.
     copy_mini(&dir);
-    let raw = bnn::data::idx::maybe_gunzip(
-        &std::fs::read(dir.join("train-labels-idx1-ubyte.gz")).unwrap(),
-        "x",
-    )
-    .unwrap();
+    let raw = bnn::data::idx::read_file(&dir.join("train-labels-idx1-ubyte.gz"))
+        .unwrap()
+        .encode();
     std::fs::remove_file(dir.join("train-labels-idx1-ubyte.gz")).unwrap();
     std::fs::write(dir.join("train-labels-idx1-ubyte"), &raw[..raw.len() - 7]).unwrap();
     let out = bnn(
@@ -261,7 +259,9 @@ fn corrupt_and_truncated_idx_files() {
 
     // `bnn data verify` catches content that parses but is not the canonical file.
     std::fs::remove_file(dir.join("train-labels-idx1-ubyte.gz")).unwrap();
-    std::fs::write(dir.join("train-labels-idx1-ubyte"), &raw[..raw.len() - 7]).unwrap();
+    let mut changed = raw.clone();
+    changed[100] = (changed[100] + 1) % 10;
+    std::fs::write(dir.join("train-labels-idx1-ubyte"), &changed).unwrap();
     let out = bnn(
         d.path(),
         &[
@@ -274,6 +274,85 @@ fn corrupt_and_truncated_idx_files() {
         ],
     );
     one_line_error(&out, "does not match the canonical");
+}
+
+fn train_on_mm(root: &std::path::Path) -> std::process::Output {
+    bnn(
+        root,
+        &[
+            "train",
+            "--dataset",
+            "mnist-mini",
+            "--data-dir",
+            "mm",
+            "--offline",
+        ],
+    )
+}
+
+fn gzip(parts: &[&[u8]], zeros: usize) -> Vec<u8> {
+    use std::io::Write;
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    for p in parts {
+        enc.write_all(p).unwrap();
+    }
+    let block = vec![0u8; 1 << 20];
+    for _ in 0..zeros >> 20 {
+        enc.write_all(&block).unwrap();
+    }
+    enc.finish().unwrap()
+}
+
+/// IDX headers that lie: a gzip bomb behind a valid header (the reader stops one byte
+/// past the declared size), dimensions past what any dataset declares (refused before
+/// reading on), and dimensions larger than the file.
+#[test]
+fn hostile_idx_headers() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("mm");
+    copy_mini(&dir);
+    let images = dir.join("train-images-idx3-ubyte.gz");
+    let valid = bnn::data::idx::read_file(&images).unwrap();
+    // 256 MiB of zeros behind the valid header and data, in well under 1 MiB of gzip
+    // more than the file itself.
+    let bomb = gzip(&[&valid.encode()], 256 << 20);
+    let original = std::fs::metadata(&images).unwrap().len() as usize;
+    assert!(bomb.len() < original + (1 << 20), "{}", bomb.len());
+    std::fs::write(&images, &bomb).unwrap();
+    let started = std::time::Instant::now();
+    let out = train_on_mm(d.path());
+    one_line_error(
+        &out,
+        "more data than the 7840000 bytes the header [10000, 28, 28] announces",
+    );
+    // Inflating all 256 MiB takes seconds; stopping at the declared size, milliseconds.
+    assert!(
+        started.elapsed().as_secs_f64() < 5.0,
+        "{:?}",
+        started.elapsed()
+    );
+
+    // A header declaring 70 000 images of 256×256: 4.3 GiB, refused before any data.
+    std::fs::write(
+        &images,
+        gzip(
+            &[&[0, 0, 8, 3, 0, 1, 0x11, 0x70, 0, 0, 1, 0, 0, 0, 1, 0]],
+            0,
+        ),
+    )
+    .unwrap();
+    one_line_error(&train_on_mm(d.path()), "declare more than the 1024 MiB");
+
+    // A raw file whose header declares more images than it holds.
+    copy_mini(&dir);
+    std::fs::remove_file(&images).unwrap();
+    let mut lying = valid.encode();
+    lying[4..8].copy_from_slice(&60_000u32.to_be_bytes());
+    std::fs::write(dir.join("train-images-idx3-ubyte"), &lying).unwrap();
+    one_line_error(
+        &train_on_mm(d.path()),
+        "truncated: 7840000 data bytes, the header [60000, 28, 28] says 47040000",
+    );
 }
 
 #[test]

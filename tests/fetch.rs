@@ -64,7 +64,9 @@ fn rejects_wrong_content_and_leaves_nothing_behind() {
     let mut files = mini_files("/m");
     // Same gzip framing, different content: one label changed.
     let key = "/m/train-labels-idx1-ubyte.gz".to_string();
-    let mut raw = bnn::data::idx::maybe_gunzip(&files[&key], "x").unwrap();
+    let mut raw = bnn::data::idx::from_bytes(&files[&key], "x")
+        .unwrap()
+        .encode();
     raw[100] = (raw[100] + 1) % 10;
     let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     std::io::Write::write_all(&mut enc, &raw).unwrap();

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::idx::maybe_gunzip;
+use super::idx::{self, IdxArray};
 use super::registry::{DatasetSpec, FileSpec};
 use crate::atomic::write_atomic;
 use crate::error::{Error, Result};
@@ -18,9 +18,14 @@ use crate::error::{Error, Result};
 /// Largest download accepted (the biggest canonical file is ~26 MB gzipped).
 const MAX_DOWNLOAD: u64 = 256 << 20;
 
-/// Hex SHA-256 of `bytes`.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
+/// Hex SHA-256 of an IDX array's uncompressed encoding (header and data), the content
+/// the registry's constants are of.
+pub fn idx_sha256_hex(array: &IdxArray) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(array.header());
+    hasher.update(&array.data);
+    hasher
+        .finalize()
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
@@ -49,9 +54,7 @@ pub fn verify(spec: &DatasetSpec, dir: &Path) -> Result<Vec<PathBuf>> {
                 spec.name
             ))
         })?;
-        let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
-        let raw = maybe_gunzip(&bytes, &path.display().to_string())?;
-        let got = sha256_hex(&raw);
+        let got = idx_sha256_hex(&idx::read_file(&path)?);
         if got != file.raw_sha256 {
             return Err(Error::Data(format!(
                 "{}: content SHA-256 {got} does not match the canonical {}; delete it and run `bnn data fetch --dataset {}`",
@@ -92,10 +95,8 @@ pub fn fetch(spec: &DatasetSpec, mirrors: &[String], dir: &Path) -> Result<usize
     let mut downloaded = 0;
     for file in &spec.files {
         if let Some(existing) = locate(dir, file) {
-            let ok = std::fs::read(&existing)
-                .ok()
-                .and_then(|b| maybe_gunzip(&b, "").ok())
-                .is_some_and(|raw| sha256_hex(&raw) == file.raw_sha256);
+            let ok = idx::read_file(&existing)
+                .is_ok_and(|array| idx_sha256_hex(&array) == file.raw_sha256);
             if ok {
                 continue;
             }
@@ -112,14 +113,14 @@ pub fn fetch(spec: &DatasetSpec, mirrors: &[String], dir: &Path) -> Result<usize
                     continue;
                 }
             };
-            let raw = match maybe_gunzip(&body, &url) {
-                Ok(r) => r,
+            let array = match idx::from_bytes(&body, &url) {
+                Ok(a) => a,
                 Err(e) => {
                     errors.push(e.to_string());
                     continue;
                 }
             };
-            let got = sha256_hex(&raw);
+            let got = idx_sha256_hex(&array);
             if got != file.raw_sha256 {
                 errors.push(format!(
                     "{url}: content SHA-256 {got} is not the canonical {}",

@@ -232,11 +232,10 @@ fn identify(sha: &str) -> Option<String> {
 fn parse_all(spec: &DatasetSpec, bytes: [(&[u8], String); 4], source: String) -> Result<Dataset> {
     let mut arrays = Vec::with_capacity(4);
     for ((b, origin), file) in bytes.into_iter().zip(&spec.files) {
-        let raw = idx::maybe_gunzip(b, &origin)?;
-        let array = idx::parse(&raw, &origin)?;
+        let array = idx::from_bytes(b, &origin)?;
         // Well-formed but not the canonical content: another dataset's file, or a
         // modified copy. Training on it under this name would mislabel every result.
-        let sha = fetch::sha256_hex(&raw);
+        let sha = fetch::idx_sha256_hex(&array);
         if sha != file.raw_sha256 {
             let what = identify(&sha)
                 .map(|f| format!("it is {f}"))
