@@ -88,16 +88,20 @@ pub fn sample_path(run_dir: &Path, step: u64) -> PathBuf {
     samples_dir(run_dir).join(format!("sample-{step:08}.safetensors"))
 }
 
+/// The metadata key of the SHA-256 of a file's tensor data (every byte after the header),
+/// written by [`encode_safetensors`] and checked by [`open_safetensors`].
+pub const CHECKSUM_KEY: &str = "sha256";
+
 /// Encodes f32 tensors in the safetensors format with a deterministic header: keys sorted
 /// (serde_json's map is ordered), data in the order given, header padded with spaces to
 /// a multiple of 8 bytes. The `safetensors` crate's writer takes the metadata as a
-/// `HashMap`, whose random order would make two identical samples differ byte-wise.
+/// `HashMap`, whose random order would make two identical samples differ byte-wise. The
+/// metadata gains [`CHECKSUM_KEY`]: the SHA-256 of the tensor data.
 pub fn encode_safetensors(
     tensors: &[(String, Tensor)],
     metadata: &BTreeMap<String, String>,
 ) -> Result<Vec<u8>> {
     let mut header = serde_json::Map::new();
-    header.insert("__metadata__".into(), serde_json::json!(metadata));
     let mut data: Vec<u8> = Vec::new();
     for (name, t) in tensors {
         let start = data.len();
@@ -116,6 +120,9 @@ pub fn encode_safetensors(
             serde_json::json!({"dtype": dtype, "shape": t.dims(), "data_offsets": [start, data.len()]}),
         );
     }
+    let mut metadata = metadata.clone();
+    metadata.insert(CHECKSUM_KEY.into(), sha256_hex(&data));
+    header.insert("__metadata__".into(), serde_json::json!(metadata));
     let mut json = serde_json::to_vec(&header)
         .map_err(|e| Error::Checkpoint(format!("serialising header: {e}")))?;
     while json.len() % 8 != 0 {
@@ -126,6 +133,60 @@ pub fn encode_safetensors(
     out.extend(json);
     out.extend(data);
     Ok(out)
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A safetensors file parsed and checked: the header is well-formed, the tensor data
+/// matches the recorded checksum (files written before checksums were recorded have none
+/// and are read as they are), and every F32/F64 value is finite. `Err` carries the
+/// reason, for the caller to name the file.
+pub struct Checked<'a> {
+    pub tensors: safetensors::SafeTensors<'a>,
+    pub metadata: HashMap<String, String>,
+}
+
+/// Parses and checks `bytes` (see [`Checked`]).
+pub fn open_safetensors(bytes: &[u8]) -> std::result::Result<Checked<'_>, String> {
+    let tensors = safetensors::SafeTensors::deserialize(bytes).map_err(|e| e.to_string())?;
+    let (header_len, header) =
+        safetensors::SafeTensors::read_metadata(bytes).map_err(|e| e.to_string())?;
+    let metadata = header.metadata().clone().unwrap_or_default();
+    if let Some(recorded) = metadata.get(CHECKSUM_KEY) {
+        let got = sha256_hex(&bytes[8 + header_len..]);
+        if &got != recorded {
+            return Err(format!(
+                "checksum mismatch: the tensor data's SHA-256 is {got}, the file records {recorded} \
+                 (the file was changed or damaged after it was written)"
+            ));
+        }
+    }
+    for (name, view) in tensors.tensors() {
+        let data = view.data();
+        let bad = match view.dtype() {
+            safetensors::Dtype::F32 => data
+                .chunks_exact(4)
+                .map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+                .enumerate()
+                .find(|(_, v)| !v.is_finite()),
+            safetensors::Dtype::F64 => data
+                .chunks_exact(8)
+                .map(|b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+                .enumerate()
+                .find(|(_, v)| !v.is_finite()),
+            _ => None,
+        };
+        if let Some((i, v)) = bad {
+            return Err(format!("tensor `{name}` holds {v} at element {i}"));
+        }
+    }
+    Ok(Checked { tensors, metadata })
 }
 
 /// Writes the model's parameters as one sample with `metadata`.
@@ -153,15 +214,13 @@ pub struct Sample {
     pub metadata: HashMap<String, String>,
 }
 
-/// Reads one sample file.
+/// Reads one sample file, checked as [`open_safetensors`] says.
 pub fn load_sample(path: &Path, device: &Device) -> Result<Sample> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let corrupt = |e: String| Error::Checkpoint(format!("{}: corrupt sample: {e}", path.display()));
-    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| corrupt(e.to_string()))?;
-    let (_, header) =
-        safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    let checked = open_safetensors(&bytes).map_err(corrupt)?;
     let mut tensors = HashMap::new();
-    for (name, view) in st.tensors() {
+    for (name, view) in checked.tensors.tensors() {
         if view.dtype() != safetensors::Dtype::F32 {
             return Err(corrupt(format!(
                 "tensor `{name}` is {:?}, not F32",
@@ -174,7 +233,7 @@ pub fn load_sample(path: &Path, device: &Device) -> Result<Sample> {
     Ok(Sample {
         path: path.to_path_buf(),
         tensors,
-        metadata: header.metadata().clone().unwrap_or_default(),
+        metadata: checked.metadata,
     })
 }
 

@@ -55,15 +55,15 @@ pub struct RunInfo {
     pub last_sample: Option<serde_json::Value>,
 }
 
-/// Reads the header of the safetensors file at `path` (not its data).
+/// Reads the header of the safetensors file at `path`, its data checked against the
+/// recorded checksum and for non-finite values.
 pub fn inspect_file(path: &Path) -> Result<FileInfo> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let corrupt =
         |e: String| Error::Checkpoint(format!("{}: not a safetensors sample: {e}", path.display()));
-    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| corrupt(e.to_string()))?;
-    let (_, header) =
-        safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| corrupt(e.to_string()))?;
-    let mut tensors: Vec<(usize, TensorInfo)> = st
+    let checked = crate::checkpoint::open_safetensors(&bytes).map_err(corrupt)?;
+    let mut tensors: Vec<(usize, TensorInfo)> = checked
+        .tensors
         .tensors()
         .into_iter()
         .map(|(name, view)| {
@@ -87,12 +87,7 @@ pub fn inspect_file(path: &Path) -> Result<FileInfo> {
             .map(|t| t.shape.iter().product::<usize>())
             .sum(),
         tensors,
-        metadata: header
-            .metadata()
-            .clone()
-            .unwrap_or_default()
-            .into_iter()
-            .collect(),
+        metadata: checked.metadata.into_iter().collect(),
     })
 }
 

@@ -16,7 +16,7 @@ use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::atomic::write_atomic;
-use crate::checkpoint::{decode_tensor, encode_safetensors};
+use crate::checkpoint::{decode_tensor, encode_safetensors, open_safetensors};
 use crate::ensemble::{AccumulatorState, Sums};
 use crate::error::{Error, Result};
 use crate::sampler::SamplerState;
@@ -154,14 +154,11 @@ impl RunState {
         })?;
         let corrupt =
             |e: String| Error::Checkpoint(format!("{}: corrupt run state: {e}", path.display()));
-        let st =
-            safetensors::SafeTensors::deserialize(&bytes).map_err(|e| corrupt(e.to_string()))?;
-        let (_, header) =
-            safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| corrupt(e.to_string()))?;
-        let json = header
-            .metadata()
-            .as_ref()
-            .and_then(|m| m.get("state"))
+        let checked = open_safetensors(&bytes).map_err(corrupt)?;
+        let st = &checked.tensors;
+        let json = checked
+            .metadata
+            .get("state")
             .ok_or_else(|| corrupt("no `state` metadata".into()))?;
         let scalars: Scalars = serde_json::from_str(json).map_err(|e| corrupt(e.to_string()))?;
         if scalars.version != VERSION {

@@ -400,6 +400,102 @@ fn missing_and_corrupt_checkpoints() {
     );
 }
 
+/// Damaged or doctored sample and state files: a value changed after writing (the
+/// checksum), a NaN written with a fresh checksum, a tensor of the wrong shape, a cut
+/// file; each named with its problem, exit 1, nothing else touched.
+#[test]
+fn hostile_sample_and_state_files() {
+    use bnn::checkpoint::{encode_safetensors, load_sample};
+    use std::collections::BTreeMap;
+    let d = tempfile::tempdir().unwrap();
+    let out = bnn(
+        d.path(),
+        &[
+            "train",
+            "--dataset",
+            "mnist-mini",
+            "--hidden",
+            "8",
+            "--epochs",
+            "2",
+            "--burnin",
+            "1",
+            "--batch-size",
+            "500",
+            "--thin",
+            "10",
+            "--run-name",
+            "r",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = d.path().join("checkpoints/r");
+    let samples = bnn::checkpoint::list_samples(&run).unwrap();
+    let path = &samples[1];
+    let original = std::fs::read(path).unwrap();
+    let eval = || bnn(d.path(), &["eval", "--run", "checkpoints/r"]);
+    assert!(eval().status.success());
+
+    // One bias overwritten with NaN in place (the issue's case): the checksum catches it.
+    let sample = load_sample(path, &candle_core::Device::Cpu).unwrap();
+    let bias = &sample.tensors["fc1.bias"];
+    let at = original
+        .windows(4)
+        .position(|w| w == bias.to_vec1::<f32>().unwrap()[0].to_le_bytes())
+        .unwrap();
+    let mut doctored = original.clone();
+    doctored[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(path, &doctored).unwrap();
+    one_line_error(&eval(), "checksum mismatch");
+
+    // The same NaN in a file whose checksum was recomputed: the values are checked too.
+    let encode = |name: &str, t: candle_core::Tensor| {
+        let mut tensors: Vec<(String, candle_core::Tensor)> = sample
+            .tensors
+            .iter()
+            .map(|(n, t)| (n.clone(), t.clone()))
+            .collect();
+        tensors.sort_by(|a, b| a.0.cmp(&b.0));
+        tensors.iter_mut().find(|(n, _)| n == name).unwrap().1 = t;
+        let meta: BTreeMap<String, String> = sample.metadata.clone().into_iter().collect();
+        encode_safetensors(&tensors, &meta).unwrap()
+    };
+    let mut values = bias.to_vec1::<f32>().unwrap();
+    values[3] = f32::INFINITY;
+    let inf = candle_core::Tensor::new(values.as_slice(), &candle_core::Device::Cpu).unwrap();
+    std::fs::write(path, encode("fc1.bias", inf)).unwrap();
+    one_line_error(&eval(), "tensor `fc1.bias` holds inf at element 3");
+
+    // A tensor of another shape than the architecture's.
+    let short =
+        candle_core::Tensor::zeros(5, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+    std::fs::write(path, encode("fc1.bias", short)).unwrap();
+    one_line_error(
+        &eval(),
+        "parameter `fc1.bias` has shape [5] in the checkpoint but [8] in the model",
+    );
+
+    // Cut short.
+    std::fs::write(path, &original[..original.len() - 9]).unwrap();
+    one_line_error(&eval(), "corrupt sample");
+    std::fs::write(path, &original).unwrap();
+    assert!(eval().status.success());
+
+    // The run state, one byte of its data flipped: --resume refuses it by name.
+    let state = bnn::run_state::state_path(&run);
+    let mut bytes = std::fs::read(&state).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&state, &bytes).unwrap();
+    one_line_error(
+        &bnn(
+            d.path(),
+            &["train", "--resume", "checkpoints/r", "--epochs", "3"],
+        ),
+        "corrupt run state: checksum mismatch",
+    );
+}
+
 #[test]
 fn divergence_stops_at_once_and_keeps_valid_samples() {
     let d = tempfile::tempdir().unwrap();
