@@ -65,9 +65,12 @@ def activate(h: np.ndarray, kind: str) -> np.ndarray:
     raise SystemExit(f"activation {kind!r}: this script covers relu and sigmoid")
 
 
-def conv_valid(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Cross-correlation, stride 1, no padding: (n, c, h, w) * (o, c, k, k) → (n, o, h−k+1, w−k+1)."""
+def conv(x: np.ndarray, w: np.ndarray, b: np.ndarray, pad: int) -> np.ndarray:
+    """Cross-correlation, stride 1, `pad` zeros on every side:
+    (n, c, h, w) * (o, c, k, k) → (n, o, h+2p−k+1, w+2p−k+1)."""
     k = w.shape[-1]
+    if pad:
+        x = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
     windows = np.lib.stride_tricks.sliding_window_view(x, (k, k), axis=(2, 3))
     out = np.tensordot(windows, w, axes=([1, 4, 5], [1, 2, 3]))  # (n, h', w', o)
     return out.transpose(0, 3, 1, 2).astype(np.float32) + b.reshape(1, -1, 1, 1)
@@ -91,7 +94,7 @@ def logits(params: dict, model: dict, x: np.ndarray) -> np.ndarray:
         side = int(round(np.sqrt(x.shape[1])))
         h = h.reshape(len(x), 1, side, side)
         for k in range(1, convs + 1):
-            z = conv_valid(h, params[f"conv{k}.weight"], params[f"conv{k}.bias"])
+            z = conv(h, params[f"conv{k}.weight"], params[f"conv{k}.bias"], model.get("padding", 0))
             h = max_pool2(activate(z, act))
         h = h.reshape(len(x), -1)
     layers = sum(1 for name in params if name.startswith("fc") and name.endswith(".weight"))

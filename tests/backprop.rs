@@ -500,12 +500,25 @@ fn cpu_prediction_equals_candle_softmax() {
 
 /// A CNN on `side`² images with CLASSES classes.
 fn cnn(side: usize, conv: &[usize], kernel: usize, hidden: &[usize], act: Activation) -> Network {
+    padded_cnn(side, conv, kernel, 0, hidden, act)
+}
+
+/// As [`cnn`], `padding` zeros around each convolution's input.
+fn padded_cnn(
+    side: usize,
+    conv: &[usize],
+    kernel: usize,
+    padding: usize,
+    hidden: &[usize],
+    act: Activation,
+) -> Network {
     let spec = ModelSpec {
         kind: ModelKind::Cnn,
         hidden: hidden.to_vec(),
         activation: act,
         conv: conv.to_vec(),
         kernel_size: kernel,
+        padding,
         ..ModelSpec::default()
     };
     Network::new(&spec, side * side, CLASSES, 4, &Device::Cpu).unwrap()
@@ -513,13 +526,18 @@ fn cnn(side: usize, conv: &[usize], kernel: usize, hidden: &[usize], act: Activa
 
 /// Shapes that take every path: two convolutions (input error through col2im), odd
 /// convolution sides (a row and column outside every pool window), 2×2 and 3×3 kernels,
-/// no hidden layer, both activations; batches smaller and larger than the buffers.
+/// no hidden layer, both activations; batches smaller and larger than the buffers;
+/// padding that keeps the side (5×5, 2), that grows it (3×3, 2) and that leaves whole
+/// rows of patches in the padding (a 3-pixel second input under a 5×5 kernel, 4).
 fn cnn_cases() -> Vec<(usize, Network)> {
     vec![
         (11, cnn(11, &[3, 4], 3, &[5], Activation::Relu)),
         (10, cnn(10, &[2], 3, &[], Activation::Sigmoid)),
         (12, cnn(12, &[3, 2], 2, &[6, 3], Activation::Relu)),
         (13, cnn(13, &[4, 3], 2, &[7], Activation::Sigmoid)),
+        (12, padded_cnn(12, &[3, 4], 5, 2, &[5], Activation::Relu)),
+        (9, padded_cnn(9, &[2, 3], 3, 2, &[], Activation::Sigmoid)),
+        (7, padded_cnn(7, &[2, 2], 5, 4, &[4], Activation::Relu)),
     ]
 }
 
@@ -573,6 +591,11 @@ fn cnn_backward_matches_finite_differences() {
         (9, cnn(9, &[2, 2], 2, &[3], Activation::Sigmoid), 1e-2f32),
         (8, cnn(8, &[2], 3, &[], Activation::Relu), 1e-3f32),
         (11, cnn(11, &[3, 4], 3, &[5], Activation::Relu), 1e-3f32),
+        (
+            8,
+            padded_cnn(8, &[2, 2], 3, 1, &[3], Activation::Sigmoid),
+            1e-3f32,
+        ),
     ] {
         let (x, y) = inputs(5, side * side, 8);
         check_finite_differences(&m, &x, &y, h);

@@ -71,10 +71,19 @@ fn activate(v: f32, act: Activation) -> f32 {
     }
 }
 
-/// cols[(c·k + i)·k + j][(b·H_o + y)·H_o + x] = a[c][b][y + i][x + j]: the patches of a
-/// (C_in × B × H × H) input as the columns of a matrix.
+/// The output columns x of one row of patches whose input column x + j − p falls inside
+/// an input of side `h`: [lo, hi) (empty when none does). With p = 0, all of 0..o.
+fn inside(o: usize, h: usize, j: usize, p: usize) -> (usize, usize) {
+    let lo = p.saturating_sub(j).min(o);
+    let hi = (h + p).saturating_sub(j).min(o);
+    (lo, hi.max(lo))
+}
+
+/// cols[(c·k + i)·k + j][(b·H_o + y)·H_o + x] = a[c][b][y + i − p][x + j − p], zero where
+/// that falls in the padding: the patches of a (C_in × B × H × H) input as the columns of
+/// a matrix.
 fn im2col(a: &[f32], s: &ConvShape, rows: usize, cols: &mut [f32]) {
-    let (h, o, k) = (s.in_side, s.conv_side, s.kernel);
+    let (h, o, k, p) = (s.in_side, s.conv_side, s.kernel, s.pad);
     let n = rows * o * o;
     let cols = &mut cols[..s.patch() * n];
     let work = cols.len();
@@ -82,20 +91,30 @@ fn im2col(a: &[f32], s: &ConvShape, rows: usize, cols: &mut [f32]) {
         for (q, row) in part.chunks_exact_mut(n).enumerate() {
             let r = at / n + q;
             let (c, i, j) = (r / (k * k), r / k % k, r % k);
+            let (lo, hi) = inside(o, h, j, p);
             for (b, out) in row.chunks_exact_mut(o * o).enumerate() {
                 let plane = &a[(c * rows + b) * h * h..(c * rows + b + 1) * h * h];
                 for (y, line) in out.chunks_exact_mut(o).enumerate() {
-                    line.copy_from_slice(&plane[(y + i) * h + j..(y + i) * h + j + o]);
+                    match (y + i).checked_sub(p).filter(|&sy| sy < h && lo < hi) {
+                        Some(sy) => {
+                            line[..lo].fill(0.0);
+                            line[hi..].fill(0.0);
+                            let from = sy * h + lo + j - p;
+                            line[lo..hi].copy_from_slice(&plane[from..from + hi - lo]);
+                        }
+                        None => line.fill(0.0),
+                    }
                 }
             }
         }
     });
 }
 
-/// The adjoint of [`im2col`]: da[c][b][y + i][x + j] = Σ dcols[(c·k + i)·k + j][(b·H_o +
-/// y)·H_o + x] over the patches that contain the pixel.
+/// The adjoint of [`im2col`]: da[c][b][y + i − p][x + j − p] = Σ dcols[(c·k + i)·k +
+/// j][(b·H_o + y)·H_o + x] over the patches that contain the pixel (the padding's share
+/// is dropped).
 fn col2im(dcols: &[f32], s: &ConvShape, rows: usize, da: &mut [f32]) {
-    let (h, o, k) = (s.in_side, s.conv_side, s.kernel);
+    let (h, o, k, p) = (s.in_side, s.conv_side, s.kernel, s.pad);
     let n = rows * o * o;
     let plane = rows * h * h;
     let da = &mut da[..s.in_channels * plane];
@@ -104,12 +123,20 @@ fn col2im(dcols: &[f32], s: &ConvShape, rows: usize, da: &mut [f32]) {
         for (q, channel) in part.chunks_exact_mut(plane).enumerate() {
             let c = at / plane + q;
             for (i, j) in (0..k).flat_map(|i| (0..k).map(move |j| (i, j))) {
+                let (lo, hi) = inside(o, h, j, p);
                 let row = &dcols[((c * k + i) * k + j) * n..][..n];
                 for (b, patch) in row.chunks_exact(o * o).enumerate() {
                     let image = &mut channel[b * h * h..(b + 1) * h * h];
                     for (y, line) in patch.chunks_exact(o).enumerate() {
-                        let dst = &mut image[(y + i) * h + j..(y + i) * h + j + o];
-                        dst.iter_mut().zip(line).for_each(|(d, &g)| *d += g);
+                        let Some(sy) = (y + i).checked_sub(p).filter(|&sy| sy < h && lo < hi)
+                        else {
+                            continue;
+                        };
+                        let from = sy * h + lo + j - p;
+                        let dst = &mut image[from..from + hi - lo];
+                        dst.iter_mut()
+                            .zip(&line[lo..hi])
+                            .for_each(|(d, &g)| *d += g);
                     }
                 }
             }

@@ -54,6 +54,10 @@ pub struct ModelSpec {
     /// CNN only: side of the square convolution kernels.
     #[serde(default = "default_kernel_size")]
     pub kernel_size: usize,
+    /// CNN only: zero pixels added on every side of each convolution's input (2 with a
+    /// 5×5 kernel keeps the side, TensorFlow's "same"; 0, the default, is "valid").
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub padding: usize,
     /// ResNet only: channels of each stage (16, 32, 64 for the CIFAR ResNets).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stages: Vec<usize>,
@@ -74,6 +78,10 @@ fn default_blocks() -> usize {
     1
 }
 
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 fn is_one(n: &usize) -> bool {
     *n == 1
 }
@@ -87,21 +95,22 @@ fn is_frn(n: &resnet::Norm) -> bool {
 pub fn conv_shapes(spec: &ModelSpec, side: usize) -> Result<Vec<ConvShape>> {
     let (mut channels, mut side_in) = (1, side);
     let mut shapes = Vec::with_capacity(spec.conv.len());
+    let (k, pad) = (spec.kernel_size, spec.padding);
     for (l, &out) in spec.conv.iter().enumerate() {
-        if side_in < spec.kernel_size || (side_in - spec.kernel_size + 1) < 2 {
+        let padded = side_in + 2 * pad;
+        if padded < k || (padded - k + 1) < 2 {
             return Err(Error::Config(format!(
-                "convolution {} ({}×{} kernel, then 2×2 pooling) does not fit its {side_in}×{side_in} input: \
+                "convolution {} ({k}×{k} kernel, padding {pad}, then 2×2 pooling) does not fit its {side_in}×{side_in} input: \
                  use fewer convolutions or a smaller kernel_size",
                 l + 1,
-                spec.kernel_size,
-                spec.kernel_size
             )));
         }
-        let conv_side = side_in - spec.kernel_size + 1;
+        let conv_side = padded - k + 1;
         shapes.push(ConvShape {
             in_channels: channels,
             out_channels: out,
-            kernel: spec.kernel_size,
+            kernel: k,
+            pad,
             in_side: side_in,
             conv_side,
         });
@@ -111,12 +120,15 @@ pub fn conv_shapes(spec: &ModelSpec, side: usize) -> Result<Vec<ConvShape>> {
     Ok(shapes)
 }
 
-/// One convolution of a CNN (stride 1, no padding) and its 2×2 max-pool (floor).
+/// One convolution of a CNN (stride 1, `pad` zeros on every side) and its 2×2 max-pool
+/// (floor).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConvShape {
     pub in_channels: usize,
     pub out_channels: usize,
     pub kernel: usize,
+    /// Zero pixels added on every side of the input.
+    pub pad: usize,
     /// Side of the (square) input.
     pub in_side: usize,
     /// Side of the convolution's output; the pooled output's is half of it (floor).
@@ -156,6 +168,7 @@ impl Default for ModelSpec {
             activation: Activation::Relu,
             conv: Vec::new(),
             kernel_size: default_kernel_size(),
+            padding: 0,
             stages: Vec::new(),
             blocks: default_blocks(),
             norm: resnet::Norm::Frn,
@@ -225,6 +238,14 @@ impl ModelSpec {
             ModelKind::Cnn if self.kernel_size == 0 => {
                 Err(Error::Config("kernel_size must be positive".into()))
             }
+            ModelKind::Cnn if self.padding >= self.kernel_size => Err(Error::Config(format!(
+                "padding {} must be smaller than kernel_size {} (2 keeps a 5×5 \
+                 convolution's side)",
+                self.padding, self.kernel_size
+            ))),
+            _ if self.kind != ModelKind::Cnn && self.padding != 0 => {
+                Err(Error::Config("`padding` is for kind = \"cnn\"".into()))
+            }
             ModelKind::Resnet if self.stages.is_empty() || self.stages.contains(&0) => {
                 Err(Error::Config(format!(
                     "a ResNet needs at least one stage with a positive channel count, got \
@@ -272,7 +293,10 @@ impl ModelSpec {
             }
             ModelKind::Mlp => parts.push("mlp".to_string()),
             ModelKind::Cnn => {
-                parts.push(format!("cnn{}", self.kernel_size));
+                parts.push(match self.padding {
+                    0 => format!("cnn{}", self.kernel_size),
+                    p => format!("cnn{}p{p}", self.kernel_size),
+                });
                 parts.push(
                     self.conv
                         .iter()
@@ -476,9 +500,9 @@ impl Network {
             for k in 0..convs {
                 let w = self.params[2 * k].var.as_tensor();
                 let b = self.params[2 * k + 1].var.as_tensor();
-                let z =
-                    h.conv2d(w, 0, 1, 1, 1)?
-                        .broadcast_add(&b.reshape((1, b.dim(0)?, 1, 1))?)?;
+                let z = h
+                    .conv2d(w, self.convs[k].pad, 1, 1, 1)?
+                    .broadcast_add(&b.reshape((1, b.dim(0)?, 1, 1))?)?;
                 h = max_pool2(&self.activate(&z)?)?;
             }
             h = h.flatten_from(1)?;
