@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use bnn::data::augment::Augmentation;
 use bnn::model::Activation;
 use bnn::potential::Backward;
 use bnn::sampler::ladder::PairSchedule;
@@ -239,11 +240,11 @@ pub struct TrainArgs {
     #[arg(long)]
     pub standardize: bool,
 
-    /// Augment the training images: random shifts of up to 2 pixels, and left–right flips
-    /// for Fashion-MNIST. Changes the likelihood (the cold-posterior debate); off by
-    /// default.
-    #[arg(long)]
-    pub augment: bool,
+    /// Augment the training images: random shifts of up to 2 pixels and left–right flips
+    /// for Fashion-MNIST (`--augment` alone: shift-flip), or only shifts or only flips.
+    /// Changes the likelihood (the cold-posterior debate); off by default.
+    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "shift-flip")]
+    pub augment: Option<Augmentation>,
 
     /// Architecture preset (TOML), e.g. models/mlp-400-400.toml; its `[train]` table,
     /// if any, sets the defaults of the training flags (flags given here win; with

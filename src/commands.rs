@@ -529,7 +529,7 @@ fn with_preset_defaults(args: &TrainArgs, command_line: &[String]) -> Result<Tra
         a.temperature = v;
     }
     if let (Some(v), true) = (t.augment, free("augment")) {
-        a.augment = v;
+        a.augment = Some(v);
     }
     if let (Some(v), true) = (t.standardize, free("standardize")) {
         a.standardize = v;
@@ -625,7 +625,7 @@ fn train_config(
                 None
             },
             permute_labels: args.permute_labels,
-            augment: args.augment,
+            augment: args.augment.unwrap_or_default(),
         },
         run_dir,
         device: device_of(args.device)?,

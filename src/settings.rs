@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::data::augment::Augmentation;
 use crate::error::{Error, Result};
 use crate::model::ModelSpec;
 use crate::potential::{Backward, PriorSpec};
@@ -50,10 +51,10 @@ pub struct Settings {
     /// (0: none).
     #[serde(default)]
     pub permute_labels: f64,
-    /// Random shifts (and flips for Fashion-MNIST) of the training images
-    /// ([`crate::data::augment`]); changes the likelihood.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub augment: bool,
+    /// Random shifts and/or flips of the training images ([`crate::data::augment`]);
+    /// changes the likelihood.
+    #[serde(default, skip_serializing_if = "Augmentation::is_none")]
+    pub augment: Augmentation,
 }
 
 fn fused() -> Kernel {
@@ -167,7 +168,7 @@ mod tests {
             chains: 1,
             replicas: None,
             permute_labels: 0.0,
-            augment: false,
+            augment: Augmentation::None,
         }
     }
 
@@ -268,7 +269,7 @@ pub struct TrainDefaults {
     /// `{ kind = "gaussian", std = 0.1 }` or `{ kind = "gamma", shape = 1.0, rate = 1.0 }`.
     pub prior: Option<PriorSpec>,
     pub temperature: Option<f64>,
-    pub augment: Option<bool>,
+    pub augment: Option<Augmentation>,
     /// `--standardize`: pixels standardised with the training set's statistics.
     pub standardize: Option<bool>,
 }

@@ -45,7 +45,11 @@ fn unknown_sampler_and_bad_numbers_are_usage_errors() {
 #[test]
 fn bad_flag_values() {
     let d = tempfile::tempdir().unwrap();
-    let cases: [(&[&str], &str); 11] = [
+    let cases: [(&[&str], &str); 12] = [
+        (
+            &["--augment", "flip"],
+            "--augment flip on mnist-mini: a mirrored digit is not the same digit",
+        ),
         (&["--step-size=-1"], "--step-size must be positive"),
         (
             &["--friction", "1.5"],

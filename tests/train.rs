@@ -507,6 +507,7 @@ fn resnet_run_is_evaluable_exactly() {
         ],
     );
     assert_eq!(run["batch_size"], 50);
+    assert_eq!(run["augment"], "shift-flip", "--augment alone");
     assert_eq!(run["samples"], 5, "400 updates, one kept every 80");
     let acc = run["ensemble"]["accuracy"].as_f64().unwrap();
     assert!(

@@ -383,10 +383,10 @@ impl<'a> Chain<'a> {
         }
         let base = self.cfg.settings.sampler.step_size;
         let s = &self.cfg.settings;
-        let augment = s.augment.then(|| {
-            let aug = crate::data::augment::Augment::for_dataset(&self.ds.name);
-            (aug, rng::augment_seed(s.seed, step))
-        });
+        let augment = s
+            .augment
+            .for_dataset(&self.ds.name)?
+            .map(|aug| (aug, rng::augment_seed(s.seed, step)));
         let loss = self
             .stepper
             .step(&self.ds.train, self.labels.as_deref(), idx, augment)?;

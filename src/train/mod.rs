@@ -166,6 +166,7 @@ pub fn manifest(cfg: &TrainConfig, ds: &Dataset, num_params: usize) -> RunManife
 /// ([`rng::chain_seed`]); the ensemble pools every chain's samples.
 pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
     cfg.settings.validate(ds.train.len())?;
+    cfg.settings.augment.for_dataset(&ds.name)?;
     let run_dir = &cfg.run_dir;
     if !cfg.resume {
         clear_run(run_dir)?;
