@@ -39,3 +39,34 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         Error::io(path, e)
     })
 }
+
+/// Bytes free to an unprivileged writer on the file system holding `path` (or its nearest
+/// existing ancestor); `None` where the platform or the call cannot say.
+pub fn free_bytes(path: &Path) -> Option<u64> {
+    let mut at = path;
+    while !at.as_os_str().is_empty() && !at.exists() {
+        at = at.parent()?;
+    }
+    if at.as_os_str().is_empty() {
+        at = Path::new(".");
+    }
+    free_bytes_of(at)
+}
+
+#[cfg(unix)]
+fn free_bytes_of(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs writes into the zeroed struct it is given and reads the
+    // NUL-terminated path, which outlives the call.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut stat) } != 0 {
+        return None;
+    }
+    Some(stat.f_bavail as u64 * stat.f_frsize as u64)
+}
+
+#[cfg(not(unix))]
+fn free_bytes_of(_: &Path) -> Option<u64> {
+    None
+}

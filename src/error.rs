@@ -66,6 +66,18 @@ pub enum Error {
         run_dir: PathBuf,
     },
 
+    /// A write of a run's files failed (no space, a read-only or forbidden folder): the
+    /// run stopped with every earlier file as it was.
+    #[error(
+        "{path}: {source}; the run stopped, its samples so far and its last saved state are intact: {advice}"
+    )]
+    WriteFailed {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+        advice: String,
+    },
+
     /// A quantity that must be finite is not; the caller knows where in the run.
     #[error("{0} is not finite")]
     NotFinite(String),

@@ -60,6 +60,14 @@ impl Schedule {
         }
     }
 
+    /// How many samples a chain of `epochs` epochs of `batches` updates keeps.
+    pub fn samples_kept(&self, batches: usize, epochs: usize) -> u64 {
+        let total = (batches * epochs) as u64;
+        (1..=total)
+            .filter(|&step| self.keeps_sample(step, total, ((step - 1) / batches as u64) as usize))
+            .count() as u64
+    }
+
     /// Whether the sample after update `step` (1-based count) may be kept.
     pub fn keeps_sample(&self, step: u64, total: u64, epoch: usize) -> bool {
         let in_window = self

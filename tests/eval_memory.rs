@@ -6,6 +6,8 @@ use common::stderr;
 
 /// Peak resident set (KiB) of `bnn args` in `cwd`, from the kernel's accounting of that
 /// one child (wait4), so that no other process of the test counts.
+// The child is reaped by wait4, which clippy does not see.
+#[allow(clippy::zombie_processes)]
 fn peak_rss_kib(cwd: &std::path::Path, args: &[&str]) -> i64 {
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_bnn"))
         .args(args)

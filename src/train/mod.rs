@@ -4,6 +4,7 @@
 
 mod chain;
 pub mod diagnostics;
+pub mod disk;
 mod replicas;
 mod stepper;
 
@@ -171,6 +172,33 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
     if !cfg.resume {
         clear_run(run_dir)?;
     }
+    let num_params = Network::new(
+        &cfg.settings.model,
+        ds.train.dim(),
+        NUM_CLASSES,
+        cfg.settings.seed,
+        &Device::Cpu,
+    )?
+    .num_params();
+    let existing = match cfg.resume {
+        true => existing_samples(run_dir),
+        false => 0,
+    };
+    disk::check(&disk::need(cfg, ds, num_params, existing), run_dir)?;
+    train_checked(cfg, ds, num_params).map_err(|e| disk::explain(e, run_dir))
+}
+
+/// Sample files already in `run_dir` (any layout).
+fn existing_samples(run_dir: &std::path::Path) -> u64 {
+    let mut dirs = checkpoint::chain_dirs(run_dir);
+    dirs.push(run_dir.to_path_buf());
+    dirs.iter()
+        .map(|d| checkpoint::list_samples(d).map_or(0, |s| s.len() as u64))
+        .sum()
+}
+
+fn train_checked(cfg: &TrainConfig, ds: &Dataset, num_params: usize) -> Result<Summary> {
+    let run_dir = &cfg.run_dir;
     if cfg.settings.sampler.kind.is_replica_exchange() {
         let (cold, report) = replicas::run_replicas(cfg, ds)?;
         return finish(cfg, ds, vec![cold], Some(report));
@@ -181,19 +209,7 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
     }
     std::fs::create_dir_all(run_dir).map_err(|e| Error::io(run_dir, e))?;
     // run.json first: a chain stopped before its first state starts afresh on resume.
-    manifest(
-        cfg,
-        ds,
-        Network::new(
-            &cfg.settings.model,
-            ds.train.dim(),
-            NUM_CLASSES,
-            cfg.settings.seed,
-            &Device::Cpu,
-        )?
-        .num_params(),
-    )
-    .write(run_dir)?;
+    manifest(cfg, ds, num_params).write(run_dir)?;
     let results: Vec<std::sync::Mutex<Option<Result<ChainOutcome>>>> = (0..cfg.settings.chains)
         .map(|_| std::sync::Mutex::new(None))
         .collect();
@@ -232,7 +248,7 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
                             step,
                             run_dir: run_dir.clone(),
                         },
-                        e => Error::Checkpoint(format!("chain {k}: {e}")),
+                        e => Error::Checkpoint(format!("chain {k}: {}", disk::explain(e, run_dir))),
                     });
                 }
             }
