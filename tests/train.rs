@@ -361,11 +361,11 @@ fn bench_train_runs_the_cnn() {
     let rows = last_json(&out);
     let rows = rows.as_array().unwrap();
     assert_eq!(rows.len(), 2, "{rows:?}");
-    let flop = 2.0 * 8.0 * 2.0 * (6.0 * 25.0 * 576.0)
-        + 2.0 * 8.0 * 3.0 * (16.0 * 150.0 * 64.0)
-        + 2.0 * 8.0 * 3.0 * (256.0 * 120.0 + 120.0 * 84.0 + 84.0 * 10.0);
+    let flop = 2.0 * 8.0 * 2.0 * (6.0 * 25.0 * 784.0)
+        + 2.0 * 8.0 * 3.0 * (16.0 * 150.0 * 196.0)
+        + 2.0 * 8.0 * 3.0 * (784.0 * 120.0 + 120.0 * 84.0 + 84.0 * 10.0);
     for row in rows {
-        assert_eq!(row["model"], "cnn5-c6-c16-120-84-relu");
+        assert_eq!(row["model"], "cnn5p2-c6-c16-120-84-relu");
         assert_eq!(row["batch"], 8);
         assert_eq!(row["backward"], "custom");
         assert_eq!(row["flop_per_step"].as_f64().unwrap(), flop);

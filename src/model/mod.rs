@@ -622,14 +622,28 @@ mod tests {
     #[test]
     fn lenet_preset_shapes_and_invalid_cnns() {
         let spec = ModelSpec::lenet();
-        assert_eq!(spec.label(), "cnn5-c6-c16-120-84-relu");
+        assert_eq!(spec.label(), "cnn5p2-c6-c16-120-84-relu");
         let m = Network::new(&spec, 784, 10, 0, &Device::Cpu).unwrap();
         let shapes: Vec<_> = m.params.iter().map(|p| p.var.dims().to_vec()).collect();
         assert_eq!(shapes[0], [6, 1, 5, 5]);
         assert_eq!(shapes[2], [16, 6, 5, 5]);
-        // 28 → 24 → 12 → 8 → 4: 16·4·4 = 256 features.
-        assert_eq!(shapes[4], [120, 256]);
-        assert_eq!(m.num_params(), 44_426);
+        // Padded by 2: 28 → 28 → 14 → 14 → 7: 16·7·7 = 784 features.
+        assert_eq!(shapes[4], [120, 784]);
+        assert_eq!(m.num_params(), 107_786);
+        // Unpadded: 28 → 24 → 12 → 8 → 4, 256 features.
+        let valid = Network::new(
+            &ModelSpec {
+                padding: 0,
+                ..spec.clone()
+            },
+            784,
+            10,
+            0,
+            &Device::Cpu,
+        )
+        .unwrap();
+        assert_eq!(valid.params[4].var.dims(), [120, 256]);
+        assert_eq!(valid.num_params(), 44_426);
         let x = Tensor::ones((3, 784), DType::F32, &Device::Cpu).unwrap();
         assert_eq!(m.forward(&x).unwrap().dims(), &[3, 10]);
 
