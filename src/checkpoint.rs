@@ -88,8 +88,8 @@ pub fn sample_path(run_dir: &Path, step: u64) -> PathBuf {
     samples_dir(run_dir).join(format!("sample-{step:08}.safetensors"))
 }
 
-/// The metadata key of the SHA-256 of a file's tensor data (every byte after the header),
-/// written by [`encode_safetensors`] and checked by [`open_safetensors`].
+/// The metadata key of the SHA-256 of a file's tensors (see [`tensors_digest`]), written
+/// by [`encode_safetensors`] and checked by [`open_safetensors`].
 pub const CHECKSUM_KEY: &str = "sha256";
 
 /// Encodes f32 tensors in the safetensors format with a deterministic header: keys sorted
@@ -103,6 +103,7 @@ pub fn encode_safetensors(
 ) -> Result<Vec<u8>> {
     let mut header = serde_json::Map::new();
     let mut data: Vec<u8> = Vec::new();
+    let mut table = Vec::with_capacity(tensors.len());
     for (name, t) in tensors {
         let start = data.len();
         // f64 stays f64 (a run state's ensemble sums); everything else is stored as f32.
@@ -119,9 +120,15 @@ pub fn encode_safetensors(
             name.clone(),
             serde_json::json!({"dtype": dtype, "shape": t.dims(), "data_offsets": [start, data.len()]}),
         );
+        table.push((name.as_str(), dtype, t.dims().to_vec(), start..data.len()));
     }
+    let digest = tensors_digest(
+        table
+            .iter()
+            .map(|(n, d, shape, range)| (*n, *d, shape.as_slice(), &data[range.clone()])),
+    );
     let mut metadata = metadata.clone();
-    metadata.insert(CHECKSUM_KEY.into(), sha256_hex(&data));
+    metadata.insert(CHECKSUM_KEY.into(), digest);
     header.insert("__metadata__".into(), serde_json::json!(metadata));
     let mut json = serde_json::to_vec(&header)
         .map_err(|e| Error::Checkpoint(format!("serialising header: {e}")))?;
@@ -135,12 +142,32 @@ pub fn encode_safetensors(
     Ok(out)
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
+/// The SHA-256 (hex) of a file's tensors taken in name order, each as its name, dtype,
+/// shape and data bytes (lengths prefixed): an edit to the data or to the header's
+/// tensor table (a renamed tensor, another shape or dtype) changes it; padding and the
+/// metadata's other values do not enter.
+fn tensors_digest<'a>(
+    tensors: impl Iterator<Item = (&'a str, &'a str, &'a [usize], &'a [u8])>,
+) -> String {
     use sha2::{Digest, Sha256};
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    let mut tensors: Vec<_> = tensors.collect();
+    tensors.sort_by(|a, b| a.0.cmp(b.0));
+    let mut hash = Sha256::new();
+    let mut put = |bytes: &[u8]| {
+        hash.update((bytes.len() as u64).to_le_bytes());
+        hash.update(bytes);
+    };
+    for (name, dtype, shape, data) in tensors {
+        put(name.as_bytes());
+        put(dtype.as_bytes());
+        let dims: Vec<u8> = shape
+            .iter()
+            .flat_map(|&d| (d as u64).to_le_bytes())
+            .collect();
+        put(&dims);
+        put(data);
+    }
+    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A safetensors file parsed and checked: the header is well-formed, the tensor data
@@ -155,14 +182,23 @@ pub struct Checked<'a> {
 /// Parses and checks `bytes` (see [`Checked`]).
 pub fn open_safetensors(bytes: &[u8]) -> std::result::Result<Checked<'_>, String> {
     let tensors = safetensors::SafeTensors::deserialize(bytes).map_err(|e| e.to_string())?;
-    let (header_len, header) =
-        safetensors::SafeTensors::read_metadata(bytes).map_err(|e| e.to_string())?;
+    let (_, header) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| e.to_string())?;
     let metadata = header.metadata().clone().unwrap_or_default();
     if let Some(recorded) = metadata.get(CHECKSUM_KEY) {
-        let got = sha256_hex(&bytes[8 + header_len..]);
+        let views = tensors.tensors();
+        let dtypes: Vec<String> = views
+            .iter()
+            .map(|(_, v)| format!("{:?}", v.dtype()))
+            .collect();
+        let got = tensors_digest(
+            views
+                .iter()
+                .zip(&dtypes)
+                .map(|((n, v), d)| (n.as_str(), d.as_str(), v.shape(), v.data())),
+        );
         if &got != recorded {
             return Err(format!(
-                "checksum mismatch: the tensor data's SHA-256 is {got}, the file records {recorded} \
+                "checksum mismatch: the tensors' SHA-256 is {got}, the file records {recorded} \
                  (the file was changed or damaged after it was written)"
             ));
         }

@@ -10,6 +10,7 @@ use bnn::potential::Backward;
 use bnn::sampler::ladder::PairSchedule;
 use bnn::sampler::replica::ReplicaThermostat;
 use bnn::sampler::{Integrator, Kernel, SamplerKind};
+use bnn::settings::OnDivergence;
 use bnn::synthetic::PotentialKind;
 
 #[derive(Debug, Parser)]
@@ -353,6 +354,11 @@ pub struct TrainArgs {
     /// saved at the end and on SIGINT/SIGTERM.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub checkpoint_every: usize,
+    /// When the chain diverges (a non-finite loss, kinetic energy or parameter): stop, or
+    /// roll back to the last saved state with half the step size and go on (at most 3
+    /// times per chain; the halved step size is saved with the state for --resume).
+    #[arg(long, value_enum, default_value = "stop")]
+    pub on_divergence: OnDivergence,
     /// Record the sampler's diagnostics (minibatch potential energy, kinetic energy per
     /// parameter overall and per tensor, thermostat mean and spread) in
     /// RUN/diagnostics.jsonl every N updates; 0: at each epoch's end.

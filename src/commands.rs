@@ -431,6 +431,7 @@ fn check_unchanged(recorded: &RunManifest, now: &RunManifest) -> Result<()> {
         "epochs",
         "checkpoint_every",
         "log_every",
+        "on_divergence",
         "command_line",
         "data_source",
     ];
@@ -626,6 +627,7 @@ fn train_config(
             },
             permute_labels: args.permute_labels,
             augment: args.augment.unwrap_or_default(),
+            on_divergence: args.on_divergence,
         },
         run_dir,
         device: device_of(args.device)?,

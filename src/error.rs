@@ -31,14 +31,18 @@ pub enum Error {
     #[error("{0}")]
     Checkpoint(String),
 
+    /// `what`: where it shows, e.g. "first in tensor fc1.weight".
     #[error(
-        "the loss became non-finite ({loss}) at step {step} (epoch {epoch}); \
-         try a smaller step size, e.g. --step-size {suggestion:e}; samples saved so far are valid"
+        "the {quantity} became non-finite ({value}) at step {step} (epoch {epoch}), {what}; \
+         try a smaller step size, e.g. --step-size {suggestion:e}, or --on-divergence rollback; \
+         samples saved so far are valid"
     )]
     Diverged {
         step: u64,
         epoch: usize,
-        loss: f64,
+        quantity: &'static str,
+        value: f64,
+        what: String,
         suggestion: f64,
     },
 
@@ -46,7 +50,8 @@ pub enum Error {
     /// prior's Gibbs step sums θ²).
     #[error(
         "the chain diverged by step {step} (epoch {epoch}): {what} is not finite; \
-         try a smaller step size, e.g. --step-size {suggestion:e}; samples saved so far are valid"
+         try a smaller step size, e.g. --step-size {suggestion:e}, or --on-divergence rollback; \
+         samples saved so far are valid"
     )]
     Exploded {
         step: u64,
@@ -54,6 +59,14 @@ pub enum Error {
         what: String,
         suggestion: f64,
     },
+
+    /// `--on-divergence rollback` rolled back as often as it may and the chain diverged
+    /// again.
+    #[error(
+        "{cause} (after {rollbacks} rollbacks to the last saved state, each halving the step size: \
+         the run stops)"
+    )]
+    DivergedAgain { rollbacks: u32, cause: Box<Error> },
 
     /// SIGINT or SIGTERM arrived: the update in progress was finished and the state saved.
     #[error(
@@ -91,6 +104,12 @@ impl Error {
             Error::Interrupted { signal, .. } => 128 + signal,
             _ => 1,
         }
+    }
+
+    /// Whether this is a chain that diverged ([`Error::Diverged`], [`Error::Exploded`]),
+    /// which `--on-divergence rollback` may undo.
+    pub fn is_divergence(&self) -> bool {
+        matches!(self, Error::Diverged { .. } | Error::Exploded { .. })
     }
 
     /// Wraps an I/O error with the path it concerns.

@@ -80,6 +80,9 @@ struct Scalars {
     valid: Option<AccumulatorState>,
     #[serde(default)]
     kinetic_trace: Vec<f64>,
+    /// Rollbacks after a divergence so far (absent: none).
+    #[serde(default)]
+    rollbacks: u32,
 }
 
 /// Everything a run needs to continue.
@@ -95,6 +98,9 @@ pub struct RunState {
     pub valid: Option<(AccumulatorState, Sums)>,
     /// The kinetic energy per parameter at each kept sample (for the chains' diagnostics).
     pub kinetic_trace: Vec<f64>,
+    /// Times `--on-divergence rollback` came back to a saved state, each halving the
+    /// step size the schedule starts from.
+    pub rollbacks: u32,
 }
 
 impl RunState {
@@ -116,6 +122,7 @@ impl RunState {
             test: self.test.0.clone(),
             valid: self.valid.as_ref().map(|v| v.0.clone()),
             kinetic_trace: self.kinetic_trace.clone(),
+            rollbacks: self.rollbacks,
         };
         let mut tensors: Vec<(String, Tensor)> = self
             .params
@@ -212,6 +219,7 @@ impl RunState {
             test: (scalars.test, sums("test")?),
             valid,
             kinetic_trace: scalars.kinetic_trace,
+            rollbacks: scalars.rollbacks,
         })
     }
 }

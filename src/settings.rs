@@ -55,6 +55,31 @@ pub struct Settings {
     /// changes the likelihood.
     #[serde(default, skip_serializing_if = "Augmentation::is_none")]
     pub augment: Augmentation,
+    /// What a divergence does: stop, or roll back (absent in older runs: stop).
+    #[serde(default, skip_serializing_if = "OnDivergence::is_stop")]
+    pub on_divergence: OnDivergence,
+}
+
+/// What a run does when a chain diverges (a loss, kinetic energy or parameter that is no
+/// longer finite).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "kebab-case")]
+pub enum OnDivergence {
+    /// Stop with one line naming the step and the tensor; the samples saved so far and the
+    /// last saved state stay valid.
+    #[default]
+    Stop,
+    /// Go back to the last saved state, halve the step size, log it and go on; at most
+    /// three times per chain (then stop). The halved step size is saved with the state,
+    /// so `--resume` continues with it.
+    Rollback,
+}
+
+impl OnDivergence {
+    fn is_stop(&self) -> bool {
+        *self == OnDivergence::Stop
+    }
 }
 
 fn fused() -> Kernel {
@@ -119,6 +144,12 @@ impl Settings {
                 self.permute_labels
             ));
         }
+        if self.on_divergence == OnDivergence::Rollback && self.replicas.is_some() {
+            return bad(format!(
+                "--on-divergence rollback is for chains, not for --sampler {}: a replica run stops at a divergence",
+                self.sampler.kind.name()
+            ));
+        }
         match (&self.replicas, self.sampler.kind.is_replica_exchange()) {
             (Some(r), true) => {
                 r.validate()?;
@@ -169,6 +200,7 @@ mod tests {
             replicas: None,
             permute_labels: 0.0,
             augment: Augmentation::None,
+            on_divergence: OnDivergence::Stop,
         }
     }
 
@@ -278,15 +310,21 @@ impl Preset {
     /// Reads and checks a preset; errors name the file and the key.
     pub fn from_toml_file(path: &std::path::Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let preset: Preset = toml::from_str(&text).map_err(|e| {
-            Error::Config(format!("{}: not a preset: {}", path.display(), e.message()))
-        })?;
-        preset.model.validate()?;
+        Self::from_toml_str(&text, &path.display().to_string())
+    }
+
+    /// Parses and checks the text of a preset; errors name `origin` and the key.
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Self> {
+        let preset: Preset = toml::from_str(text)
+            .map_err(|e| Error::Config(format!("{origin}: not a preset: {}", e.message())))?;
+        preset
+            .model
+            .validate()
+            .map_err(|e| Error::Config(format!("{origin}: {e}")))?;
         let t = &preset.train;
         let bad = |key: &str, what: &str| {
             Err(Error::Config(format!(
-                "{}: [train] {key} must be {what}",
-                path.display()
+                "{origin}: [train] {key} must be {what}"
             )))
         };
         let positive = |v: Option<f64>| v.is_some_and(|v| !(v > 0.0 && v.is_finite()));

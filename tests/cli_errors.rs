@@ -532,7 +532,7 @@ fn divergence_stops_at_once_and_keeps_valid_samples() {
     one_line_error(&out, "became non-finite");
     let err = stderr(&out);
     assert!(
-        err.contains("at step") && err.contains("--step-size 1.25e0"),
+        err.contains("at step") && err.contains("--step-size 1.25e0") && err.contains("in tensor "),
         "{err}"
     );
     let run = d.path().join("checkpoints/div");

@@ -107,7 +107,7 @@ fn reference() -> Vec<(PathBuf, Vec<u8>)> {
 /// it left loads (checksums and values), and that its state loads.
 fn run_until_struck(fs: &Tmpfs, strike: impl FnOnce()) -> String {
     let run = fs.path().join("checkpoints/r");
-    let mut child = bnn(fs.path(), &RUN)
+    let child = bnn(fs.path(), &RUN)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -70,6 +70,11 @@ pub struct ModelSpec {
     pub norm: resnet::Norm,
 }
 
+/// Bounds of a preset's sizes (see [`ModelSpec::validate`]).
+const MAX_WIDTH: usize = 1 << 16;
+const MAX_LAYERS: usize = 64;
+const MAX_KERNEL: usize = 31;
+
 fn default_kernel_size() -> usize {
     5
 }
@@ -217,6 +222,25 @@ impl ModelSpec {
             return Err(Error::Config(
                 "activation = \"swish\" is for kind = \"resnet\"; use relu or sigmoid".into(),
             ));
+        }
+        // Far past any network this tool trains, so that a preset cannot ask for an
+        // allocation that takes the machine down before anything is checked.
+        let widths = self.hidden.iter().chain(&self.conv).chain(&self.stages);
+        if let Some(w) = widths.clone().find(|&&w| w > MAX_WIDTH) {
+            return Err(Error::Config(format!(
+                "a layer of width or channel count {w}: at most {MAX_WIDTH}"
+            )));
+        }
+        if widths.count() > MAX_LAYERS || self.blocks > MAX_LAYERS {
+            return Err(Error::Config(format!(
+                "more than {MAX_LAYERS} layers, stages or blocks per stage"
+            )));
+        }
+        if self.kernel_size > MAX_KERNEL {
+            return Err(Error::Config(format!(
+                "kernel_size {}: at most {MAX_KERNEL}",
+                self.kernel_size
+            )));
         }
         if self.hidden.contains(&0) {
             return Err(Error::Config(format!(
@@ -530,6 +554,12 @@ impl Network {
 
     /// Whether every parameter is finite (a diverged sampler makes them inf or NaN).
     pub fn all_finite(&self) -> Result<bool> {
+        Ok(self.first_non_finite()?.is_none())
+    }
+
+    /// The name of the first parameter tensor (in the model's order) holding a value that
+    /// is not finite (or so large that its absolute sum overflows f32).
+    pub fn first_non_finite(&self) -> Result<Option<String>> {
         for p in &self.params {
             let s = p
                 .var
@@ -538,10 +568,10 @@ impl Network {
                 .sum_all()?
                 .to_scalar::<f32>()?;
             if !s.is_finite() {
-                return Ok(false);
+                return Ok(Some(p.name.clone()));
             }
         }
-        Ok(true)
+        Ok(None)
     }
 
     /// Overwrites the parameters with `tensors` (by name), checking every name and shape.

@@ -21,6 +21,7 @@ use crate::potential::{Backward, Potential, Prior};
 use crate::rng;
 use crate::run_state::{self, Progress, RunState};
 use crate::sampler;
+use crate::settings::OnDivergence;
 use crate::signals;
 
 /// What one chain leaves for the run's summary.
@@ -35,6 +36,8 @@ pub(super) struct ChainOutcome {
     /// The kinetic energy per parameter at each kept sample (momentum samplers).
     pub kinetic_trace: Vec<f64>,
     pub backward: Backward,
+    /// Rollbacks after a divergence (`--on-divergence rollback`).
+    pub rollbacks: u32,
 }
 
 /// One chain in `run_dir` (the run's folder, or a chain's folder of it); `write_manifest`
@@ -49,8 +52,30 @@ pub(super) fn run_chain(
     write_manifest: bool,
     label_seed: u64,
 ) -> Result<ChainOutcome> {
+    let (mut chain, mut at) = Chain::open(cfg, ds, run_dir, write_manifest, label_seed)?;
+    loop {
+        match run_from(&mut chain, at) {
+            Err(e) if e.is_divergence() && cfg.settings.on_divergence == OnDivergence::Rollback => {
+                if chain.rollbacks >= MAX_ROLLBACKS {
+                    return Err(Error::DivergedAgain {
+                        rollbacks: chain.rollbacks,
+                        cause: Box::new(e),
+                    });
+                }
+                at = chain.roll_back(&e)?;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// How often `--on-divergence rollback` may roll a chain back.
+pub(super) const MAX_ROLLBACKS: u32 = 3;
+
+/// Runs `chain` from where `at` says it stands to the end of the run.
+fn run_from(chain: &mut Chain, at: Progress) -> Result<ChainOutcome> {
+    let (cfg, ds, run_dir) = (chain.cfg, chain.ds, chain.run_dir);
     let s = &cfg.settings;
-    let (mut chain, at) = Chain::open(cfg, ds, run_dir, write_manifest, label_seed)?;
     let batches = ds.train.len() / s.batch_size;
     let total_steps = (batches * s.epochs) as u64;
     let every = match s.checkpoint_every {
@@ -87,7 +112,7 @@ pub(super) fn run_chain(
             let t0 = Instant::now();
             let eta = s
                 .schedule
-                .step_size_of(s.sampler.step_size, step, total_steps, epoch);
+                .step_size_of(chain.base_step_size(), step, total_steps, epoch);
             let diag = chain.update(idx, eta, &mut sums, step, epoch)?;
             step += 1;
             chain.watch(step, epoch, b + 1 == batches, None)?;
@@ -144,9 +169,10 @@ pub(super) fn run_chain(
         step_seconds,
         train_seconds: elapsed(),
         backward: chain.stepper.backward,
-        test: chain.kept.test,
-        valid: chain.kept.valid,
-        kinetic_trace: chain.kept.kinetic_trace,
+        test: chain.kept.test.clone(),
+        valid: chain.kept.valid.clone(),
+        kinetic_trace: std::mem::take(&mut chain.kept.kinetic_trace),
+        rollbacks: chain.rollbacks,
     })
 }
 
@@ -165,6 +191,9 @@ pub(super) struct Chain<'a> {
     pub monitor: super::diagnostics::Monitor,
     /// The mean NLL of the last minibatch.
     last_nll: f64,
+    /// Times `--on-divergence rollback` went back to the saved state, each halving the
+    /// step size; saved with the state.
+    pub rollbacks: u32,
 }
 
 /// The kept samples' running results: the streaming ensembles on the test and validation
@@ -199,9 +228,9 @@ impl Kept {
         diag: sampler::Diagnostics,
     ) -> Result<()> {
         // Never write a sample from a diverging chain.
-        if !model.all_finite()? {
-            let base = cfg.settings.sampler.step_size;
-            return Err(diverged(step, epoch, f64::NAN, base));
+        if let Some(name) = model.first_non_finite()? {
+            let what = format!("first in tensor {name}");
+            return Err(diverged(step, epoch, ("parameters", f64::NAN), what, eta));
         }
         let meta = sample_metadata(cfg, ds, step, epoch, eta)?;
         checkpoint::save_sample(dir, step, model, meta)?;
@@ -241,12 +270,7 @@ impl<'a> Chain<'a> {
             s.seed,
             s.batch_size,
         )?;
-        let monitor = super::diagnostics::Monitor::new(
-            s.log_every,
-            stepper.sampler.diagnostics().thermostat,
-            "",
-        )
-        .checking_from(s.schedule.burnin);
+        let monitor = new_monitor(cfg, &stepper);
         Ok(Chain {
             cfg,
             ds,
@@ -258,7 +282,59 @@ impl<'a> Chain<'a> {
             label_seed,
             labels: None,
             last_nll: f64::NAN,
+            rollbacks: 0,
         })
+    }
+
+    /// The step size the schedule starts from: the run's, halved at each rollback.
+    pub fn base_step_size(&self) -> f64 {
+        self.cfg.settings.sampler.step_size * 0.5f64.powi(self.rollbacks as i32)
+    }
+
+    /// After a divergence (`cause`): back to the last saved state, which then records one
+    /// more rollback (the step size halved), so that `--resume` continues from here too.
+    fn roll_back(&mut self, cause: &Error) -> Result<Progress> {
+        let rollbacks = self.rollbacks + 1;
+        let at = self.restore_from(self.run_dir)?;
+        discard_after(self.run_dir, &at)?;
+        self.rollbacks = rollbacks;
+        self.monitor = new_monitor(self.cfg, &self.stepper);
+        self.save(at.clone())?;
+        tracing::warn!(
+            "{cause} -- rolled back to the state saved at step {} (epoch {}), step size halved \
+             to {:e} (rollback {rollbacks} of at most {MAX_ROLLBACKS})",
+            at.step,
+            at.epoch + 1,
+            self.base_step_size(),
+        );
+        Ok(at)
+    }
+
+    /// Where the chain is no longer finite, for a divergence message: the first
+    /// parameter tensor, else the first momentum tensor.
+    fn where_not_finite(&self) -> Result<String> {
+        if let Some(name) = self.model.first_non_finite()? {
+            return Ok(format!("first in tensor {name}"));
+        }
+        let state = self.stepper.sampler.state()?;
+        for (p, m) in self.model.params.iter().zip(&state.momentum) {
+            let s = m.abs()?.sum_all()?.to_scalar::<f32>()?;
+            if !s.is_finite() {
+                return Ok(format!("first in the momentum of tensor {}", p.name));
+            }
+        }
+        // The loss overflowed from finite parameters: name the largest.
+        let mut largest = (0f32, "");
+        for p in &self.model.params {
+            let m = p.var.as_tensor().abs()?.max_all()?.to_scalar::<f32>()?;
+            if m > largest.0 {
+                largest = (m, &p.name);
+            }
+        }
+        Ok(format!(
+            "every parameter still finite, the largest |θ| {:.3e} in tensor {}",
+            largest.0, largest.1
+        ))
     }
 
     /// The labels of epoch `epoch`: the data's, or with `--permute-labels p` a fraction
@@ -359,6 +435,7 @@ impl<'a> Chain<'a> {
             }
         };
         self.kept.kinetic_trace = state.kinetic_trace;
+        self.rollbacks = state.rollbacks;
         Ok(state.progress)
     }
 
@@ -381,7 +458,7 @@ impl<'a> Chain<'a> {
         if eta != self.stepper.sampler.config().step_size {
             self.stepper.sampler.set_step_size(eta)?;
         }
-        let base = self.cfg.settings.sampler.step_size;
+        let base = self.base_step_size();
         let s = &self.cfg.settings;
         let augment = s
             .augment
@@ -391,7 +468,8 @@ impl<'a> Chain<'a> {
             .stepper
             .step(&self.ds.train, self.labels.as_deref(), idx, augment)?;
         if !loss.nll.is_finite() {
-            return Err(diverged(step, epoch, loss.nll, base));
+            let what = self.where_not_finite()?;
+            return Err(diverged(step, epoch, ("loss", loss.nll), what, base));
         }
         self.last_nll = loss.nll;
         sums.correct += loss.correct;
@@ -400,7 +478,14 @@ impl<'a> Chain<'a> {
         let diag = self.stepper.sampler.diagnostics();
         if let Some(ke) = diag.kinetic_energy {
             if !ke.is_finite() {
-                return Err(diverged(step + 1, epoch, ke, base));
+                let what = self.where_not_finite()?;
+                return Err(diverged(
+                    step + 1,
+                    epoch,
+                    ("kinetic energy", ke),
+                    what,
+                    base,
+                ));
             }
             sums.ke_sum += ke;
             sums.ke_count += 1;
@@ -480,11 +565,15 @@ impl<'a> Chain<'a> {
             Err(Error::NotFinite("a parameter".into()))
         };
         if let Err(Error::NotFinite(what)) = gibbs {
+            let what = match self.model.first_non_finite()? {
+                Some(name) => format!("tensor {name}"),
+                None => what,
+            };
             return Err(Error::Exploded {
                 step,
                 epoch: epoch + 1,
                 what,
-                suggestion: s.sampler.step_size / 4.0,
+                suggestion: self.base_step_size() / 4.0,
             });
         }
         gibbs
@@ -545,6 +634,7 @@ impl<'a> Chain<'a> {
             test: (ts, tsum),
             valid: kept.valid.as_ref().map(|a| a.state()),
             kinetic_trace: kept.kinetic_trace.clone(),
+            rollbacks: self.rollbacks,
         }
         .save(dir)
     }
@@ -694,13 +784,30 @@ pub(super) fn trim_diagnostics(path: &Path, step: u64) -> Result<()> {
     crate::atomic::write_atomic(path, kept.as_bytes())
 }
 
-pub(super) fn diverged(step: u64, epoch: usize, loss: f64, step_size: f64) -> Error {
+/// A divergence at update `step` of epoch `epoch` (0-based): `quantity` took a
+/// non-finite value, shown `what` (where); the step size in use was `step_size`.
+pub(super) fn diverged(
+    step: u64,
+    epoch: usize,
+    (quantity, value): (&'static str, f64),
+    what: String,
+    step_size: f64,
+) -> Error {
     Error::Diverged {
         step,
         epoch: epoch + 1,
-        loss,
+        quantity,
+        value,
+        what,
         suggestion: step_size / 4.0,
     }
+}
+
+/// The sampler's watch for a chain of `cfg` (fresh at a start, a resume or a rollback).
+fn new_monitor(cfg: &TrainConfig, stepper: &Stepper) -> super::diagnostics::Monitor {
+    let s = &cfg.settings;
+    super::diagnostics::Monitor::new(s.log_every, stepper.sampler.diagnostics().thermostat, "")
+        .checking_from(s.schedule.burnin)
 }
 
 fn progress_bar(show: bool, len: u64, epoch: usize, epochs: usize) -> indicatif::ProgressBar {

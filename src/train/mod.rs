@@ -104,6 +104,9 @@ pub struct Summary {
     #[serde(default)]
     pub progress: Vec<crate::ensemble::Progress>,
     pub steps: u64,
+    /// Rollbacks after a divergence, over all chains (`--on-divergence rollback`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rollbacks: u32,
     /// Wall time of the whole loop, evaluation and checkpoints included.
     pub train_seconds: f64,
     /// Updates per second of the training step alone (gather, forward, backward, update);
@@ -120,6 +123,10 @@ pub struct Summary {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica_exchange: Option<ReplicaReport>,
     pub run_dir: String,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// One chain of a multi-chain run in `summary.json`.
@@ -372,6 +379,7 @@ fn finish(
         valid_ensemble: valid.as_ref().and_then(|a| a.metrics()),
         progress: test.progress(),
         steps,
+        rollbacks: chains.iter().map(|c| c.rollbacks).sum(),
         train_seconds: chains.iter().map(|c| c.train_seconds).fold(0.0, f64::max),
         // Summed over chains: the aggregate throughput.
         steps_per_second: chains

@@ -310,6 +310,7 @@ pub(super) fn run_replicas(
         test: cold.test,
         valid: cold.valid,
         kinetic_trace: cold.kinetic_trace,
+        rollbacks: 0,
     };
     Ok((outcome, report))
 }
@@ -552,7 +553,9 @@ fn estimate(
         let delta = scale * (total * mean + prior_difference);
         let variance = scale * scale * total * total * var_d / k * (1.0 - k / total);
         if !delta.is_finite() {
-            return Err(diverged(0, 0, delta, cfg.settings.sampler.step_size));
+            let what = "in an exchange between two replicas".to_string();
+            let energy = ("energy difference", delta);
+            return Err(diverged(0, 0, energy, what, cfg.settings.sampler.step_size));
         }
         if variance <= compensation.sigma2 || n == n_all {
             return Ok((delta, variance.max(0.0), n));
