@@ -30,3 +30,23 @@ double bnn_host_step(int kind, float *theta, float *v, const float *g, uint32_t 
     }
     return sum;
 }
+
+/* mSGNHT's per-element thermostat step (splitting: 0 Euler, 1 B-O-B). Returns the sum of
+ * v*v and writes the sum of the new alpha to *sum_alpha, both in element order. */
+double bnn_host_thermostat_step(float *theta, float *v, float *alpha, const float *g, uint32_t n,
+                                uint64_t seed, uint64_t step, uint32_t param, float step_size,
+                                float noise_scale, int splitting, double *sum_alpha) {
+    bnn_step_consts c = {step_size, 1.0f, 1.0f, noise_scale};
+    double sq = 0.0, al = 0.0;
+    for (uint32_t b = 0; 4 * b < n; ++b) {
+        float z[4];
+        bnn_normals4(seed, step, param, b, z);
+        for (uint32_t k = 0; k < 4 && 4 * b + k < n; ++k) {
+            uint32_t i = 4 * b + k;
+            sq += (double)bnn_thermostat_step(&theta[i], &v[i], &alpha[i], g[i], z[k], c, splitting);
+            al += (double)alpha[i];
+        }
+    }
+    *sum_alpha = al;
+    return sq;
+}

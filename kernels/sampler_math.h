@@ -148,4 +148,42 @@ BNN_HD float bnn_momentum_step(float *theta, float *v, float g, float z, bnn_ste
     return vn * vn;
 }
 
+/* e^x for the thermostat's damping e^{-alpha/2}: the Rust CPU op's exp_f32
+ * (src/kernels/cpu.rs) with the same f32 operations in the same order (Cephes
+ * polynomial, 2^n from the exponent bits), within 2 ulp of exp on [-87, 88]. A NaN
+ * passes through as in Rust's clamp. */
+BNN_HD float bnn_exp(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float n = floorf(x * 1.44269504f + 0.5f);
+    float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+    float p = 1.98756915e-4f;
+    p = p * r + 1.39819995e-3f;
+    p = p * r + 8.33345190e-3f;
+    p = p * r + 4.16657959e-2f;
+    p = p * r + 1.66666655e-1f;
+    p = p * r + 5.00000012e-1f;
+    float y = p * (r * r) + r + 1.0f;
+    uint32_t biased = bnn_float_to_bits(n + (127.0f + 8388608.0f)) & 0xffu;
+    return y * bnn_bits_to_float(biased << 23);
+}
+
+/* mSGNHT (Li et al. 2016, eq. 2 in v-form), one thermostat alpha_i per element:
+ * Euler      v <- (v - v alpha_i) - eta g + sigma z,
+ * splitting  v <- d (d v - eta g + sigma z), d = e^{-alpha_i/2} (B-O-B);
+ * then theta <- theta + v and alpha_i <- alpha_i + (v^2 - eta). Returns v^2. */
+BNN_HD float bnn_thermostat_step(float *theta, float *v, float *alpha, float g, float z,
+                                 bnn_step_consts c, int splitting) {
+    float m = *v, a = *alpha, vn;
+    if (splitting) {
+        float d = bnn_exp(a * -0.5f);
+        vn = ((m * d - g * c.step_size) + z * c.noise_scale) * d;
+    } else {
+        vn = ((m - m * a) - g * c.step_size) + z * c.noise_scale;
+    }
+    *v = vn;
+    *theta = *theta + vn;
+    *alpha = a + (vn * vn - c.step_size);
+    return vn * vn;
+}
+
 #endif

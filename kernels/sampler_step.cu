@@ -59,3 +59,45 @@ extern "C" __global__ void bnn_momentum_kernel(float *theta, float *momentum, co
     }
     if (threadIdx.x == 0) atomicAdd(sum_sq, partial[0]);
 }
+
+// mSGNHT's per-element thermostat step: reads theta, v, alpha, g and writes theta, v,
+// alpha once each; reduces sum v^2 into sums[0] and the new sum alpha into sums[1].
+extern "C" __global__ void bnn_thermostat_kernel(float *theta, float *momentum, float *alpha,
+                                               const float *grad, unsigned long long n,
+                                               unsigned int param, unsigned long long seed,
+                                               unsigned long long step, float step_size,
+                                               float noise_scale, int splitting,
+                                               double *sums) {
+    __shared__ double partial_sq[BNN_THREADS];
+    __shared__ double partial_alpha[BNN_THREADS];
+    bnn_step_consts c = {step_size, 1.0f, 1.0f, noise_scale};
+    double sq = 0.0, al = 0.0;
+    unsigned long long blocks = (n + 3) / 4;
+    for (unsigned long long b = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+         b < blocks; b += (unsigned long long)gridDim.x * blockDim.x) {
+        float z[4];
+        bnn_normals4(seed, step, param, (uint32_t)b, z);
+        for (int k = 0; k < 4; ++k) {
+            unsigned long long i = 4 * b + k;
+            if (i < n) {
+                sq += (double)bnn_thermostat_step(&theta[i], &momentum[i], &alpha[i], grad[i],
+                                                  z[k], c, splitting);
+                al += (double)alpha[i];
+            }
+        }
+    }
+    partial_sq[threadIdx.x] = sq;
+    partial_alpha[threadIdx.x] = al;
+    __syncthreads();
+    for (unsigned int stride = BNN_THREADS / 2; stride > 0; stride /= 2) {
+        if (threadIdx.x < stride) {
+            partial_sq[threadIdx.x] += partial_sq[threadIdx.x + stride];
+            partial_alpha[threadIdx.x] += partial_alpha[threadIdx.x + stride];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        atomicAdd(&sums[0], partial_sq[0]);
+        atomicAdd(&sums[1], partial_alpha[0]);
+    }
+}

@@ -84,6 +84,46 @@ fn header_step_equals_cpu_op_bit_for_bit() {
     }
 }
 
+/// The header's mSGNHT update (the CUDA kernel's element math) against the CPU op's,
+/// Euler and splitting: θ, v and α bit for bit (the splitting's e^{−α/2} by the same
+/// polynomial on both), the sums to rounding (summed in another order). Thermostats
+/// spread over [−0.5, 2] so that the damping polynomial sees every range it meets.
+#[test]
+fn header_thermostat_step_equals_cpu_op_bit_for_bit() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    for splitting in [false, true] {
+        for (eta, sigma) in [(4e-7f64, (2.0 * 0.01 * 4e-7f64).sqrt()), (0.01, 0.05)] {
+            let c = StepConsts::new(eta, 0.0, sigma);
+            for n in LENGTHS {
+                let key = NoiseKey {
+                    seed: 7,
+                    step: 40,
+                    param: 1,
+                };
+                let theta = random(n, 1.0, &mut rng);
+                let v = random(n, 0.01, &mut rng);
+                let g = random(n, 100.0, &mut rng);
+                let alpha: Vec<f32> = (0..n).map(|_| rng.random_range(-0.5..2.0)).collect();
+                let (mut t1, mut v1, mut a1) = (theta.clone(), v.clone(), alpha.clone());
+                let (mut t2, mut v2, mut a2) = (theta, v, alpha);
+                let s1 = cpu::thermostat_step(&mut t1, &mut v1, &mut a1, &g, key, c, splitting);
+                let s2 = host::thermostat_step(&mut t2, &mut v2, &mut a2, &g, key, c, splitting);
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                let case = format!("splitting={splitting} eta={eta} n={n}");
+                assert_eq!(bits(&t1), bits(&t2), "{case}: positions");
+                assert_eq!(bits(&v1), bits(&v2), "{case}: momenta");
+                assert_eq!(bits(&a1), bits(&a2), "{case}: thermostats");
+                for (x, y) in [(s1.0, s2.0), (s1.1, s2.1)] {
+                    assert!(
+                        (x - y).abs() <= 1e-9 * y.abs().max(1e-30),
+                        "{case}: {x} vs {y}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Runs `f` inside a job of the step's thread pool, where nested parallel regions run
 /// their parts one after another on a single thread (`pool`).
 fn on_one_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {

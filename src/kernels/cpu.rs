@@ -545,8 +545,18 @@ impl InplaceOp2 for FusedStepOp<'_> {
                 candle_core::bail!("fused sampler step: the momentum is not on the GPU")
             }
         };
-        let s = super::cuda::step(self.update, s1, l1, s2, l2, m, self.key, self.consts)?;
-        self.sum_sq.set(s);
+        let mut thermostat = self.thermostat.borrow_mut();
+        let alpha = match thermostat.as_deref_mut() {
+            None => None,
+            Some(StateBuffer::Cuda(s)) => Some(s),
+            Some(StateBuffer::Host(_)) => {
+                candle_core::bail!("fused sampler step: the thermostats are not on the GPU")
+            }
+        };
+        let (sq, sa) =
+            super::cuda::step(self.update, s1, l1, s2, l2, m, alpha, self.key, self.consts)?;
+        self.sum_sq.set(sq);
+        self.sum_thermostat.set(sa);
         Ok(())
     }
 }

@@ -13,7 +13,8 @@ const MODULE: &str = "bnn_sampler_step";
 const THREADS: u32 = 256; // BNN_THREADS in the kernel
 
 /// One fused update of the tensor in `theta` (destination) with `grad`; `momentum` is
-/// `None` for SGLD. Returns Σ v² (0 for SGLD).
+/// `None` for SGLD, `thermostat` holds mSGNHT's αᵢ. Returns Σ v² (0 for SGLD) and, for
+/// mSGNHT, Σ α after the update (else 0).
 #[allow(clippy::too_many_arguments)]
 pub fn step(
     update: Update,
@@ -22,9 +23,10 @@ pub fn step(
     grad: &CudaStorage,
     grad_layout: &Layout,
     momentum: Option<&mut CudaSlice<f32>>,
+    thermostat: Option<&mut CudaSlice<f32>>,
     key: NoiseKey,
     c: StepConsts,
-) -> candle_core::Result<f64> {
+) -> candle_core::Result<(f64, f64)> {
     let Some((a, b)) = theta_layout.contiguous_offsets() else {
         candle_core::bail!("fused sampler step: parameter is not contiguous");
     };
@@ -60,7 +62,7 @@ pub fn step(
             // SAFETY: the argument list matches `bnn_sgld_kernel`'s signature and every
             // pointer covers `n` floats.
             unsafe { builder.launch(cfg) }.w()?;
-            Ok(0.0)
+            Ok((0.0, 0.0))
         }
         (Update::Momentum, Some(momentum)) => {
             if momentum.len() as u64 != n {
@@ -84,13 +86,42 @@ pub fn step(
             // SAFETY: the argument list matches `bnn_momentum_kernel`'s signature, every
             // pointer covers `n` floats and `sum` one double.
             unsafe { builder.launch(cfg) }.w()?;
-            Ok(dev.clone_dtoh(&sum)?[0])
+            Ok((dev.clone_dtoh(&sum)?[0], 0.0))
         }
         (Update::Momentum, None) => {
             candle_core::bail!("fused sampler step: the momentum is not on the GPU")
         }
-        (Update::Thermostat { .. }, _) => candle_core::bail!(
-            "no CUDA kernel for mSGNHT's per-element thermostat; use --kernel composed"
-        ),
+        (Update::Thermostat { splitting }, Some(momentum)) => {
+            let Some(alpha) = thermostat else {
+                candle_core::bail!("fused sampler step: the thermostats are not on the GPU")
+            };
+            if momentum.len() as u64 != n || alpha.len() as u64 != n {
+                candle_core::bail!("fused sampler step: sampler state of the wrong length");
+            }
+            let mut sums = dev.alloc_zeros::<f64>(2)?;
+            let splitting = i32::from(splitting);
+            let func = dev.get_or_load_custom_func("bnn_thermostat_kernel", MODULE, PTX)?;
+            let mut builder = func.builder();
+            builder.arg(&mut theta);
+            builder.arg(momentum);
+            builder.arg(alpha);
+            builder.arg(&grad);
+            builder.arg(&n);
+            builder.arg(&key.param);
+            builder.arg(&key.seed);
+            builder.arg(&key.step);
+            builder.arg(&c.step_size);
+            builder.arg(&c.noise_scale);
+            builder.arg(&splitting);
+            builder.arg(&mut sums);
+            // SAFETY: the argument list matches `bnn_thermostat_kernel`'s signature, every
+            // pointer covers `n` floats and `sums` two doubles.
+            unsafe { builder.launch(cfg) }.w()?;
+            let sums = dev.clone_dtoh(&sums)?;
+            Ok((sums[0], sums[1]))
+        }
+        (Update::Thermostat { .. }, None) => {
+            candle_core::bail!("fused sampler step: the momentum is not on the GPU")
+        }
     }
 }

@@ -18,6 +18,21 @@ extern "C" {
         post: f32,
         noise_scale: f32,
     ) -> f64;
+    #[allow(clippy::too_many_arguments)]
+    fn bnn_host_thermostat_step(
+        theta: *mut f32,
+        v: *mut f32,
+        alpha: *mut f32,
+        g: *const f32,
+        n: u32,
+        seed: u64,
+        step: u64,
+        param: u32,
+        step_size: f32,
+        noise_scale: f32,
+        splitting: i32,
+        sum_alpha: *mut f64,
+    ) -> f64;
 }
 
 use super::{StepConsts, Update};
@@ -47,7 +62,7 @@ pub fn step(
             assert_eq!(momentum.len(), theta.len());
             1
         }
-        Update::Thermostat { .. } => panic!("the kernel header has no mSGNHT update"),
+        Update::Thermostat { .. } => panic!("the mSGNHT update is `thermostat_step`"),
     };
     // SAFETY: all three buffers hold `n` floats (checked above; the momentum is only
     // touched for kind 1, where its length is checked).
@@ -67,4 +82,40 @@ pub fn step(
             c.noise_scale,
         )
     }
+}
+
+/// The header's mSGNHT update (per-element thermostat) of a whole tensor; returns
+/// (Σv², Σα) after it, summed in element order.
+pub fn thermostat_step(
+    theta: &mut [f32],
+    momentum: &mut [f32],
+    alpha: &mut [f32],
+    grad: &[f32],
+    key: NoiseKey,
+    c: StepConsts,
+    splitting: bool,
+) -> (f64, f64) {
+    let n = u32::try_from(theta.len()).expect("fewer than 2³² elements");
+    assert!(
+        grad.len() == theta.len() && momentum.len() == theta.len() && alpha.len() == theta.len()
+    );
+    let mut sum_alpha = 0f64;
+    // SAFETY: the four buffers hold `n` floats (checked above), `sum_alpha` one double.
+    let sum_sq = unsafe {
+        bnn_host_thermostat_step(
+            theta.as_mut_ptr(),
+            momentum.as_mut_ptr(),
+            alpha.as_mut_ptr(),
+            grad.as_ptr(),
+            n,
+            key.seed,
+            key.step,
+            key.param,
+            c.step_size,
+            c.noise_scale,
+            i32::from(splitting),
+            &mut sum_alpha,
+        )
+    };
+    (sum_sq, sum_alpha)
 }
