@@ -351,7 +351,9 @@ mod tests {
             vec![vec![1., 2., 3.], vec![4., 5., 6.]]
         );
         assert_eq!(s.tensors["b"].to_vec1::<f32>().unwrap(), vec![-0.5]);
-        assert_eq!(s.metadata.len(), 20);
+        // The 20 keys given and the checksum.
+        assert_eq!(s.metadata.len(), 21);
+        assert!(s.metadata.contains_key(CHECKSUM_KEY));
         assert_eq!(s.metadata["k7"], "7");
     }
 }

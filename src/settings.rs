@@ -315,8 +315,19 @@ impl Preset {
 
     /// Parses and checks the text of a preset; errors name `origin` and the key.
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Self> {
-        let preset: Preset = toml::from_str(text)
-            .map_err(|e| Error::Config(format!("{origin}: not a preset: {}", e.message())))?;
+        let preset: Preset = toml::from_str(text).map_err(|e| {
+            // toml's messages can run over several lines; the CLI prints one.
+            let message = e.message().split_whitespace().collect::<Vec<_>>().join(" ");
+            let line = e
+                .span()
+                .map(|s| {
+                    let before = &text.as_bytes()[..s.start.min(text.len())];
+                    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+                    format!(" line {line}:")
+                })
+                .unwrap_or_default();
+            Error::Config(format!("{origin}:{line} not a preset: {message}"))
+        })?;
         preset
             .model
             .validate()

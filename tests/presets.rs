@@ -104,18 +104,49 @@ fn preset_defaults_apply_and_flags_override_them() {
 fn bad_training_sections_are_one_line_errors() {
     let d = tempfile::tempdir().unwrap();
     let model = "[model]\nkind = \"mlp\"\nhidden = [4]\nactivation = \"relu\"\n";
-    for (train, needle) in [
-        ("[train]\nbatch_size = 0\n", "batch_size must be at least 1"),
+    let mlp = |line: &str| format!("[model]\nkind = \"mlp\"\nactivation = \"relu\"\n{line}\n");
+    let cnn = |line: &str| {
+        format!("[model]\nkind = \"cnn\"\nhidden = [8]\nactivation = \"relu\"\n{line}\n")
+    };
+    let cases = [
         (
-            "[train]\nstep_size = -1e-6\n",
+            format!("{model}[train]\nbatch_size = 0\n"),
+            "batch_size must be at least 1",
+        ),
+        (
+            format!("{model}[train]\nstep_size = -1e-6\n"),
             "step_size must be a positive number",
         ),
-        ("[train]\nstepsize = 1e-6\n", "unknown field `stepsize`"),
-        ("[train]\nepochs = \"many\"\n", "not a preset"),
-        ("[train]\nsampler = \"nuts\"\n", "not a preset"),
-    ] {
+        (
+            format!("{model}[train]\nstepsize = 1e-6\n"),
+            "unknown field `stepsize`",
+        ),
+        (
+            format!("{model}[train]\nepochs = \"many\"\n"),
+            "not a preset",
+        ),
+        (
+            format!("{model}[train]\nsampler = \"nuts\"\n"),
+            "not a preset",
+        ),
+        // The [model] table: unknown keys, wrong types, zero, negative and absurd sizes.
+        (mlp("hidden = [4]\nwidht = 3"), "unknown field `widht`"),
+        (mlp("hidden = \"wide\""), "not a preset"),
+        (mlp("hidden = [0]"), "hidden widths must be positive"),
+        (mlp("hidden = [-3]"), "not a preset"),
+        (mlp("hidden = [100000]"), "at most 65536"),
+        (mlp("hidden = [4]\nkind = \"mlp\""), "not a preset"),
+        (
+            cnn("conv = [6, 16]\nkernel_size = 40"),
+            "kernel_size 40: at most 31",
+        ),
+        (cnn("conv = [0, 16]"), "conv"),
+        ("[model\nkind = \"mlp\"".to_string(), "line 1: not a preset"),
+    ];
+    for (text, needle) in cases {
+        let train = &text;
         let p = d.path().join("bad.toml");
-        std::fs::write(&p, format!("{model}{train}")).unwrap();
+        std::fs::write(&p, &text).unwrap();
         let o = bnn(
             d.path(),
             &[

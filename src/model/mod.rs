@@ -698,14 +698,25 @@ mod tests {
             784,
         );
         assert!(e.contains("at least one convolution"), "{e}");
+        // Unpadded, a third 5×5 convolution meets a 4×4 map; padded, the fifth a 1×1 one
+        // (28 → 14 → 7 → 3 → 1 through the pools).
         let e = err(
             ModelSpec {
                 conv: vec![6, 16, 32],
+                padding: 0,
                 ..spec.clone()
             },
             784,
         );
         assert!(e.contains("convolution 3"), "{e}");
+        let e = err(
+            ModelSpec {
+                conv: vec![6, 16, 32, 32, 32],
+                ..spec.clone()
+            },
+            784,
+        );
+        assert!(e.contains("convolution 5"), "{e}");
         let e = err(spec, 780);
         assert!(e.contains("square images"), "{e}");
     }
