@@ -10,6 +10,7 @@ use bnn::data::{self, registry, LoadOptions};
 use bnn::error::{Error, Result};
 use bnn::model::ModelSpec;
 use bnn::potential::PriorSpec;
+use bnn::ranks::Ranks;
 use bnn::sampler::replica::ReplicaOptions;
 use bnn::sampler::SamplerConfig;
 use clap::Parser;
@@ -18,12 +19,18 @@ use bnn::settings::Settings;
 use bnn::train::{self, TrainConfig};
 
 /// Runs a parsed command; returns the JSON document to print last on stdout.
-pub fn run(command: Command, quiet: bool) -> Result<String> {
+pub fn run(command: Command, quiet: bool, ranks: &Ranks) -> Result<String> {
     // A bad BNN_ISA is a user error, reported before anything runs.
     bnn::kernels::isa::cap_from_env()?;
     tracing::debug!("CPU kernels: {}", bnn::kernels::isa::selected());
+    if ranks.size() > 1 && !matches!(command, Command::Train(_)) {
+        return Err(Error::Config(format!(
+            "{} MPI ranks: only `bnn train` runs across ranks; run this command as one process",
+            ranks.size()
+        )));
+    }
     match command {
-        Command::Train(args) => train_command(*args, quiet),
+        Command::Train(args) => train_command(*args, quiet, ranks),
         Command::Eval(args) => {
             let manifest = RunManifest::read(&args.run)?;
             let ds = bnn::eval::load_run_data(&manifest, args.data_dir, args.offline)?;
@@ -357,19 +364,22 @@ fn sampler_config(args: &TrainArgs) -> SamplerConfig {
     }
 }
 
-fn train_command(args: TrainArgs, quiet: bool) -> Result<String> {
+fn train_command(args: TrainArgs, quiet: bool, ranks: &Ranks) -> Result<String> {
     let command_line: Vec<String> = std::env::args().collect();
     if let Some(run_dir) = args.resume.clone() {
-        return resume_command(&run_dir, &command_line, &args, quiet);
+        return resume_command(&run_dir, &command_line, &args, quiet, ranks);
     }
     let cfg_and_data = train_config(&args, quiet, command_line)?;
-    run_training(cfg_and_data)
+    run_training(cfg_and_data, ranks)
 }
 
-fn run_training((cfg, ds): (TrainConfig, data::Dataset)) -> Result<String> {
+/// The run; its summary as JSON from rank 0, nothing from the other ranks of an MPI job.
+fn run_training((cfg, ds): (TrainConfig, data::Dataset), ranks: &Ranks) -> Result<String> {
     bnn::signals::install();
-    let summary = train::train(&cfg, &ds)?;
-    json(&summary)
+    match train::train_on(&cfg, &ds, ranks)? {
+        Some(summary) => json(&summary),
+        None => Ok(String::new()),
+    }
 }
 
 /// `bnn train --resume RUN_DIR [flags]`: the recorded command line with the new flags
@@ -379,6 +389,7 @@ fn resume_command(
     command_line: &[String],
     args: &TrainArgs,
     quiet: bool,
+    ranks: &Ranks,
 ) -> Result<String> {
     let recorded = RunManifest::read(run_dir)?;
     if recorded.command_line.is_empty() {
@@ -419,7 +430,7 @@ fn resume_command(
     cfg.run_dir = run_dir.to_path_buf();
     cfg.resume = true;
     check_unchanged(&recorded, &train::manifest(&cfg, &ds, recorded.num_params))?;
-    run_training((cfg, ds))
+    run_training((cfg, ds), ranks)
 }
 
 /// Refuses a resume whose settings differ from the run's in anything that changes the

@@ -24,6 +24,7 @@ pub mod plot;
 pub mod pool;
 pub mod potential;
 pub mod predict;
+pub mod ranks;
 pub mod rng;
 pub mod run_state;
 pub mod sampler;

@@ -27,8 +27,27 @@ fn main() {
         .with_ansi(colour)
         .with_target(false)
         .init();
-    match commands::run(cli.command, cli.quiet) {
+    let ranks = match bnn::ranks::Ranks::from_environment() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("bnn: error: {e}");
+            std::process::exit(e.exit_code());
+        }
+    };
+    if ranks.size() > 1 && std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        // One thread per rank unless told otherwise: R ranks already fill R cores, and
+        // samples must not depend on how the cores are shared. Set before the pool starts.
+        std::env::set_var("RAYON_NUM_THREADS", "1");
+    }
+    let _rank = (ranks.size() > 1).then(|| tracing::info_span!("rank", r = ranks.rank()).entered());
+    match commands::run(cli.command, cli.quiet, &ranks) {
+        Ok(json) if json.is_empty() => {}
         Ok(json) => println!("{json}"),
+        Err(e) if ranks.size() > 1 => {
+            eprintln!("bnn: error: rank {} of {}: {e}", ranks.rank(), ranks.size());
+            // Stops the other ranks at once; mpirun names this rank.
+            ranks.abort(e.exit_code());
+        }
         Err(e) => {
             eprintln!("bnn: error: {e}");
             std::process::exit(e.exit_code());

@@ -6,6 +6,7 @@ mod chain;
 pub mod diagnostics;
 pub mod disk;
 mod replicas;
+mod spread;
 mod stepper;
 
 pub use replicas::ReplicaReport;
@@ -25,6 +26,7 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::model::Network;
 use crate::potential::Backward;
+use crate::ranks::Ranks;
 use crate::settings::Settings;
 use chain::{run_chain, ChainOutcome};
 
@@ -173,12 +175,36 @@ pub fn manifest(cfg: &TrainConfig, ds: &Dataset, num_params: usize) -> RunManife
 /// (one chain per pool thread), each in `RUN/chain-<k>/` with its own seed
 /// ([`rng::chain_seed`]); the ensemble pools every chain's samples.
 pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
+    train_on(cfg, ds, &Ranks::single())?
+        .ok_or_else(|| Error::Config("one process is rank 0 and has the summary".into()))
+}
+
+/// [`train`] on the ranks of an MPI job: chain k on rank k mod R ([`spread`]); rank 0
+/// writes the run's files besides the chains' and returns the summary, the other ranks
+/// `None`. With one rank, [`train`].
+pub fn train_on(cfg: &TrainConfig, ds: &Dataset, ranks: &Ranks) -> Result<Option<Summary>> {
     cfg.settings.validate(ds.train.len())?;
     cfg.settings.augment.for_dataset(&ds.name)?;
-    let run_dir = &cfg.run_dir;
-    if !cfg.resume {
-        clear_run(run_dir)?;
+    if ranks.size() > 1 {
+        if cfg.settings.sampler.kind.is_replica_exchange() {
+            return Err(Error::Config(
+                "replica exchange across MPI ranks is not built yet: run --sampler renhd|reld \
+                 in one process"
+                    .into(),
+            ));
+        }
+        if ranks.size() > cfg.settings.chains {
+            return Err(Error::Config(format!(
+                "{} MPI ranks for {} chain(s): each rank needs a chain; start at most {} \
+                 ranks or ask for --chains {} or more",
+                ranks.size(),
+                cfg.settings.chains,
+                cfg.settings.chains,
+                ranks.size()
+            )));
+        }
     }
+    let run_dir = &cfg.run_dir;
     let num_params = Network::new(
         &cfg.settings.model,
         ds.train.dim(),
@@ -187,12 +213,19 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
         &Device::Cpu,
     )?
     .num_params();
-    let existing = match cfg.resume {
-        true => existing_samples(run_dir),
-        false => 0,
-    };
-    disk::check(&disk::need(cfg, ds, num_params, existing), run_dir)?;
-    train_checked(cfg, ds, num_params).map_err(|e| disk::explain(e, run_dir))
+    // Rank 0 alone clears, checks the disk and writes run.json; the others start after it.
+    if ranks.is_root() {
+        if !cfg.resume {
+            clear_run(run_dir)?;
+        }
+        let existing = match cfg.resume {
+            true => existing_samples(run_dir),
+            false => 0,
+        };
+        disk::check(&disk::need(cfg, ds, num_params, existing), run_dir)?;
+    }
+    ranks.barrier();
+    train_checked(cfg, ds, num_params, ranks).map_err(|e| disk::explain(e, run_dir))
 }
 
 /// Sample files already in `run_dir` (any layout).
@@ -204,23 +237,48 @@ fn existing_samples(run_dir: &std::path::Path) -> u64 {
         .sum()
 }
 
-fn train_checked(cfg: &TrainConfig, ds: &Dataset, num_params: usize) -> Result<Summary> {
+fn train_checked(
+    cfg: &TrainConfig,
+    ds: &Dataset,
+    num_params: usize,
+    ranks: &Ranks,
+) -> Result<Option<Summary>> {
     let run_dir = &cfg.run_dir;
     if cfg.settings.sampler.kind.is_replica_exchange() {
         let (cold, report) = replicas::run_replicas(cfg, ds)?;
-        return finish(cfg, ds, vec![cold], Some(report));
+        return finish(cfg, ds, vec![cold], Some(report)).map(Some);
     }
     if cfg.settings.chains <= 1 {
         let chain = run_chain(cfg, ds, run_dir, true, cfg.settings.seed)?;
-        return finish(cfg, ds, vec![chain], None);
+        return finish(cfg, ds, vec![chain], None).map(Some);
     }
-    std::fs::create_dir_all(run_dir).map_err(|e| Error::io(run_dir, e))?;
-    // run.json first: a chain stopped before its first state starts afresh on resume.
-    manifest(cfg, ds, num_params).write(run_dir)?;
-    let results: Vec<std::sync::Mutex<Option<Result<ChainOutcome>>>> = (0..cfg.settings.chains)
-        .map(|_| std::sync::Mutex::new(None))
-        .collect();
-    crate::pool::run(cfg.settings.chains, &|k| {
+    if ranks.is_root() {
+        std::fs::create_dir_all(run_dir).map_err(|e| Error::io(run_dir, e))?;
+        // run.json first: a chain stopped before its first state starts afresh on resume.
+        manifest(cfg, ds, num_params).write(run_dir)?;
+    }
+    ranks.barrier();
+    let mine = run_chains(cfg, ds, &ranks.dealt(cfg.settings.chains))?;
+    let Some(chains) = spread::gather(ranks, ds, mine)? else {
+        return Ok(None);
+    };
+    if chains.len() != cfg.settings.chains {
+        return Err(Error::Config(format!(
+            "{} of {} chains reported",
+            chains.len(),
+            cfg.settings.chains
+        )));
+    }
+    finish(cfg, ds, chains, None).map(Some)
+}
+
+/// The chains `ks` of a run of several, side by side on the pool; their outcomes with k.
+fn run_chains(cfg: &TrainConfig, ds: &Dataset, ks: &[usize]) -> Result<Vec<(usize, ChainOutcome)>> {
+    let run_dir = &cfg.run_dir;
+    let results: Vec<std::sync::Mutex<Option<Result<ChainOutcome>>>> =
+        ks.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    crate::pool::run(ks.len(), &|i| {
+        let k = ks[i];
         let mut chain_cfg = cfg.clone();
         chain_cfg.settings.seed = crate::rng::chain_seed(cfg.settings.seed, k);
         chain_cfg.progress = false;
@@ -232,15 +290,15 @@ fn train_checked(cfg: &TrainConfig, ds: &Dataset, num_params: usize) -> Result<S
             false,
             cfg.settings.seed,
         );
-        if let Ok(mut slot) = results[k].lock() {
+        if let Ok(mut slot) = results[i].lock() {
             *slot = Some(out);
         }
     });
-    let mut chains = Vec::with_capacity(cfg.settings.chains);
+    let mut chains = Vec::with_capacity(ks.len());
     let mut first_error = None;
-    for (k, slot) in results.into_iter().enumerate() {
+    for (&k, slot) in ks.iter().zip(results) {
         match slot.into_inner().ok().flatten() {
-            Some(Ok(c)) => chains.push(c),
+            Some(Ok(c)) => chains.push((k, c)),
             Some(Err(e)) => {
                 // A stop by signal is reported only if no chain failed otherwise.
                 let replace = match (&first_error, &e) {
@@ -262,10 +320,10 @@ fn train_checked(cfg: &TrainConfig, ds: &Dataset, num_params: usize) -> Result<S
             None => return Err(Error::Config(format!("chain {k} did not report"))),
         }
     }
-    if let Some(e) = first_error {
-        return Err(e);
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(chains),
     }
-    finish(cfg, ds, chains, None)
 }
 
 /// A new run under an existing name: nothing of an earlier run of any layout (one chain,

@@ -1,0 +1,215 @@
+//! Chains across MPI ranks (feature `mpi`; `.ci/run` builds it against Debian's Open MPI):
+//! `mpirun -n R bnn train --chains K` writes the same sample files, byte for byte, and the
+//! same ensemble as `--chains K` in one process; more ranks than chains is refused; a rank
+//! killed mid-run stops the others within seconds, naming it, and the run resumes (with
+//! another rank count) to the samples of a run never stopped. The built-in MNIST subset,
+//! one thread per rank (the default under mpirun), on loopback.
+#![cfg(feature = "mpi")]
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_bnn");
+
+fn train_args(out: &Path, name: &str, epochs: &str) -> Vec<String> {
+    [
+        "train",
+        "--dataset",
+        "mnist-mini",
+        "--offline",
+        "--sampler",
+        "sgnht",
+        "--chains",
+        "4",
+        "--epochs",
+        epochs,
+        "--burnin",
+        "1",
+        "--thin",
+        "20",
+        "--checkpoint-every",
+        "7",
+        "--no-progress",
+        "--out",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([out.display().to_string(), "--run-name".into(), name.into()])
+    .collect()
+}
+
+/// `mpirun -n ranks bnn args` (as root where CI runs, oversubscribed on 2 cores, ranks
+/// yielding while they wait).
+fn mpirun(ranks: usize, args: &[String]) -> Command {
+    let mut c = Command::new("mpirun");
+    c.args(["--allow-run-as-root", "--oversubscribe"])
+        .args(["--mca", "mpi_yield_when_idle", "1"])
+        .args(["-n", &ranks.to_string(), BIN])
+        .args(args)
+        .env("BNN_LOG", "warn")
+        .env_remove("RAYON_NUM_THREADS");
+    c
+}
+
+fn single(args: &[String]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("BNN_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+fn ok(o: Output, what: &str) -> Output {
+    assert!(
+        o.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+fn summary(run: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap()
+}
+
+/// Every chain's sample files of `b` are those of `a`, byte for byte.
+fn same_samples(a: &Path, b: &Path) {
+    for k in 0..4 {
+        let x = bnn::checkpoint::list_samples(&a.join(format!("chain-{k}"))).unwrap();
+        let y = bnn::checkpoint::list_samples(&b.join(format!("chain-{k}"))).unwrap();
+        assert!(!x.is_empty());
+        assert_eq!(x.len(), y.len(), "chain {k}");
+        for (p, q) in x.iter().zip(&y) {
+            assert!(
+                std::fs::read(p).unwrap() == std::fs::read(q).unwrap(),
+                "{} differs from {}",
+                q.display(),
+                p.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn chains_on_two_and_three_ranks_equal_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    ok(single(&train_args(out, "one", "2")), "one process");
+    let one = summary(&out.join("one"));
+    for ranks in [2, 3] {
+        let name = format!("ranks{ranks}");
+        let o = ok(
+            mpirun(ranks, &train_args(out, &name, "2"))
+                .output()
+                .unwrap(),
+            &name,
+        );
+        // Rank 0 alone prints the summary.
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(stdout.lines().count(), 1, "{stdout}");
+        let run = out.join(&name);
+        same_samples(&out.join("one"), &run);
+        let s = summary(&run);
+        assert_eq!(s["ensemble"], one["ensemble"], "{name}");
+        assert_eq!(s["samples"], one["samples"]);
+        assert_eq!(s["convergence"], one["convergence"]);
+        // `bnn eval` in one process, no MPI: the same figures, bit for bit.
+        let e = ok(
+            Command::new(BIN)
+                .args(["eval", "--run", run.to_str().unwrap(), "--offline"])
+                .env("BNN_LOG", "warn")
+                .output()
+                .unwrap(),
+            "eval",
+        );
+        let line = String::from_utf8_lossy(&e.stdout);
+        let report: serde_json::Value = serde_json::from_str(line.lines().last().unwrap()).unwrap();
+        assert_eq!(report["ensemble"], one["ensemble"]);
+    }
+}
+
+#[test]
+fn more_ranks_than_chains_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = train_args(dir.path(), "r", "2");
+    let at = args.iter().position(|a| a == "--chains").unwrap();
+    args[at + 1] = "2".into();
+    let o = mpirun(3, &args).output().unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("3 MPI ranks for 2 chain(s)"), "{err}");
+}
+
+/// The pids of `mpirun`'s children with their ranks (from their environment).
+fn ranks_of(mpirun: u32) -> Vec<(i32, usize)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // The parent pid is the second field after the command's closing parenthesis.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid != Some(mpirun) {
+            continue;
+        }
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        let rank = env
+            .split(|&b| b == 0)
+            .filter_map(|v| std::str::from_utf8(v).ok())
+            .find_map(|v| v.strip_prefix("OMPI_COMM_WORLD_RANK="))
+            .and_then(|r| r.parse().ok());
+        if let Some(rank) = rank {
+            found.push((pid, rank));
+        }
+    }
+    found
+}
+
+#[test]
+fn a_killed_rank_stops_the_others_and_the_run_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    ok(single(&train_args(out, "whole", "4")), "uninterrupted");
+    let run = out.join("killed");
+    let child = mpirun(2, &train_args(out, "killed", "4"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kill rank 1 once its chains have saved a state.
+    let started = Instant::now();
+    let state = run.join("chain-1/state");
+    while !state.exists() {
+        assert!(started.elapsed() < Duration::from_secs(120), "no state");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let victim = ranks_of(child.id())
+        .into_iter()
+        .find(|&(_, rank)| rank == 1)
+        .expect("rank 1 among mpirun's children");
+    // SAFETY: signalling a process this test started (through mpirun).
+    unsafe { libc::kill(victim.0, libc::SIGKILL) };
+    let killed = Instant::now();
+    let o = child.wait_with_output().unwrap();
+    let took = killed.elapsed();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(took < Duration::from_secs(10), "the others took {took:?}");
+    assert!(err.contains("rank 1"), "the message names the rank: {err}");
+
+    // Resumed as one process, then the samples are the uninterrupted run's.
+    let resume = ["train", "--resume", run.to_str().unwrap(), "--no-progress"].map(String::from);
+    ok(mpirun(3, &resume).output().unwrap(), "resume on 3 ranks");
+    same_samples(&out.join("whole"), &run);
+    assert_eq!(
+        summary(&run)["ensemble"],
+        summary(&out.join("whole"))["ensemble"]
+    );
+}
