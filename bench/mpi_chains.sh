@@ -12,9 +12,10 @@ epochs=${3:-50}
 bnn=$(realpath "${BNN:-target/release/bnn}")
 data=${BNN_DATA_DIR:-../shared/data}
 mkdir -p "$out"
+# Burn-in: the default 10 of 50 epochs, scaled with EPOCHS.
 args=(train --dataset mnist --data-dir "$data/mnist" --offline --chains 4 --epochs "$epochs"
-  --no-progress -q --out "$out")
-seconds() { local t0 t1; t0=$(date +%s.%N); "$@" >/dev/null; t1=$(date +%s.%N)
+  --burnin $((epochs / 5)) --no-progress -q --out "$out")
+seconds() { local t0 t1; t0=$(date +%s.%N); "$@" >/dev/null || exit 1; t1=$(date +%s.%N)
   python3 -c "print(round($t1 - $t0, 1))"; }
 same() { # the sample files of run $1 equal those of run one-1
   for k in 0 1 2 3; do
