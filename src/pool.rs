@@ -70,7 +70,11 @@ struct Pool {
 }
 
 fn helper(shared: &'static Shared) {
-    let mut seen = shared.epoch.load(SeqCst);
+    // The epoch the pool was made with, not the one at this thread's start: the first
+    // job may be published before a new helper runs, and a helper starting from its
+    // epoch would never see it (a run whose first job was its chains ran them on one
+    // thread: the fault of the sixteenth session's scaling figure).
+    let mut seen = 0;
     loop {
         let start = Instant::now();
         let mut spins = 0u32;
