@@ -143,6 +143,23 @@ fn gpu_device_without_the_feature() {
     );
 }
 
+/// Without the `mpi` feature, a `bnn` started by an MPI launcher for several processes
+/// refuses to run (each copy would train every chain into the same folder).
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn mpi_launch_without_the_feature() {
+    let d = tempfile::tempdir().unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_bnn"))
+        .args(["train", "--dataset", "mnist-mini", "--offline"])
+        .current_dir(d.path())
+        .env("OMPI_COMM_WORLD_SIZE", "2")
+        .env("OMPI_COMM_WORLD_RANK", "0")
+        .output()
+        .unwrap();
+    one_line_error(&o, "--features mpi");
+    assert!(!d.path().join("checkpoints").exists(), "nothing is written");
+}
+
 #[test]
 fn missing_data_says_what_to_do() {
     let d = tempfile::tempdir().unwrap();
