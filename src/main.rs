@@ -43,14 +43,13 @@ fn main() {
     match commands::run(cli.command, cli.quiet, &ranks) {
         Ok(json) if json.is_empty() => {}
         Ok(json) => println!("{json}"),
-        Err(e) if ranks.size() > 1 => {
-            eprintln!("bnn: error: rank {} of {}: {e}", ranks.rank(), ranks.size());
-            // Stops the other ranks at once; mpirun names this rank.
-            ranks.abort(e.exit_code());
-        }
         Err(e) => {
-            eprintln!("bnn: error: {e}");
-            std::process::exit(e.exit_code());
+            match ranks.size() {
+                1 => eprintln!("bnn: error: {e}"),
+                n => eprintln!("bnn: error: rank {} of {n}: {e}", ranks.rank()),
+            }
+            // Several ranks: stops the others at once (mpirun names this rank).
+            ranks.abort(e.exit_code());
         }
     }
 }

@@ -41,8 +41,13 @@ fn sums_of(a: &Accumulator) -> (AccumulatorState, Vec<f64>, Vec<f64>) {
 pub(super) fn gather(
     ranks: &Ranks,
     ds: &Dataset,
-    mine: Vec<(usize, ChainOutcome)>,
+    mut mine: Vec<(usize, ChainOutcome)>,
 ) -> Result<Option<Vec<ChainOutcome>>> {
+    if ranks.size() == 1 {
+        // One process: its chains are all there is, nothing to encode.
+        mine.sort_by_key(|(k, _)| *k);
+        return Ok(Some(mine.into_iter().map(|(_, c)| c).collect()));
+    }
     let sent: Vec<Sent> = mine
         .into_iter()
         .map(|(k, c)| Sent {
