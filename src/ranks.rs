@@ -1,7 +1,8 @@
 //! The processes of a run: one, or the ranks of an MPI job (feature `mpi`, Open MPI through
 //! rsmpi, started by `mpirun`). The training loop sees only this: which rank it is, how many
-//! there are, a barrier, and bytes gathered to rank 0 in rank order. Only the thread that
-//! made the [`Ranks`] calls MPI (`MPI_THREAD_FUNNELED`): the pool's threads never do.
+//! there are, a barrier, bytes gathered to rank 0 in rank order, and numbers gathered to
+//! every rank. Only the thread that made the [`Ranks`] calls MPI (`MPI_THREAD_FUNNELED`):
+//! the pool's threads never do.
 
 use crate::error::{Error, Result};
 
@@ -120,6 +121,47 @@ impl Ranks {
         Some(vec![mine])
     }
 
+    /// Every rank's numbers at every rank, in rank order (MPI_Allgatherv: the lengths
+    /// first, then the numbers, exact).
+    pub fn all_gather(&self, mine: &[f64]) -> Vec<Vec<f64>> {
+        #[cfg(feature = "mpi")]
+        if let Some(m) = &self.mpi {
+            use mpi::datatype::PartitionMut;
+            use mpi::traits::CommunicatorCollectives;
+            use mpi::Count;
+            let mut counts = vec![0 as Count; self.size];
+            m.world
+                .all_gather_into(&(mine.len() as Count), &mut counts[..]);
+            let displs: Vec<Count> = counts
+                .iter()
+                .scan(0, |at, &c| {
+                    let d = *at;
+                    *at += c;
+                    Some(d)
+                })
+                .collect();
+            let total = counts.iter().map(|&c| c as usize).sum();
+            let mut all = vec![0f64; total];
+            {
+                let mut parts = PartitionMut::new(&mut all[..], &counts[..], &displs[..]);
+                m.world.all_gather_varcount_into(mine, &mut parts);
+            }
+            return counts
+                .iter()
+                .zip(&displs)
+                .map(|(&c, &d)| all[d as usize..(d + c) as usize].to_vec())
+                .collect();
+        }
+        vec![mine.to_vec()]
+    }
+
+    /// Whether `flag` holds on any rank (every rank gets the same answer).
+    pub fn any(&self, flag: bool) -> bool {
+        self.all_gather(&[f64::from(u8::from(flag))])
+            .iter()
+            .any(|v| v.first().is_some_and(|&x| x != 0.0))
+    }
+
     /// Stops every rank of the job (MPI_Abort; the launcher names this rank). One process:
     /// exits with `code`.
     pub fn abort(&self, code: i32) -> ! {
@@ -141,6 +183,8 @@ mod tests {
         let r = Ranks::single();
         assert_eq!(r.dealt(3), vec![0, 1, 2]);
         assert_eq!(r.gather(vec![7]), Some(vec![vec![7]]));
+        assert_eq!(r.all_gather(&[1.5, 2.0]), vec![vec![1.5, 2.0]]);
+        assert!(r.any(true) && !r.any(false));
     }
 
     #[test]

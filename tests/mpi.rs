@@ -2,7 +2,9 @@
 //! `mpirun -n R bnn train --chains K` writes the same sample files, byte for byte, and the
 //! same ensemble as `--chains K` in one process; more ranks than chains is refused; a rank
 //! killed mid-run stops the others within seconds, naming it, and the run resumes (with
-//! another rank count) to the samples of a run never stopped. The built-in MNIST subset,
+//! another rank count) to the samples of a run never stopped. Replica exchange (RENHD, 4
+//! replicas) on 2 and 4 ranks makes the swap decisions and writes the T₀ samples of one
+//! process, and resumes on 4 ranks after a rank of 2 is killed. The built-in MNIST subset,
 //! one thread per rank (the default under mpirun), on loopback.
 #![cfg(feature = "mpi")]
 
@@ -212,4 +214,196 @@ fn a_killed_rank_stops_the_others_and_the_run_resumes() {
         summary(&run)["ensemble"],
         summary(&out.join("whole"))["ensemble"]
     );
+}
+
+/// RENHD with 4 replicas on the built-in subset, label noise so that the replicas differ.
+fn replica_args(out: &Path, name: &str) -> Vec<String> {
+    [
+        "train",
+        "--dataset",
+        "mnist-mini",
+        "--offline",
+        "--sampler",
+        "renhd",
+        "--replicas",
+        "4",
+        "--ladder",
+        "1.002",
+        "--exchange-every",
+        "20",
+        "--permute-labels",
+        "0.2",
+        "--epochs",
+        "3",
+        "--burnin",
+        "1",
+        "--thin",
+        "20",
+        "--checkpoint-every",
+        "40",
+        "--no-progress",
+        "--out",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([out.display().to_string(), "--run-name".into(), name.into()])
+    .collect()
+}
+
+/// The lines of a JSON-lines file without their wall times.
+fn lines_of(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v.as_object_mut().unwrap().remove("seconds");
+            v
+        })
+        .collect()
+}
+
+/// `b` made the swap decisions and the T₀ samples of `a`: the same ladder (holders, tries,
+/// swaps, probabilities, round trips), the same holders round by round, the same sample
+/// files byte for byte, every replica's metrics lines and the T₀ chain's, the same ensemble.
+fn same_replica_run(a: &Path, b: &Path) {
+    let samples = |r: &Path| bnn::checkpoint::list_samples(&r.join("chain-0")).unwrap();
+    let (x, y) = (samples(a), samples(b));
+    assert!(x.len() >= 10, "{} samples", x.len());
+    assert_eq!(x.len(), y.len());
+    for (p, q) in x.iter().zip(&y) {
+        assert!(
+            std::fs::read(p).unwrap() == std::fs::read(q).unwrap(),
+            "{} differs from {}",
+            q.display(),
+            p.display()
+        );
+    }
+    let (sa, sb) = (summary(a), summary(b));
+    let (ra, rb) = (&sa["replica_exchange"], &sb["replica_exchange"]);
+    assert_eq!(ra["ladder"], rb["ladder"]);
+    for key in [
+        "gradient_evaluations",
+        "exchange_estimates",
+        "exchange_examples",
+    ] {
+        assert_eq!(ra[key], rb[key], "{key}");
+    }
+    assert_eq!(sa["ensemble"], sb["ensemble"]);
+    assert_eq!(sa["samples"], sb["samples"]);
+    let rounds = |r: &Path| -> Vec<serde_json::Value> {
+        lines_of(&r.join("diagnostics.jsonl"))
+            .into_iter()
+            .filter(|l| l.get("holder").is_some())
+            .collect()
+    };
+    assert!(!rounds(a).is_empty());
+    assert_eq!(rounds(a), rounds(b));
+    for j in 0..4 {
+        let m = format!("replica-{j}/metrics.jsonl");
+        assert_eq!(lines_of(&a.join(&m)), lines_of(&b.join(&m)), "replica {j}");
+    }
+    let m = "chain-0/metrics.jsonl";
+    assert_eq!(lines_of(&a.join(m)), lines_of(&b.join(m)), "the T0 chain");
+}
+
+#[test]
+fn replicas_on_two_and_four_ranks_equal_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    ok(single(&replica_args(out, "one")), "one process");
+    let one = summary(&out.join("one"));
+    let swaps: u64 = one["replica_exchange"]["ladder"]["swaps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_u64().unwrap())
+        .sum();
+    // Swaps happen, so the equality below covers temperatures that moved between ranks.
+    assert!(swaps >= 3, "{swaps} swaps: {}", one["replica_exchange"]);
+    assert_eq!(one["replica_exchange"]["exchange_bytes"], 0);
+    for ranks in [2, 4] {
+        let name = format!("ranks{ranks}");
+        let o = ok(
+            mpirun(ranks, &replica_args(out, &name)).output().unwrap(),
+            &name,
+        );
+        assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 1);
+        let run = out.join(&name);
+        same_replica_run(&out.join("one"), &run);
+        let rx = &summary(&run)["replica_exchange"];
+        let bytes = rx["exchange_bytes"].as_u64().unwrap();
+        let rounds = rx["ladder"]["rounds"].as_u64().unwrap();
+        // At least the first stage's 256 energies of each side of each try, as f64.
+        let tries = rx["exchange_estimates"].as_u64().unwrap();
+        assert!(
+            bytes >= tries * 2 * 256 * 8,
+            "{bytes} bytes for {tries} tries"
+        );
+        eprintln!(
+            "{ranks} ranks: {bytes} bytes of energies over {rounds} exchange rounds ({} per \
+             round); {} bytes of T0 predictions",
+            bytes / rounds,
+            rx["pooled_bytes"]
+        );
+        let e = ok(
+            Command::new(BIN)
+                .args(["eval", "--run", run.to_str().unwrap(), "--offline"])
+                .env("BNN_LOG", "warn")
+                .output()
+                .unwrap(),
+            "eval",
+        );
+        let line = String::from_utf8_lossy(&e.stdout);
+        let report: serde_json::Value = serde_json::from_str(line.lines().last().unwrap()).unwrap();
+        assert_eq!(report["ensemble"], one["ensemble"]);
+    }
+    // More ranks than replicas is refused.
+    let o = mpirun(5, &replica_args(out, "five")).output().unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("5 MPI ranks for 4 replica(s)"), "{err}");
+}
+
+#[test]
+fn a_replica_run_killed_on_two_ranks_resumes_on_four() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    ok(single(&replica_args(out, "whole")), "uninterrupted");
+    let run = out.join("killed");
+    let child = mpirun(2, &replica_args(out, "killed"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kill rank 1 once a state past the start is saved.
+    let started = Instant::now();
+    let record = run.join("replicas.json");
+    loop {
+        let step = std::fs::read(&record)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| v["step"].as_u64());
+        if step.is_some_and(|s| s > 0) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(120), "no state");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let victim = ranks_of(child.id())
+        .into_iter()
+        .find(|&(_, rank)| rank == 1)
+        .expect("rank 1 among mpirun's children");
+    // SAFETY: signalling a process this test started (through mpirun).
+    unsafe { libc::kill(victim.0, libc::SIGKILL) };
+    let killed = Instant::now();
+    let o = child.wait_with_output().unwrap();
+    let took = killed.elapsed();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(took < Duration::from_secs(10), "the others took {took:?}");
+    assert!(err.contains("rank 1"), "the message names the rank: {err}");
+    let resume = ["train", "--resume", run.to_str().unwrap(), "--no-progress"].map(String::from);
+    ok(mpirun(4, &resume).output().unwrap(), "resume on 4 ranks");
+    same_replica_run(&out.join("whole"), &run);
 }

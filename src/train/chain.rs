@@ -9,7 +9,7 @@ use std::time::Instant;
 use candle_core::Device;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{manifest, EpochRecord, Stepper, TrainConfig};
 use crate::checkpoint;
@@ -227,23 +227,99 @@ impl Kept {
         eta: f64,
         diag: sampler::Diagnostics,
     ) -> Result<()> {
-        // Never write a sample from a diverging chain.
-        if let Some(name) = model.first_non_finite()? {
-            let what = format!("first in tensor {name}");
-            return Err(diverged(step, epoch, ("parameters", f64::NAN), what, eta));
-        }
-        let meta = sample_metadata(cfg, ds, step, epoch, eta)?;
-        checkpoint::save_sample(dir, step, model, meta)?;
-        if let Some(ke) = diag.kinetic_energy {
-            self.kinetic_trace.push(ke);
-        }
-        let device = &cfg.device;
-        self.test.add(&ensemble::predict(model, &ds.test, device)?);
-        if let (Some(acc), Some(v)) = (self.valid.as_mut(), ds.valid.as_ref()) {
-            acc.add(&ensemble::predict(model, v, device)?);
-        }
+        let kept = write_sample(cfg, ds, dir, model, step, epoch, eta, diag)?;
+        self.add(kept);
         Ok(())
     }
+
+    /// A sample's predictions into the ensembles, its kinetic energy into the trace.
+    pub fn add(&mut self, sample: KeptSample) {
+        if let Some(ke) = sample.kinetic_energy {
+            self.kinetic_trace.push(ke);
+        }
+        self.test.add(&sample.test);
+        if let (Some(acc), Some(v)) = (self.valid.as_mut(), sample.valid.as_ref()) {
+            acc.add(v);
+        }
+    }
+}
+
+/// What a kept sample adds to the ensembles: its predictive probabilities on the test
+/// and validation sets, and the kinetic energy per parameter when it was taken.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct KeptSample {
+    #[serde(with = "f32_bits")]
+    pub test: Vec<f32>,
+    #[serde(with = "f32_bits::option")]
+    pub valid: Option<Vec<f32>>,
+    pub kinetic_energy: Option<f64>,
+}
+
+/// f32s as their bit patterns: exact through JSON whatever the parser's rounding.
+mod f32_bits {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[f32], s: S) -> Result<S::Ok, S::Error> {
+        v.iter()
+            .map(|x| x.to_bits())
+            .collect::<Vec<u32>>()
+            .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f32>, D::Error> {
+        Ok(Vec::<u32>::deserialize(d)?
+            .into_iter()
+            .map(f32::from_bits)
+            .collect())
+    }
+
+    pub mod option {
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        pub fn serialize<S: Serializer>(v: &Option<Vec<f32>>, s: S) -> Result<S::Ok, S::Error> {
+            match v {
+                Some(v) => super::serialize(v, s),
+                None => s.serialize_none(),
+            }
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<f32>>, D::Error> {
+            let bits = Option::<Vec<u32>>::deserialize(d)?;
+            Ok(bits.map(|b| b.into_iter().map(f32::from_bits).collect()))
+        }
+    }
+}
+
+/// Writes `model`'s parameters after update `step` as a sample file in `dir/samples/`;
+/// its predictions for the ensembles.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn write_sample(
+    cfg: &TrainConfig,
+    ds: &Dataset,
+    dir: &Path,
+    model: &Network,
+    step: u64,
+    epoch: usize,
+    eta: f64,
+    diag: sampler::Diagnostics,
+) -> Result<KeptSample> {
+    // Never write a sample from a diverging chain.
+    if let Some(name) = model.first_non_finite()? {
+        let what = format!("first in tensor {name}");
+        return Err(diverged(step, epoch, ("parameters", f64::NAN), what, eta));
+    }
+    let meta = sample_metadata(cfg, ds, step, epoch, eta)?;
+    checkpoint::save_sample(dir, step, model, meta)?;
+    let device = &cfg.device;
+    let valid = match ds.valid.as_ref() {
+        Some(v) => Some(ensemble::predict(model, v, device)?),
+        None => None,
+    };
+    Ok(KeptSample {
+        test: ensemble::predict(model, &ds.test, device)?,
+        valid,
+        kinetic_energy: diag.kinetic_energy,
+    })
 }
 
 impl<'a> Chain<'a> {

@@ -185,24 +185,20 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
 pub fn train_on(cfg: &TrainConfig, ds: &Dataset, ranks: &Ranks) -> Result<Option<Summary>> {
     cfg.settings.validate(ds.train.len())?;
     cfg.settings.augment.for_dataset(&ds.name)?;
-    if ranks.size() > 1 {
-        if cfg.settings.sampler.kind.is_replica_exchange() {
-            return Err(Error::Config(
-                "replica exchange across MPI ranks is not built yet: run --sampler renhd|reld \
-                 in one process"
-                    .into(),
-            ));
+    // What the ranks share out: chains, or the replicas of a replica exchange.
+    let (items, what, flag) = match &cfg.settings.replicas {
+        Some(r) if cfg.settings.sampler.kind.is_replica_exchange() => {
+            (r.replicas, "replica(s)", "--replicas")
         }
-        if ranks.size() > cfg.settings.chains {
-            return Err(Error::Config(format!(
-                "{} MPI ranks for {} chain(s): each rank needs a chain; start at most {} \
-                 ranks or ask for --chains {} or more",
-                ranks.size(),
-                cfg.settings.chains,
-                cfg.settings.chains,
-                ranks.size()
-            )));
-        }
+        _ => (cfg.settings.chains, "chain(s)", "--chains"),
+    };
+    if ranks.size() > items {
+        return Err(Error::Config(format!(
+            "{} MPI ranks for {items} {what}: each rank needs one; start at most {items} \
+             ranks or ask for {flag} {} or more",
+            ranks.size(),
+            ranks.size()
+        )));
     }
     let run_dir = &cfg.run_dir;
     let num_params = Network::new(
@@ -245,7 +241,9 @@ fn train_checked(
 ) -> Result<Option<Summary>> {
     let run_dir = &cfg.run_dir;
     if cfg.settings.sampler.kind.is_replica_exchange() {
-        let (cold, report) = replicas::run_replicas(cfg, ds)?;
+        let Some((cold, report)) = replicas::run_replicas(cfg, ds, ranks)? else {
+            return Ok(None);
+        };
         return finish(cfg, ds, vec![cold], Some(report)).map(Some);
     }
     if cfg.settings.chains <= 1 {

@@ -17,6 +17,12 @@
 //! into `RUN/chain-0/samples/` (the layout of a multi-chain run, so `bnn eval` reads it
 //! as one); the ensembles of those samples are the run's.
 //!
+//! Across MPI ranks (`mpirun -n R`, feature `mpi`) replica j runs on rank j mod R, in its
+//! own folder on the file system every rank sees; each rank holds the whole ladder and
+//! takes the same exchange decisions from energies all-gathered at each round ([`swap`]),
+//! and rank 0 keeps the T₀ chain's ensembles ([`cold`]). The samples, swap decisions and
+//! summary do not depend on R.
+//!
 //! State: saved at the end of a round (every `--checkpoint-every` updates or once per
 //! epoch, at the end, and on a signal) into one of two slots, `RUN/replicas/slot-{0,1}/`,
 //! then `RUN/replicas.json` (the ladder, where the run stands, which slot) is replaced
@@ -30,21 +36,23 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
-use super::chain::{append_line, diverged, interrupted, to_json, Chain, ChainOutcome, Kept};
-use super::{EpochRecord, TrainConfig};
+use super::chain::{append_line, interrupted, to_json, write_sample, Chain, ChainOutcome, Kept};
+use super::TrainConfig;
 use crate::checkpoint;
 use crate::data::Dataset;
-use crate::ensemble;
 use crate::error::{Error, Result};
+use crate::ranks::Ranks;
 use crate::rng;
 use crate::run_state::Progress;
-use crate::sampler::exchange::{energy_difference, logistic, Compensation};
+use crate::sampler::exchange::Compensation;
 use crate::sampler::ladder::Ladder;
 use crate::sampler::replica::{noise_coefficient, replica_config};
 use crate::signals;
 
-/// The first minibatch of an exchange estimate (Algorithm 1 grows it from here).
-const FIRST_EXCHANGE_BATCH: usize = 256;
+mod cold;
+mod swap;
+
+use cold::{Event, ReplicaEpoch};
 
 /// What `summary.json` says of the replicas.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -63,6 +71,14 @@ pub struct ReplicaReport {
     pub exchange_examples: u64,
     /// Wall time of the exchanges (their forward passes).
     pub exchange_seconds: f64,
+    /// Across MPI ranks: the bytes of energies the ranks contributed to the exchanges'
+    /// all-gathers, summed over ranks (each reaches the R − 1 others); 0 in one process.
+    #[serde(default)]
+    pub exchange_bytes: u64,
+    /// Across MPI ranks: the bytes of T₀ samples' predictions and epoch lines sent to
+    /// rank 0 (pooled evaluation); 0 in one process.
+    #[serde(default)]
+    pub pooled_bytes: u64,
 }
 
 /// `RUN/replicas.json`: which slot holds the replicas' state, and the run's own.
@@ -83,6 +99,8 @@ struct Replica<'a> {
     sums: Progress,
     step_seconds: f64,
     epoch_started: Instant,
+    /// What it did for the T₀ chain this round, where it holds T₀.
+    events: Vec<Event>,
 }
 
 /// The run-wide constants of the replicas' loop.
@@ -96,11 +114,13 @@ struct Plan<'a> {
     cold_dir: PathBuf,
 }
 
-/// Runs the replicas of `cfg` on `ds`; the T = 1 chain's outcome and the replicas' report.
+/// Runs the replicas of `cfg` on `ds`, replica j on rank j mod R; at rank 0 the T = 1
+/// chain's outcome and the replicas' report (`None` on the other ranks).
 pub(super) fn run_replicas(
     cfg: &TrainConfig,
     ds: &Dataset,
-) -> Result<(ChainOutcome, ReplicaReport)> {
+    ranks: &Ranks,
+) -> Result<Option<(ChainOutcome, ReplicaReport)>> {
     let s = &cfg.settings;
     let options = s
         .replicas
@@ -118,6 +138,7 @@ pub(super) fn run_replicas(
         c: noise_coefficient(&s.sampler),
         cold_dir: checkpoint::chain_dir(run_dir, 0),
     };
+    let mine = ranks.dealt(m);
     // Each replica's own settings: its seed, and its sampler at T = 1 (rebuilt each round).
     let cfgs: Vec<TrainConfig> = (0..m)
         .map(|j| {
@@ -135,8 +156,9 @@ pub(super) fn run_replicas(
         })
         .collect();
     let dirs: Vec<PathBuf> = (0..m).map(|j| replica_dir(run_dir, j)).collect();
-    let mut replicas = Vec::with_capacity(m);
-    for (j, (c, dir)) in cfgs.iter().zip(&dirs).enumerate() {
+    let mut replicas: Vec<Option<Replica>> = (0..m).map(|_| None).collect();
+    for &j in &mine {
+        let (c, dir) = (&cfgs[j], &dirs[j]);
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let mut chain = Chain::new(c, ds, dir, s.seed)?;
         chain.monitor = super::diagnostics::Monitor::new(
@@ -145,19 +167,39 @@ pub(super) fn run_replicas(
             &format!("replica {j}: "),
         )
         .checking_from(s.schedule.burnin);
-        replicas.push(Replica {
+        replicas[j] = Some(Replica {
             chain,
             shuffle: rand::rngs::StdRng::seed_from_u64(c.settings.seed ^ rng::SHUFFLE_STREAM),
             order: (0..ds.train.len()).collect(),
             sums: Progress::default(),
             step_seconds: 0.0,
             epoch_started: Instant::now(),
+            events: Vec::new(),
         });
     }
-    let num_params = replicas[0].chain.model.num_params();
+    let first = replicas
+        .iter()
+        .flatten()
+        .next()
+        .ok_or_else(|| Error::Config(format!("rank {} holds no replica", ranks.rank())))?;
+    let num_params = first.chain.model.num_params();
+    let state_bytes = first
+        .chain
+        .stepper
+        .sampler
+        .state()
+        .map(|st| {
+            st.momentum
+                .iter()
+                .chain(&st.thermostats)
+                .map(|t| t.elem_count())
+                .sum::<usize>()
+        })
+        .unwrap_or(0)
+        + num_params;
     let mut cold = Kept::new(ds);
     let (mut step, mut report, seconds_before, mut saves) = if cfg.resume {
-        restore(&plan, &mut replicas, &mut cold)?
+        restore(&plan, &mut replicas, &mut cold, ranks)?
     } else {
         let ladder = match options.ladder {
             Some(tau) => Ladder::geometric(m, tau, options.pairs)?,
@@ -175,10 +217,13 @@ pub(super) fn run_replicas(
             exchange_estimates: 0,
             exchange_examples: 0,
             exchange_seconds: 0.0,
+            exchange_bytes: 0,
+            pooled_bytes: 0,
         };
         (0, report, 0.0, 0)
     };
-    if matches!(s.prior, crate::potential::PriorSpec::Gamma { .. }) {
+    let root = ranks.is_root();
+    if root && matches!(s.prior, crate::potential::PriorSpec::Gamma { .. }) {
         // Measured on the Fashion MLP (docs/BENCHMARKS.md, issue 15): the hyper-prior's
         // −(n/2)·log λ terms differ by ~10⁴ nats between replicas, so pairs hardly swap.
         tracing::warn!(
@@ -191,33 +236,23 @@ pub(super) fn run_replicas(
     if !cfg.resume {
         // The state before the first update, then run.json: from here on the run can be
         // resumed whenever it stops.
-        save(&plan, &replicas, &cold, &report, 0, 0.0, saves)?;
+        save(&plan, &replicas, &cold, &report, 0, 0.0, saves, ranks)?;
         saves += 1;
     }
-    super::manifest(cfg, ds, num_params).write(run_dir)?;
-    let state_bytes = replicas[0]
-        .chain
-        .stepper
-        .sampler
-        .state()
-        .map(|st| {
-            st.momentum
-                .iter()
-                .chain(&st.thermostats)
-                .map(|t| t.elem_count())
-                .sum::<usize>()
-        })
-        .unwrap_or(0)
-        + num_params;
-    tracing::info!(
-        run = %run_dir.display(),
-        params = num_params,
-        "replica exchange: {m} replicas of {} with {} (M copies of the state: {:.1} MB); each \
-         epoch costs {m} epochs of gradient evaluations plus the exchange estimates",
-        s.model.label(),
-        s.sampler.kind.name(),
-        (m * state_bytes * 4) as f64 / 1e6
-    );
+    if root {
+        super::manifest(cfg, ds, num_params).write(run_dir)?;
+        tracing::info!(
+            run = %run_dir.display(),
+            params = num_params,
+            "replica exchange: {m} replicas of {} with {} on {} process(es) (M copies of \
+             the state: {:.1} MB); each epoch costs {m} epochs of gradient evaluations plus \
+             the exchange estimates",
+            s.model.label(),
+            s.sampler.kind.name(),
+            ranks.size(),
+            (m * state_bytes * 4) as f64 / 1e6
+        );
+    }
     let every = match s.checkpoint_every {
         0 => batches,
         k => k as u64,
@@ -225,7 +260,7 @@ pub(super) fn run_replicas(
     let burnin_steps = s.schedule.burnin as u64 * batches;
     let compensation = Compensation::paper();
     let bar = super::chain::bar(
-        cfg.progress,
+        cfg.progress && root,
         plan.total_steps,
         "replicas [{bar:30}] {pos}/{len} {per_sec} {msg}",
     );
@@ -237,6 +272,7 @@ pub(super) fn run_replicas(
         let round = ladder.rounds;
         let temps: Vec<f64> = (0..m).map(|r| ladder.temperature_of(r)).collect();
         for (j, r) in replicas.iter_mut().enumerate() {
+            let Some(r) = r else { continue };
             let config = replica_config(
                 s.sampler.kind,
                 options.thermostat,
@@ -251,10 +287,15 @@ pub(super) fn run_replicas(
         let from = step;
         let until = (step + options.exchange_every as u64).min(plan.total_steps);
         let holder = ladder.holder[0];
-        advance_all(&plan, &mut replicas, step, until, &temps, holder, &mut cold)?;
+        advance_all(&plan, &mut replicas, step, until, &temps, holder)?;
+        let events = replicas[holder]
+            .as_mut()
+            .map(|r| std::mem::take(&mut r.events))
+            .unwrap_or_default();
+        report.pooled_bytes += cold::settle(ranks, events, &mut cold, &plan.cold_dir)?;
         report.gradient_evaluations += (until - step) * m as u64;
         step = until;
-        exchange(&plan, &replicas, &mut report, &compensation)?;
+        swap::exchange(&plan, &replicas, &mut report, &compensation, ranks)?;
         report.ladder.end_round();
         report.swap_rates = report.ladder.swap_rates();
         report.expected_swap_rates = report.ladder.expected_swap_rates();
@@ -263,7 +304,7 @@ pub(super) fn run_replicas(
             0 => from / plan.batches != step / plan.batches,
             k => from / k != step / k,
         };
-        if due {
+        if due && root {
             let line = serde_json::json!({
                 "step": step,
                 "round": report.ladder.rounds,
@@ -279,26 +320,45 @@ pub(super) fn run_replicas(
             cold.test.samples(),
             rates(&report.swap_rates)
         ));
+        // Every rank stops at the same round when any of them was signalled.
         let signal = signals::pending();
+        let stop = ranks.any(signal.is_some());
         let last = step == plan.total_steps;
         // Due when the round passed a multiple of the checkpoint interval.
-        if signal.is_some() || last || from / every < step / every {
+        if stop || last || from / every < step / every {
             let train_seconds = seconds_before + started.elapsed().as_secs_f64();
-            save(&plan, &replicas, &cold, &report, step, train_seconds, saves)?;
+            save(
+                &plan,
+                &replicas,
+                &cold,
+                &report,
+                step,
+                train_seconds,
+                saves,
+                ranks,
+            )?;
             saves += 1;
-            if let (Some(signal), false) = (signal, last) {
+            if stop && !last {
                 bar.finish_and_clear();
-                return Err(interrupted(signal, step, run_dir));
+                return Err(interrupted(signal.unwrap_or(15), step, run_dir));
             }
         }
     }
     bar.finish_and_clear();
-    let step_seconds: f64 = replicas.iter().map(|r| r.step_seconds).sum();
+    // Wall time in updates, over every replica of every rank (in rank order).
+    let local: f64 = replicas.iter().flatten().map(|r| r.step_seconds).sum();
+    let step_seconds: f64 = ranks.all_gather(&[local]).iter().flatten().sum();
+    if !root {
+        return Ok(None);
+    }
     tracing::info!(
-        "replica exchange: swap rates {}, temperatures {}, round trips {:?}",
+        "replica exchange: swap rates {}, temperatures {}, round trips {:?}, {} bytes of \
+         energies and {} of T0 predictions sent between ranks",
         rates(&report.swap_rates),
         rates(&report.ladder.temperatures),
-        report.ladder.round_trips
+        report.ladder.round_trips,
+        report.exchange_bytes,
+        report.pooled_bytes
     );
     let outcome = ChainOutcome {
         seed: s.seed,
@@ -306,54 +366,67 @@ pub(super) fn run_replicas(
         steps: report.gradient_evaluations,
         step_seconds,
         train_seconds: seconds_before + started.elapsed().as_secs_f64(),
-        backward: replicas[0].chain.stepper.backward,
+        backward: first_backward(&replicas)?,
         test: cold.test,
         valid: cold.valid,
         kinetic_trace: cold.kinetic_trace,
         rollbacks: 0,
     };
-    Ok((outcome, report))
+    Ok(Some((outcome, report)))
+}
+
+fn first_backward(replicas: &[Option<Replica>]) -> Result<crate::potential::Backward> {
+    replicas
+        .iter()
+        .flatten()
+        .next()
+        .map(|r| r.chain.stepper.backward)
+        .ok_or_else(|| Error::Config("no replica on this rank".into()))
 }
 
 /// A replica lent to a pool thread for a round, and what its round returned.
-type Slot<'r, 'a> = Mutex<(&'r mut Replica<'a>, Option<Result<()>>)>;
+type Slot<'r, 'a> = Mutex<(usize, &'r mut Replica<'a>, Option<Result<()>>)>;
 
-/// Runs every replica from update `from` to `until` (exclusive) at its temperature
-/// `temps[j]`, side by side on the thread pool; `holder` holds T₀ and keeps the samples.
-#[allow(clippy::too_many_arguments)]
+/// Runs this rank's replicas from update `from` to `until` (exclusive) at their
+/// temperatures `temps[j]`, side by side on the thread pool; `holder` holds T₀ and keeps
+/// the samples.
 fn advance_all(
     plan: &Plan,
-    replicas: &mut [Replica],
+    replicas: &mut [Option<Replica>],
     from: u64,
     until: u64,
     temps: &[f64],
     holder: usize,
-    cold: &mut Kept,
 ) -> Result<()> {
-    let cold = Mutex::new(cold);
-    let slots: Vec<Slot> = replicas.iter_mut().map(|r| Mutex::new((r, None))).collect();
-    crate::pool::run(slots.len(), &|j| {
-        let Ok(mut slot) = slots[j].lock() else {
+    let slots: Vec<Slot> = replicas
+        .iter_mut()
+        .enumerate()
+        .filter_map(|(j, r)| r.as_mut().map(|r| Mutex::new((j, r, None))))
+        .collect();
+    crate::pool::run(slots.len(), &|k| {
+        let Ok(mut slot) = slots[k].lock() else {
             return;
         };
-        let keeper = (j == holder).then_some(&cold);
-        let out = advance(plan, slot.0, j, from, until, temps[j], keeper);
-        slot.1 = Some(out);
+        let j = slot.0;
+        let out = advance(plan, slot.1, j, from, until, temps[j], j == holder);
+        slot.2 = Some(out);
     });
-    for (j, slot) in slots.into_iter().enumerate() {
-        match slot.into_inner().map(|s| s.1) {
-            Ok(Some(Ok(()))) => {}
-            Ok(Some(Err(e))) => return Err(e),
-            _ => return Err(Error::Config(format!("replica {j} did not report"))),
+    for slot in slots {
+        match slot.into_inner().map(|s| (s.0, s.2)) {
+            Ok((_, Some(Ok(())))) => {}
+            Ok((_, Some(Err(e)))) => return Err(e),
+            Ok((j, None)) => return Err(Error::Config(format!("replica {j} did not report"))),
+            Err(_) => return Err(Error::Config("a replica's lock is poisoned".into())),
         }
     }
     Ok(())
 }
 
 /// Replica `j` from update `from` to `until` at temperature `t`: per epoch a fresh shuffle
-/// (its own) and the run's labels; per update the schedule's ε times T; a sample into the
-/// T₀ ensembles where it holds T₀ (`cold`) and the schedule keeps one; at an epoch's end
-/// the prior's Gibbs step at its temperature and its line in its `metrics.jsonl`.
+/// (its own) and the run's labels; per update the schedule's ε times T; where it holds T₀
+/// (`cold`) and the schedule keeps a sample, the sample's file and its predictions for the
+/// T₀ ensembles; at an epoch's end the prior's Gibbs step at its temperature and its line
+/// in its `metrics.jsonl` (and, holding T₀, the T₀ chain's line, settled at rank 0).
 fn advance(
     plan: &Plan,
     r: &mut Replica,
@@ -361,7 +434,7 @@ fn advance(
     from: u64,
     until: u64,
     t: f64,
-    cold: Option<&Mutex<&mut Kept>>,
+    cold: bool,
 ) -> Result<()> {
     let s = &plan.cfg.settings;
     let _span = tracing::info_span!("replica", j).entered();
@@ -384,200 +457,50 @@ fn advance(
         let done = step + 1;
         r.chain
             .watch(done, epoch, b as u64 + 1 == plan.batches, Some(t))?;
-        if let Some(cold) = cold {
-            if s.schedule.keeps_sample(done, plan.total_steps, epoch) {
-                let mut kept = lock(cold)?;
-                kept.keep(
-                    plan.cfg,
-                    plan.ds,
-                    &plan.cold_dir,
-                    &r.chain.model,
-                    done,
-                    epoch,
-                    eta,
-                    diag,
-                )?;
-            }
+        if cold && s.schedule.keeps_sample(done, plan.total_steps, epoch) {
+            let (cfg, dir) = (plan.cfg, &plan.cold_dir);
+            let model = &r.chain.model;
+            let sample = write_sample(cfg, plan.ds, dir, model, done, epoch, eta, diag)?;
+            r.events.push(Event::Sample(sample));
         }
         if b as u64 + 1 == plan.batches {
             r.chain.gibbs(epoch, done)?;
-            let line = match cold {
-                Some(cold) => {
-                    let kept = lock(cold)?;
-                    r.chain
-                        .epoch_record(epoch, done, &r.sums, r.epoch_started, Some(&kept))
-                }
-                None => r
-                    .chain
-                    .epoch_record(epoch, done, &r.sums, r.epoch_started, None),
-            };
-            r.chain.monitor.end_epoch(epoch, line.kinetic_energy);
-            let record = ReplicaEpoch {
+            let record = r
+                .chain
+                .epoch_record(epoch, done, &r.sums, r.epoch_started, None);
+            r.chain.monitor.end_epoch(epoch, record.kinetic_energy);
+            let line = ReplicaEpoch {
                 replica: j,
                 temperature: t,
-                record: &line,
+                record,
             };
-            let json = to_json(&record)?;
-            append_line(&r.chain.run_dir.join("metrics.jsonl"), &json)?;
-            if cold.is_some() {
-                // The T₀ chain's line, from whichever replica holds T₀.
-                append_line(&plan.cold_dir.join("metrics.jsonl"), &json)?;
-                super::chain::log_epoch(&line, Some(t));
+            append_line(&r.chain.run_dir.join("metrics.jsonl"), &to_json(&line)?)?;
+            if cold {
+                r.events.push(Event::Epoch(Box::new(line)));
             }
         }
     }
     Ok(())
 }
 
-/// The T₀ ensembles, for the replica that holds T₀.
-fn lock<'m, 'k>(cold: &'m Mutex<&'k mut Kept>) -> Result<std::sync::MutexGuard<'m, &'k mut Kept>> {
-    cold.lock()
-        .map_err(|_| Error::Config("the T0 ensemble's lock is poisoned".into()))
-}
-
-/// A replica's line in its `metrics.jsonl`: the epoch's record, and the temperature it
-/// held at the epoch's end.
-#[derive(Serialize)]
-struct ReplicaEpoch<'a> {
-    replica: usize,
-    temperature: f64,
-    #[serde(flatten)]
-    record: &'a EpochRecord,
-}
-
-/// The exchange round after the updates: each of the round's pairs of adjacent
-/// temperatures tries to swap (eq. 17), the pairs side by side on the thread pool (they are
-/// disjoint, and each has its own random stream); the ladder records the outcomes in pair
-/// order (and adapts, if it adapts).
-fn exchange(
-    plan: &Plan,
-    replicas: &[Replica],
-    report: &mut ReplicaReport,
-    compensation: &Compensation,
-) -> Result<()> {
-    let started = Instant::now();
-    let (seed, round) = (plan.cfg.settings.seed, report.ladder.rounds);
-    let mut round_rng = rand::rngs::StdRng::seed_from_u64(rng::exchange_round_seed(seed, round));
-    let pairs = report.ladder.pairs(&mut round_rng);
-    let ladder = &report.ladder;
-    // What an estimate reads of each replica (its sampler stays behind: not shareable).
-    let views: Vec<View> = replicas
-        .iter()
-        .map(|r| View {
-            model: &r.chain.model,
-            prior: &r.chain.stepper.potential.prior,
-            labels: r.chain.labels(),
-        })
-        .collect();
-    let tries: Vec<Mutex<Option<Result<Try>>>> = pairs.iter().map(|_| Mutex::new(None)).collect();
-    crate::pool::run(pairs.len(), &|k| {
-        let i = pairs[k];
-        let mut rng = rand::rngs::StdRng::seed_from_u64(rng::exchange_pair_seed(seed, round, i));
-        let (a, b) = (&views[ladder.holder[i]], &views[ladder.holder[i + 1]]);
-        let (t_a, t_b) = (ladder.temperatures[i], ladder.temperatures[i + 1]);
-        let out = estimate(plan, a, b, t_a, t_b, compensation, &mut rng).and_then(
-            |(delta, variance, examples)| {
-                Ok(Try {
-                    accepted: compensation.accept(delta, variance, &mut rng)?,
-                    probability: logistic(delta),
-                    examples,
-                })
-            },
-        );
-        if let Ok(mut slot) = tries[k].lock() {
-            *slot = Some(out);
-        }
-    });
-    for (&i, slot) in pairs.iter().zip(tries) {
-        let t =
-            slot.into_inner().ok().flatten().ok_or_else(|| {
-                Error::Config(format!("the exchange of pair {i} did not report"))
-            })??;
-        report.ladder.record(i, t.accepted, t.probability);
-        report.exchange_estimates += 1;
-        report.exchange_examples += t.examples as u64;
-    }
-    report.exchange_seconds += started.elapsed().as_secs_f64();
-    Ok(())
-}
-
-/// A replica as an exchange sees it.
-struct View<'r> {
-    model: &'r crate::model::Network,
-    prior: &'r crate::potential::Prior,
-    labels: Option<&'r [u8]>,
-}
-
-/// One pair's try: the test's outcome, the swap probability g(ΔẼ) given the estimate, and
-/// the examples it evaluated.
-struct Try {
-    accepted: bool,
-    probability: f64,
-    examples: usize,
-}
-
-/// ΔẼ of replicas `a` (at `t_a`) and `b` (at `t_b`) on a random minibatch of the training
-/// set shared by both (Algorithm 1, lines 2–4): U_a − U_b is N times the mean per-example
-/// difference of −log p(y|x, θ) plus the exact difference of the prior energies, over the
-/// posterior temperature; the minibatch doubles from 256 until the estimate's variance,
-/// (1/T_a − 1/T_b)² N² s²/n (1 − n/N), is at most σ*² (at n = N it is exact). Returns the
-/// estimate, its variance and the examples used.
-fn estimate(
-    plan: &Plan,
-    a: &View,
-    b: &View,
-    t_a: f64,
-    t_b: f64,
-    compensation: &Compensation,
-    rng: &mut rand::rngs::StdRng,
-) -> Result<(f64, f64, usize)> {
-    let (ds, cfg) = (plan.ds, plan.cfg);
-    let n_all = ds.train.len();
-    let labels = a.labels;
-    let mut order: Vec<usize> = (0..n_all).collect();
-    order.shuffle(rng);
-    let scale = energy_difference(1.0, 0.0, t_a, t_b) / cfg.settings.temperature;
-    let prior = |r: &View| r.prior.energy(&r.model.vars());
-    let prior_difference = prior(a)? - prior(b)?;
-    let mut d: Vec<f64> = Vec::new();
-    let mut n = FIRST_EXCHANGE_BATCH.min(n_all);
-    loop {
-        let idx = &order[d.len()..n];
-        let la = ensemble::example_nll(a.model, &ds.train, labels, idx, &cfg.device)?;
-        let lb = ensemble::example_nll(b.model, &ds.train, labels, idx, &cfg.device)?;
-        d.extend(la.iter().zip(&lb).map(|(x, y)| x - y));
-        let k = d.len() as f64;
-        let mean = d.iter().sum::<f64>() / k;
-        let var_d = d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (k - 1.0).max(1.0);
-        let total = n_all as f64;
-        let delta = scale * (total * mean + prior_difference);
-        let variance = scale * scale * total * total * var_d / k * (1.0 - k / total);
-        if !delta.is_finite() {
-            let what = "in an exchange between two replicas".to_string();
-            let energy = ("energy difference", delta);
-            return Err(diverged(0, 0, energy, what, cfg.settings.sampler.step_size));
-        }
-        if variance <= compensation.sigma2 || n == n_all {
-            return Ok((delta, variance.max(0.0), n));
-        }
-        n = (2 * n).min(n_all);
-    }
-}
-
-/// Saves every replica's state into the next slot, then the record that names it.
+/// Saves this rank's replicas' state into the next slot; once every rank's are written,
+/// rank 0 writes the record that names the slot.
+#[allow(clippy::too_many_arguments)]
 fn save(
     plan: &Plan,
-    replicas: &[Replica],
+    replicas: &[Option<Replica>],
     cold: &Kept,
     report: &ReplicaReport,
     step: u64,
     train_seconds: f64,
     saves: usize,
+    ranks: &Ranks,
 ) -> Result<()> {
     let run_dir = &plan.cfg.run_dir;
     let slot = saves % 2;
     let none = Kept::new(plan.ds);
     for (j, r) in replicas.iter().enumerate() {
+        let Some(r) = r else { continue };
         let progress = Progress {
             epoch: (step / plan.batches) as usize,
             batch: (step % plan.batches) as usize,
@@ -590,28 +513,37 @@ fn save(
                 r.sums.clone()
             }
         };
-        // Replica 0's state carries the T₀ ensembles.
+        // Replica 0's state (at rank 0) carries the T₀ ensembles.
         let kept = if j == 0 { cold } else { &none };
         r.chain
             .save_to(&slot_dir(run_dir, slot, j), progress, kept)?;
     }
-    let record = Record {
-        slot,
-        step,
-        train_seconds,
-        report: report.clone(),
-    };
-    let json = serde_json::to_string_pretty(&record)
-        .map_err(|e| Error::Checkpoint(format!("serialising replicas.json: {e}")))?;
-    crate::atomic::write_atomic(&run_dir.join("replicas.json"), json.as_bytes())
+    ranks.barrier();
+    if ranks.is_root() {
+        let record = Record {
+            slot,
+            step,
+            train_seconds,
+            report: report.clone(),
+        };
+        let json = serde_json::to_string_pretty(&record)
+            .map_err(|e| Error::Checkpoint(format!("serialising replicas.json: {e}")))?;
+        crate::atomic::write_atomic(&run_dir.join("replicas.json"), json.as_bytes())?;
+    }
+    // No rank goes on (or stops) before the record is in place.
+    ranks.barrier();
+    Ok(())
 }
 
 /// Continues from `RUN/replicas.json` and its slot: every replica's θ, prior, epoch sums
-/// and minibatch order; the T₀ ensembles; the ladder. Drops what was written after it.
+/// and minibatch order (this rank's); the T₀ ensembles (rank 0); the ladder. Drops what
+/// was written after it. Any number of ranks resumes any run: a replica's state is its
+/// own.
 fn restore(
     plan: &Plan,
-    replicas: &mut [Replica],
+    replicas: &mut [Option<Replica>],
     cold: &mut Kept,
+    ranks: &Ranks,
 ) -> Result<(u64, ReplicaReport, f64, usize)> {
     let run_dir = &plan.cfg.run_dir;
     let path = run_dir.join("replicas.json");
@@ -626,6 +558,7 @@ fn restore(
         )));
     }
     for (j, r) in replicas.iter_mut().enumerate() {
+        let Some(r) = r else { continue };
         let at = r.chain.restore_from(&slot_dir(run_dir, record.slot, j))?;
         if at.step != record.step {
             return Err(Error::Checkpoint(format!(
@@ -645,16 +578,21 @@ fn restore(
         r.sums = at;
         super::chain::discard_after(r.chain.run_dir, &r.sums)?;
     }
-    *cold = std::mem::replace(&mut replicas[0].chain.kept, Kept::new(plan.ds));
-    let at = &replicas[0].sums;
-    super::chain::discard_after(&plan.cold_dir, at)?;
-    super::chain::trim_diagnostics(&run_dir.join("diagnostics.jsonl"), record.step)?;
-    tracing::info!(
-        epoch = at.epoch + 1,
-        batch = at.batch,
-        step = at.step,
-        "resuming the replicas"
-    );
+    if let Some(r0) = replicas.first_mut().and_then(Option::as_mut) {
+        // Rank 0: replica 0's state carries the T₀ ensembles.
+        *cold = std::mem::replace(&mut r0.chain.kept, Kept::new(plan.ds));
+        super::chain::discard_after(&plan.cold_dir, &r0.sums)?;
+        super::chain::trim_diagnostics(&run_dir.join("diagnostics.jsonl"), record.step)?;
+        tracing::info!(
+            epoch = r0.sums.epoch + 1,
+            batch = r0.sums.batch,
+            step = r0.sums.step,
+            "resuming the replicas on {} process(es)",
+            ranks.size()
+        );
+    }
+    // Rank 0 has dropped the T₀ chain's later samples before a replica writes new ones.
+    ranks.barrier();
     let saves = record.slot + 1;
     Ok((record.step, record.report, record.train_seconds, saves))
 }
