@@ -174,21 +174,11 @@ fn ranks_of(mpirun: u32) -> Vec<(i32, usize)> {
     found
 }
 
-#[test]
-fn a_killed_rank_stops_the_others_and_the_run_resumes() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path();
-    ok(single(&train_args(out, "whole", "4")), "uninterrupted");
-    let run = out.join("killed");
-    let child = mpirun(2, &train_args(out, "killed", "4"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Kill rank 1 once its chains have saved a state.
+/// Once `ready`, SIGKILLs rank 1 of the job `child` (mpirun with stderr piped): the others
+/// must stop within 10 s, with a message naming rank 1 and a failing exit.
+fn kill_rank_one_when(child: std::process::Child, ready: impl Fn() -> bool) {
     let started = Instant::now();
-    let state = run.join("chain-1/state");
-    while !state.exists() {
+    while !ready() {
         assert!(started.elapsed() < Duration::from_secs(120), "no state");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -205,6 +195,22 @@ fn a_killed_rank_stops_the_others_and_the_run_resumes() {
     assert!(!o.status.success(), "{err}");
     assert!(took < Duration::from_secs(10), "the others took {took:?}");
     assert!(err.contains("rank 1"), "the message names the rank: {err}");
+}
+
+#[test]
+fn a_killed_rank_stops_the_others_and_the_run_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    ok(single(&train_args(out, "whole", "4")), "uninterrupted");
+    let run = out.join("killed");
+    let child = mpirun(2, &train_args(out, "killed", "4"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kill rank 1 once its chains have saved a state.
+    let state = run.join("chain-1/state");
+    kill_rank_one_when(child, || state.exists());
 
     // Resumed as one process, then the samples are the uninterrupted run's.
     let resume = ["train", "--resume", run.to_str().unwrap(), "--no-progress"].map(String::from);
@@ -377,32 +383,14 @@ fn a_replica_run_killed_on_two_ranks_resumes_on_four() {
         .spawn()
         .unwrap();
     // Kill rank 1 once a state past the start is saved.
-    let started = Instant::now();
     let record = run.join("replicas.json");
-    loop {
-        let step = std::fs::read(&record)
+    kill_rank_one_when(child, || {
+        std::fs::read(&record)
             .ok()
             .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-            .and_then(|v| v["step"].as_u64());
-        if step.is_some_and(|s| s > 0) {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(120), "no state");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let victim = ranks_of(child.id())
-        .into_iter()
-        .find(|&(_, rank)| rank == 1)
-        .expect("rank 1 among mpirun's children");
-    // SAFETY: signalling a process this test started (through mpirun).
-    unsafe { libc::kill(victim.0, libc::SIGKILL) };
-    let killed = Instant::now();
-    let o = child.wait_with_output().unwrap();
-    let took = killed.elapsed();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success(), "{err}");
-    assert!(took < Duration::from_secs(10), "the others took {took:?}");
-    assert!(err.contains("rank 1"), "the message names the rank: {err}");
+            .and_then(|v| v["step"].as_u64())
+            .is_some_and(|s| s > 0)
+    });
     let resume = ["train", "--resume", run.to_str().unwrap(), "--no-progress"].map(String::from);
     ok(mpirun(4, &resume).output().unwrap(), "resume on 4 ranks");
     same_replica_run(&out.join("whole"), &run);

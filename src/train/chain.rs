@@ -213,25 +213,6 @@ impl Kept {
         }
     }
 
-    /// Keeps `model`'s parameters after update `step` as a sample: its file in
-    /// `dir/samples/`, and its predictions in the ensembles.
-    #[allow(clippy::too_many_arguments)]
-    pub fn keep(
-        &mut self,
-        cfg: &TrainConfig,
-        ds: &Dataset,
-        dir: &Path,
-        model: &Network,
-        step: u64,
-        epoch: usize,
-        eta: f64,
-        diag: sampler::Diagnostics,
-    ) -> Result<()> {
-        let kept = write_sample(cfg, ds, dir, model, step, epoch, eta, diag)?;
-        self.add(kept);
-        Ok(())
-    }
-
     /// A sample's predictions into the ensembles, its kinetic energy into the trace.
     pub fn add(&mut self, sample: KeptSample) {
         if let Some(ke) = sample.kinetic_energy {
@@ -579,8 +560,9 @@ impl<'a> Chain<'a> {
         diag: sampler::Diagnostics,
     ) -> Result<()> {
         let (cfg, ds, dir) = (self.cfg, self.ds, self.run_dir);
-        self.kept
-            .keep(cfg, ds, dir, &self.model, step, epoch, eta, diag)
+        let sample = write_sample(cfg, ds, dir, &self.model, step, epoch, eta, diag)?;
+        self.kept.add(sample);
+        Ok(())
     }
 
     /// The end of epoch `epoch`: the prior's Gibbs step and the epoch's line in

@@ -138,13 +138,11 @@ pub(super) fn exchange(
                 });
             }
         }
-        let answers = answer(plan, replicas, &estimates, &requests, ranks, report)?;
-        let mut answers = requests.iter().zip(answers);
+        let mut answers = answer(plan, replicas, &estimates, &requests, ranks, report)?.into_iter();
         for e in estimates.iter_mut().filter(|e| e.done.is_none()) {
             let mut next = || {
                 answers
                     .next()
-                    .map(|(_, v)| v)
                     .ok_or_else(|| Error::Config("an exchange lost an answer".into()))
             };
             if first {
