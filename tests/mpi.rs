@@ -14,12 +14,25 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_bnn");
 
-fn train_args(out: &Path, name: &str, epochs: &str) -> Vec<String> {
+/// `bnn train` on the built-in subset with `flags`, into `out/name`.
+fn args_with(out: &Path, name: &str, flags: &[&str]) -> Vec<String> {
     [
         "train",
         "--dataset",
         "mnist-mini",
         "--offline",
+        "--no-progress",
+    ]
+    .iter()
+    .chain(flags)
+    .map(|s| s.to_string())
+    .chain(["--out".into(), out.display().to_string()])
+    .chain(["--run-name".into(), name.into()])
+    .collect()
+}
+
+fn train_args(out: &Path, name: &str, epochs: &str) -> Vec<String> {
+    let flags = [
         "--sampler",
         "sgnht",
         "--chains",
@@ -28,17 +41,9 @@ fn train_args(out: &Path, name: &str, epochs: &str) -> Vec<String> {
         epochs,
         "--burnin",
         "1",
-        "--thin",
-        "20",
-        "--checkpoint-every",
-        "7",
-        "--no-progress",
-        "--out",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([out.display().to_string(), "--run-name".into(), name.into()])
-    .collect()
+    ];
+    let more = ["--thin", "20", "--checkpoint-every", "7"];
+    args_with(out, name, &[&flags[..], &more[..]].concat())
 }
 
 /// `mpirun -n ranks bnn args` (as root where CI runs, oversubscribed on 2 cores, ranks
@@ -75,21 +80,42 @@ fn summary(run: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap()
 }
 
+/// The ensemble `bnn eval` reports on `run`, in one process without MPI.
+fn eval_ensemble(run: &Path) -> serde_json::Value {
+    let e = ok(
+        Command::new(BIN)
+            .args(["eval", "--run", run.to_str().unwrap(), "--offline"])
+            .env("BNN_LOG", "warn")
+            .output()
+            .unwrap(),
+        "eval",
+    );
+    let line = String::from_utf8_lossy(&e.stdout);
+    let report: serde_json::Value = serde_json::from_str(line.lines().last().unwrap()).unwrap();
+    report["ensemble"].clone()
+}
+
+/// The sample files in `b/chain` are those in `a/chain`, byte for byte; how many.
+fn same_files_in(a: &Path, b: &Path, chain: &str) -> usize {
+    let x = bnn::checkpoint::list_samples(&a.join(chain)).unwrap();
+    let y = bnn::checkpoint::list_samples(&b.join(chain)).unwrap();
+    assert!(!x.is_empty(), "{chain}");
+    assert_eq!(x.len(), y.len(), "{chain}");
+    for (p, q) in x.iter().zip(&y) {
+        assert!(
+            std::fs::read(p).unwrap() == std::fs::read(q).unwrap(),
+            "{} differs from {}",
+            q.display(),
+            p.display()
+        );
+    }
+    x.len()
+}
+
 /// Every chain's sample files of `b` are those of `a`, byte for byte.
 fn same_samples(a: &Path, b: &Path) {
     for k in 0..4 {
-        let x = bnn::checkpoint::list_samples(&a.join(format!("chain-{k}"))).unwrap();
-        let y = bnn::checkpoint::list_samples(&b.join(format!("chain-{k}"))).unwrap();
-        assert!(!x.is_empty());
-        assert_eq!(x.len(), y.len(), "chain {k}");
-        for (p, q) in x.iter().zip(&y) {
-            assert!(
-                std::fs::read(p).unwrap() == std::fs::read(q).unwrap(),
-                "{} differs from {}",
-                q.display(),
-                p.display()
-            );
-        }
+        same_files_in(a, b, &format!("chain-{k}"));
     }
 }
 
@@ -117,17 +143,7 @@ fn chains_on_two_and_three_ranks_equal_one_process() {
         assert_eq!(s["samples"], one["samples"]);
         assert_eq!(s["convergence"], one["convergence"]);
         // `bnn eval` in one process, no MPI: the same figures, bit for bit.
-        let e = ok(
-            Command::new(BIN)
-                .args(["eval", "--run", run.to_str().unwrap(), "--offline"])
-                .env("BNN_LOG", "warn")
-                .output()
-                .unwrap(),
-            "eval",
-        );
-        let line = String::from_utf8_lossy(&e.stdout);
-        let report: serde_json::Value = serde_json::from_str(line.lines().last().unwrap()).unwrap();
-        assert_eq!(report["ensemble"], one["ensemble"]);
+        assert_eq!(eval_ensemble(&run), one["ensemble"]);
     }
 }
 
@@ -224,11 +240,7 @@ fn a_killed_rank_stops_the_others_and_the_run_resumes() {
 
 /// RENHD with 4 replicas on the built-in subset, label noise so that the replicas differ.
 fn replica_args(out: &Path, name: &str) -> Vec<String> {
-    [
-        "train",
-        "--dataset",
-        "mnist-mini",
-        "--offline",
+    let flags = [
         "--sampler",
         "renhd",
         "--replicas",
@@ -247,13 +259,8 @@ fn replica_args(out: &Path, name: &str) -> Vec<String> {
         "20",
         "--checkpoint-every",
         "40",
-        "--no-progress",
-        "--out",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([out.display().to_string(), "--run-name".into(), name.into()])
-    .collect()
+    ];
+    args_with(out, name, &flags)
 }
 
 /// The lines of a JSON-lines file without their wall times.
@@ -273,18 +280,8 @@ fn lines_of(path: &Path) -> Vec<serde_json::Value> {
 /// swaps, probabilities, round trips), the same holders round by round, the same sample
 /// files byte for byte, every replica's metrics lines and the T₀ chain's, the same ensemble.
 fn same_replica_run(a: &Path, b: &Path) {
-    let samples = |r: &Path| bnn::checkpoint::list_samples(&r.join("chain-0")).unwrap();
-    let (x, y) = (samples(a), samples(b));
-    assert!(x.len() >= 10, "{} samples", x.len());
-    assert_eq!(x.len(), y.len());
-    for (p, q) in x.iter().zip(&y) {
-        assert!(
-            std::fs::read(p).unwrap() == std::fs::read(q).unwrap(),
-            "{} differs from {}",
-            q.display(),
-            p.display()
-        );
-    }
+    let samples = same_files_in(a, b, "chain-0");
+    assert!(samples >= 10, "{samples} samples");
     let (sa, sb) = (summary(a), summary(b));
     let (ra, rb) = (&sa["replica_exchange"], &sb["replica_exchange"]);
     assert_eq!(ra["ladder"], rb["ladder"]);
@@ -352,17 +349,7 @@ fn replicas_on_two_and_four_ranks_equal_one_process() {
             bytes / rounds,
             rx["pooled_bytes"]
         );
-        let e = ok(
-            Command::new(BIN)
-                .args(["eval", "--run", run.to_str().unwrap(), "--offline"])
-                .env("BNN_LOG", "warn")
-                .output()
-                .unwrap(),
-            "eval",
-        );
-        let line = String::from_utf8_lossy(&e.stdout);
-        let report: serde_json::Value = serde_json::from_str(line.lines().last().unwrap()).unwrap();
-        assert_eq!(report["ensemble"], one["ensemble"]);
+        assert_eq!(eval_ensemble(&run), one["ensemble"]);
     }
     // More ranks than replicas is refused.
     let o = mpirun(5, &replica_args(out, "five")).output().unwrap();
