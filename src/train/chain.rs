@@ -9,7 +9,7 @@ use std::time::Instant;
 use candle_core::Device;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::{manifest, EpochRecord, Stepper, TrainConfig};
 use crate::checkpoint;
@@ -227,48 +227,11 @@ impl Kept {
 
 /// What a kept sample adds to the ensembles: its predictive probabilities on the test
 /// and validation sets, and the kinetic energy per parameter when it was taken.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub(super) struct KeptSample {
-    #[serde(with = "f32_bits")]
     pub test: Vec<f32>,
-    #[serde(with = "f32_bits::option")]
     pub valid: Option<Vec<f32>>,
     pub kinetic_energy: Option<f64>,
-}
-
-/// f32s as their bit patterns: exact through JSON whatever the parser's rounding.
-mod f32_bits {
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    pub fn serialize<S: Serializer>(v: &[f32], s: S) -> Result<S::Ok, S::Error> {
-        v.iter()
-            .map(|x| x.to_bits())
-            .collect::<Vec<u32>>()
-            .serialize(s)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f32>, D::Error> {
-        Ok(Vec::<u32>::deserialize(d)?
-            .into_iter()
-            .map(f32::from_bits)
-            .collect())
-    }
-
-    pub mod option {
-        use serde::{Deserialize, Deserializer, Serializer};
-
-        pub fn serialize<S: Serializer>(v: &Option<Vec<f32>>, s: S) -> Result<S::Ok, S::Error> {
-            match v {
-                Some(v) => super::serialize(v, s),
-                None => s.serialize_none(),
-            }
-        }
-
-        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<f32>>, D::Error> {
-            let bits = Option::<Vec<u32>>::deserialize(d)?;
-            Ok(bits.map(|b| b.into_iter().map(f32::from_bits).collect()))
-        }
-    }
 }
 
 /// Writes `model`'s parameters after update `step` as a sample file in `dir/samples/`;

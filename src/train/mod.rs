@@ -48,7 +48,7 @@ pub struct TrainConfig {
 }
 
 /// One line of `metrics.jsonl`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EpochRecord {
     pub epoch: usize,
     pub steps: u64,
