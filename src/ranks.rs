@@ -90,7 +90,14 @@ impl Ranks {
     /// Items `0..count` dealt round-robin: item k belongs to rank k mod R, so that with K
     /// chains on R ranks no rank holds more than ⌈K/R⌉.
     pub fn dealt(&self, count: usize) -> Vec<usize> {
-        (self.rank..count).step_by(self.size).collect()
+        (0..count)
+            .filter(|&k| self.rank_of(k) == self.rank)
+            .collect()
+    }
+
+    /// The rank that item k is dealt to (see [`Ranks::dealt`]).
+    pub fn rank_of(&self, k: usize) -> usize {
+        k % self.size
     }
 
     /// Waits for every rank.

@@ -183,6 +183,7 @@ pub(super) fn run_replicas(
         .next()
         .ok_or_else(|| Error::Config(format!("rank {} holds no replica", ranks.rank())))?;
     let num_params = first.chain.model.num_params();
+    let backward = first.chain.stepper.backward;
     let state_bytes = first
         .chain
         .stepper
@@ -366,22 +367,13 @@ pub(super) fn run_replicas(
         steps: report.gradient_evaluations,
         step_seconds,
         train_seconds: seconds_before + started.elapsed().as_secs_f64(),
-        backward: first_backward(&replicas)?,
+        backward,
         test: cold.test,
         valid: cold.valid,
         kinetic_trace: cold.kinetic_trace,
         rollbacks: 0,
     };
     Ok(Some((outcome, report)))
-}
-
-fn first_backward(replicas: &[Option<Replica>]) -> Result<crate::potential::Backward> {
-    replicas
-        .iter()
-        .flatten()
-        .next()
-        .map(|r| r.chain.stepper.backward)
-        .ok_or_else(|| Error::Config("no replica on this rank".into()))
 }
 
 /// A replica lent to a pool thread for a round, and what its round returned.

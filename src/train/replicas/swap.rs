@@ -256,7 +256,7 @@ fn answer(
     requests
         .iter()
         .map(|q| {
-            let r = q.replica() % ranks.size();
+            let r = ranks.rank_of(q.replica());
             let (from, to) = (at[r], at[r] + q.len());
             at[r] = to;
             all[r].get(from..to).map(<[f64]>::to_vec).ok_or_else(|| {
