@@ -501,8 +501,8 @@ fn given_flags(command_line: &[String]) -> std::collections::HashSet<String> {
 
 /// `args` with the `[train]` defaults of its `--config` preset wherever `command_line`
 /// does not give the flag. The preset's sampler settings (step size, friction,
-/// diffusion, noise estimate, integrator) go with its sampler: not used when the command
-/// line names another.
+/// diffusion, noise estimate, integrator) and its number of chains go with its sampler:
+/// not used when the command line names another.
 fn with_preset_defaults(args: &TrainArgs, command_line: &[String]) -> Result<TrainArgs> {
     let mut a = args.clone();
     let Some(path) = &args.config else {
@@ -527,6 +527,9 @@ fn with_preset_defaults(args: &TrainArgs, command_line: &[String]) -> Result<Tra
             *v = p;
         }
     };
+    if a.sampler == preset_sampler {
+        set(&mut a.chains, "chains", t.chains);
+    }
     set(&mut a.batch_size, "batch_size", t.batch_size);
     set(&mut a.epochs, "epochs", t.epochs);
     set(&mut a.burnin, "burnin", t.burnin);

@@ -304,6 +304,9 @@ pub struct TrainDefaults {
     pub augment: Option<Augmentation>,
     /// `--standardize`: pixels standardised with the training set's statistics.
     pub standardize: Option<bool>,
+    /// `--chains`: independent chains whose samples the ensemble pools (with the preset's
+    /// sampler only; replica exchange runs its replicas as its chains).
+    pub chains: Option<usize>,
 }
 
 impl Preset {
@@ -361,6 +364,7 @@ impl Preset {
             ("batch_size", t.batch_size),
             ("epochs", t.epochs),
             ("thin", t.thin),
+            ("chains", t.chains),
         ] {
             if v == Some(0) {
                 return bad(key, "at least 1");

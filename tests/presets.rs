@@ -23,6 +23,7 @@ thin = 100
 decay_at = []
 prior = { kind = "gaussian", std = 0.5 }
 standardize = true
+chains = 2
 "#;
 
 fn run_json(dir: &std::path::Path, name: &str) -> serde_json::Value {
@@ -72,6 +73,8 @@ fn preset_defaults_apply_and_flags_override_them() {
         serde_json::json!({"kind": "gaussian", "std": 0.5})
     );
     assert!(r["standardization"].is_object(), "{r}");
+    assert_eq!(r["chains"], 2);
+    assert!(runs.join("preset/chain-1/samples").is_dir());
 
     // Flags win; another sampler drops the preset's SGNHT settings for its own defaults.
     train(
@@ -91,6 +94,7 @@ fn preset_defaults_apply_and_flags_override_them() {
     assert_eq!(r["sampler"]["kind"], "sghmc");
     assert_eq!(r["sampler"]["step_size"], 2e-6, "SGHMC's own default");
     assert_eq!(r["prior"]["kind"], "gamma");
+    assert_eq!(r["chains"], 1, "the preset's chains go with its sampler");
     assert_eq!(
         r["epochs"], 2,
         "the preset's, not given on the command line"
@@ -112,6 +116,10 @@ fn bad_training_sections_are_one_line_errors() {
         (
             format!("{model}[train]\nbatch_size = 0\n"),
             "batch_size must be at least 1",
+        ),
+        (
+            format!("{model}[train]\nchains = 0\n"),
+            "chains must be at least 1",
         ),
         (
             format!("{model}[train]\nstep_size = -1e-6\n"),
