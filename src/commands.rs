@@ -511,6 +511,11 @@ fn with_preset_defaults(args: &TrainArgs, command_line: &[String]) -> Result<Tra
     let t = bnn::settings::Preset::from_toml_file(path)?.train;
     let given = given_flags(command_line);
     let free = |id: &str| !given.contains(id);
+    let set = |v: &mut usize, id: &str, p: Option<usize>| {
+        if let (Some(p), true) = (p, free(id)) {
+            *v = p;
+        }
+    };
     let preset_sampler = t.sampler.unwrap_or(a.sampler);
     if free("sampler") {
         a.sampler = preset_sampler;
@@ -521,13 +526,6 @@ fn with_preset_defaults(args: &TrainArgs, command_line: &[String]) -> Result<Tra
         a.diffusion = a.diffusion.or(t.diffusion);
         a.noise_estimate = a.noise_estimate.or(t.noise_estimate);
         a.integrator = a.integrator.or(t.integrator);
-    }
-    let set = |v: &mut usize, id: &str, p: Option<usize>| {
-        if let (Some(p), true) = (p, free(id)) {
-            *v = p;
-        }
-    };
-    if a.sampler == preset_sampler {
         set(&mut a.chains, "chains", t.chains);
     }
     set(&mut a.batch_size, "batch_size", t.batch_size);
