@@ -5,6 +5,7 @@
 pub mod cnn;
 pub mod mlp;
 pub mod resnet;
+mod resnet_direct;
 mod resnet_ops;
 pub mod resnet_split;
 

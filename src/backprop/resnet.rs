@@ -27,6 +27,7 @@ use super::mlp::{
     bias_gradient, dense_forward, held, lock_params, prepare_grads, softmax_xent, with_data_mut,
     BatchLoss, CpuView,
 };
+use super::resnet_direct::{self as direct, Direction};
 use super::resnet_ops::{
     activate, activation_backward, add_bias, add_into, chunk_images, chunks, col2im, conv_forward,
     frn_backward, frn_forward, im2row, plane_sums,
@@ -75,6 +76,13 @@ pub struct ResnetBackprop {
     cols: Vec<f32>,
     /// The input of a chunk of images transposed to pixels × channels (for im2row).
     input_t: Vec<f32>,
+    /// A chunk of images zero-padded, and the weights packed, for the direct 3×3
+    /// convolutions ([`direct`]).
+    padded: Vec<f32>,
+    packed: Vec<f32>,
+    /// The direct weight gradient's partial sums per lane, and its ∂Z in whole vectors.
+    partial: Vec<f32>,
+    wide: Vec<f32>,
     conv: Vec<ConvBuffers>,
     stem: Site,
     /// Per block: act(N₁(conv₁(x))) and act(N₂(conv₂(·)) + shortcut(x)).
@@ -122,6 +130,10 @@ impl ResnetBackprop {
             input: Vec::new(),
             cols: Vec::new(),
             input_t: Vec::new(),
+            padded: Vec::new(),
+            packed: Vec::new(),
+            partial: Vec::new(),
+            wide: Vec::new(),
             stem: Site::default(),
             mid: (0..blocks).map(|_| Site::default()).collect(),
             end: (0..blocks).map(|_| Site::default()).collect(),
@@ -155,8 +167,18 @@ impl ResnetBackprop {
             self.input.resize(rows * c * h * w, 0.0);
         }
         let (mut widest_cols, mut widest_act, mut planes, mut widest_input) = (0, 0, 0, 0);
+        let (mut widest_padded, mut widest_packed) = (0, 0);
+        let (mut widest_partial, mut widest_wide) = (0, 0);
         for (l, conv) in self.convs.iter().enumerate() {
             let g = conv.geometry;
+            if direct::applies(&g) {
+                for d in [Direction::Forward, Direction::Adjoint] {
+                    widest_padded = widest_padded.max(direct::padded_len(&g, d, rows));
+                }
+                widest_packed = widest_packed.max(direct::packed_len(&g));
+                widest_partial = widest_partial.max(direct::partial_len(&g));
+                widest_wide = widest_wide.max(direct::wide_len(&g));
+            }
             let out = g.out_channels * rows * g.out_plane();
             let images = chunk_images(&g, rows);
             widest_cols = widest_cols.max(g.patch() * images * g.out_plane());
@@ -180,6 +202,10 @@ impl ResnetBackprop {
         }
         self.cols.resize(widest_cols, 0.0);
         self.input_t.resize(widest_input, 0.0);
+        self.padded.resize(widest_padded, 0.0);
+        self.packed.resize(widest_packed, 0.0);
+        self.partial.resize(widest_partial, 0.0);
+        self.wide.resize(widest_wide, 0.0);
         for g in &mut self.g {
             g.resize(widest_act, 0.0);
         }
@@ -246,7 +272,18 @@ impl ResnetBackprop {
         let mut cols = std::mem::take(&mut self.cols);
         let mut out = self.take_target(u);
         let w = held(views, layer.weight)?;
-        conv_forward(self.source(a), &g, rows, w, &mut cols, &mut buffers.z);
+        if direct::applies(&g) {
+            let (mut padded, mut packed) = (
+                std::mem::take(&mut self.padded),
+                std::mem::take(&mut self.packed),
+            );
+            let a = self.source(a);
+            let (p, q, z) = (&mut padded, &mut packed, &mut buffers.z);
+            direct::conv(a, &g, Direction::Forward, rows, w, p, q, z, false);
+            (self.padded, self.packed) = (padded, packed);
+        } else {
+            conv_forward(self.source(a), &g, rows, w, &mut cols, &mut buffers.z);
+        }
         self.cols = cols;
         let n = g.out_channels * rows * g.out_plane();
         if let Some(b) = layer.bias {
@@ -689,7 +726,18 @@ impl ResnetBackprop {
         // (im2row), its part of ∇W (C_out × k, patch in (i, j, c) order) = ∂Z·cols_t,
         // summed over the chunks in order (the product packs only ∂Z and reads cols_t in
         // place), and its input error col2im(Wᵀ·∂Z) through the same buffer.
-        for (c, images) in chunks(&g, rows).enumerate() {
+        let direct = direct::applies(&g);
+        if direct {
+            let (mut p, mut q, mut r) = (
+                std::mem::take(&mut self.padded),
+                std::mem::take(&mut self.partial),
+                std::mem::take(&mut self.wide),
+            );
+            let a = self.source(input);
+            direct::weight_grad(a, dz, &g, rows, &mut p, &mut q, &mut r, wg);
+            (self.padded, self.partial, self.wide) = (p, q, r);
+        }
+        for (c, images) in chunks(&g, rows).enumerate().filter(|_| !direct) {
             let (at, width) = (images.start * plane, images.len() * plane);
             let source = self.source(input);
             im2row(source, &g, rows, images.clone(), &mut input_t, &mut cols);
@@ -725,6 +773,10 @@ impl ResnetBackprop {
         }
         self.cols = cols;
         self.input_t = input_t;
+        if let Some(err) = input_err.filter(|_| direct) {
+            let (p, q) = (&mut self.padded, &mut self.packed);
+            direct::conv(dz, &g, Direction::Adjoint, rows, w, p, q, err, accumulate);
+        }
         let lw = prior(t);
         let (taps, c_in) = (g.kernel * g.kernel, g.in_channels);
         let stored = with_data_mut(&grads[t], |gr| {
@@ -732,7 +784,12 @@ impl ResnetBackprop {
             for ((row, w), from) in rows.zip(wg.chunks_exact(k)) {
                 // W's patch order is (c, i, j); im2row's is (i, j, c).
                 for (q, (gq, &wq)) in row.iter_mut().zip(w).enumerate() {
-                    *gq = from[q % taps * c_in + q / taps] + lw * wq;
+                    let at = if direct {
+                        q
+                    } else {
+                        q % taps * c_in + q / taps
+                    };
+                    *gq = from[at] + lw * wq;
                 }
             }
         });

@@ -181,7 +181,7 @@ multiversion! {
 /// registers, where `copy_from_slice` calls memmove, whose call cost as much as the copy
 /// (6% of a ResNet-8 step in im2col's row copies, measured with `perf`).
 #[inline(always)]
-fn copy_short(dst: &mut [f32], src: &[f32]) {
+pub(super) fn copy_short(dst: &mut [f32], src: &[f32]) {
     let whole = dst.len() / LANES * LANES;
     for (d, s) in dst[..whole]
         .chunks_exact_mut(LANES)
