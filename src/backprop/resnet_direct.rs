@@ -112,13 +112,8 @@ pub(super) fn conv(
     pack(w, g, direction, packed);
     let packed = &*packed;
     let pplane = padded_plane(g);
-    let per = chunk_images(g, direction, rows);
     let op = Disjoint::new(out);
-    for b0 in (0..rows).step_by(per) {
-        let images = per.min(rows - b0);
-        let padded = &mut padded[..c_in * images * pplane + LANES];
-        pad(input, rows, h, wd, b0, images, padded);
-        let padded = &*padded;
+    padded_chunks(input, g, direction, rows, padded, |padded, b0, images| {
         let work = c_out * images * plane * c_in * 9;
         let run_blocks = |range: std::ops::Range<usize>| {
             for block in range {
@@ -152,6 +147,27 @@ pub(super) fn conv(
             }
         };
         split_blocks(blocks, work, &run_blocks);
+    });
+}
+
+/// Calls `f(padded, b₀, images)` for each chunk of images (see [`PADDED_BYTES`]) of the
+/// input of `g` in `direction`, with `padded` that chunk zero-padded (and the slack).
+fn padded_chunks(
+    input: &[f32],
+    g: &ConvGeometry,
+    direction: Direction,
+    rows: usize,
+    padded: &mut [f32],
+    mut f: impl FnMut(&[f32], usize, usize),
+) {
+    let c_in = channels(g, direction).0;
+    let pplane = padded_plane(g);
+    let per = chunk_images(g, direction, rows);
+    for b0 in (0..rows).step_by(per) {
+        let images = per.min(rows - b0);
+        let padded = &mut padded[..c_in * images * pplane + LANES];
+        pad(input, rows, g.in_h, g.in_w, b0, images, padded);
+        f(padded, b0, images);
     }
 }
 
@@ -470,42 +486,53 @@ pub(super) fn weight_grad(
     let partial = &mut partial[..blocks * R * stride];
     partial.fill(0.0);
     let pplane = padded_plane(g);
-    let per = chunk_images(g, Direction::Forward, rows);
     let (pp, wp) = (Disjoint::new(partial), Disjoint::new(wide));
-    for b0 in (0..rows).step_by(per) {
-        let images = per.min(rows - b0);
-        let padded = &mut padded[..c_in * images * pplane + LANES];
-        pad(input, rows, h, w, b0, images, padded);
-        let padded = &*padded;
-        let work = c_out * images * plane * c_in * 9;
-        let run_blocks = |range: std::ops::Range<usize>| {
-            let part = usize::from(range.start > 0);
-            // SAFETY: each part of the split has its own half of `wide` (the first part
-            // starts at block 0, the second after it), inside it (checked above).
-            let dw = unsafe { wp.slice(part * R * h * wr, (part + 1) * R * h * wr) };
-            for block in range {
-                let o0 = block * R;
-                // SAFETY: the partial sums of output channels o0..o0 + R belong to this
-                // block alone (blocks are split between the parts, whole).
-                let sums = unsafe { pp.slice(o0 * stride, (o0 + R) * stride) };
-                for b in 0..images {
-                    // Rows of whole vectors; channels past the last are zero.
-                    for (r, rows_r) in dw.chunks_exact_mut(h * wr).enumerate() {
-                        rows_r.fill(0.0);
-                        if o0 + r < c_out {
-                            let from = &dz[((o0 + r) * rows + b0 + b) * plane..][..plane];
-                            for (dst, src) in rows_r.chunks_exact_mut(wr).zip(from.chunks_exact(w))
-                            {
-                                copy_short(&mut dst[..w], src);
+    padded_chunks(
+        input,
+        g,
+        Direction::Forward,
+        rows,
+        padded,
+        |padded, b0, images| {
+            let work = c_out * images * plane * c_in * 9;
+            let run_blocks = |range: std::ops::Range<usize>| {
+                let part = usize::from(range.start > 0);
+                // SAFETY: each part of the split has its own half of `wide` (the first part
+                // starts at block 0, the second after it), inside it (checked above).
+                let dw = unsafe { wp.slice(part * R * h * wr, (part + 1) * R * h * wr) };
+                for block in range {
+                    let o0 = block * R;
+                    // SAFETY: the partial sums of output channels o0..o0 + R belong to this
+                    // block alone (blocks are split between the parts, whole).
+                    let sums = unsafe { pp.slice(o0 * stride, (o0 + R) * stride) };
+                    for b in 0..images {
+                        // Rows of whole vectors; channels past the last are zero.
+                        for (r, rows_r) in dw.chunks_exact_mut(h * wr).enumerate() {
+                            rows_r.fill(0.0);
+                            if o0 + r < c_out {
+                                let from = &dz[((o0 + r) * rows + b0 + b) * plane..][..plane];
+                                for (dst, src) in
+                                    rows_r.chunks_exact_mut(wr).zip(from.chunks_exact(w))
+                                {
+                                    copy_short(&mut dst[..w], src);
+                                }
                             }
                         }
+                        image_weight_sums(
+                            &padded[b * pplane..],
+                            images * pplane,
+                            c_in,
+                            h,
+                            w,
+                            dw,
+                            sums,
+                        );
                     }
-                    image_weight_sums(&padded[b * pplane..], images * pplane, c_in, h, w, dw, sums);
                 }
-            }
-        };
-        split_blocks(blocks, work, &run_blocks);
-    }
+            };
+            split_blocks(blocks, work, &run_blocks);
+        },
+    );
     for (g, lanes) in wg[..c_out * c_in * 9]
         .iter_mut()
         .zip(partial.chunks_exact(LANES))
