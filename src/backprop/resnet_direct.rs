@@ -1,5 +1,6 @@
 //! Direct 3×3 convolutions at stride 1 with one pixel of zero padding (the ResNet's
-//! "same" convolutions), for the forward pass and for the input error of the backward.
+//! "same" convolutions): the forward pass, and the backward's input error and weight
+//! gradient ([`weight_grad`]).
 //!
 //! Why not im2col + product here: at 16–32 channels the im2col matrix is nine copies of
 //! the input, written and read again for a product whose k is only 9·C; and the input
