@@ -79,8 +79,10 @@ pub(super) fn padded_len(g: &ConvGeometry, direction: Direction, rows: usize) ->
 
 /// Floats of the packed weights [`conv`] needs for `g`.
 pub(super) fn packed_len(g: &ConvGeometry) -> usize {
+    // Both directions: blocks of the wider side's channels × the other side's, bounded
+    // by the wider side squared.
     let widest = g.in_channels.max(g.out_channels);
-    widest.div_ceil(R) * R * g.in_channels.max(g.out_channels) * 9
+    widest.div_ceil(R) * R * widest * 9
 }
 
 /// `out` (=, or += with `accumulate`) the convolution of `input` (C × B planes of H × W,
