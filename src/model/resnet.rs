@@ -263,6 +263,9 @@ impl ResnetLayout {
         let mut a = x.reshape((x.dim(0)?, c, h, w))?;
         a = self.activate(&self.conv_norm(params, &a, &self.stem)?)?;
         for b in &self.blocks {
+            if b.conv1.geometry.stride > 1 {
+                a = even_out_parity(a)?;
+            }
             let y = self.activate(&self.conv_norm(params, &a, &b.conv1)?)?;
             let y = self.conv_norm(params, &y, &b.conv2)?;
             let s = match &b.shortcut {
@@ -305,4 +308,19 @@ impl ResnetLayout {
         }
         Ok(z)
     }
+}
+
+/// `a` (batch × C × H × W) with a zero row or column appended where H and W differ in
+/// parity, so that both are even: the input of a stride-2 convolution, whose outputs
+/// stay the same (the appended zeros are the padding that the last output read anyway,
+/// and a 1×1 shortcut skips them). Why: candle's convolution backward gives the input's
+/// gradient one output padding for both sides, taken from the height, and fails on a
+/// 6×5 input ("shape mismatch in add").
+fn even_out_parity(a: Tensor) -> Result<Tensor> {
+    let (_, _, h, w) = a.dims4()?;
+    Ok(match (h % 2, w % 2) {
+        (0, 1) => a.pad_with_zeros(3, 0, 1)?,
+        (1, 0) => a.pad_with_zeros(2, 0, 1)?,
+        _ => a,
+    })
 }
