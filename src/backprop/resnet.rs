@@ -724,10 +724,11 @@ impl ResnetBackprop {
         let mut cols = std::mem::take(&mut self.cols);
         let mut input_t = std::mem::take(&mut self.input_t);
         let mut input_err = input_err;
-        // A chunk of images at a time (see resnet_ops::CHUNK_BYTES): its patches as rows
-        // (im2row), its part of ∇W (C_out × k, patch in (i, j, c) order) = ∂Z·cols_t,
-        // summed over the chunks in order (the product packs only ∂Z and reads cols_t in
-        // place), and its input error col2im(Wᵀ·∂Z) through the same buffer.
+        // A 3×3 stride-1 convolution: ∇W and the input error directly (resnet_direct).
+        // Otherwise a chunk of images at a time (see resnet_ops::CHUNK_BYTES): its patches
+        // as rows (im2row), its part of ∇W (C_out × k, patch in (i, j, c) order) =
+        // ∂Z·cols_t, summed over the chunks in order (the product packs only ∂Z and reads
+        // cols_t in place), and its input error col2im(Wᵀ·∂Z) through the same buffer.
         let direct = direct::applies(&g);
         if direct {
             let (mut p, mut q, mut r) = (
