@@ -597,3 +597,39 @@ fn diagnostics_are_logged_and_a_hot_tensor_warns() {
     let text = std::fs::read_to_string(d.path().join("checkpoints/hot/diagnostics.jsonl")).unwrap();
     assert_eq!(text.lines().count(), 3);
 }
+
+/// The first command a new user runs (`bnn train`, no flags, no data, downloads failing)
+/// is quiet: no warning, one line saying it uses the built-in subset; with `-v` the
+/// download attempts show, each with its URL.
+#[test]
+fn first_run_is_quiet_and_says_why_at_v() {
+    let d = tempfile::tempdir().unwrap();
+    // A mirror that refuses at once stands for a machine without network.
+    let mirror = "http://127.0.0.1:9";
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_bnn"))
+            .args(args)
+            .current_dir(d.path())
+            .env_remove("BNN_DATA_DIR")
+            .env_remove("BNN_LOG")
+            .env("NO_COLOR", "1")
+            .output()
+            .expect("run bnn")
+    };
+    let out = run(&["train", "--mirror", mirror]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(!err.contains("WARN"), "the default run warned:\n{err}");
+    assert!(!err.contains(mirror), "download attempts shown without -v:\n{err}");
+    let fallback: Vec<_> = err.lines().filter(|l| l.contains("built-in subset")).collect();
+    assert_eq!(fallback.len(), 1, "{err}");
+    assert_eq!(last_json(&out)["dataset"], "mnist-mini");
+
+    let out = run(&["-v", "train", "--mirror", mirror, "--epochs", "1", "--burnin", "0"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.lines().any(|l| l.contains("downloading") && l.contains(mirror)),
+        "-v does not show the download attempts:\n{err}"
+    );
+}

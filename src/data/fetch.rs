@@ -105,7 +105,7 @@ pub fn fetch(spec: &DatasetSpec, mirrors: &[String], dir: &Path) -> Result<usize
         let mut done = false;
         for base in mirrors {
             let url = format!("{}/{}.gz", base.trim_end_matches('/'), file.name);
-            tracing::info!(%url, "downloading");
+            tracing::debug!(%url, "downloading");
             let body = match download(&agent, &url) {
                 Ok(b) => b,
                 Err(e) => {

@@ -391,16 +391,18 @@ fn locate_or_fetch(spec: &DatasetSpec, opts: &LoadOptions) -> Result<Dataset> {
             Some(m) => vec![m.clone()],
             None => spec.mirrors.iter().map(|s| s.to_string()).collect(),
         };
-        tracing::info!(dataset = spec.name, dir = %target.display(), "dataset not found, downloading");
+        tracing::debug!(dataset = spec.name, dir = %target.display(), "dataset not found, downloading");
         match fetch::fetch(spec, &mirrors, &target) {
             Ok(_) => return load_dir(spec, &target),
             Err(e) => format!(" and downloading failed ({e})"),
         }
     };
     if opts.builtin_fallback && spec.name == registry::MNIST.name && opts.data_dir.is_none() {
-        tracing::warn!("{}", missing_message(spec, &dirs, &why));
+        // The first run of a new user lands here: one line, the reasons at -v.
+        tracing::debug!("{}", missing_message(spec, &dirs, &why));
         eprintln!(
-            "bnn: full MNIST not available; training on the built-in subset (10,000 training and 10,000 test images of MNIST)"
+            "bnn: full MNIST not found{}; training on the built-in subset (10,000 training and 10,000 test images of MNIST; -v says why)",
+            if opts.offline { "" } else { " nor downloadable" }
         );
         return load_builtin();
     }
