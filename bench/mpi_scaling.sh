@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 18's scaling figures on MNIST (MLP 784-100-10), in one process (the pool's threads)
+# The MPI scaling figures on MNIST (MLP 784-100-10), in one process (the pool's threads)
 # and on 2 MPI ranks (one thread each), interleaved A B A B … for ROUNDS rounds:
 #   chains:   `--chains 4` (SGHMC); every run's sample files are checked equal to the
 #             first one-process run's;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15's Fashion-MNIST table: RENHD (scalar and per-parameter thermostats), RELD,
+# The replica-exchange Fashion-MNIST table: RENHD (scalar and per-parameter thermostats), RELD,
 # SGNHT and SGHMC on the tuned 784-100-10 MLP at label noise p, 50 epochs for the T = 1
 # replica (M = 8, --ladder auto, N = 100), and SGNHT/SGHMC with 8 chains (the replicas'
 # gradient evaluations). Runs already finished (summary.json present) are skipped, so the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Markdown rows of issue 15's Fashion-MNIST table from the runs of
+"""Markdown rows of the replica-exchange Fashion-MNIST table from the runs of
 bench/replicas_fashion.sh. Usage: bench/replicas_table.py OUT_DIR"""
 import json
 import pathlib

@@ -620,16 +620,25 @@ fn first_run_is_quiet_and_says_why_at_v() {
     assert!(out.status.success(), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(!err.contains("WARN"), "the default run warned:\n{err}");
-    assert!(!err.contains(mirror), "download attempts shown without -v:\n{err}");
-    let fallback: Vec<_> = err.lines().filter(|l| l.contains("built-in subset")).collect();
+    assert!(
+        !err.contains(mirror),
+        "download attempts shown without -v:\n{err}"
+    );
+    let fallback: Vec<_> = err
+        .lines()
+        .filter(|l| l.contains("built-in subset"))
+        .collect();
     assert_eq!(fallback.len(), 1, "{err}");
     assert_eq!(last_json(&out)["dataset"], "mnist-mini");
 
-    let out = run(&["-v", "train", "--mirror", mirror, "--epochs", "1", "--burnin", "0"]);
+    let out = run(&[
+        "-v", "train", "--mirror", mirror, "--epochs", "1", "--burnin", "0",
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(
-        err.lines().any(|l| l.contains("downloading") && l.contains(mirror)),
+        err.lines()
+            .any(|l| l.contains("downloading") && l.contains(mirror)),
         "-v does not show the download attempts:\n{err}"
     );
 }

@@ -252,7 +252,8 @@ impl Monitor {
         let Some(first) = records.first() else {
             return Vec::new();
         };
-        self.window.resize(first.kinetic_per_tensor.len(), (0.0, 0.0, 0));
+        self.window
+            .resize(first.kinetic_per_tensor.len(), (0.0, 0.0, 0));
         let mut hot = Vec::new();
         for (i, t) in first.kinetic_per_tensor.iter().enumerate() {
             let epoch_mean = records
@@ -329,8 +330,14 @@ mod tests {
         let mut m = Monitor::new(0, None, "");
         let w = run_epochs(&mut m, 0, 6, |_| vec![0.5, 0.9, 0.1]);
         assert_eq!(w.len(), 1, "{w:?}");
-        assert_eq!(w[0].0, KINETIC_MIN_EPOCHS - 1, "judged from the third epoch on");
-        assert!(w[0].1.contains("t1 0.900") && w[0].1.contains("t2 0.100") && !w[0].1.contains("t0"));
+        assert_eq!(
+            w[0].0,
+            KINETIC_MIN_EPOCHS - 1,
+            "judged from the third epoch on"
+        );
+        assert!(
+            w[0].1.contains("t1 0.900") && w[0].1.contains("t2 0.100") && !w[0].1.contains("t0")
+        );
         // The overall mean is judged at once (it is already a mean over the epoch's
         // updates). The LeNet that motivated the check: 0.62 to 0.74 against 0.5.
         let mut m = Monitor::new(0, None, "");
@@ -353,14 +360,14 @@ mod tests {
 
     /// fc2.weight (1,000 values) of the default run (`bnn train`, seed 0), epochs 11–30.
     const SUBSET_FC2: [f64; 20] = [
-        0.583, 0.577, 0.533, 0.562, 0.529, 0.548, 0.536, 0.584, 0.575, 0.634, 0.526, 0.568,
-        0.530, 0.535, 0.484, 0.542, 0.520, 0.564, 0.553, 0.527,
+        0.583, 0.577, 0.533, 0.562, 0.529, 0.548, 0.536, 0.584, 0.575, 0.634, 0.526, 0.568, 0.530,
+        0.535, 0.484, 0.542, 0.520, 0.564, 0.553, 0.527,
     ];
     /// The same on the full MNIST (`bnn train --dataset mnist`, seed 0): the output layer
     /// is in fact hot, about twice the target.
     const FULL_FC2: [f64; 20] = [
-        2.396, 1.197, 1.442, 1.257, 1.682, 0.999, 1.946, 1.183, 1.551, 1.135, 0.812, 0.868,
-        1.118, 0.876, 0.765, 0.738, 0.863, 0.904, 0.815, 0.639,
+        2.396, 1.197, 1.442, 1.257, 1.682, 0.999, 1.946, 1.183, 1.551, 1.135, 0.812, 0.868, 1.118,
+        0.876, 0.765, 0.738, 0.863, 0.904, 0.815, 0.639,
     ];
 
     #[test]
