@@ -88,7 +88,7 @@ pub fn sample_path(run_dir: &Path, step: u64) -> PathBuf {
     samples_dir(run_dir).join(format!("sample-{step:08}.safetensors"))
 }
 
-/// The metadata key of the SHA-256 of a file's tensors (see [`tensors_digest`]), written
+/// The metadata key of the SHA-256 of a file's tensors (see `tensors_digest`), written
 /// by [`encode_safetensors`] and checked by [`open_safetensors`].
 pub const CHECKSUM_KEY: &str = "sha256";
 

@@ -5,7 +5,7 @@
 //! 10–100 µs each (products, transposes, sampler chunks) separated by short serial
 //! parts. rayon's idle workers yield and then sleep on a futex, and waking them costs
 //! about as much as the regions themselves (a quarter of all samples in a profile were
-//! the scheduler). Here each helper spins for [`SPIN`] after a job, so back-to-back
+//! the scheduler). Here each helper spins for `SPIN` after a job, so back-to-back
 //! regions start at once, and parks after that, so an idle process costs nothing.
 //!
 //! One job at a time: a call made while another job runs (another thread, or a nested

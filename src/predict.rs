@@ -50,7 +50,7 @@ pub struct Prediction {
     pub probabilities: Vec<f64>,
     /// H[p̄] in nats.
     pub entropy: f64,
-    /// H[p̄] − mean H[p_k]: 0 where every sample agrees.
+    /// H\[p̄\] − mean H\[p_k\]: 0 where every sample agrees.
     pub mutual_information: f64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,

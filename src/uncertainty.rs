@@ -6,7 +6,7 @@
 //! With p̄(x) = (1/K) Σ_k p_k(x) the averaged prediction, the predictive entropy
 //! H[p̄(x)] splits into the expected entropy (1/K) Σ_k H[p_k(x)] (aleatoric: what every
 //! sample finds ambiguous) and the mutual information between the label and the
-//! parameters, H[p̄] − (1/K) Σ_k H[p_k] ≥ 0 (epistemic: where the samples disagree).
+//! parameters, H\[p̄\] − (1/K) Σ_k H\[p_k\] ≥ 0 (epistemic: where the samples disagree).
 //! Entropies are in nats.
 
 use serde::{Deserialize, Serialize};
@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 /// is reported.
 pub const COVERAGES: [f64; 10] = [1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5, 0.4];
 
-/// H[p] = −Σ p log p in nats (0 log 0 = 0).
+/// H\[p\] = −Σ p log p in nats (0 log 0 = 0).
 pub fn entropy(row: &[f64]) -> f64 {
     -row.iter()
         .filter(|&&p| p > 0.0)

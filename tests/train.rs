@@ -528,18 +528,18 @@ fn resnet_run_is_evaluable_exactly() {
 /// 0, after burn-in: 0.50–0.61, the 10-element fc2.bias 0.39–0.52) and does not warn. SGHMC with 1/10 of the default
 /// friction heats the output layer (fc2.weight 1.9 per parameter at epoch 2) while the
 /// overall mean, dominated by fc1.weight, stays in the band: one warning, naming the
-/// tensor.
+/// tensor, once three epochs after burn-in have been seen.
 #[test]
 fn diagnostics_are_logged_and_a_hot_tensor_warns() {
     let d = tempfile::tempdir().unwrap();
-    let run = |extra: &[&str]| {
+    let run = |epochs: &str, extra: &[&str]| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_bnn"))
             .args([
                 "train",
                 "--dataset",
                 "mnist-mini",
                 "--epochs",
-                "3",
+                epochs,
                 "--burnin",
                 "1",
             ])
@@ -553,16 +553,19 @@ fn diagnostics_are_logged_and_a_hot_tensor_warns() {
         assert!(out.status.success(), "{}", stderr(&out));
         (last_json(&out), stderr(&out))
     };
-    let (s, err) = run(&[
-        "--sampler",
-        "msgnht",
-        "--step-size",
-        "4e-7",
-        "--log-every",
-        "25",
-        "--run-name",
-        "m",
-    ]);
+    let (s, err) = run(
+        "3",
+        &[
+            "--sampler",
+            "msgnht",
+            "--step-size",
+            "4e-7",
+            "--log-every",
+            "25",
+            "--run-name",
+            "m",
+        ],
+    );
     assert!(!err.contains("out of"), "{err}");
     let text = std::fs::read_to_string(d.path().join("checkpoints/m/diagnostics.jsonl")).unwrap();
     let lines: Vec<Value> = text
@@ -583,7 +586,8 @@ fn diagnostics_are_logged_and_a_hot_tensor_warns() {
         assert!(l["thermostat_spread"].as_f64().unwrap() > 0.0, "{l}");
     }
 
-    let (_, err) = run(&["--friction", "0.01", "--run-name", "hot"]);
+    // A tensor is judged on its mean over the epochs after burn-in, from the third on.
+    let (_, err) = run("5", &["--friction", "0.01", "--run-name", "hot"]);
     let warnings: Vec<&str> = err
         .lines()
         .filter(|l| l.contains("kinetic energy per parameter out of"))
@@ -595,7 +599,7 @@ fn diagnostics_are_logged_and_a_hot_tensor_warns() {
     );
     // Once per epoch by default: one line per epoch.
     let text = std::fs::read_to_string(d.path().join("checkpoints/hot/diagnostics.jsonl")).unwrap();
-    assert_eq!(text.lines().count(), 3);
+    assert_eq!(text.lines().count(), 5);
 }
 
 /// The first command a new user runs (`bnn train`, no flags, no data, downloads failing)

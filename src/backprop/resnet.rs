@@ -5,7 +5,7 @@
 //! over the whole minibatch is one product with its im2col matrix (C_in·k² × B·H_o·W_o)
 //! (a 1×1 convolution at stride 1 would read its input in place; the ResNet's shortcuts
 //! are at stride 2). The 3×3 convolutions at stride 1, most of the work, go direct
-//! instead ([`super::resnet_direct`]: forward, input error and ∇W without im2col); what
+//! instead (`resnet_direct`: forward, input error and ∇W without im2col); what
 //! follows describes the others, and what both share:
 //!
 //! - forward: Z = W·cols; FRN per (example, channel) plane (r = 1/√(mean z² + ε), u = τ +

@@ -1,4 +1,4 @@
-//! The fused step on the CPU: fixed chunks run on [`super::pool`], inner loops over blocks of 4
+//! The fused step on the CPU: fixed chunks run on [`crate::pool`], inner loops over blocks of 4
 //! elements (one Philox call each) that the compiler vectorises; AVX2+FMA and AVX-512 builds
 //! of the same code are chosen by [`super::isa`]. No allocation per step beyond the
 //! per-chunk partial sums.

@@ -9,7 +9,7 @@ use super::isa::multiversion;
 use super::isa::{self, Isa};
 
 multiversion! {
-    /// out[i] = x·σ(x) and pre[i] ← σ(x) for x = pre[i] (the backward reads σ back from
+    /// out\[i\] = x·σ(x) and pre\[i\] ← σ(x) for x = pre\[i\] (the backward reads σ back from
     /// `pre`).
     pub fn swish(pre: &mut [f32], out: &mut [f32]) {
         assert_eq!(pre.len(), out.len(), "swish: buffers of different lengths");

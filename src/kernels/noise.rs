@@ -14,7 +14,7 @@
 use crate::rng::{log_unit, sincos_turn, uniform_open0, NoiseKey, M0, M1, W0, W1};
 
 /// How a build turns a batch of Philox counters into normals: `z[b]` are the four
-/// normals of block `counters[b]` (elements 4·counters[b] ..+4 of the key's tensor).
+/// normals of block `counters[b]` (elements 4·counters\[b\] ..+4 of the key's tensor).
 pub trait Normals {
     /// # Safety
     /// The CPU has the features of the implementation (see each).
@@ -33,7 +33,7 @@ impl Normals for Autovec {
     }
 }
 
-/// Philox as [`Autovec`], Box–Muller by AVX2+FMA intrinsics ([`box_muller_avx2`]). Needs
+/// Philox as [`Autovec`], Box–Muller by AVX2+FMA intrinsics (`box_muller_avx2`). Needs
 /// AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 pub struct Avx2;

@@ -173,13 +173,13 @@ pub fn manifest(cfg: &TrainConfig, ds: &Dataset, num_params: usize) -> RunManife
 /// `cfg.resume` it continues the run in `cfg.run_dir` from its saved state, bit for bit.
 /// With `cfg.settings.chains` = K > 1, K independent chains run side by side on the thread pool
 /// (one chain per pool thread), each in `RUN/chain-<k>/` with its own seed
-/// ([`rng::chain_seed`]); the ensemble pools every chain's samples.
+/// ([`crate::rng::chain_seed`]); the ensemble pools every chain's samples.
 pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
     train_on(cfg, ds, &Ranks::single())?
         .ok_or_else(|| Error::Config("one process is rank 0 and has the summary".into()))
 }
 
-/// [`train`] on the ranks of an MPI job: chain k on rank k mod R ([`spread`]); rank 0
+/// [`train`] on the ranks of an MPI job: chain k on rank k mod R (`spread`); rank 0
 /// writes the run's files besides the chains' and returns the summary, the other ranks
 /// `None`. With one rank, [`train`].
 pub fn train_on(cfg: &TrainConfig, ds: &Dataset, ranks: &Ranks) -> Result<Option<Summary>> {

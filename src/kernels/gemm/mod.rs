@@ -1,6 +1,6 @@
 //! Single-precision matrix products for the hand-written forward and backward passes:
-//! one blocked kernel ([`nn`]) on three paths — AVX-512, AVX2+FMA and portable Rust
-//! ([`simd`]) — picked by [`crate::kernels::isa`], all on the project's thread pool.
+//! one blocked kernel (`nn`) on three paths — AVX-512, AVX2+FMA and portable Rust
+//! (`simd`) — picked by [`crate::kernels::isa`], all on the project's thread pool.
 //!
 //! Why our own: the `gemm` crate (candle's CPU matmul) packs both operands, which at
 //! batch 100 costs as much as the arithmetic, runs its AVX-512 kernels only on nightly,

@@ -515,7 +515,7 @@ impl Simd for Avx2 {
 #[derive(Clone, Copy)]
 pub(super) struct Portable;
 
-/// Whether the portable products use fused multiply-adds (see [`Portable`]).
+/// Whether the portable products use fused multiply-adds (see `Portable`).
 pub const PORTABLE_FUSED: bool = cfg!(any(target_arch = "aarch64", target_feature = "fma"));
 
 type Lanes = [f32; 8];
