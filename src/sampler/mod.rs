@@ -22,6 +22,7 @@ pub mod exchange;
 pub mod fused;
 pub mod ladder;
 pub mod msgnht;
+pub mod optim;
 pub mod replica;
 pub mod sgd;
 pub mod sghmc;

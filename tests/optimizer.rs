@@ -1,0 +1,215 @@
+//! The samplers as `candle_nn::Optimizer`s: the same bits as the library's own path
+//! (`Potential::evaluate` and `Sampler::step`), a restored state that continues bit for
+//! bit, and a model `bnn` has no preset for, sampled and evaluated as an ensemble.
+
+use bnn::data::{load, LoadOptions};
+use bnn::ensemble::Accumulator;
+use bnn::model::{ModelKind, ModelSpec, Network};
+use bnn::potential::{Potential, Prior, PriorSpec};
+use bnn::sampler::optim::{Msgnht, OptimizerConfig, Sghmc};
+use bnn::sampler::{build_with, Integrator, Kernel, SamplerKind};
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::{linear, loss, ops, Module, Optimizer, VarBuilder, VarMap};
+use rand::{Rng, SeedableRng};
+
+const DIM: usize = 784;
+const CLASSES: usize = 10;
+const N: usize = 60_000;
+
+/// The MLP preset's network (`models/mlp-100.toml`).
+fn mlp_preset(seed: u64) -> Network {
+    let spec: ModelSpec = toml::from_str::<toml::Table>(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/models/mlp-100.toml"))
+            .unwrap(),
+    )
+    .unwrap()["model"]
+        .clone()
+        .try_into()
+        .unwrap();
+    assert_eq!(
+        (spec.kind, spec.hidden.as_slice()),
+        (ModelKind::Mlp, &[100][..])
+    );
+    Network::new(&spec, DIM, CLASSES, seed, &Device::Cpu).unwrap()
+}
+
+/// Minibatch `k` of 32 random images and labels.
+fn minibatch(k: u64) -> (Tensor, Tensor) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(100 + k);
+    let x: Vec<f32> = (0..32 * DIM).map(|_| rng.random_range(0.0..1.0)).collect();
+    let y: Vec<u32> = (0..32)
+        .map(|_| rng.random_range(0..CLASSES as u32))
+        .collect();
+    (
+        Tensor::from_vec(x, (32, DIM), &Device::Cpu).unwrap(),
+        Tensor::from_vec(y, 32, &Device::Cpu).unwrap(),
+    )
+}
+
+fn vars(m: &Network) -> Vec<Var> {
+    m.params.iter().map(|p| p.var.clone()).collect()
+}
+
+fn bits(vars: &[Var]) -> Vec<Vec<u32>> {
+    vars.iter()
+        .map(|v| {
+            let t = v
+                .as_tensor()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            t.iter().map(|x| x.to_bits()).collect()
+        })
+        .collect()
+}
+
+/// A prior precision and temperature away from 1, so that a missing λ or 1/T shows.
+fn config(kind: SamplerKind) -> OptimizerConfig {
+    OptimizerConfig {
+        prior_precision: 4.0,
+        temperature: 0.7,
+        seed: 11,
+        ..OptimizerConfig::for_kind(kind, N)
+    }
+}
+
+#[test]
+fn sghmc_as_an_optimizer_gives_the_library_paths_bits() {
+    let cfg = config(SamplerKind::Sghmc);
+    // The library's path: autograd of N·mean NLL, λθ added, divided by T, fused step.
+    let reference = mlp_preset(3);
+    let prior = Prior::new(PriorSpec::Gaussian { std: 0.5 }, reference.params.len()).unwrap();
+    let potential = Potential::new(N, cfg.temperature, prior).unwrap();
+    let mut sampler = build_with(cfg.sampler, &vars(&reference), cfg.seed, Kernel::Fused).unwrap();
+    // The same network through the optimizer interface.
+    let model = mlp_preset(3);
+    let mut opt = Sghmc::new(vars(&model), cfg).unwrap();
+    for k in 0..20 {
+        let (x, y) = minibatch(k);
+        let e = potential.evaluate(&reference, &x, &y).unwrap();
+        sampler.step(&vars(&reference), &e.grads).unwrap();
+        opt.backward_step(&loss::cross_entropy(&model.forward(&x).unwrap(), &y).unwrap())
+            .unwrap();
+    }
+    assert_eq!(bits(&vars(&model)), bits(&vars(&reference)));
+    assert_eq!(opt.steps(), 20);
+    // Moved by the updates, not equal by standing still.
+    assert_ne!(bits(&vars(&model)), bits(&vars(&mlp_preset(3))));
+}
+
+#[test]
+fn msgnht_splitting_saved_and_restored_mid_run_continues_bit_for_bit() {
+    let cfg = config(SamplerKind::Msgnht);
+    assert_eq!(cfg.sampler.integrator, Integrator::Splitting);
+    let step = |opt: &mut Msgnht, m: &Network, k: u64| {
+        let (x, y) = minibatch(k);
+        opt.backward_step(&loss::cross_entropy(&m.forward(&x).unwrap(), &y).unwrap())
+            .unwrap();
+    };
+    let a = mlp_preset(5);
+    let mut opt_a = Msgnht::new(vars(&a), cfg).unwrap();
+    (0..10).for_each(|k| step(&mut opt_a, &a, k));
+    let saved_theta: Vec<Tensor> = vars(&a)
+        .iter()
+        .map(|v| v.as_tensor().copy().unwrap())
+        .collect();
+    let saved = opt_a.state().unwrap();
+    (10..20).for_each(|k| step(&mut opt_a, &a, k));
+
+    // Resumed as `bnn train --resume` does: built as new (the splitting's first half-step
+    // included), then θ set and the state restored.
+    let b = mlp_preset(5);
+    let mut opt_b = Msgnht::new(vars(&b), cfg).unwrap();
+    for (v, t) in vars(&b).iter().zip(&saved_theta) {
+        v.set(t).unwrap();
+    }
+    opt_b.restore(&saved).unwrap();
+    (10..20).for_each(|k| step(&mut opt_b, &b, k));
+    assert_eq!(bits(&vars(&b)), bits(&vars(&a)));
+}
+
+/// Softmax of the model's logits on `x`, as the accumulator takes them.
+fn probabilities(logits: &Tensor) -> Vec<f32> {
+    ops::softmax_last_dim(logits)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+#[test]
+fn a_model_of_the_users_own_is_sampled_and_its_ensemble_evaluated() {
+    let dev = Device::Cpu;
+    let data = load("mnist-mini", &LoadOptions::default()).unwrap();
+    // A network bnn has no preset for: 784-64-32-10 with tanh, written with candle_nn.
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+    let layers = [
+        linear(DIM, 64, vb.pp("a")).unwrap(),
+        linear(64, 32, vb.pp("b")).unwrap(),
+        linear(32, CLASSES, vb.pp("c")).unwrap(),
+    ];
+    let forward = |x: &Tensor| -> Tensor {
+        let h = layers[0].forward(x).unwrap().tanh().unwrap();
+        let h = layers[1].forward(&h).unwrap().tanh().unwrap();
+        layers[2].forward(&h).unwrap()
+    };
+    let names = [
+        "a.weight", "a.bias", "b.weight", "b.bias", "c.weight", "c.bias",
+    ];
+    let vars: Vec<Var> = names
+        .iter()
+        .map(|n| varmap.data().lock().unwrap()[*n].clone())
+        .collect();
+    let train = &data.train;
+    let cfg = OptimizerConfig {
+        seed: 1,
+        ..OptimizerConfig::new(train.len())
+    };
+    let mut opt = Sghmc::new(vars, cfg).unwrap();
+
+    let test = &data.test;
+    let (mut tx, mut ty) = (Vec::new(), Vec::new());
+    let test_rows: Vec<usize> = (0..2000).collect();
+    test.gather(&test_rows, &mut tx, &mut ty);
+    let test_x = Tensor::from_vec(tx, (test_rows.len(), DIM), &dev).unwrap();
+    let labels: Vec<u8> = test.labels[..test_rows.len()].to_vec();
+    let mut ensemble = Accumulator::new(&labels);
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    let mut last = Vec::new();
+    for epoch in 0..6 {
+        let mut order: Vec<usize> = (0..train.len()).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.random_range(0..=i));
+        }
+        for batch in order.chunks(100) {
+            train.gather(batch, &mut x, &mut y);
+            let xb = Tensor::from_slice(&x, (batch.len(), DIM), &dev).unwrap();
+            let yb = Tensor::from_slice(&y, batch.len(), &dev).unwrap();
+            opt.backward_step(&loss::cross_entropy(&forward(&xb), &yb).unwrap())
+                .unwrap();
+            // After two epochs of burn-in, a sample every 20 updates.
+            if epoch >= 2 && opt.steps().is_multiple_of(20) {
+                last = probabilities(&forward(&test_x));
+                ensemble.add(&last);
+            }
+        }
+    }
+    let m = ensemble.metrics().unwrap();
+    let last: Vec<f64> = last.iter().map(|&p| p as f64).collect();
+    let single = bnn::metrics::evaluate(&last, &labels, CLASSES);
+    // 10,000 training images, 6 epochs: a single sample of this net is near 90%; the
+    // ensemble of 20 samples is better in NLL, which is what averaging over θ buys.
+    assert_eq!(ensemble.samples(), 4 * 100 / 20);
+    assert!(m.accuracy > 0.88, "ensemble accuracy {}", m.accuracy);
+    assert!(
+        m.nll < single.nll,
+        "ensemble NLL {} against one sample's {}",
+        m.nll,
+        single.nll
+    );
+}
