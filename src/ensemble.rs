@@ -101,10 +101,13 @@ pub fn example_nll(
     Ok(out)
 }
 
-/// Running sums of predictive probabilities over posterior samples.
+/// Running sums of predictive probabilities over posterior samples: the Bayesian model
+/// average p̄(y|x) = (1/K) Σ_k p(y|x, θ_k), streamed, for any model with any number of
+/// classes (feed it each sample's softmax, row-major examples × classes).
 #[derive(Debug, Clone)]
 pub struct Accumulator {
     labels: Vec<u8>,
+    classes: usize,
     sum: Vec<f64>,
     /// Per example, Σ_k H[p_k(x)]: the samples' entropies, for the mutual information.
     entropy_sum: Vec<f64>,
@@ -144,10 +147,31 @@ pub struct Progress {
 }
 
 impl Accumulator {
+    /// An accumulator for the ten classes of the image data sets.
     pub fn new(labels: &[u8]) -> Self {
+        Self::empty(labels, NUM_CLASSES)
+    }
+
+    /// An accumulator for `classes` classes (at least 2; every label below it).
+    pub fn with_classes(labels: &[u8], classes: usize) -> Result<Self> {
+        if classes < 2 {
+            return Err(crate::error::Error::Config(format!(
+                "an ensemble needs at least 2 classes, got {classes}"
+            )));
+        }
+        if let Some(&y) = labels.iter().find(|&&y| y as usize >= classes) {
+            return Err(crate::error::Error::Config(format!(
+                "label {y} is not one of {classes} classes"
+            )));
+        }
+        Ok(Self::empty(labels, classes))
+    }
+
+    fn empty(labels: &[u8], classes: usize) -> Self {
         Accumulator {
             labels: labels.to_vec(),
-            sum: vec![0.0; labels.len() * NUM_CLASSES],
+            classes,
+            sum: vec![0.0; labels.len() * classes],
             entropy_sum: vec![0.0; labels.len()],
             samples: 0,
             history: Vec::new(),
@@ -156,26 +180,45 @@ impl Accumulator {
         }
     }
 
-    /// Folds in the predictive probabilities of one sample.
-    pub fn add(&mut self, probs: &[f32]) {
-        assert_eq!(probs.len(), self.sum.len(), "prediction of the wrong size");
+    /// The number of classes.
+    pub fn classes(&self) -> usize {
+        self.classes
+    }
+
+    /// Folds in the predictive probabilities of one sample (examples × classes, each row
+    /// summing to 1); a prediction of another size is refused.
+    pub fn add(&mut self, probs: &[f32]) -> Result<()> {
+        if probs.len() != self.sum.len() {
+            return Err(crate::error::Error::Config(format!(
+                "a prediction of {} values for {} examples of {} classes",
+                probs.len(),
+                self.labels.len(),
+                self.classes
+            )));
+        }
         for (s, &p) in self.sum.iter_mut().zip(probs) {
             *s += p as f64;
         }
         for (h, row) in self
             .entropy_sum
             .iter_mut()
-            .zip(probs.chunks_exact(NUM_CLASSES))
+            .zip(probs.chunks_exact(self.classes))
         {
             *h += uncertainty::entropy_f32(row);
         }
         self.samples += 1;
         let single: Vec<f64> = probs.iter().map(|&p| p as f64).collect();
-        let alone = metrics::evaluate(&single, &self.labels, NUM_CLASSES);
+        let alone = metrics::evaluate(&single, &self.labels, self.classes);
         self.sample_nll.push(alone.nll);
         self.last_sample = Some(alone);
-        let m = self.metrics().expect("just added a sample");
+        let m = metrics::evaluate(&self.mean_now(), &self.labels, self.classes);
         self.history.push(m);
+        Ok(())
+    }
+
+    fn mean_now(&self) -> Vec<f64> {
+        let k = self.samples as f64;
+        self.sum.iter().map(|s| s / k).collect()
     }
 
     /// The running sums and the rest of the state, to save.
@@ -195,20 +238,27 @@ impl Accumulator {
     }
 
     /// An accumulator for `labels` continuing from a saved state.
+    /// The number of classes is the saved sums' per example.
     pub fn restore(labels: &[u8], state: AccumulatorState, sums: Sums) -> Result<Self> {
-        if sums.probability.len() != labels.len() * NUM_CLASSES
+        let classes = match labels.len() {
+            0 => NUM_CLASSES,
+            n => sums.probability.len() / n,
+        };
+        if classes < 2
+            || sums.probability.len() != labels.len() * classes
             || sums.entropy.len() != labels.len()
+            || labels.iter().any(|&y| y as usize >= classes)
         {
             return Err(crate::error::Error::Checkpoint(format!(
-                "the saved ensemble has {} + {} sums, this data set needs {} + {}",
+                "the saved ensemble has {} + {} sums, which do not fit {} examples",
                 sums.probability.len(),
                 sums.entropy.len(),
-                labels.len() * NUM_CLASSES,
                 labels.len()
             )));
         }
         Ok(Accumulator {
             labels: labels.to_vec(),
+            classes,
             sum: sums.probability,
             entropy_sum: sums.entropy,
             samples: state.samples,
@@ -233,7 +283,7 @@ impl Accumulator {
         };
         let mut pooled = first.clone();
         for p in parts {
-            if p.sum.len() != pooled.sum.len() {
+            if p.sum.len() != pooled.sum.len() || p.classes != pooled.classes {
                 return Err(crate::error::Error::Config(
                     "chains evaluated on different sets".into(),
                 ));
@@ -262,9 +312,11 @@ impl Accumulator {
         if self.samples == 0 {
             return None;
         }
-        let k = self.samples as f64;
-        let mean: Vec<f64> = self.sum.iter().map(|s| s / k).collect();
-        Some(metrics::evaluate(&mean, &self.labels, NUM_CLASSES))
+        Some(metrics::evaluate(
+            &self.mean_now(),
+            &self.labels,
+            self.classes,
+        ))
     }
 
     /// The averaged prediction, row-major n × classes; `None` before the first sample.
@@ -283,7 +335,7 @@ impl Accumulator {
             &mean,
             &expected,
             &self.labels,
-            NUM_CLASSES,
+            self.classes,
         ))
     }
 
@@ -293,7 +345,7 @@ impl Accumulator {
         let mean = self.mean()?;
         let k = self.samples as f64;
         let predictive: Vec<f64> = mean
-            .chunks_exact(NUM_CLASSES)
+            .chunks_exact(self.classes)
             .map(uncertainty::entropy)
             .collect();
         let mi = predictive
@@ -323,6 +375,40 @@ mod tests {
     use super::*;
 
     #[test]
+    fn any_number_of_classes_and_a_wrong_size_refused() {
+        let labels = [2u8, 0];
+        let mut a = Accumulator::with_classes(&labels, 3).unwrap();
+        let p1 = [0.1f32, 0.2, 0.7, 0.6, 0.3, 0.1];
+        let p2 = [0.3f32, 0.3, 0.4, 0.2, 0.2, 0.6];
+        a.add(&p1).unwrap();
+        a.add(&p2).unwrap();
+        let mean: Vec<f64> = p1
+            .iter()
+            .zip(&p2)
+            .map(|(&x, &y)| (x as f64 + y as f64) / 2.0)
+            .collect();
+        let m = a.metrics().unwrap();
+        assert_eq!(m.nll, metrics::evaluate(&mean, &labels, 3).nll);
+        // Averaged: row 0 (0.2, 0.25, 0.55) → 2; row 1 (0.4, 0.25, 0.35) → 0, though the
+        // second sample alone says 2.
+        assert_eq!(m.accuracy, 1.0);
+        assert_eq!(a.last_sample.unwrap().accuracy, 0.5);
+        assert!(a.add(&p1[..5]).is_err());
+        assert!(
+            Accumulator::with_classes(&labels, 2).is_err(),
+            "label 2 of 2 classes"
+        );
+        assert!(Accumulator::with_classes(&labels, 1).is_err());
+        let (state, sums) = a.state();
+        assert_eq!(
+            Accumulator::restore(&labels, state, sums)
+                .unwrap()
+                .classes(),
+            3
+        );
+    }
+
+    #[test]
     fn accumulator_equals_direct_average() {
         let labels = [3u8, 7];
         let mut a = Accumulator::new(&labels);
@@ -335,8 +421,8 @@ mod tests {
         p2[3] = 0.2;
         p2[5] = 0.8;
         p2[10 + 7] = 1.0;
-        a.add(&p1);
-        a.add(&p2);
+        a.add(&p1).unwrap();
+        a.add(&p2).unwrap();
         let mean: Vec<f64> = p1
             .iter()
             .zip(&p2)

@@ -233,16 +233,16 @@ pub fn evaluate_run(
                 .load(&sample.tensors)
                 .map_err(|e| Error::Checkpoint(format!("{}: {e}", path.display())))?;
             last_test = ensemble::predict(&model, &ds.test, &device)?;
-            test.add(&last_test);
+            test.add(&last_test)?;
             if let (Some(acc), Some(v)) = (valid.as_mut(), ds.valid.as_ref()) {
-                acc.add(&ensemble::predict(&model, v, &device)?);
+                acc.add(&ensemble::predict(&model, v, &device)?)?;
             }
             if let (Some(acc), Some(o)) = (ood.as_mut(), extras.ood.as_ref()) {
                 last_ood = ensemble::predict(&model, &o.test, &device)?;
-                acc.add(&last_ood);
+                acc.add(&last_ood)?;
             }
             for (acc, split) in turned.iter_mut().zip(&rotated) {
-                acc.add(&ensemble::predict(&model, split, &device)?);
+                acc.add(&ensemble::predict(&model, split, &device)?)?;
             }
         }
         tests.push(test);

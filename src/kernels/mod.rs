@@ -15,7 +15,7 @@
 //!
 //! The element math is that of `kernels/sampler_math.h` (shared with the CUDA kernels)
 //! written in Rust with the same f32 operations in the same order, so that the two agree
-//! bit for bit (tested in `tests/kernel_equivalence.rs`).
+//! bit for bit (tested in `tests/suite/kernel_equivalence.rs`).
 
 pub mod buffer;
 pub mod cpu;

@@ -214,14 +214,15 @@ impl Kept {
     }
 
     /// A sample's predictions into the ensembles, its kinetic energy into the trace.
-    pub fn add(&mut self, sample: KeptSample) {
+    pub fn add(&mut self, sample: KeptSample) -> Result<()> {
         if let Some(ke) = sample.kinetic_energy {
             self.kinetic_trace.push(ke);
         }
-        self.test.add(&sample.test);
+        self.test.add(&sample.test)?;
         if let (Some(acc), Some(v)) = (self.valid.as_mut(), sample.valid.as_ref()) {
-            acc.add(v);
+            acc.add(v)?;
         }
+        Ok(())
     }
 }
 
@@ -524,7 +525,7 @@ impl<'a> Chain<'a> {
     ) -> Result<()> {
         let (cfg, ds, dir) = (self.cfg, self.ds, self.run_dir);
         let sample = write_sample(cfg, ds, dir, &self.model, step, epoch, eta, diag)?;
-        self.kept.add(sample);
+        self.kept.add(sample)?;
         Ok(())
     }
 

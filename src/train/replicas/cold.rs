@@ -70,7 +70,7 @@ pub(super) fn settle(
 fn replay(events: Vec<Event>, cold: &mut Kept, cold_dir: &std::path::Path) -> Result<()> {
     for event in events {
         match event {
-            Event::Sample(sample) => cold.add(sample),
+            Event::Sample(sample) => cold.add(sample)?,
             Event::Epoch(mut line) => {
                 let r = &mut line.record;
                 r.samples = cold.test.samples();

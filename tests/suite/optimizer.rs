@@ -195,7 +195,7 @@ fn a_model_of_the_users_own_is_sampled_and_its_ensemble_evaluated() {
             // After two epochs of burn-in, a sample every 20 updates.
             if epoch >= 2 && opt.steps().is_multiple_of(20) {
                 last = probabilities(&forward(&test_x));
-                ensemble.add(&last);
+                ensemble.add(&last).unwrap();
             }
         }
     }

@@ -2,7 +2,7 @@
 //! 1000×1000 (inverted, in colour; and as a JPEG); a file that is no image gets one line
 //! and exit 1.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -6,7 +6,7 @@
 //! finite (measured: 20 → 10 → 5 → 2.5 all overflow). SGD draws no noise, so a chain
 //! rolled back to its first state and run at η/2 is the chain started at η/2.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

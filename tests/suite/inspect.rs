@@ -1,7 +1,7 @@
 //! `bnn inspect`: a run folder and one sample file, as a table and as JSON; a file that
 //! is no sample gets one line and exit 1.
 
-mod common;
+use crate::common;
 
 use common::{bnn, fails_with, last_json, stderr, stdout};
 

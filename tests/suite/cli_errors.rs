@@ -1,6 +1,6 @@
 //! Bad input gets one clear line on stderr and a non-zero exit, never a panic.
 
-mod common;
+use crate::common;
 
 use common::{bnn, mini_dir, stderr};
 

@@ -1,7 +1,7 @@
 //! Presets carry training defaults (`[train]`); flags on the command line win, and the
 //! run records the merged settings.
 
-mod common;
+use crate::common;
 
 use common::{bnn, stderr};
 

@@ -1,7 +1,7 @@
 //! Short real-data runs: accuracy, reproducibility, and `bnn eval` against the in-training
 //! ensemble.
 
-mod common;
+use crate::common;
 
 use common::{bnn, last_json, real_data, stderr};
 use serde_json::Value;

@@ -2,7 +2,7 @@
 //! took; runs on avx512 and avx2 write the same sample files byte for byte; a portable run
 //! without fused multiply-adds stays within 0.2 points of accuracy; a bad `BNN_ISA` is a one-line error.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output};

@@ -2,7 +2,7 @@
 //! its work over threads by rows or channels, never by the terms of one sum, so the
 //! order of every floating-point addition is fixed by the shapes alone.
 
-mod common;
+use crate::common;
 
 use common::stderr;
 

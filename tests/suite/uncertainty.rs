@@ -2,7 +2,7 @@
 //! detection (MNIST in, Fashion-MNIST out) and rotation shift, on a short real-data run;
 //! and plain logs when stderr is not a terminal.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

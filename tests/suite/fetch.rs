@@ -1,6 +1,6 @@
 //! `bnn data fetch` and the library's fetch against an HTTP server on 127.0.0.1.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 

@@ -1,7 +1,7 @@
 //! `bnn plot`: every picture is drawn from a short run and its evaluations, as a PNG of at
 //! least 800×600 that decodes and an SVG that parses.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -1,6 +1,6 @@
 //! `bnn eval` streams over the samples: its peak memory does not grow with their number.
 
-mod common;
+use crate::common;
 
 use common::stderr;
 
