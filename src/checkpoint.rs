@@ -237,10 +237,22 @@ pub fn save_sample(
         .iter()
         .map(|p| (p.name.clone(), p.var.as_detached_tensor()))
         .collect();
-    let bytes = encode_safetensors(&tensors, &metadata)?;
     let path = sample_path(run_dir, step);
-    write_atomic(&path, &bytes)?;
+    write_sample_file(&path, &tensors, &metadata)?;
     Ok(path)
+}
+
+/// Writes the parameters of any model as one posterior-sample file at `path`: f32
+/// tensors by name, `metadata`, and the SHA-256 of the tensors that [`load_sample`]
+/// checks; through a temporary file and a rename, so that a crash leaves the old file or
+/// the new one, never a part.
+pub fn write_sample_file(
+    path: &Path,
+    tensors: &[(String, Tensor)],
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
+    let bytes = encode_safetensors(tensors, metadata)?;
+    write_atomic(path, &bytes)
 }
 
 /// A sample read back: its tensors by name and its metadata.

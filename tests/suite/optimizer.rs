@@ -199,6 +199,25 @@ fn a_model_of_the_users_own_is_sampled_and_its_ensemble_evaluated() {
             }
         }
     }
+    // The last sample as a posterior-sample file, and read back to the same bits.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sample.safetensors");
+    let tensors: Vec<(String, Tensor)> = names
+        .iter()
+        .zip(opt.vars())
+        .map(|(n, v)| (n.to_string(), v.as_detached_tensor()))
+        .collect();
+    let meta = [("model".to_string(), "784-64-32-10 tanh".to_string())].into();
+    bnn::checkpoint::write_sample_file(&path, &tensors, &meta).unwrap();
+    let back = bnn::checkpoint::load_sample(&path, &dev).unwrap();
+    assert_eq!(back.metadata["model"], "784-64-32-10 tanh");
+    for (n, t) in &tensors {
+        let (a, b): (Vec<f32>, Vec<f32>) = (
+            t.flatten_all().unwrap().to_vec1().unwrap(),
+            back.tensors[n].flatten_all().unwrap().to_vec1().unwrap(),
+        );
+        assert_eq!(a, b, "{n}");
+    }
     let m = ensemble.metrics().unwrap();
     let last: Vec<f64> = last.iter().map(|&p| p as f64).collect();
     let single = bnn::metrics::evaluate(&last, &labels, CLASSES);
