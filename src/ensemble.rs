@@ -374,6 +374,14 @@ impl Accumulator {
 mod tests {
     use super::*;
 
+    /// The average of two samples' predictions, element by element, in f64.
+    fn average(p1: &[f32], p2: &[f32]) -> Vec<f64> {
+        p1.iter()
+            .zip(p2)
+            .map(|(&x, &y)| (x as f64 + y as f64) / 2.0)
+            .collect()
+    }
+
     #[test]
     fn any_number_of_classes_and_a_wrong_size_refused() {
         let labels = [2u8, 0];
@@ -382,11 +390,7 @@ mod tests {
         let p2 = [0.3f32, 0.3, 0.4, 0.2, 0.2, 0.6];
         a.add(&p1).unwrap();
         a.add(&p2).unwrap();
-        let mean: Vec<f64> = p1
-            .iter()
-            .zip(&p2)
-            .map(|(&x, &y)| (x as f64 + y as f64) / 2.0)
-            .collect();
+        let mean = average(&p1, &p2);
         let m = a.metrics().unwrap();
         assert_eq!(m.nll, metrics::evaluate(&mean, &labels, 3).nll);
         // Averaged: row 0 (0.2, 0.25, 0.55) → 2; row 1 (0.4, 0.25, 0.35) → 0, though the
@@ -423,11 +427,7 @@ mod tests {
         p2[10 + 7] = 1.0;
         a.add(&p1).unwrap();
         a.add(&p2).unwrap();
-        let mean: Vec<f64> = p1
-            .iter()
-            .zip(&p2)
-            .map(|(&x, &y)| (x as f64 + y as f64) / 2.0)
-            .collect();
+        let mean = average(&p1, &p2);
         let direct = metrics::evaluate(&mean, &labels, NUM_CLASSES);
         assert_eq!(a.metrics().unwrap(), direct);
         // Mean: example 0 → class 3 (0.4 plus f32 rounding) over class 5 (0.4); example 1 → 7.
