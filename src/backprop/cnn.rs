@@ -413,10 +413,10 @@ impl CnnBackprop {
             &mut self.delta[..rows * classes],
         )?;
         let prior = |t: usize| (prior_factor * prior_precision[t]) as f32;
-        let mut step = step.filter(|_| nll.is_finite());
-        if let Some(step) = step.as_mut() {
-            step.begin()?;
-        }
+        let mut step = match step.filter(|_| nll.is_finite()) {
+            Some(s) => Some(crate::kernels::begin(s)?),
+            None => None,
+        };
         // Updates tensors `ts` once nothing reads them any more.
         let mut hand_over =
             |views: &mut Vec<Option<CpuView<'_>>>, grads: &[Tensor], ts: [usize; 2]| {

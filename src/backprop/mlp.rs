@@ -41,7 +41,7 @@ use crate::pool;
 const SPLIT_BY_NEURON: usize = 256;
 
 /// Weight tensors at least this large are updated inside their gradient's product
-/// ([`TensorwiseStep::inline`]). Measured (`bnn bench train`, batch 100, interleaved):
+/// ([`OpenUpdate::inline`](crate::kernels::OpenUpdate::inline)). Measured (`bnn bench train`, batch 100, interleaved):
 /// 784-400-400-10, whose W₁ and W₂ (314k, 160k elements) with their v and ∇ do not fit a
 /// core's L2, runs 5% faster that way (664 → 699 steps/s; the W₁ region 510 → 457 µs),
 /// while 784-100-10's W₁ (78k) is 3–5% faster through the separate pass over cached data.
@@ -79,7 +79,7 @@ pub struct MlpBackprop {
     delta_prev: Vec<f32>,
     /// ∇Ũ/T per parameter tensor, in the model's order; overwritten by each step. Allocated
     /// by the first backward pass (a forward-only use, prediction, never needs them).
-    /// A weight tensor updated inside its product ([`TensorwiseStep::inline`]) keeps stale
+    /// A weight tensor updated inside its product ([`OpenUpdate::inline`](crate::kernels::OpenUpdate::inline)) keeps stale
     /// values here.
     grads: Vec<Tensor>,
     /// Per-row Σv² of an inline update.
@@ -478,10 +478,10 @@ impl MlpBackprop {
     }
 
     /// [`MlpBackprop::loss_and_grad`] and, given a sampler's `step`, one whole update of
-    /// it: each parameter tensor t is updated ([`TensorwiseStep::tensor`]) as soon as ∇_t
+    /// it: each parameter tensor t is updated ([`OpenUpdate::tensor`](crate::kernels::OpenUpdate::tensor)) as soon as ∇_t
     /// is final and the pass no longer reads θ_t (a layer's weights and bias once its input
     /// error is computed, last layer first), while ∇_t is still in cache; a large weight
-    /// tensor whose update the sampler gives ([`TensorwiseStep::inline`]) inside ∇_t's
+    /// tensor whose update the sampler gives ([`OpenUpdate::inline`](crate::kernels::OpenUpdate::inline)) inside ∇_t's
     /// product. No update is made when the loss is not finite (the parameters then stay
     /// as they were).
     #[allow(clippy::too_many_arguments)]
@@ -509,10 +509,10 @@ impl MlpBackprop {
             likelihood_scale as f32,
             &mut self.delta[..rows * classes],
         )?;
-        let mut step = step.filter(|_| nll.is_finite());
-        if let Some(step) = step.as_mut() {
-            step.begin()?;
-        }
+        let mut step = match step.filter(|_| nll.is_finite()) {
+            Some(s) => Some(crate::kernels::begin(s)?),
+            None => None,
+        };
 
         for k in (0..layers).rev() {
             let (fan_in, fan_out) = (self.widths[k], self.widths[k + 1]);

@@ -474,10 +474,10 @@ impl ResnetBackprop {
             &mut self.delta[..rows * classes],
         )?;
         let prior = |t: usize| (prior_factor * prior_precision[t]) as f32;
-        let mut step = step.filter(|_| nll.is_finite());
-        if let Some(step) = step.as_mut() {
-            step.begin()?;
-        }
+        let mut step = match step.filter(|_| nll.is_finite()) {
+            Some(s) => Some(crate::kernels::begin(s)?),
+            None => None,
+        };
         let grads = self.grads.clone();
         let mut hand_over = |views: &mut Vec<Option<CpuView<'_>>>, ts: &[usize]| {
             if let Some(step) = step.as_mut() {

@@ -160,11 +160,11 @@ impl SplitResnet {
         }
         drop(halves);
         if let Some(step) = step.filter(|_| nll.is_finite()) {
-            step.begin()?;
+            let mut update = crate::kernels::begin(step)?;
             for (t, p) in model.params.iter().enumerate().rev() {
-                step.tensor(t, &p.var, &self.grads[t])?;
+                update.tensor(t, &p.var, &self.grads[t])?;
             }
-            step.finish()?;
+            update.finish()?;
         }
         Ok(BatchLoss {
             nll: nll / rows.max(1) as f64,

@@ -59,38 +59,122 @@ pub struct InlineUpdate<'a> {
     pub momentum: &'a mut [f32],
 }
 
-/// One sampler update of every parameter tensor, split by tensor: [`TensorwiseStep::begin`],
-/// then for every parameter tensor t, in any order, either [`TensorwiseStep::tensor`] with
-/// θ_t and its final ∇_t, or, where [`TensorwiseStep::inline`] gives an update, that update
-/// applied inside ∇_t's product followed by [`TensorwiseStep::updated`]; then
-/// [`TensorwiseStep::finish`]. The result does not depend on the order of the tensors.
+/// One sampler update of every parameter tensor, split by tensor: [`begin`] opens it and
+/// returns an [`OpenUpdate`]; then for every parameter tensor t, in any order, either
+/// [`OpenUpdate::tensor`] with θ_t and its final ∇_t, or, where [`OpenUpdate::inline`]
+/// gives an update, that update applied inside ∇_t's product followed by
+/// [`OpenUpdate::updated`]; then [`OpenUpdate::finish`], which consumes it. The result
+/// does not depend on the order of the tensors.
 ///
 /// The one protocol between gradients and samplers: every sampler implements it
 /// (`sampler::Sampler` builds its whole-model step on it), the hand-written backward
 /// drives it layer by layer while each gradient is still in cache. It lives on this floor
 /// because the backward (model side) and the samplers must not see each other.
+///
+/// The methods here are what a sampler provides; callers go through [`begin`], whose
+/// guard holds the sampler for the update: a second update cannot begin, nor the state
+/// be read, before `finish`, and nothing can be stepped after it (the borrow checker
+/// says so). What the types cannot hold — each tensor exactly once, every tensor by the
+/// end — the guard checks, once for every sampler.
 pub trait TensorwiseStep {
-    /// Opens one update.
-    fn begin(&mut self) -> Result<()>;
+    /// How many parameter tensors an update covers.
+    fn tensor_count(&self) -> usize;
+    /// Prepares one update (called by [`begin`]).
+    fn open_update(&mut self) -> Result<()>;
     /// Updates θ_t (`param`) in place from its gradient.
-    fn tensor(&mut self, t: usize, param: &Var, grad: &Tensor) -> Result<()>;
+    fn step_tensor(&mut self, t: usize, param: &Var, grad: &Tensor) -> Result<()>;
     /// The update of tensor t for the weight-gradient product to apply as it stores the
     /// gradient ([`gemm::product_then_update`]), where the sampler can; the caller then
-    /// reports Σv² through [`TensorwiseStep::updated`] instead of calling `tensor`. θ and v
+    /// reports Σv² through [`OpenUpdate::updated`] instead of stepping the tensor. θ and v
     /// come out bit-identical; Σv² is summed in another order.
-    fn inline(&mut self, t: usize) -> Result<Option<InlineUpdate<'_>>> {
+    fn inline_update(&mut self, t: usize) -> Result<Option<InlineUpdate<'_>>> {
         let _ = t;
         Ok(None)
     }
     /// Tensor t was updated inline; `sum_sq` = Σv² after the update.
-    fn updated(&mut self, t: usize, sum_sq: f64) -> Result<()> {
+    fn inline_done(&mut self, t: usize, sum_sq: f64) -> Result<()> {
         let _ = sum_sq;
         Err(Error::Config(format!(
             "sampler: tensor {t} updated inline without an inline update"
         )))
     }
+    /// Completes the update once every tensor is done (called by [`OpenUpdate::finish`]).
+    fn close_update(&mut self) -> Result<()>;
+    /// Drops an update left unfinished (an error part-way): what `open_update` prepared.
+    fn abandon_update(&mut self) {}
+}
+
+/// Opens one update of `step`: the guard through which its tensors are stepped.
+pub fn begin<S: TensorwiseStep + ?Sized>(step: &mut S) -> Result<OpenUpdate<'_, S>> {
+    step.open_update()?;
+    let done = vec![false; step.tensor_count()];
+    Ok(OpenUpdate {
+        step,
+        done,
+        closed: false,
+    })
+}
+
+/// An update in progress (see [`TensorwiseStep`]); dropped without [`OpenUpdate::finish`],
+/// it is abandoned and the parameters stay as far as it went.
+#[must_use = "an update must be finished"]
+pub struct OpenUpdate<'a, S: TensorwiseStep + ?Sized> {
+    step: &'a mut S,
+    done: Vec<bool>,
+    closed: bool,
+}
+
+impl<S: TensorwiseStep + ?Sized> OpenUpdate<'_, S> {
+    /// Checks that tensor `t` may still be stepped.
+    fn check(&self, t: usize) -> Result<()> {
+        match self.done.get(t) {
+            Some(false) => Ok(()),
+            _ => Err(Error::Config(format!(
+                "sampler: parameter tensor {t} stepped twice or out of range"
+            ))),
+        }
+    }
+
+    /// Updates θ_t in place from its final gradient.
+    pub fn tensor(&mut self, t: usize, param: &Var, grad: &Tensor) -> Result<()> {
+        self.check(t)?;
+        self.step.step_tensor(t, param, grad)?;
+        self.done[t] = true;
+        Ok(())
+    }
+
+    /// Tensor t's update for its gradient's product to apply, if the sampler has one.
+    pub fn inline(&mut self, t: usize) -> Result<Option<InlineUpdate<'_>>> {
+        self.check(t)?;
+        self.step.inline_update(t)
+    }
+
+    /// Tensor t was updated inline; `sum_sq` = Σv² after the update.
+    pub fn updated(&mut self, t: usize, sum_sq: f64) -> Result<()> {
+        self.check(t)?;
+        self.step.inline_done(t, sum_sq)?;
+        self.done[t] = true;
+        Ok(())
+    }
+
     /// Closes the update: an error unless every tensor was updated exactly once.
-    fn finish(&mut self) -> Result<()>;
+    pub fn finish(mut self) -> Result<()> {
+        if !self.done.iter().all(|&d| d) {
+            return Err(Error::Config(
+                "sampler: an update ended before every parameter tensor was updated".into(),
+            ));
+        }
+        self.closed = true;
+        self.step.close_update()
+    }
+}
+
+impl<S: TensorwiseStep + ?Sized> Drop for OpenUpdate<'_, S> {
+    fn drop(&mut self) {
+        if !self.closed {
+            self.step.abandon_update();
+        }
+    }
 }
 
 /// Constants of one update in f32, as the kernels use them (`bnn_step_consts`).

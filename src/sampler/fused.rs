@@ -10,7 +10,7 @@ use candle_core::{Device, Tensor, Var};
 
 use super::{
     init_momentum, Diagnostics, Integrator, Sampler, SamplerConfig, SamplerKind, SamplerState,
-    TensorsDone, TensorwiseStep,
+    TensorwiseStep,
 };
 use crate::error::{Error, Result};
 use crate::kernels::{buffer::StateBuffer, cpu::FusedStepOp, InlineUpdate, StepConsts, Update};
@@ -35,7 +35,6 @@ pub struct Fused {
     /// The step in progress ([`TensorwiseStep`]): its update and constants, and Σv² and
     /// Σα per tensor (summed in tensor order at the end, whatever order they came in).
     pending: Option<Pending>,
-    done: TensorsDone,
 }
 
 #[derive(Debug, Clone)]
@@ -104,7 +103,6 @@ impl Fused {
             tensors: params.len(),
             kinetic: 0.0,
             pending: None,
-            done: TensorsDone::default(),
         };
         s.kinetic = s.kinetic_from(sum_sq);
         if config.integrator == Integrator::Splitting {
@@ -147,7 +145,11 @@ impl Fused {
 }
 
 impl TensorwiseStep for Fused {
-    fn begin(&mut self) -> Result<()> {
+    fn tensor_count(&self) -> usize {
+        self.tensors
+    }
+
+    fn open_update(&mut self) -> Result<()> {
         let update = update_of(self.config.kind, self.config.integrator)?;
         let (alpha, sigma) = self.friction_and_noise();
         let consts = match self.config.integrator {
@@ -155,7 +157,6 @@ impl TensorwiseStep for Fused {
             Integrator::Splitting => StepConsts::splitting(self.config.step_size, alpha, sigma),
         };
         let tensors = self.tensors;
-        self.done.begin(tensors)?;
         self.pending = Some(Pending {
             update,
             consts,
@@ -165,8 +166,7 @@ impl TensorwiseStep for Fused {
         Ok(())
     }
 
-    fn tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
-        self.done.mark(i)?;
+    fn step_tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
         let pending = in_update(&mut self.pending)?;
         let op = FusedStepOp {
             update: pending.update,
@@ -188,8 +188,7 @@ impl TensorwiseStep for Fused {
         Ok(())
     }
 
-    fn inline(&mut self, index: usize) -> Result<Option<InlineUpdate<'_>>> {
-        self.done.check(index)?;
+    fn inline_update(&mut self, index: usize) -> Result<Option<InlineUpdate<'_>>> {
         let pending = in_update(&mut self.pending)?;
         let (update, consts) = (pending.update, pending.consts);
         let momentum: &mut [f32] = match (update, self.momentum.get_mut(index)) {
@@ -211,14 +210,16 @@ impl TensorwiseStep for Fused {
         }))
     }
 
-    fn updated(&mut self, index: usize, sum_sq: f64) -> Result<()> {
-        self.done.mark(index)?;
+    fn inline_done(&mut self, index: usize, sum_sq: f64) -> Result<()> {
         in_update(&mut self.pending)?.sum_sq[index] = sum_sq;
         Ok(())
     }
 
-    fn finish(&mut self) -> Result<()> {
-        self.done.finish()?;
+    fn abandon_update(&mut self) {
+        self.pending = None;
+    }
+
+    fn close_update(&mut self) -> Result<()> {
         let pending = self
             .pending
             .take()
@@ -277,7 +278,7 @@ impl Sampler for Fused {
     }
 
     fn state(&self) -> Result<SamplerState> {
-        if self.done.open() {
+        if self.pending.is_some() {
             return Err(Error::Config(
                 "sampler state asked for in the middle of a step".into(),
             ));

@@ -328,11 +328,11 @@ pub trait Sampler: TensorwiseStep + Send {
     /// protocol in parameter order.
     fn step(&mut self, params: &[Var], grads: &[Tensor]) -> Result<()> {
         check_lengths(params, grads)?;
-        self.begin()?;
+        let mut update = crate::kernels::begin(self)?;
         for (t, (p, g)) in params.iter().zip(grads).enumerate() {
-            self.tensor(t, p, g)?;
+            update.tensor(t, p, g)?;
         }
-        self.finish()
+        update.finish()
     }
     fn diagnostics(&self) -> Diagnostics;
     /// The state between updates, as plain data.
@@ -346,64 +346,6 @@ pub trait Sampler: TensorwiseStep + Send {
     /// Changes the step size η (for a schedule). Momentum samplers rescale v = p·h by
     /// √(η'/η), so that the momentum p of the continuous dynamics is unchanged.
     fn set_step_size(&mut self, step_size: f64) -> Result<()>;
-}
-
-/// Which tensors of the update in progress are done: the checks of the per-tensor
-/// protocol, shared by every sampler.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct TensorsDone {
-    /// `Some` between `begin` and `finish`: one flag per parameter tensor.
-    done: Option<Vec<bool>>,
-}
-
-impl TensorsDone {
-    pub(crate) fn begin(&mut self, tensors: usize) -> Result<()> {
-        if self.done.is_some() {
-            return Err(Error::Config(
-                "sampler: an update begun twice without finish".into(),
-            ));
-        }
-        self.done = Some(vec![false; tensors]);
-        Ok(())
-    }
-
-    /// Marks tensor `t` done: an error outside an update, for an index out of range or a
-    /// tensor updated twice.
-    pub(crate) fn mark(&mut self, t: usize) -> Result<()> {
-        self.check(t)?;
-        if let Some(done) = self.done.as_mut() {
-            done[t] = true;
-        }
-        Ok(())
-    }
-
-    /// Checks that tensor `t` may still be updated (before lending its state).
-    pub(crate) fn check(&self, t: usize) -> Result<()> {
-        match self.done.as_ref().map(|done| done.get(t)) {
-            None => Err(Error::Config(
-                "sampler: tensor step outside begin/finish".into(),
-            )),
-            Some(Some(false)) => Ok(()),
-            Some(_) => Err(Error::Config(format!(
-                "sampler: parameter tensor {t} stepped twice or out of range"
-            ))),
-        }
-    }
-
-    pub(crate) fn finish(&mut self) -> Result<()> {
-        match self.done.take() {
-            None => Err(Error::Config("sampler: finish without begin".into())),
-            Some(done) if !done.iter().all(|&d| d) => Err(Error::Config(
-                "sampler: an update ended before every parameter tensor was updated".into(),
-            )),
-            Some(_) => Ok(()),
-        }
-    }
-
-    /// Whether an update is in progress.
-    pub(crate) fn open(&self) -> bool {
-        self.done.is_some()
-    }
 }
 
 /// How a sampler's update is computed.

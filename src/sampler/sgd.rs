@@ -4,8 +4,7 @@
 use candle_core::{Tensor, Var};
 
 use super::{
-    from_state, to_state, Diagnostics, SamplerConfig, SamplerKind, SamplerState, TensorsDone,
-    TensorwiseStep,
+    from_state, to_state, Diagnostics, SamplerConfig, SamplerKind, SamplerState, TensorwiseStep,
 };
 use crate::error::Result;
 
@@ -17,7 +16,6 @@ pub struct Sgd {
     pub momentum: Option<Vec<Tensor>>,
     /// Number of parameter tensors.
     tensors: usize,
-    done: TensorsDone,
 }
 
 impl Sgd {
@@ -37,18 +35,20 @@ impl Sgd {
             step: 0,
             momentum,
             tensors: params.len(),
-            done: TensorsDone::default(),
         })
     }
 }
 
 impl TensorwiseStep for Sgd {
-    fn begin(&mut self) -> Result<()> {
-        self.done.begin(self.tensors)
+    fn tensor_count(&self) -> usize {
+        self.tensors
     }
 
-    fn tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
-        self.done.mark(i)?;
+    fn open_update(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn step_tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
         let eta = self.config.step_size;
         let g = &g.detach(); // keep autograd history out of the sampler state
         let delta = match &mut self.momentum {
@@ -62,8 +62,7 @@ impl TensorwiseStep for Sgd {
         Ok(())
     }
 
-    fn finish(&mut self) -> Result<()> {
-        self.done.finish()?;
+    fn close_update(&mut self) -> Result<()> {
         self.step += 1;
         Ok(())
     }

@@ -16,7 +16,7 @@ use candle_core::{Tensor, Var};
 
 use super::{
     from_state, init_momentum, kinetic_energy, noise_like, to_state, Diagnostics, Integrator,
-    Sampler, SamplerConfig, SamplerState, TensorsDone, TensorwiseStep,
+    Sampler, SamplerConfig, SamplerState, TensorwiseStep,
 };
 use crate::error::Result;
 
@@ -28,7 +28,6 @@ pub struct Sghmc {
     /// v = p·h, one tensor per parameter tensor.
     pub momentum: Vec<Tensor>,
     kinetic: f64,
-    done: TensorsDone,
 }
 
 impl Sghmc {
@@ -47,18 +46,20 @@ impl Sghmc {
             step: 0,
             momentum,
             kinetic,
-            done: TensorsDone::default(),
         })
     }
 }
 
 impl TensorwiseStep for Sghmc {
-    fn begin(&mut self) -> Result<()> {
-        self.done.begin(self.momentum.len())
+    fn tensor_count(&self) -> usize {
+        self.momentum.len()
     }
 
-    fn tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
-        self.done.mark(i)?;
+    fn open_update(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn step_tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
         let SamplerConfig {
             step_size: eta,
             friction: alpha,
@@ -80,8 +81,7 @@ impl TensorwiseStep for Sghmc {
         Ok(())
     }
 
-    fn finish(&mut self) -> Result<()> {
-        self.done.finish()?;
+    fn close_update(&mut self) -> Result<()> {
         self.kinetic = kinetic_energy(&self.momentum, self.config.step_size)?;
         self.step += 1;
         Ok(())

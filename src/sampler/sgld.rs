@@ -5,9 +5,7 @@
 
 use candle_core::{Tensor, Var};
 
-use super::{
-    noise_like, Diagnostics, Sampler, SamplerConfig, SamplerState, TensorsDone, TensorwiseStep,
-};
+use super::{noise_like, Diagnostics, Sampler, SamplerConfig, SamplerState, TensorwiseStep};
 use crate::error::Result;
 
 #[derive(Debug, Clone)]
@@ -17,7 +15,6 @@ pub struct Sgld {
     pub step: u64,
     /// Number of parameter tensors.
     tensors: usize,
-    done: TensorsDone,
 }
 
 impl Sgld {
@@ -27,18 +24,20 @@ impl Sgld {
             seed,
             step: 0,
             tensors: params.len(),
-            done: TensorsDone::default(),
         }
     }
 }
 
 impl TensorwiseStep for Sgld {
-    fn begin(&mut self) -> Result<()> {
-        self.done.begin(self.tensors)
+    fn tensor_count(&self) -> usize {
+        self.tensors
     }
 
-    fn tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
-        self.done.mark(i)?;
+    fn open_update(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn step_tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
         let eta = self.config.step_size;
         let sigma = (2.0 * eta).sqrt();
         let g = &g.detach(); // keep autograd history out of the sampler state
@@ -48,8 +47,7 @@ impl TensorwiseStep for Sgld {
         Ok(())
     }
 
-    fn finish(&mut self) -> Result<()> {
-        self.done.finish()?;
+    fn close_update(&mut self) -> Result<()> {
         self.step += 1;
         Ok(())
     }

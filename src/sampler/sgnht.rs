@@ -26,7 +26,7 @@ use candle_core::{Tensor, Var};
 
 use super::{
     from_state, init_momentum, kinetic_energy, noise_like, to_state, Diagnostics, Integrator,
-    Sampler, SamplerConfig, SamplerState, TensorsDone, TensorwiseStep,
+    Sampler, SamplerConfig, SamplerState, TensorwiseStep,
 };
 use crate::error::{Error, Result};
 
@@ -46,7 +46,6 @@ pub struct Sgnht {
     pub momentum: Vec<Tensor>,
     pub thermostat: Thermostat,
     kinetic: f64,
-    done: TensorsDone,
 }
 
 impl Sgnht {
@@ -77,7 +76,6 @@ impl Sgnht {
             momentum,
             thermostat,
             kinetic,
-            done: TensorsDone::default(),
         };
         if config.integrator == Integrator::Splitting {
             for (i, p) in params.iter().enumerate() {
@@ -145,15 +143,18 @@ impl Sgnht {
 }
 
 impl TensorwiseStep for Sgnht {
-    fn begin(&mut self) -> Result<()> {
-        self.done.begin(self.momentum.len())
+    fn tensor_count(&self) -> usize {
+        self.momentum.len()
+    }
+
+    fn open_update(&mut self) -> Result<()> {
+        Ok(())
     }
 
     /// Euler: u ← (1 − α)u − η∇ + √(2aη)z; splitting: B (h/2), O (h), B (h/2). Then θ
     /// and the per-element α drift: Euler's θ ← θ + u, α ← α + (u⊙u − η), which is also
     /// splitting's merged A (h).
-    fn tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
-        self.done.mark(i)?;
+    fn step_tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
         let eta = self.config.step_size;
         let sigma = (2.0 * self.config.diffusion * eta).sqrt();
         let g = &g.detach(); // keep autograd history out of the sampler state
@@ -170,8 +171,7 @@ impl TensorwiseStep for Sgnht {
         self.drift_tensor(i, p, 1.0)
     }
 
-    fn finish(&mut self) -> Result<()> {
-        self.done.finish()?;
+    fn close_update(&mut self) -> Result<()> {
         self.drift_scalar(1.0)?;
         self.step += 1;
         Ok(())

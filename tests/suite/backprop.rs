@@ -469,10 +469,10 @@ fn layer_by_layer_update_is_bit_identical_to_the_whole_step() {
     )
     .unwrap();
     let g = vars[0].as_tensor().zeros_like().unwrap();
-    s.begin().unwrap();
-    s.tensor(0, &vars[0], &g).unwrap();
-    assert!(s.tensor(0, &vars[0], &g).is_err());
-    assert!(s.finish().is_err());
+    let mut update = bnn::kernels::begin(s.as_mut()).unwrap();
+    update.tensor(0, &vars[0], &g).unwrap();
+    assert!(update.tensor(0, &vars[0], &g).is_err());
+    assert!(update.finish().is_err());
 }
 
 /// Prediction on the CPU goes through the custom forward: the same probabilities as
