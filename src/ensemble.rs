@@ -321,8 +321,7 @@ impl Accumulator {
 
     /// The averaged prediction, row-major n × classes; `None` before the first sample.
     pub fn mean(&self) -> Option<Vec<f64>> {
-        let k = self.samples as f64;
-        (self.samples > 0).then(|| self.sum.iter().map(|s| s / k).collect())
+        (self.samples > 0).then(|| self.mean_now())
     }
 
     /// Entropies, mutual information, per-class accuracy and accuracy-vs-coverage of the

@@ -70,24 +70,30 @@ fn shell_lines(text: &str) -> Vec<(usize, String)> {
     out
 }
 
+/// The lines of a Markdown text outside fenced code blocks, with their numbers (from 1).
+fn prose_lines(text: &str) -> Vec<(usize, &str)> {
+    let mut in_block = false;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            in_block = !in_block;
+        } else if !in_block {
+            out.push((i + 1, line));
+        }
+    }
+    out
+}
+
 /// Inline code spans of a text that show a whole command (`bnn train --x`), skipping usage
 /// synopses (`[--flag]`, `a|b`, `…`).
 fn inline_commands(text: &str) -> Vec<(usize, String)> {
     let mut out = Vec::new();
-    let mut in_block = false;
-    for (i, line) in text.lines().enumerate() {
-        if line.trim_start().starts_with("```") {
-            in_block = !in_block;
-            continue;
-        }
-        if in_block {
-            continue;
-        }
+    for (n, line) in prose_lines(text) {
         for (k, span) in line.split('`').enumerate() {
             let is_code = k % 2 == 1;
             let shows_command = span.starts_with("bnn ") || span.starts_with("mpirun ");
             if is_code && shows_command && !span.contains(['[', '|', '…']) {
-                out.push((i + 1, span.to_string()));
+                out.push((n, span.to_string()));
             }
         }
     }
@@ -265,30 +271,18 @@ fn slug(heading: &str) -> String {
 }
 
 fn anchors(text: &str) -> BTreeSet<String> {
-    let mut in_block = false;
-    let mut out = BTreeSet::new();
-    for line in text.lines() {
-        if line.trim_start().starts_with("```") {
-            in_block = !in_block;
-        } else if !in_block && line.starts_with('#') {
-            out.insert(slug(line.trim_start_matches('#')));
-        }
-    }
-    out
+    prose_lines(text)
+        .into_iter()
+        .filter(|(_, line)| line.starts_with('#'))
+        .map(|(_, line)| slug(line.trim_start_matches('#')))
+        .collect()
 }
 
 /// Broken relative links and anchors of the document at `path` (relative to the root).
 fn link_problems(path: &str, text: &str) -> Vec<String> {
     let dir: PathBuf = Path::new(ROOT).join(path).parent().unwrap().to_path_buf();
     let mut problems = Vec::new();
-    let mut in_block = false;
-    for (n, line) in text.lines().enumerate() {
-        if line.trim_start().starts_with("```") {
-            in_block = !in_block;
-        }
-        if in_block {
-            continue;
-        }
+    for (n, line) in prose_lines(text) {
         for part in line.split("](").skip(1) {
             let Some(target) = part.split(')').next() else {
                 continue;
@@ -304,16 +298,13 @@ fn link_problems(path: &str, text: &str) -> Vec<String> {
                 dir.join(file)
             };
             if !file_path.exists() {
-                problems.push(format!("{path}:{}: link to {target}: no such file", n + 1));
+                problems.push(format!("{path}:{n}: link to {target}: no such file"));
                 continue;
             }
             if !anchor.is_empty() && file_path.extension().is_some_and(|e| e == "md") {
                 let linked = std::fs::read_to_string(&file_path).unwrap();
                 if !anchors(&linked).contains(anchor) {
-                    problems.push(format!(
-                        "{path}:{}: link to {target}: no such heading",
-                        n + 1
-                    ));
+                    problems.push(format!("{path}:{n}: link to {target}: no such heading"));
                 }
             }
         }

@@ -117,12 +117,7 @@ impl SgMcmc {
         if config.data_size == 0 {
             return Err(bad("data size must be positive".into()));
         }
-        if config.sampler.kind.is_replica_exchange() {
-            return Err(bad(format!(
-                "{} is a ladder of chains, not one optimizer",
-                config.sampler.kind.name()
-            )));
-        }
+        // A replica-exchange kind is refused by `build_with`: a ladder, not one chain.
         let sampler =
             build_with(config.sampler, &vars, config.seed, config.kernel).map_err(candle_error)?;
         Ok(SgMcmc {
