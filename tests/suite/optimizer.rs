@@ -139,12 +139,35 @@ fn probabilities(logits: &Tensor) -> Vec<f32> {
         .unwrap()
 }
 
+/// Sets each named variable to U(−1/√fan_in, 1/√fan_in) draws from a seeded RNG: the
+/// bound candle_nn's `linear` uses for its bias, here for the weights too.
+fn seeded_init(varmap: &mut VarMap, names: &[&str], seed: u64) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let shapes: Vec<Vec<usize>> = names
+        .iter()
+        .map(|n| varmap.data().lock().unwrap()[*n].dims().to_vec())
+        .collect();
+    for (i, (name, shape)) in names.iter().zip(&shapes).enumerate() {
+        // A bias takes the fan-in of the weight before it.
+        let fan_in = if shape.len() == 2 {
+            shape[1]
+        } else {
+            shapes[i - 1][1]
+        };
+        let bound = 1.0 / (fan_in as f32).sqrt();
+        let n: usize = shape.iter().product();
+        let w: Vec<f32> = (0..n).map(|_| rng.random_range(-bound..bound)).collect();
+        let t = Tensor::from_vec(w, shape.as_slice(), &Device::Cpu).unwrap();
+        varmap.set_one(name, t).unwrap();
+    }
+}
+
 #[test]
 fn a_model_of_the_users_own_is_sampled_and_its_ensemble_evaluated() {
     let dev = Device::Cpu;
     let data = load("mnist-mini", &LoadOptions::default()).unwrap();
     // A network bnn has no preset for: 784-64-32-10 with tanh, written with candle_nn.
-    let varmap = VarMap::new();
+    let mut varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
     let layers = [
         linear(DIM, 64, vb.pp("a")).unwrap(),
@@ -159,15 +182,21 @@ fn a_model_of_the_users_own_is_sampled_and_its_ensemble_evaluated() {
     let names = [
         "a.weight", "a.bias", "b.weight", "b.bias", "c.weight", "c.bias",
     ];
+    // candle_nn draws its initial weights from an unseeded thread RNG on the CPU: set
+    // them from a seeded one, so that this test sees the same network on every run.
+    seeded_init(&mut varmap, &names, 3);
     let vars: Vec<Var> = names
         .iter()
         .map(|n| varmap.data().lock().unwrap()[*n].clone())
         .collect();
     let train = &data.train;
-    let cfg = OptimizerConfig {
+    let mut cfg = OptimizerConfig {
         seed: 1,
         ..OptimizerConfig::new(train.len())
     };
+    // The default η is tuned for N = 60,000; the drift is η·N·∇(mean loss), so on these
+    // 10,000 images η six times larger moves the chain as far per step.
+    cfg.sampler.step_size = 1.2e-5;
     let mut opt = Sghmc::new(vars, cfg).unwrap();
 
     let test = &data.test;
@@ -221,8 +250,10 @@ fn a_model_of_the_users_own_is_sampled_and_its_ensemble_evaluated() {
     let m = ensemble.metrics().unwrap();
     let last: Vec<f64> = last.iter().map(|&p| p as f64).collect();
     let single = bnn::metrics::evaluate(&last, &labels, CLASSES);
-    // 10,000 training images, 6 epochs: a single sample of this net is near 90%; the
-    // ensemble of 20 samples is better in NLL, which is what averaging over θ buys.
+    // 10,000 training images, 6 epochs. Over initial-weight seeds 0–7 the ensemble of 20
+    // samples scored 89.8–91.3% and an NLL of 0.30–0.33 against the last sample's
+    // 0.41–0.49 (AMD EPYC, avx2): averaging over θ is what buys the NLL. The bounds leave
+    // ~2 points of accuracy and a fifth of the NLL gap for other CPUs' rounding.
     assert_eq!(ensemble.samples(), 4 * 100 / 20);
     assert!(m.accuracy > 0.88, "ensemble accuracy {}", m.accuracy);
     assert!(
