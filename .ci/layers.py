@@ -1,35 +1,47 @@
 #!/usr/bin/env python3
-"""Who may import whom (docs/DESIGN.md, "Layers"): fails, naming file, line and rule, on a
-`crate::<module>` path (in code, not comments) that crosses a layer the wrong way, and on
-clap in the library other than as `cfg_attr(feature = "cli", derive(clap::ValueEnum))` on
-an option enum (the binary's files, main.rs, cli.rs and commands.rs, are the command
-line). Usage: python3 .ci/layers.py [src dir]."""
+"""Who may import whom inside a crate (docs/DESIGN.md, "Floors"). Cargo keeps a crate
+from using a floor above it (bnn-kernels -> bnn-core -> bnn-run -> bnn); this script says
+what Cargo cannot: the rooms within a floor. It fails, naming file, line and rule, on a
+`crate::<module>` path (in code, not comments) that crosses a room the wrong way, and on
+clap in the library crates other than as `cfg_attr(feature = "cli",
+derive(clap::ValueEnum))` on an option enum (the binary's files, main.rs, cli.rs and
+commands.rs, are the command line). Usage: python3 .ci/layers.py [project root]."""
 import re
 import sys
 from pathlib import Path
 
-GROUND = {"error", "rng", "pool", "atomic", "signals", "alloc", "ranks"}
-# module -> the modules of ours it may import (besides itself).
-ALLOWED = {m: {"error"} for m in GROUND}
-ALLOWED["error"] = set()
-ALLOWED["kernels"] = GROUND
-ALLOWED["data"] = GROUND
-ALLOWED["model"] = GROUND | {"kernels"}
-ALLOWED["backprop"] = GROUND | {"kernels", "model"}
-ALLOWED["potential"] = GROUND | {"kernels", "model", "backprop"}
-ALLOWED["sampler"] = GROUND | {"kernels"}
-ORCHESTRATION = {"train", "ensemble", "metrics", "checkpoint", "run_state", "eval",
-                 "bench", "synthetic", "convergence", "schedule", "settings", "uncertainty",
-                 "plot", "inspect", "predict"}
-LIBRARY = GROUND | {"kernels", "data", "model", "backprop", "potential", "sampler"} | ORCHESTRATION
-for m in ORCHESTRATION:
-    ALLOWED[m] = LIBRARY
-# The binary (main.rs with its modules cli.rs and commands.rs) uses the library as `bnn::`.
+# The floor below, as each library crate names it at its root (`use bnn_kernels as
+# kernels; use bnn_kernels::{error, ...}`): always allowed.
+KERNELS_FLOOR = {"kernels", "error", "rng", "pool", "alloc", "atomic", "signals"}
+CORE_FLOOR = {"backprop", "convergence", "data", "ensemble", "metrics", "model", "potential",
+              "sampler", "schedule", "synthetic", "uncertainty"}
+
+# crate folder -> module -> the modules of its own crate it may import (None: any).
+GROUND = {"error", "rng", "pool", "alloc", "atomic", "signals"}
+RULES = {
+    "crates/bnn-kernels": {
+        **{m: {"error"} for m in GROUND},
+        "error": set(),
+    },
+    "crates/bnn-core": {
+        # The sampler sees parameters and gradients only: no model, data or potential.
+        "sampler": KERNELS_FLOOR,
+        "data": KERNELS_FLOOR,
+        "model": KERNELS_FLOOR,
+        "backprop": KERNELS_FLOOR | {"model"},
+        "potential": KERNELS_FLOOR | {"model", "backprop"},
+    },
+    "crates/bnn-run": {
+        "ranks": KERNELS_FLOOR,
+    },
+}
 BINARY = {"main", "cli", "commands"}
+
 
 def module_of(path: Path, src: Path) -> str:
     rel = path.relative_to(src)
     return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
 
 def code_lines(text: str):
     """(number, code, raw line): the code with comments and string literals blanked (so
@@ -39,34 +51,32 @@ def code_lines(text: str):
         code = re.sub(r'"(\\.|[^"\\])*"', '""', raw)
         yield n, code.split("//", 1)[0], raw
 
-def main() -> int:
-    src = Path(sys.argv[1] if len(sys.argv) > 1 else "src")
-    errors = []
+
+def check_crate(src: Path, rules: dict, library: bool, errors: list):
     for path in sorted(src.rglob("*.rs")):
         mod = module_of(path, src)
-        if mod in BINARY:
-            allowed = BINARY
-        elif mod == "lib":
-            allowed = LIBRARY
-        elif mod not in ALLOWED:
-            errors.append(f"{path}: module `{mod}` has no layer in .ci/layers.py")
-            continue
-        else:
-            allowed = ALLOWED[mod]
-        text = path.read_text()
-        for n, line, raw in code_lines(text):
+        allowed = rules.get(mod)
+        for n, line, raw in code_lines(path.read_text()):
             paths = re.findall(r"\bcrate::([a-z_]+)", line)
             if path.parent == src:  # a top-level file's `super::` is the crate root
                 paths += re.findall(r"\bsuper::([a-z_]+)", line)
             for used in paths:
-                if used != mod and used not in allowed:
+                if allowed is not None and used != mod and used not in allowed:
                     errors.append(f"{path}:{n}: `{mod}` may not import `{used}` "
                                   f"(allowed: {', '.join(sorted(allowed)) or 'nothing'})")
-            if (re.search(r"\bclap\b", line) and mod not in BINARY
+            if (re.search(r"\bclap\b", line) and (library or mod not in BINARY)
                     and 'cfg_attr(feature = "cli", derive(clap::ValueEnum))' not in raw):
                 errors.append(f"{path}:{n}: clap belongs to the binary (main.rs, cli.rs, "
                               f"commands.rs); the library only derives ValueEnum under "
                               f"the `cli` feature")
+
+
+def main() -> int:
+    root = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
+    errors = []
+    for folder, rules in RULES.items():
+        check_crate(root / folder / "src", rules, True, errors)
+    check_crate(root / "src", {}, False, errors)
     for e in errors:
         print(e)
     if errors:
@@ -74,6 +84,7 @@ def main() -> int:
         return 1
     print("layers: ok")
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,38 +1,24 @@
 //! `bnn`: Bayesian neural networks trained by stochastic-gradient MCMC on candle.
 //!
-//! Data flow of one training step: a minibatch gathered from the in-memory dataset
-//! ([`data`]) goes through the network ([`model`]); the gradient of the scaled negative
-//! log-posterior ([`potential`]) drives one update of a [`sampler`]; after burn-in, every
-//! `thin` updates the parameters are saved as a posterior sample ([`checkpoint`]) and
-//! folded into the Bayesian model average ([`ensemble`], [`metrics`]).
+//! The library is three crates, floor by floor: `bnn-kernels` (errors, noise, pool,
+//! kernels) → `bnn-core` (data, models, potentials, samplers, the ensemble) → `bnn-run`
+//! (the training loop over a run folder, checkpoints, evaluation, MPI ranks). This crate
+//! is the `bnn` program: its command line, plots, `predict`, `inspect`, `bench` and the
+//! HTTP transport for downloads; it re-exports the three floors under one name.
 
-pub mod alloc;
-pub mod atomic;
-pub mod backprop;
+pub use bnn_kernels as kernels;
+pub use bnn_kernels::{alloc, atomic, error, pool, rng, signals};
+pub use bnn_kernels::{Error, Result};
+
+pub use bnn_core::{backprop, convergence, data, ensemble, metrics, model, potential};
+pub use bnn_core::{sampler, schedule, synthetic, uncertainty};
+
+pub use bnn_run::{checkpoint, eval, progress, ranks, run_state, settings, train};
+
 pub mod bench;
-pub mod checkpoint;
-pub mod convergence;
-pub mod data;
-pub mod ensemble;
-pub mod error;
-pub mod eval;
+pub mod http;
 pub mod inspect;
-pub mod kernels;
-pub mod metrics;
-pub mod model;
+pub mod picture;
 pub mod plot;
-pub mod pool;
-pub mod potential;
 pub mod predict;
-pub mod ranks;
-pub mod rng;
-pub mod run_state;
-pub mod sampler;
-pub mod schedule;
-pub mod settings;
-pub mod signals;
-pub mod synthetic;
-pub mod train;
-pub mod uncertainty;
-
-pub use error::{Error, Result};
+pub mod terminal;

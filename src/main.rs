@@ -15,8 +15,14 @@ fn main() {
         (false, 1) => "debug",
         (false, _) => "trace",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("BNN_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("bnn={level}")));
+    // The program's crate and the library's three: their events are the ones we print.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BNN_LOG").unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(
+            ["bnn", "bnn_kernels", "bnn_core", "bnn_run"]
+                .map(|c| format!("{c}={level}"))
+                .join(","),
+        )
+    });
     // Colour only on a terminal: a log sent to a file or a pipe stays plain text
     // (NO_COLOR set also turns it off, https://no-color.org).
     use std::io::IsTerminal;
@@ -27,6 +33,8 @@ fn main() {
         .with_ansi(colour)
         .with_target(false)
         .init();
+    bnn::data::fetch::install_transport(bnn::http::get);
+    bnn::progress::install(bnn::terminal::new_bar);
     let ranks = match bnn::ranks::Ranks::from_environment() {
         Ok(r) => r,
         Err(e) => {

@@ -8,11 +8,11 @@ use candle_core::Device;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, RunManifest};
-use crate::data::picture::{self, Framing};
 use crate::data::{idx, Split, NUM_CLASSES};
 use crate::ensemble;
 use crate::error::{Error, Result};
 use crate::model::Network;
+use crate::picture::{self, Framing};
 use crate::uncertainty;
 
 /// Fashion-MNIST's classes, in label order.

@@ -18,12 +18,22 @@ fn mini_files(prefix: &str) -> HashMap<String, Vec<u8>> {
         .collect()
 }
 
+/// The library's fetch with the transport the `bnn` program installs.
+fn http_fetch(
+    spec: &registry::DatasetSpec,
+    mirrors: &[String],
+    dir: &std::path::Path,
+) -> bnn::Result<usize> {
+    fetch::install_transport(bnn::http::get);
+    fetch::fetch(spec, mirrors, dir)
+}
+
 #[test]
 fn fetches_verifies_and_skips_present_files() {
     let server = serve(mini_files("/m"));
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("mnist-mini");
-    let n = fetch::fetch(
+    let n = http_fetch(
         &registry::MNIST_MINI,
         &[format!("{}/m", server.base)],
         &target,
@@ -35,7 +45,7 @@ fn fetches_verifies_and_skips_present_files() {
         4
     );
     // Everything present and valid: nothing is downloaded again.
-    let n = fetch::fetch(
+    let n = http_fetch(
         &registry::MNIST_MINI,
         &[format!("{}/m", server.base)],
         &target,
@@ -53,7 +63,7 @@ fn falls_back_to_the_next_mirror() {
         format!("{}/missing", server.base),
         format!("{}/good", server.base),
     ];
-    let n = fetch::fetch(&registry::MNIST_MINI, &mirrors, dir.path()).unwrap();
+    let n = http_fetch(&registry::MNIST_MINI, &mirrors, dir.path()).unwrap();
     assert_eq!(n, 4);
     let reqs = server.requests.lock().unwrap();
     assert!(reqs.iter().any(|r| r.starts_with("/missing/")));
@@ -73,7 +83,7 @@ fn rejects_wrong_content_and_leaves_nothing_behind() {
     files.insert(key, enc.finish().unwrap());
     let server = serve(files);
     let dir = tempfile::tempdir().unwrap();
-    let e = fetch::fetch(
+    let e = http_fetch(
         &registry::MNIST_MINI,
         &[format!("{}/m", server.base)],
         dir.path(),

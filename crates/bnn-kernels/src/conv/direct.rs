@@ -1,0 +1,659 @@
+//! Direct 3×3 convolutions at stride 1 with one pixel of zero padding (the ResNet's
+//! "same" convolutions): the forward pass, and the backward's input error and weight
+//! gradient ([`weight_grad`]).
+//!
+//! Why not im2col + product here: at 16–32 channels the im2col matrix is nine copies of
+//! the input, written and read again for a product whose k is only 9·C; and the input
+//! error's product Wᵀ·∂Z has k = C_out (16) and writes a nine-times-larger matrix that
+//! col2im then folds back. Measured with `perf` on a ResNet-8 step (AMD EPYC Zen 3, one
+//! thread): im2col 13%, the forward product 18%, the input error's product 21% and col2im
+//! 11%. Here a tile of R output channels × V vectors of 8 output pixels keeps its sums in
+//! registers over all C_in·9 terms and reads the input in place from a zero-padded copy
+//! (one copy of the input, not nine): vector v of tap (i, j) is 8 consecutive floats of
+//! padded row y + i from column x₀ + j.
+//!
+//! The input error of a stride-1 "same" convolution is the same operation on ∂Z with the
+//! weights flipped and transposed: `∂a[c][y][x] = Σ_{o,i,j} W[o][c][2−i][2−j]·∂Zₚ[o][y+i][x+j]`
+//! (∂Zₚ padded like the input).
+//!
+//! Arithmetic: each output element sums its C_in·9 terms in the order (c, i, j), one
+//! fused multiply-add each on avx2 and avx512 (the same bits on both) and on the portable
+//! path where the target has FMA, whatever the thread split.
+
+use super::ops::copy_short;
+use super::ConvGeometry;
+use crate::isa::{self, Isa};
+use crate::pool::{self, Disjoint};
+
+/// Floats per vector of output pixels.
+const LANES: usize = 8;
+/// Output channels per tile.
+const R: usize = 4;
+/// Vectors per tile: R·V = 8 sums, as many as keep both FMA pipes busy through their
+/// latency, beside V inputs and a broadcast weight. Three vectors (12 sums, 16 registers
+/// in all) made the compiler spill the inputs to the stack.
+const V: usize = 2;
+/// Bytes of padded input a chunk of images holds, to stay in L2 while every block of
+/// output channels reads it (512 KiB per core on Zen 3).
+const PADDED_BYTES: usize = 256 << 10;
+
+/// Which map of the weights a [`conv`] applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// z = W ⋆ a: C_in channels in, C_out out.
+    Forward,
+    /// ∂a = Wᵀ ⋆ ∂Z with the kernel flipped: C_out channels in, C_in out.
+    Adjoint,
+}
+
+/// Whether [`conv`] and [`weight_grad`] compute convolution `g`: 3×3, stride 1, padding 1.
+pub fn applies(g: &ConvGeometry) -> bool {
+    g.kernel == 3 && g.stride == 1 && g.pad == 1 && (g.in_h, g.in_w) == (g.out_h, g.out_w)
+}
+
+/// Channels (in, out) of `g` in `direction`.
+fn channels(g: &ConvGeometry, direction: Direction) -> (usize, usize) {
+    match direction {
+        Direction::Forward => (g.in_channels, g.out_channels),
+        Direction::Adjoint => (g.out_channels, g.in_channels),
+    }
+}
+
+/// Floats of the padded plane of one image channel.
+fn padded_plane(g: &ConvGeometry) -> usize {
+    (g.in_h + 2) * (g.in_w + 2)
+}
+
+/// Images per chunk of the padded copy in `direction` (see [`PADDED_BYTES`]).
+fn chunk_images(g: &ConvGeometry, direction: Direction, rows: usize) -> usize {
+    let per_image = channels(g, direction).0 * padded_plane(g) * std::mem::size_of::<f32>();
+    (PADDED_BYTES / per_image.max(1)).clamp(1, rows.max(1))
+}
+
+/// Floats of the padded buffer [`conv`] needs for `g` at `rows` images: the chunk's
+/// planes, and one vector of slack that a row narrower than a vector reads past its end
+/// (lanes that no output keeps).
+pub fn padded_len(g: &ConvGeometry, direction: Direction, rows: usize) -> usize {
+    channels(g, direction).0 * chunk_images(g, direction, rows) * padded_plane(g) + LANES
+}
+
+/// Floats of the packed weights [`conv`] needs for `g`.
+pub fn packed_len(g: &ConvGeometry) -> usize {
+    // Both directions: blocks of the wider side's channels × the other side's, bounded
+    // by the wider side squared.
+    let widest = g.in_channels.max(g.out_channels);
+    widest.div_ceil(R) * R * widest * 9
+}
+
+/// `out` (=, or += with `accumulate`) the convolution of `input` (C × B planes of H × W,
+/// channel-major, B = `rows`) by the weights `w` (C_out × C_in × 3 × 3) of `g` in
+/// `direction`. `padded` and `packed` are scratch of [`padded_len`] and [`packed_len`].
+#[allow(clippy::too_many_arguments)]
+pub fn conv(
+    input: &[f32],
+    g: &ConvGeometry,
+    direction: Direction,
+    rows: usize,
+    w: &[f32],
+    padded: &mut [f32],
+    packed: &mut [f32],
+    out: &mut [f32],
+    accumulate: bool,
+) {
+    debug_assert!(applies(g));
+    let (c_in, c_out) = channels(g, direction);
+    let (h, wd) = (g.in_h, g.in_w);
+    let plane = h * wd;
+    assert!(
+        input.len() >= c_in * rows * plane
+            && out.len() >= c_out * rows * plane
+            && w.len() >= g.in_channels * g.out_channels * 9,
+        "direct convolution: buffers too small"
+    );
+    let blocks = c_out.div_ceil(R);
+    let packed = &mut packed[..blocks * R * c_in * 9];
+    pack(w, g, direction, packed);
+    let packed = &*packed;
+    let pplane = padded_plane(g);
+    let op = Disjoint::new(out);
+    padded_chunks(input, g, direction, rows, padded, |padded, b0, images| {
+        let work = c_out * images * plane * c_in * 9;
+        let run_blocks = |range: std::ops::Range<usize>| {
+            for block in range {
+                let o0 = block * R;
+                let valid = R.min(c_out - o0);
+                let weights = &packed[block * R * c_in * 9..][..R * c_in * 9];
+                for b in 0..images {
+                    let starts: [usize; R] =
+                        std::array::from_fn(|r| ((o0 + r.min(valid - 1)) * rows + b0 + b) * plane);
+                    // SAFETY: the planes of output channels o0..o0 + valid of these
+                    // images belong to this block alone (blocks are split between the
+                    // parts, whole), inside `out` (checked above).
+                    let mut planes: [&mut [f32]; R] = std::array::from_fn(|r| {
+                        if r < valid {
+                            unsafe { op.slice(starts[r], starts[r] + plane) }
+                        } else {
+                            &mut []
+                        }
+                    });
+                    image_tiles(
+                        &padded[b * pplane..],
+                        images * pplane,
+                        c_in,
+                        h,
+                        wd,
+                        weights,
+                        &mut planes,
+                        accumulate,
+                    );
+                }
+            }
+        };
+        split_blocks(blocks, work, &run_blocks);
+    });
+}
+
+/// Calls `f(padded, b₀, images)` for each chunk of images (see [`PADDED_BYTES`]) of the
+/// input of `g` in `direction`, with `padded` that chunk zero-padded (and the slack).
+fn padded_chunks(
+    input: &[f32],
+    g: &ConvGeometry,
+    direction: Direction,
+    rows: usize,
+    padded: &mut [f32],
+    mut f: impl FnMut(&[f32], usize, usize),
+) {
+    let c_in = channels(g, direction).0;
+    let pplane = padded_plane(g);
+    let per = chunk_images(g, direction, rows);
+    for b0 in (0..rows).step_by(per) {
+        let images = per.min(rows - b0);
+        let padded = &mut padded[..c_in * images * pplane + LANES];
+        pad(input, rows, g.in_h, g.in_w, b0, images, padded);
+        f(padded, b0, images);
+    }
+}
+
+/// Runs `f` on two halves of `blocks` output-channel blocks on the pool (on this thread
+/// when the work is small): each part writes only its blocks' outputs.
+fn split_blocks(blocks: usize, work: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
+    if work < pool::PARALLEL_MIN_ELEMENTS * 16 || blocks < 2 || pool::threads() < 2 {
+        f(0..blocks);
+    } else {
+        let cut = blocks.div_ceil(2);
+        pool::run(2, &|p| f(if p == 0 { 0..cut } else { cut..blocks }));
+    }
+}
+
+/// packed[((block·C_in' + c)·9 + t)·R + r] = the weight from input channel c to output
+/// channel block·R + r at tap t = 3i + j in `direction` (0 past the last channel).
+fn pack(w: &[f32], g: &ConvGeometry, direction: Direction, packed: &mut [f32]) {
+    let (c_in, c_out) = channels(g, direction);
+    for (q, p) in packed.iter_mut().enumerate() {
+        let r = q % R;
+        let t = q / R % 9;
+        let c = q / (R * 9) % c_in;
+        let o = q / (R * 9 * c_in) * R + r;
+        *p = if o >= c_out {
+            0.0
+        } else {
+            match direction {
+                Direction::Forward => w[(o * g.in_channels + c) * 9 + t],
+                // Output channel o is the layer's input channel; input c its output.
+                Direction::Adjoint => w[(c * g.in_channels + o) * 9 + (8 - t)],
+            }
+        };
+    }
+}
+
+/// padded[(c·images + b)·(H+2)·(W+2) + (y+1)·(W+2) + x + 1] = input[c][b₀ + b][y][x],
+/// zero on the border.
+fn pad(
+    input: &[f32],
+    rows: usize,
+    h: usize,
+    w: usize,
+    b0: usize,
+    images: usize,
+    padded: &mut [f32],
+) {
+    let (pw, pplane) = (w + 2, (h + 2) * (w + 2));
+    let plane = h * w;
+    let planes = padded.len() / pplane * pplane;
+    padded[planes..].fill(0.0);
+    for (q, dst) in padded[..planes].chunks_exact_mut(pplane).enumerate() {
+        let (c, b) = (q / images, q % images);
+        let src = &input[(c * rows + b0 + b) * plane..][..plane];
+        dst[..pw].fill(0.0);
+        dst[(h + 1) * pw..].fill(0.0);
+        for (y, line) in src.chunks_exact(w).enumerate() {
+            let row = &mut dst[(y + 1) * pw..][..pw];
+            row[0] = 0.0;
+            row[pw - 1] = 0.0;
+            copy_short(&mut row[1..=w], line);
+        }
+    }
+}
+
+/// Every tile of one image for one block of R output channels: `src` its padded planes
+/// (channel c at c·`c_stride`), `weights` the block's packed weights (C_in·9·R), `planes`
+/// the block's output planes (empty past the last channel).
+#[allow(clippy::too_many_arguments)]
+fn image_tiles(
+    src: &[f32],
+    c_stride: usize,
+    c_in: usize,
+    h: usize,
+    w: usize,
+    weights: &[f32],
+    planes: &mut [&mut [f32]; R],
+    accumulate: bool,
+) {
+    let pw = w + 2;
+    let (per_row, at) = vectors(w, pw);
+    let total = h * per_row;
+    assert!(
+        src.len() >= reach(c_in, c_stride, h, w) && weights.len() >= c_in * 9 * R,
+        "direct convolution: operands too small"
+    );
+    let fast = cfg!(target_arch = "x86_64") && isa::current() >= Isa::Avx2;
+    // Row and vector within the row of the next vector (no division per tile).
+    let (mut y, mut k) = (0, 0);
+    let mut q = 0;
+    while q < total {
+        let count = V.min(total - q);
+        let mut pos = [at(0, 0); V];
+        for p in pos.iter_mut().take(count) {
+            *p = at(y, k);
+            k += 1;
+            if k == per_row {
+                (y, k) = (y + 1, 0);
+            }
+        }
+        for v in count..V {
+            pos[v] = pos[count - 1];
+        }
+        let from = pos.map(|p| p.input);
+        let mut sums = [[[0f32; LANES]; V]; R];
+        if fast {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the path is at most what the CPU has (`isa::current`); every read
+            // is below `reach` ≤ src.len() and C_in·9·R ≤ weights.len() (asserted).
+            unsafe {
+                tile_avx2(
+                    src.as_ptr(),
+                    c_stride,
+                    c_in,
+                    pw,
+                    weights.as_ptr(),
+                    from,
+                    &mut sums,
+                )
+            };
+        } else {
+            tile_portable(src, c_stride, c_in, pw, weights, from, &mut sums);
+        }
+        for (r, plane) in planes.iter_mut().enumerate() {
+            if plane.is_empty() {
+                continue;
+            }
+            for (v, p) in pos.iter().enumerate().take(count) {
+                let sum = &sums[r][v];
+                if let (0, LANES) = (p.first, p.end) {
+                    let dst = &mut plane[p.output..p.output + LANES];
+                    if let Ok(dst) = <&mut [f32; LANES]>::try_from(dst) {
+                        if accumulate {
+                            (0..LANES).for_each(|l| dst[l] += sum[l]);
+                        } else {
+                            *dst = *sum;
+                        }
+                    }
+                    continue;
+                }
+                let dst = &mut plane[p.output + p.first..p.output + p.end];
+                let sum = &sum[p.first..p.end];
+                if accumulate {
+                    dst.iter_mut().zip(sum).for_each(|(d, s)| *d += s);
+                } else {
+                    dst.copy_from_slice(sum);
+                }
+            }
+        }
+        q += count;
+    }
+}
+
+/// A vector of 8 output pixels of a plane: its first element in the output plane and in
+/// the padded input plane (tap (0, 0)), and the lanes `first..end` it stores: the last
+/// vector of a row overlaps the one before it when W is no multiple of 8 and stores
+/// only its new lanes; a row narrower than 8 keeps its W lanes.
+#[derive(Clone, Copy)]
+struct Vector {
+    output: usize,
+    input: usize,
+    first: usize,
+    end: usize,
+}
+
+/// Vectors per output row, and vector k of output row y.
+fn vectors(w: usize, pw: usize) -> (usize, impl Fn(usize, usize) -> Vector) {
+    let per_row = w.div_ceil(LANES);
+    (per_row, move |y: usize, k: usize| {
+        let x0 = (k * LANES).min(w.saturating_sub(LANES));
+        Vector {
+            output: y * w + x0,
+            input: y * pw + x0,
+            first: k * LANES - x0,
+            end: LANES.min(w - x0),
+        }
+    })
+}
+
+/// Elements of the padded planes (channel c at c·`c_stride`) below which every read of
+/// a plane of H × W outputs lies: the last row's last vector at tap (2, 2), 8 floats
+/// from column max(W, 8) − 8 + 2.
+fn reach(c_in: usize, c_stride: usize, h: usize, w: usize) -> usize {
+    (c_in - 1) * c_stride + (h + 1) * (w + 2) + w.max(LANES) + 2
+}
+
+/// One tile's sums: Σ over c, then taps (i, j), of weight × input vector, one fused
+/// multiply-add each (the avx512 path runs this too: the same bits as avx2).
+///
+/// # Safety
+/// AVX2 and FMA present; reads of `src` up to (C_in − 1)·`c_stride` + max(`from`) +
+/// 2·`pw` + 2 + 8 and of `weights` up to C_in·9·R inside their buffers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2(
+    src: *const f32,
+    c_stride: usize,
+    c_in: usize,
+    pw: usize,
+    weights: *const f32,
+    from: [usize; V],
+    sums: &mut [[[f32; LANES]; V]; R],
+) {
+    unsafe {
+        use std::arch::x86_64::*;
+        let mut acc = [[_mm256_setzero_ps(); V]; R];
+        for c in 0..c_in {
+            let base = src.add(c * c_stride);
+            let wc = weights.add(c * 9 * R);
+            for i in 0..3 {
+                for j in 0..3 {
+                    let off = i * pw + j;
+                    let b: [__m256; V] =
+                        std::array::from_fn(|v| _mm256_loadu_ps(base.add(from[v] + off)));
+                    let wt = wc.add((i * 3 + j) * R);
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let a = _mm256_broadcast_ss(&*wt.add(r));
+                        for (s, &b) in acc.iter_mut().zip(&b) {
+                            *s = _mm256_fmadd_ps(a, b, *s);
+                        }
+                    }
+                }
+            }
+        }
+        for (dst, acc) in sums.iter_mut().zip(&acc) {
+            for (d, &a) in dst.iter_mut().zip(acc) {
+                _mm256_storeu_ps(d.as_mut_ptr(), a);
+            }
+        }
+    }
+}
+
+/// [`tile_avx2`] in plain Rust for the portable path (a·b + c rounded twice where the
+/// target has no FMA, as the portable products do).
+#[allow(clippy::too_many_arguments)]
+fn tile_portable(
+    src: &[f32],
+    c_stride: usize,
+    c_in: usize,
+    pw: usize,
+    weights: &[f32],
+    from: [usize; V],
+    sums: &mut [[[f32; LANES]; V]; R],
+) {
+    for c in 0..c_in {
+        let s = &src[c * c_stride..];
+        for i in 0..3 {
+            for j in 0..3 {
+                let a = &weights[(c * 9 + i * 3 + j) * R..][..R];
+                for (v, &f) in from.iter().enumerate() {
+                    let b = &s[f + i * pw + j..][..LANES];
+                    for (r, &a) in a.iter().enumerate() {
+                        for (l, &b) in b.iter().enumerate() {
+                            sums[r][v][l] = fma(a, b, sums[r][v][l]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// a·b + c, fused where the target has FMA (as the portable products).
+#[inline(always)]
+fn fma(a: f32, b: f32, c: f32) -> f32 {
+    if crate::gemm::PORTABLE_FUSED {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+/// Floats of the per-lane partial sums [`weight_grad`] needs for `g`.
+pub fn partial_len(g: &ConvGeometry) -> usize {
+    g.out_channels.div_ceil(R) * R * g.in_channels * 9 * LANES
+}
+
+/// Floats of the ∂Z rows widened to whole vectors that [`weight_grad`] needs for `g`
+/// (one block of R channels of one image per thread).
+pub fn wide_len(g: &ConvGeometry) -> usize {
+    2 * R * g.out_h * g.out_w.div_ceil(LANES) * LANES
+}
+
+/// ∇W of convolution `g` into `wg` (C_out × C_in × 3 × 3, W's order): `∇W[o][c][i][j] =
+/// Σ_{b,y,x} ∂Z[o][b][y][x]·aₚ[c][b][y+i][x+j]`, from its input `input` (C_in × B planes)
+/// and `dz` (C_out × B planes). `padded`, `partial` and `wide` are scratch of
+/// [`padded_len`] (forward), [`partial_len`] and [`wide_len`].
+///
+/// Each weight sums its terms in 8 lanes (pixel x into lane x mod 8, in the order
+/// images, rows, vectors), then the lanes in order: the same bits whatever the thread
+/// split (by blocks of output channels). ∂Z's rows are copied into rows of whole
+/// vectors, zero past W, so that no vector needs a mask; the inputs those zeros meet
+/// (the next padded row, or the buffer's slack) are finite.
+#[allow(clippy::too_many_arguments)]
+pub fn weight_grad(
+    input: &[f32],
+    dz: &[f32],
+    g: &ConvGeometry,
+    rows: usize,
+    padded: &mut [f32],
+    partial: &mut [f32],
+    wide: &mut [f32],
+    wg: &mut [f32],
+) {
+    debug_assert!(applies(g));
+    let (c_in, c_out) = (g.in_channels, g.out_channels);
+    let (h, w) = (g.in_h, g.in_w);
+    let (plane, wr) = (h * w, w.div_ceil(LANES) * LANES);
+    let blocks = c_out.div_ceil(R);
+    let stride = c_in * 9 * LANES;
+    assert!(
+        input.len() >= c_in * rows * plane
+            && dz.len() >= c_out * rows * plane
+            && wg.len() >= c_out * c_in * 9
+            && partial.len() >= blocks * R * stride
+            && wide.len() >= 2 * R * h * wr,
+        "direct weight gradient: buffers too small"
+    );
+    let partial = &mut partial[..blocks * R * stride];
+    partial.fill(0.0);
+    let pplane = padded_plane(g);
+    let (pp, wp) = (Disjoint::new(partial), Disjoint::new(wide));
+    padded_chunks(
+        input,
+        g,
+        Direction::Forward,
+        rows,
+        padded,
+        |padded, b0, images| {
+            let work = c_out * images * plane * c_in * 9;
+            let run_blocks = |range: std::ops::Range<usize>| {
+                let part = usize::from(range.start > 0);
+                // SAFETY: each part of the split has its own half of `wide` (the first part
+                // starts at block 0, the second after it), inside it (checked above).
+                let dw = unsafe { wp.slice(part * R * h * wr, (part + 1) * R * h * wr) };
+                for block in range {
+                    let o0 = block * R;
+                    // SAFETY: the partial sums of output channels o0..o0 + R belong to this
+                    // block alone (blocks are split between the parts, whole).
+                    let sums = unsafe { pp.slice(o0 * stride, (o0 + R) * stride) };
+                    for b in 0..images {
+                        // Rows of whole vectors; channels past the last are zero.
+                        for (r, rows_r) in dw.chunks_exact_mut(h * wr).enumerate() {
+                            rows_r.fill(0.0);
+                            if o0 + r < c_out {
+                                let from = &dz[((o0 + r) * rows + b0 + b) * plane..][..plane];
+                                for (dst, src) in
+                                    rows_r.chunks_exact_mut(wr).zip(from.chunks_exact(w))
+                                {
+                                    copy_short(&mut dst[..w], src);
+                                }
+                            }
+                        }
+                        image_weight_sums(
+                            &padded[b * pplane..],
+                            images * pplane,
+                            c_in,
+                            h,
+                            w,
+                            dw,
+                            sums,
+                        );
+                    }
+                }
+            };
+            split_blocks(blocks, work, &run_blocks);
+        },
+    );
+    for (g, lanes) in wg[..c_out * c_in * 9]
+        .iter_mut()
+        .zip(partial.chunks_exact(LANES))
+    {
+        *g = lanes.iter().sum();
+    }
+}
+
+/// Adds one image's terms to the partial sums `sums` (R output channels × C_in × 9 × 8
+/// lanes) of one block: `src` the image's padded planes (channel c at c·`c_stride`),
+/// `dz` the block's ∂Z as R planes of H rows of whole vectors.
+fn image_weight_sums(
+    src: &[f32],
+    c_stride: usize,
+    c_in: usize,
+    h: usize,
+    w: usize,
+    dz: &[f32],
+    sums: &mut [f32],
+) {
+    let (pw, wr) = (w + 2, w.div_ceil(LANES) * LANES);
+    // The last vector of the last row reads to column W_r + 2 of padded row H + 1.
+    let reach = (c_in - 1) * c_stride + (h + 1) * pw + wr + 2;
+    assert!(
+        src.len() >= reach && dz.len() >= R * h * wr && sums.len() >= R * c_in * 9 * LANES,
+        "direct weight gradient: operands too small"
+    );
+    if cfg!(target_arch = "x86_64") && isa::current() >= Isa::Avx2 {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the path is at most what the CPU has (`isa::current`); every read lies
+        // inside the operands (asserted above).
+        unsafe {
+            weight_image_avx2(
+                src.as_ptr(),
+                c_stride,
+                c_in,
+                h,
+                w,
+                dz.as_ptr(),
+                sums.as_mut_ptr(),
+            )
+        };
+        return;
+    }
+    let plane = h * wr;
+    for c in 0..c_in {
+        let s = &src[c * c_stride..];
+        for i in 0..3 {
+            for y in 0..h {
+                for x0 in (0..wr).step_by(LANES) {
+                    let from = (y + i) * pw + x0;
+                    for r in 0..R {
+                        let d = &dz[r * plane + y * wr + x0..][..LANES];
+                        let base = ((r * c_in + c) * 9 + i * 3) * LANES;
+                        for j in 0..3 {
+                            for (l, &d) in d.iter().enumerate() {
+                                let a = &mut sums[base + j * LANES + l];
+                                *a = fma(d, s[from + j + l], *a);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// [`image_weight_sums`] on AVX2: for each input channel and tap row, the block's 12
+/// sums of 8 lanes in registers over every vector of the image.
+///
+/// # Safety
+/// AVX2 and FMA present; `src`, `dz` and `sums` as [`image_weight_sums`] checks them.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn weight_image_avx2(
+    src: *const f32,
+    c_stride: usize,
+    c_in: usize,
+    h: usize,
+    w: usize,
+    dz: *const f32,
+    sums: *mut f32,
+) {
+    unsafe {
+        use std::arch::x86_64::*;
+        let (pw, wr) = (w + 2, w.div_ceil(LANES) * LANES);
+        let dz: [*const f32; R] = std::array::from_fn(|r| dz.add(r * h * wr));
+        for c in 0..c_in {
+            let s = src.add(c * c_stride);
+            for i in 0..3 {
+                let base: [*mut f32; R] =
+                    std::array::from_fn(|r| sums.add(((r * c_in + c) * 9 + i * 3) * LANES));
+                let mut acc: [[__m256; 3]; R] = std::array::from_fn(|r| {
+                    std::array::from_fn(|j| _mm256_loadu_ps(base[r].add(j * LANES)))
+                });
+                for y in 0..h {
+                    let (out, input) = (y * wr, (y + i) * pw);
+                    for x0 in (0..wr).step_by(LANES) {
+                        // The inputs first, in registers (3 + 12 sums); each ∂Z vector is
+                        // loaded where it is used (4 more would spill the sums).
+                        let from = s.add(input + x0);
+                        let x: [__m256; 3] = std::array::from_fn(|j| _mm256_loadu_ps(from.add(j)));
+                        for (acc, dz) in acc.iter_mut().zip(&dz) {
+                            let d = _mm256_loadu_ps(dz.add(out + x0));
+                            for (a, &x) in acc.iter_mut().zip(&x) {
+                                *a = _mm256_fmadd_ps(d, x, *a);
+                            }
+                        }
+                    }
+                }
+                for (acc, base) in acc.iter().zip(base) {
+                    for (j, &a) in acc.iter().enumerate() {
+                        _mm256_storeu_ps(base.add(j * LANES), a);
+                    }
+                }
+            }
+        }
+    }
+}

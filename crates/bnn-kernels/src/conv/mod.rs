@@ -1,0 +1,73 @@
+//! The convolution passes of the ResNet models on the CPU: im2col and col2im, direct 3×3
+//! convolutions, FRN + TLU and the activations, on the planes of a batch. `bnn-core`'s
+//! ResNet backward (`backprop::resnet`) composes them with the matrix product.
+
+pub mod direct;
+pub mod ops;
+
+/// FRN's ε, added to the mean square (Singh & Krishnan use 1e-6 for planes larger than
+/// 1×1).
+pub const FRN_EPSILON: f32 = 1e-6;
+
+/// The shape of one convolution (square kernel, zero padding kernel/2: "same" at stride 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvGeometry {
+    pub in_channels: usize,
+    pub out_channels: usize,
+    pub kernel: usize,
+    pub stride: usize,
+    pub pad: usize,
+    pub in_h: usize,
+    pub in_w: usize,
+    pub out_h: usize,
+    pub out_w: usize,
+}
+
+impl ConvGeometry {
+    /// A convolution of `in_channels` planes of `in_hw` pixels to `out_channels`, with a
+    /// `kernel`×`kernel` kernel at `stride`.
+    pub fn new(
+        in_channels: usize,
+        out_channels: usize,
+        kernel: usize,
+        stride: usize,
+        in_hw: [usize; 2],
+    ) -> Self {
+        let pad = kernel / 2;
+        let out = |n: usize| (n + 2 * pad - kernel) / stride + 1;
+        ConvGeometry {
+            in_channels,
+            out_channels,
+            kernel,
+            stride,
+            pad,
+            in_h: in_hw[0],
+            in_w: in_hw[1],
+            out_h: out(in_hw[0]),
+            out_w: out(in_hw[1]),
+        }
+    }
+    /// Inputs of one output pixel: C_in·k².
+    pub fn patch(&self) -> usize {
+        self.in_channels * self.kernel * self.kernel
+    }
+    /// Pixels of one input plane.
+    pub fn in_plane(&self) -> usize {
+        self.in_h * self.in_w
+    }
+    /// Pixels of one output plane.
+    pub fn out_plane(&self) -> usize {
+        self.out_h * self.out_w
+    }
+}
+
+/// The element-wise nonlinearity after a convolution (`bnn-core`'s `model::Activation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nonlinearity {
+    /// max(0, x).
+    Relu,
+    /// 1/(1 + e^{−x}).
+    Sigmoid,
+    /// x·σ(x).
+    Swish,
+}

@@ -1,0 +1,627 @@
+//! The fused step on the CPU: fixed chunks run on [`crate::pool`], inner loops over blocks of 4
+//! elements (one Philox call each) that the compiler vectorises; AVX2+FMA and AVX-512 builds
+//! of the same code are chosen by [`super::isa`]. No allocation per step beyond the
+//! per-chunk partial sums.
+
+use std::cell::{Cell, RefCell};
+
+use candle_core::{backend::BackendStorage, CpuStorage, InplaceOp2, Layout};
+
+use super::isa::{self, Isa};
+use super::noise::{Autovec, Normals};
+use super::{buffer::StateBuffer, StepConsts, Update};
+use crate::pool::{self, Disjoint};
+use crate::rng::NoiseKey;
+
+/// Elements per parallel chunk: a multiple of 4 (Philox blocks never straddle chunks) and
+/// fixed, so the partial sums and their order do not depend on the number of threads.
+pub const CHUNK: usize = 1 << 15;
+/// Elements whose noise is generated before they are updated (keeps z in L1).
+const TILE: usize = 256;
+
+/// Philox blocks per tile.
+const BLOCKS: usize = TILE / 4;
+
+/// The normals of elements `4·first_block ..` of a tile, by build `N`.
+///
+/// # Safety
+/// The CPU has the features `N` needs.
+#[inline(always)]
+unsafe fn normals_tile<N: Normals>(key: &NoiseKey, first_block: u32, z: &mut [[f32; 4]; BLOCKS]) {
+    unsafe {
+        let counters: [u32; BLOCKS] = std::array::from_fn(|b| first_block.wrapping_add(b as u32));
+        N::blocks::<BLOCKS>(key, &counters, z);
+    }
+}
+
+#[inline(always)]
+unsafe fn tile_update<N: Normals>(
+    update: Update,
+    theta: &mut [f32],
+    momentum: &mut [f32],
+    grad: &[f32],
+    key: &NoiseKey,
+    first_block: u32,
+    c: StepConsts,
+) -> f64 {
+    unsafe {
+        let n = theta.len();
+        let mut blocks = [[0f32; 4]; BLOCKS];
+        normals_tile::<N>(key, first_block, &mut blocks);
+        let z = blocks.as_flattened_mut();
+        let mut sum = 0f64;
+        match update {
+            Update::Thermostat { .. } => {
+                unreachable!("the thermostat update runs in thermostat_step")
+            }
+            Update::Sgld => {
+                for ((t, &g), &z) in theta.iter_mut().zip(grad).zip(&z[..n]) {
+                    *t = *t - g * c.step_size + z * c.noise_scale;
+                }
+            }
+            Update::Momentum => {
+                for (((t, m), &g), z) in theta
+                    .iter_mut()
+                    .zip(momentum.iter_mut())
+                    .zip(grad)
+                    .zip(z[..n].iter_mut())
+                {
+                    let vn = (*m * c.decay - g * c.step_size + *z * c.noise_scale) * c.post;
+                    *m = vn;
+                    *t += vn;
+                    *z = vn * vn;
+                }
+                sum = lanes8(&z[..n]);
+            }
+        }
+        sum
+    }
+}
+
+/// How far ahead of the tile being updated its operands are prefetched, in elements.
+const PREFETCH_AHEAD: usize = TILE;
+
+/// Asks for the cache lines of `values[from .. from + TILE]` (those that exist): the tile's
+/// noise takes long enough that the loads of its update otherwise miss in turn, the
+/// hardware prefetcher not running that far ahead of a stream that pauses.
+#[inline(always)]
+fn prefetch_tile(values: &[f32], from: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let end = (from + TILE).min(values.len());
+        let mut i = from;
+        while i < end {
+            // SAFETY: i < values.len(); a prefetch never faults anyway.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(values.as_ptr().add(i) as *const i8) };
+            i += 16;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (values, from);
+}
+
+/// One chunk of a tensor: its slices, the noise key and the chunk's element offset.
+struct Chunk<'a> {
+    update: Update,
+    theta: &'a mut [f32],
+    momentum: &'a mut [f32],
+    grad: &'a [f32],
+    key: &'a NoiseKey,
+    offset: usize,
+    c: StepConsts,
+}
+
+/// # Safety
+/// The CPU has the features `N` needs.
+#[inline(always)]
+unsafe fn chunk_update<N: Normals>(job: Chunk<'_>) -> f64 {
+    unsafe {
+        let Chunk {
+            update,
+            theta,
+            momentum,
+            grad,
+            key,
+            offset,
+            c,
+        } = job;
+        let mut sum = 0f64;
+        let mut start = 0;
+        while start < theta.len() {
+            let end = (start + TILE).min(theta.len());
+            prefetch_tile(&theta[..], start + PREFETCH_AHEAD);
+            prefetch_tile(grad, start + PREFETCH_AHEAD);
+            prefetch_tile(&momentum[..], start + PREFETCH_AHEAD);
+            let m = if momentum.is_empty() {
+                &mut []
+            } else {
+                &mut momentum[start..end]
+            };
+            sum += tile_update::<N>(
+                update,
+                &mut theta[start..end],
+                m,
+                &grad[start..end],
+                key,
+                ((offset + start) / 4) as u32,
+                c,
+            );
+            start = end;
+        }
+        sum
+    }
+}
+
+/// The same code compiled for 256-bit vectors, with FMA so that the noise polynomials'
+/// explicit fused multiply-adds are single instructions (Rust never contracts a·b + c on
+/// its own, so the rest stays bit-identical to the portable build and the kernel header).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn chunk_update_avx2(job: Chunk<'_>) -> f64 {
+    unsafe { chunk_update::<super::noise::Avx2>(job) }
+}
+
+/// The same code for 512-bit vectors (16 Philox blocks or normals per instruction).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
+unsafe fn chunk_update_avx512(job: Chunk<'_>) -> f64 {
+    unsafe { chunk_update::<Autovec>(job) }
+}
+
+/// [`chunk_update`] on `isa`'s build.
+fn chunk_dispatch(isa: Isa, job: Chunk<'_>) -> f64 {
+    match isa {
+        // SAFETY: `isa` is at most what the CPU has (isa::current caps at Isa::best).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { chunk_update_avx512(job) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { chunk_update_avx2(job) },
+        // SAFETY: the compiler's own loops need nothing beyond the build's baseline.
+        _ => unsafe { chunk_update::<Autovec>(job) },
+    }
+}
+
+/// Applies one fused update to a whole parameter tensor (`theta`, its `momentum` — empty
+/// for SGLD — and its gradient), with noise from `key`. Returns Σ v² after the update
+/// (0 for SGLD), summed per chunk and then over chunks in order.
+pub fn step(
+    update: Update,
+    theta: &mut [f32],
+    momentum: &mut [f32],
+    grad: &[f32],
+    key: NoiseKey,
+    c: StepConsts,
+) -> f64 {
+    assert_eq!(theta.len(), grad.len(), "gradient of the wrong length");
+    assert!(
+        !matches!(update, Update::Thermostat { .. }),
+        "the thermostat update runs in thermostat_step"
+    );
+    if update == Update::Momentum {
+        assert_eq!(theta.len(), momentum.len(), "momentum of the wrong length");
+    }
+    let n = theta.len();
+    let chunks = n.div_ceil(CHUNK);
+    let mut partials = vec![0f64; chunks];
+    let isa = isa::current();
+    let (t, m, p) = (
+        Disjoint::new(theta),
+        Disjoint::new(momentum),
+        Disjoint::new(&mut partials),
+    );
+    pool::run(chunks, &|k| {
+        let (start, end) = (k * CHUNK, ((k + 1) * CHUNK).min(n));
+        // SAFETY: chunk k alone touches elements start..end of θ and v, and partials[k].
+        let (theta, momentum, partial) = unsafe {
+            (
+                t.slice(start, end),
+                if update == Update::Momentum {
+                    m.slice(start, end)
+                } else {
+                    &mut []
+                },
+                &mut p.slice(k, k + 1)[0],
+            )
+        };
+        *partial = chunk_dispatch(
+            isa,
+            Chunk {
+                update,
+                theta,
+                momentum,
+                grad: &grad[start..end],
+                key: &key,
+                offset: start,
+                c,
+            },
+        );
+    });
+    partials.iter().sum()
+}
+
+/// e^x in plain f32 operations that vectorise (libm's `expf` is a call per element):
+/// Cody–Waite reduction x = n·ln 2 + r, Cephes' `expf` polynomial on |r| ≤ ln2/2 (within
+/// 2 ulp of the true value), and 2ⁿ assembled in the exponent bits. x is clamped to
+/// [−87, 88], where 2ⁿ stays a normal number (the splitting scheme's damping e^{−α/2}
+/// needs nothing outside it).
+#[allow(clippy::excessive_precision)] // Cephes' published digits
+#[inline(always)]
+pub fn exp_f32(x: f32) -> f32 {
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
+    let r = (x - n * 0.693_359_375) - n * -2.121_944_4e-4;
+    let mut p = 1.987_569_15e-4;
+    p = p * r + 1.398_199_95e-3;
+    p = p * r + 8.333_451_9e-3;
+    p = p * r + 4.166_579_59e-2;
+    p = p * r + 1.666_666_55e-1;
+    p = p * r + 5.000_000_12e-1;
+    let y = p * (r * r) + r + 1.0;
+    // n + 127 in [1, 254]: its low 8 bits by the 2²³ trick (no float→int conversion).
+    let biased = (n + (127.0 + 8_388_608.0)).to_bits() & 0xff;
+    y * f32::from_bits(biased << 23)
+}
+
+/// One tile of the per-element-thermostat update ([`Update::Thermostat`]), with the
+/// composed mSGNHT's f32 operations in its order (e^{−α/2} by [`exp_f32`]). Returns
+/// (Σv², Σα) after the update, summed in eight fixed f64 lanes (vectorisable, and the same
+/// order whatever the threads).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn thermostat_tile<N: Normals>(
+    theta: &mut [f32],
+    momentum: &mut [f32],
+    alpha: &mut [f32],
+    grad: &[f32],
+    key: &NoiseKey,
+    first_block: u32,
+    c: StepConsts,
+    splitting: bool,
+) -> (f64, f64) {
+    unsafe {
+        let n = theta.len();
+        let mut blocks = [[0f32; 4]; BLOCKS];
+        normals_tile::<N>(key, first_block, &mut blocks);
+        let z = blocks.as_flattened_mut();
+        // z is reused for v², and `alpha` holds the new α: both summed below.
+        for ((((t, m), a), &g), z) in theta
+            .iter_mut()
+            .zip(momentum.iter_mut())
+            .zip(alpha.iter_mut())
+            .zip(grad)
+            .zip(z[..n].iter_mut())
+        {
+            let v = if splitting {
+                let d = exp_f32(*a * -0.5);
+                ((*m * d - g * c.step_size) + *z * c.noise_scale) * d
+            } else {
+                ((*m - *m * *a) - g * c.step_size) + *z * c.noise_scale
+            };
+            *m = v;
+            *t += v;
+            *a += v * v - c.step_size;
+            *z = v * v;
+        }
+        (lanes8(&z[..n]), lanes8(alpha))
+    }
+}
+
+/// Σ of `values` in eight fixed f64 lanes, added up at the end: vectorisable, and the
+/// same order whatever the threads.
+#[inline(always)]
+fn lanes8(values: &[f32]) -> f64 {
+    let mut lanes = [0f64; 8];
+    let full = values.chunks_exact(8);
+    let rest = full.remainder();
+    for ch in full {
+        for l in 0..8 {
+            lanes[l] += ch[l] as f64;
+        }
+    }
+    for (l, &v) in rest.iter().enumerate() {
+        lanes[l] += v as f64;
+    }
+    lanes.iter().sum()
+}
+
+/// One chunk of a tensor's per-element-thermostat update: its slices (θ, v, α, ∇), the
+/// noise key and the chunk's first element.
+struct ThermostatChunk<'a> {
+    theta: &'a mut [f32],
+    momentum: &'a mut [f32],
+    alpha: &'a mut [f32],
+    grad: &'a [f32],
+    key: &'a NoiseKey,
+    first: usize,
+    c: StepConsts,
+    splitting: bool,
+}
+
+/// The thermostat tiles of one chunk.
+/// # Safety
+/// The CPU has the features `N` needs.
+#[inline(always)]
+unsafe fn thermostat_chunk<N: Normals>(job: ThermostatChunk<'_>) -> (f64, f64) {
+    unsafe {
+        let ThermostatChunk {
+            theta,
+            momentum,
+            alpha,
+            grad,
+            key,
+            first,
+            c,
+            splitting,
+        } = job;
+        let mut sums = (0f64, 0f64);
+        let mut start = 0;
+        while start < theta.len() {
+            let end = (start + TILE).min(theta.len());
+            let (a, b) = thermostat_tile::<N>(
+                &mut theta[start..end],
+                &mut momentum[start..end],
+                &mut alpha[start..end],
+                &grad[start..end],
+                key,
+                ((first + start) / 4) as u32,
+                c,
+                splitting,
+            );
+            sums = (sums.0 + a, sums.1 + b);
+            start = end;
+        }
+        sums
+    }
+}
+
+/// [`thermostat_chunk`] compiled for 256-bit vectors with FMA (the noise's fused
+/// multiply-adds single instructions; the rest the same operations, so the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn thermostat_chunk_avx2(job: ThermostatChunk<'_>) -> (f64, f64) {
+    unsafe { thermostat_chunk::<super::noise::Avx2>(job) }
+}
+
+/// [`thermostat_chunk`] compiled for 512-bit vectors.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
+unsafe fn thermostat_chunk_avx512(job: ThermostatChunk<'_>) -> (f64, f64) {
+    unsafe { thermostat_chunk::<Autovec>(job) }
+}
+
+/// [`thermostat_chunk`] on `isa`'s build.
+fn thermostat_dispatch(isa: Isa, job: ThermostatChunk<'_>) -> (f64, f64) {
+    match isa {
+        // SAFETY: `isa` is at most what the CPU has (isa::current caps at Isa::best).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { thermostat_chunk_avx512(job) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { thermostat_chunk_avx2(job) },
+        // SAFETY: the compiler's own loops need nothing beyond the build's baseline.
+        _ => unsafe { thermostat_chunk::<Autovec>(job) },
+    }
+}
+
+/// The per-element-thermostat update of a whole parameter tensor (θ, v, α, gradient),
+/// on the pool over the same fixed chunks as [`step`]. Returns (Σv², Σα) after the update.
+pub fn thermostat_step(
+    theta: &mut [f32],
+    momentum: &mut [f32],
+    alpha: &mut [f32],
+    grad: &[f32],
+    key: NoiseKey,
+    c: StepConsts,
+    splitting: bool,
+) -> (f64, f64) {
+    let n = theta.len();
+    assert!(
+        grad.len() == n && momentum.len() == n && alpha.len() == n,
+        "sampler state of the wrong length"
+    );
+    let chunks = n.div_ceil(CHUNK);
+    let mut partials = vec![(0f64, 0f64); chunks];
+    let isa = isa::current();
+    let (t, m, al, p) = (
+        Disjoint::new(theta),
+        Disjoint::new(momentum),
+        Disjoint::new(alpha),
+        Disjoint::new(&mut partials),
+    );
+    pool::run(chunks, &|k| {
+        let (first, last) = (k * CHUNK, ((k + 1) * CHUNK).min(n));
+        // SAFETY: chunk k alone touches elements first..last of θ, v, α and partials[k].
+        let (theta, momentum, alpha, partial) = unsafe {
+            (
+                t.slice(first, last),
+                m.slice(first, last),
+                al.slice(first, last),
+                &mut p.slice(k, k + 1)[0],
+            )
+        };
+        *partial = thermostat_dispatch(
+            isa,
+            ThermostatChunk {
+                theta,
+                momentum,
+                alpha,
+                grad: &grad[first..last],
+                key: &key,
+                first,
+                c,
+                splitting,
+            },
+        );
+    });
+    partials
+        .iter()
+        .fold((0.0, 0.0), |acc, p| (acc.0 + p.0, acc.1 + p.1))
+}
+
+/// The fused step as a candle in-place op on (θ, ∇Ũ): θ is the destination (the `Var`'s
+/// storage), the gradient a distinct source, the momentum the sampler's own buffer lent
+/// for this call.
+pub struct FusedStepOp<'a> {
+    pub update: Update,
+    pub consts: StepConsts,
+    pub key: NoiseKey,
+    /// The momentum buffer of this tensor; `None` for SGLD.
+    pub momentum: RefCell<Option<&'a mut StateBuffer>>,
+    /// The per-element thermostats of this tensor (mSGNHT only).
+    pub thermostat: RefCell<Option<&'a mut StateBuffer>>,
+    /// Σ v² after the update, set by the op.
+    pub sum_sq: Cell<f64>,
+    /// Σ α after the update (mSGNHT), set by the op.
+    pub sum_thermostat: Cell<f64>,
+}
+
+fn contiguous<'s>(s: &'s [f32], l: &Layout) -> candle_core::Result<&'s [f32]> {
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&s[a..b]),
+        None => candle_core::bail!("fused sampler step: tensor is not contiguous"),
+    }
+}
+
+impl InplaceOp2 for FusedStepOp<'_> {
+    fn name(&self) -> &'static str {
+        "bnn-fused-sampler-step"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<()> {
+        let dtype = s1.dtype();
+        let (CpuStorage::F32(theta), CpuStorage::F32(grad)) = (s1, s2) else {
+            candle_core::bail!("fused sampler step: parameters must be f32, got {dtype:?}");
+        };
+        let Some((a, b)) = l1.contiguous_offsets() else {
+            candle_core::bail!("fused sampler step: parameter is not contiguous");
+        };
+        let grad = contiguous(grad, l2)?;
+        let mut momentum = self.momentum.borrow_mut();
+        let m: &mut [f32] = match momentum.as_deref_mut() {
+            None => &mut [],
+            Some(StateBuffer::Host(v)) => v,
+            #[allow(unreachable_patterns)]
+            Some(_) => candle_core::bail!("fused sampler step: the momentum is not on the CPU"),
+        };
+        if let Update::Thermostat { splitting } = self.update {
+            let mut thermostat = self.thermostat.borrow_mut();
+            let Some(StateBuffer::Host(alpha)) = thermostat.as_deref_mut() else {
+                candle_core::bail!("fused sampler step: no thermostat buffer on the CPU");
+            };
+            let (sq, sa) = thermostat_step(
+                &mut theta[a..b],
+                m,
+                alpha,
+                grad,
+                self.key,
+                self.consts,
+                splitting,
+            );
+            self.sum_sq.set(sq);
+            self.sum_thermostat.set(sa);
+            return Ok(());
+        }
+        let s = step(
+            self.update,
+            &mut theta[a..b],
+            m,
+            grad,
+            self.key,
+            self.consts,
+        );
+        self.sum_sq.set(s);
+        Ok(())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &mut candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<()> {
+        let mut momentum = self.momentum.borrow_mut();
+        let m = match momentum.as_deref_mut() {
+            None => None,
+            Some(StateBuffer::Cuda(s)) => Some(s),
+            Some(StateBuffer::Host(_)) => {
+                candle_core::bail!("fused sampler step: the momentum is not on the GPU")
+            }
+        };
+        let mut thermostat = self.thermostat.borrow_mut();
+        let alpha = match thermostat.as_deref_mut() {
+            None => None,
+            Some(StateBuffer::Cuda(s)) => Some(s),
+            Some(StateBuffer::Host(_)) => {
+                candle_core::bail!("fused sampler step: the thermostats are not on the GPU")
+            }
+        };
+        let (sq, sa) =
+            super::cuda::step(self.update, s1, l1, s2, l2, m, alpha, self.key, self.consts)?;
+        self.sum_sq.set(sq);
+        self.sum_thermostat.set(sa);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exp_f32;
+
+    #[test]
+    fn exp_f32_is_within_two_ulp_of_exp() {
+        // Every 97th float in [−87, 88] plus the edges and the damping range of the
+        // thermostat; the reference in f64, rounded.
+        let mut x = -87.0f32;
+        let mut checked = 0;
+        let check = |x: f32| {
+            let want = (x as f64).exp();
+            let got = exp_f32(x) as f64;
+            let ulp = (want as f32).abs() * f32::EPSILON;
+            assert!(
+                (got - want).abs() <= 2.0 * ulp as f64,
+                "exp({x}) = {got}, want {want}"
+            );
+        };
+        while x <= 88.0 {
+            check(x);
+            checked += 1;
+            x = f32::from_bits(if x < 0.0 {
+                x.to_bits() - 97 * 4096
+            } else {
+                x.to_bits() + 97 * 4096
+            });
+            if x.abs() < 1e-30 {
+                x = 1e-30;
+            }
+        }
+        for x in [
+            0.0,
+            -0.0,
+            1e-8,
+            -1e-8,
+            -0.05,
+            -0.5,
+            -2.0,
+            std::f32::consts::LN_2,
+            88.0,
+            -87.0,
+        ] {
+            check(x);
+        }
+        assert!(checked > 1000, "{checked}");
+        // Outside the range: clamped, finite, monotone; NaN stays NaN.
+        assert_eq!(exp_f32(-200.0), exp_f32(-87.0));
+        assert!(exp_f32(200.0).is_finite());
+        assert!(exp_f32(f32::NAN).is_nan());
+    }
+}

@@ -1,0 +1,584 @@
+//! C = A·B for B (k × n) row-major along n, or the transpose of a row-major matrix
+//! (packed panel by panel), A with any strides: the one product of every path, generic
+//! over its vectors ([`Simd`]).
+//!
+//! A tile of R rows × V vectors of C keeps its R·V sums in registers; one step of k loads
+//! V vectors of B, broadcasts R scalars of A and does R·V fused multiply-adds. k runs in
+//! blocks of [`KC`], so that a (KC × tile) panel of B stays in L1 across the row tiles.
+//!
+//! Every element of C sums its k in blocks of KC (in order within a block, each by one
+//! fused multiply-add; blocks added in order), whatever the path, tiling, thread split or
+//! skipped zeros: the result does not depend on them (the portable path on a target
+//! without FMA rounds a·b first: see `simd::Portable`).
+
+use std::cell::RefCell;
+
+use super::simd::{Simd, MAX_BLOCKS};
+use super::{balanced, split, Mat, Options, Zeros};
+use crate::pool::Disjoint;
+
+/// The k block. Zero-map blocks start on whole 64-bit words.
+pub(super) const KC: usize = 128;
+const _: () = assert!(KC.is_multiple_of(64));
+
+/// Columns of the widest tile (AVX-512: 3 × 16), which sizes the packed panel.
+const MAX_TILE_COLS: usize = 48;
+
+/// What a tile does with its sums: store them, add them to C, or add them to
+/// `scale · addend` (an addend laid out like C; the prior term of a weight gradient).
+#[derive(Clone, Copy)]
+pub(super) enum Store {
+    Overwrite,
+    Accumulate,
+    AddScaled(*const f32, f32),
+    /// The sums complete the gradient of θ at element offset `at` of C (with the prior
+    /// term, or, when `from_dst`, with the partial sums in C): update θ.
+    Update {
+        fuse: *const Fuse,
+        at: usize,
+        from_dst: bool,
+    },
+}
+
+/// What [`super::product_then_update`] updates, as raw pointers into its borrows.
+pub(super) struct Fuse {
+    pub theta: *mut f32,
+    pub momentum: *mut f32,
+    /// Σv² of each row of C, accumulated in column order (see [`update_body`]).
+    pub row_sums: *mut f64,
+    pub update: crate::Update,
+    pub consts: crate::StepConsts,
+    pub key: crate::rng::NoiseKey,
+    pub prior_scale: f32,
+}
+
+/// The k a tile runs over: all of `0..k`, or a list of the k whose terms are not all
+/// zero (relative to the tile's first k, ascending).
+#[derive(Clone, Copy)]
+pub(super) enum Ks<'a> {
+    All(usize),
+    /// The k where one of the tile's rows of A is not zero; A is packed with only these
+    /// (the q-th entry's scalars at q·R).
+    Lhs(&'a [u32]),
+    /// The k where B is not zero in one of the tile's columns; A is packed whole.
+    Rhs(&'a [u32]),
+}
+
+/// One tile's operands: A packed (R scalars per k, see [`Ks`]), B at its k and first
+/// column, C at its first element; `cols` valid columns.
+#[derive(Clone, Copy)]
+pub(super) struct Tile<'a> {
+    pub ks: Ks<'a>,
+    pub a: *const f32,
+    pub b: *const f32,
+    pub ldb: usize,
+    /// B is read in place (not a packed panel in L1): prefetch the rows a list jumps to.
+    pub prefetch_b: bool,
+    pub c: *mut f32,
+    pub ldc: usize,
+    pub cols: usize,
+    pub store: Store,
+}
+
+/// A finished tile's update: `cols` valid columns of C's element offset `at` (row stride
+/// `n`); `c` is C's first element.
+pub(super) struct UpdateTile {
+    pub fuse: *const Fuse,
+    pub c: *mut f32,
+    pub n: usize,
+    pub at: usize,
+    pub cols: usize,
+    pub from_dst: bool,
+}
+
+/// One tile of R rows × V vectors (`FULL`: no column of them outside the matrix).
+///
+/// # Safety
+/// The path's features present (this is inlined into its entry); operands as [`Tile`]
+/// says, inside the extents checked by `product`.
+#[inline(always)]
+pub(super) unsafe fn tile_body<S: Simd, const R: usize, const V: usize, const FULL: bool>(
+    t: &Tile<'_>,
+) {
+    unsafe {
+        let mut masks = [S::mask(0); V];
+        for (v, m) in masks.iter_mut().enumerate() {
+            *m = S::mask(t.cols.saturating_sub(S::LANES * v));
+        }
+        // The epilogue's operands (the addend, or θ and v) are visited a tile at a time, a
+        // pattern the hardware prefetcher does not follow: fetch them while the k loop runs.
+        let ahead = |base: *const f32| {
+            for i in 0..R {
+                for v in 0..V {
+                    S::prefetch(base.wrapping_add(i * t.ldc + S::LANES * v));
+                }
+            }
+        };
+        match t.store {
+            Store::AddScaled(w, _) => ahead(w),
+            Store::Update { fuse, at, .. } => {
+                let f = &*fuse;
+                ahead(f.theta.wrapping_add(at));
+                if f.update == crate::Update::Momentum {
+                    ahead(f.momentum.wrapping_add(at));
+                }
+            }
+            Store::Overwrite | Store::Accumulate => {}
+        }
+        let mut acc = [[S::zero(); V]; R];
+        // One step of k: V vectors of B (row `pb`), R broadcasts of A (packed entry `pa`),
+        // R·V FMAs (a macro, not a closure, so that the sums stay in registers).
+        macro_rules! step {
+            ($pa:expr, $pb:expr) => {{
+                let (pa, pb): (usize, usize) = ($pa, $pb);
+                let ap = t.a.add(pa * R);
+                let bp = t.b.add(pb * t.ldb);
+                let mut bv = [S::zero(); V];
+                for v in 0..V {
+                    bv[v] = S::load_part(FULL, masks[v], bp.wrapping_add(S::LANES * v));
+                }
+                for i in 0..R {
+                    let s = S::splat(*ap.add(i));
+                    for v in 0..V {
+                        acc[i][v] = S::fmadd(s, bv[v], acc[i][v]);
+                    }
+                }
+            }};
+        }
+        // The k of a list jump, which the hardware prefetcher does not follow: fetch the row
+        // of B a few steps ahead where B is read in place.
+        const AHEAD: usize = 6;
+        let ahead_b = |list: &[u32], at: usize| {
+            if let (true, Some(&q)) = (t.prefetch_b, list.get(at + AHEAD)) {
+                let bq = t.b.wrapping_add(q as usize * t.ldb);
+                for v in 0..V {
+                    S::prefetch(bq.wrapping_add(S::LANES * v));
+                }
+            }
+        };
+        match t.ks {
+            Ks::All(k) => {
+                for p in 0..k {
+                    step!(p, p)
+                }
+            }
+            Ks::Lhs(list) => {
+                for (q, &p) in list.iter().enumerate() {
+                    ahead_b(list, q);
+                    step!(q, p as usize)
+                }
+            }
+            Ks::Rhs(list) => {
+                for (q, &p) in list.iter().enumerate() {
+                    ahead_b(list, q);
+                    step!(p as usize, p as usize)
+                }
+            }
+        }
+        if let Store::Update { fuse, at, from_dst } = t.store {
+            let u = UpdateTile {
+                fuse,
+                c: t.c.wrapping_sub(at),
+                n: t.ldc,
+                at,
+                cols: t.cols,
+                from_dst,
+            };
+            // A copy: were the sums' own address to escape, the k loop would store them to
+            // the stack at every step (seen in the AVX2 build: half the speed).
+            let sums = acc;
+            S::update::<R, V>(&sums, &u);
+            return;
+        }
+        for (i, row) in acc.iter().enumerate() {
+            let out = t.c.add(i * t.ldc);
+            for (v, &val) in row.iter().enumerate() {
+                let o = out.wrapping_add(S::LANES * v);
+                let load = |p: *const f32| S::load_part(FULL, masks[v], p);
+                let val = match t.store {
+                    Store::Update { .. } => unreachable!("handled above"),
+                    Store::Overwrite => val,
+                    Store::Accumulate => S::add(val, load(o)),
+                    Store::AddScaled(w, scale) => {
+                        // fl(sum + fl(scale·w)): the same roundings as writing scale·w first
+                        // and accumulating onto it.
+                        let w = load(w.wrapping_add(i * t.ldc + S::LANES * v));
+                        S::add(val, S::mul(S::splat(scale), w))
+                    }
+                };
+                S::store_part(FULL, masks[v], o, val)
+            }
+        }
+    }
+}
+
+/// Σ of eight f64 lanes in one fixed order, the same on every path.
+#[inline(always)]
+fn reduce8(l: &[f64; 8]) -> f64 {
+    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
+}
+
+/// The update of one finished tile of R rows × V vectors of sums into θ and v: ∇ = sum +
+/// λθ (or + the partial sums in C), noise for the tile's Philox blocks, then the fused
+/// element update in the kernel header's f32 operations and order.
+///
+/// Σv² of a row is summed in groups of 16 columns: lane i of eight f64 lanes takes
+/// columns i and i + 8 of the group, in that order, the lanes are added by [`reduce8`],
+/// and each group's sum is added to the row's total in column order. Column tiles start
+/// on multiples of 16 columns and hold whole groups (but the row's last), so this order,
+/// and Σv², are the same on every path and tiling.
+///
+/// # Safety
+/// The path's features present; pointers as [`Fuse`] says; the tile's rows are whole
+/// Philox blocks (`at` and `n` multiples of 4).
+#[inline(always)]
+pub(super) unsafe fn update_body<S: Simd, const R: usize, const V: usize>(
+    acc: &[[S::V; V]; R],
+    u: &UpdateTile,
+) {
+    unsafe {
+        let f = &*u.fuse;
+        let (n, at) = (u.n, u.at);
+        debug_assert!((at % n).is_multiple_of(16) && R * V * S::LANES / 4 <= MAX_BLOCKS);
+        let mut masks = [S::mask(0); V];
+        for (v, m) in masks.iter_mut().enumerate() {
+            *m = S::mask(u.cols.saturating_sub(S::LANES * v));
+        }
+        // Block (at + r·n)/4 + b holds elements 4b .. 4b+3 of row r.
+        let per_row = V * S::LANES / 4;
+        let mut counters = [0u32; MAX_BLOCKS];
+        for r in 0..R {
+            let first = ((at + r * n) / 4) as u32;
+            for b in 0..per_row {
+                counters[r * per_row + b] = first.wrapping_add(b as u32);
+            }
+        }
+        let mut z = [[0f32; 4]; MAX_BLOCKS];
+        S::normals(&f.key, &counters, &mut z, R * per_row);
+        let z = z.as_flattened();
+        let k = f.consts;
+        let (eta, sigma) = (S::splat(k.step_size), S::splat(k.noise_scale));
+        let (decay, post) = (S::splat(k.decay), S::splat(k.post));
+        let lambda = S::splat(f.prior_scale);
+        let momentum = f.update == crate::Update::Momentum;
+        let col0 = at % n;
+        // Locals, not reads through `f`: the stores through θ and v could alias it, which
+        // made the compiler reload the pointers at every vector.
+        let (theta_at, momentum_at, c_at) =
+            (f.theta.add(at), f.momentum.wrapping_add(at), u.c.add(at));
+        let sums_at = f.row_sums.add(at / n);
+        for (r, row) in acc.iter().enumerate() {
+            let mut lanes = [0f64; 8];
+            let mut row_sum = *sums_at.add(r);
+            for (v, &sum) in row.iter().enumerate() {
+                let (m, off) = (masks[v], r * n + S::LANES * v);
+                let full = u.cols >= S::LANES * (v + 1);
+                let load = |p: *const f32| S::load_part(full, m, p);
+                let store = |p: *mut f32, x| S::store_part(full, m, p, x);
+                let theta = load(theta_at.add(off));
+                // ∇: the roundings of the stored gradient (see Store::AddScaled).
+                let g = if u.from_dst {
+                    S::add(sum, load(c_at.add(off)))
+                } else {
+                    S::add(sum, S::mul(lambda, theta))
+                };
+                let zv = S::load(z.as_ptr().add(r * 4 * per_row + S::LANES * v));
+                let kick = S::mul(g, eta);
+                let noise = S::mul(zv, sigma);
+                if momentum {
+                    // bnn_momentum_step: vn = (v·decay − g·η + z·σ)·post; θ += vn.
+                    let old = load(momentum_at.add(off));
+                    let vn = S::mul(S::add(S::sub(S::mul(old, decay), kick), noise), post);
+                    store(momentum_at.add(off), vn);
+                    store(theta_at.add(off), S::add(theta, vn));
+                    let vv = S::mul(vn, vn);
+                    S::add_squares(&mut lanes, if full { vv } else { S::keep(m, vv) });
+                    let end = col0 + S::LANES * (v + 1);
+                    if end.is_multiple_of(16) || end >= n {
+                        row_sum += reduce8(&lanes);
+                        lanes = [0.0; 8];
+                    }
+                } else {
+                    // bnn_sgld: θ ← θ − g·η + z·σ.
+                    store(theta_at.add(off), S::add(S::sub(theta, kick), noise));
+                }
+            }
+            if momentum {
+                if lanes != [0.0; 8] {
+                    // Unreachable with the tilings of `product` (see above), but nothing is lost.
+                    row_sum += reduce8(&lanes);
+                }
+                *sums_at.add(r) = row_sum;
+            }
+        }
+    }
+}
+
+/// Rows of A per block: the column tiles of a k block sweep the rows in blocks of about
+/// this many, so that A's (MC × KC) block (96 KiB) stays in L2 while they do. Without it a
+/// k block of a batch-1000 product swept all 1000 rows (500 KiB) per column tile.
+const MC: usize = 192;
+
+/// Per-thread buffers of [`product`], reused across calls.
+#[derive(Default)]
+struct Scratch {
+    /// The packed (k block × tile) panel of B when rhs is a transpose.
+    panel: Vec<f32>,
+    /// The row tiles of the thread's rows: (first row, rows).
+    tiles: Vec<(usize, usize)>,
+    /// The k lists of the row tiles for one k block (lhs zeros), KC apart, and their lengths.
+    lists: Vec<u32>,
+    lens: Vec<usize>,
+    /// A's rows of one block of row tiles for one k block, packed tile by tile (R
+    /// scalars per k), and where each tile's part starts.
+    a_packed: Vec<f32>,
+    a_at: Vec<usize>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// C (m × n) = A·B (+ C), as `opts` says, on path `S`; with `fuse`, the last k block
+/// updates θ from the completed gradient instead of storing it (the prior addend is θ
+/// itself, read through the same pointer), threads split the rows, and each row's Σv² is
+/// summed by one thread in column order. Otherwise threads split the columns of C (or its
+/// rows when it is tall enough).
+///
+/// # Safety
+/// The path's features present; operand extents (and those of the addend, the zero maps
+/// and `fuse`'s θ, v and row sums) checked by the caller; rhs contiguous along n
+/// (`rhs.cs == 1`) or along k (`rhs.rs == 1`); with `fuse`, n a multiple of 4.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn product<S: Simd>(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    lhs: Mat<'_>,
+    rhs: Mat<'_>,
+    threads: usize,
+    opts: Options<'_>,
+    fuse: Option<&Fuse>,
+) {
+    unsafe {
+        let (a, a_rs, a_cs) = (lhs.data.as_ptr() as usize, lhs.rs, lhs.cs);
+        let (w, scale) = match fuse {
+            Some(f) => (f.theta as usize, f.prior_scale),
+            None => opts
+                .addend
+                .map_or((0usize, 0f32), |(w, s)| (w.as_ptr() as usize, s)),
+        };
+        let fuse = fuse.map(|f| f as *const Fuse as usize);
+        let (b, ldb) = (rhs.data.as_ptr() as usize, rhs.rs);
+        // rhs = Sᵀ for a row-major S (n × k, rows rhs.cs apart): each (k block × column tile)
+        // panel of B is transposed from S into a small buffer before its tiles run, instead
+        // of the caller transposing all of S first.
+        let packed = rhs.cs != 1;
+        let ldc = opts.dst_stride.unwrap_or(n);
+        debug_assert!(fuse.is_none() || ldc == n);
+        let c = Disjoint::new(dst);
+        let tile_rows = if matches!(opts.zeros, Zeros::Lhs(_)) {
+            S::TILE_R_LHS_ZEROS
+        } else {
+            S::TILE_R
+        };
+        let tile_cols = S::TILE_V * S::LANES;
+        let lhs_zeros = matches!(opts.zeros, Zeros::Lhs(_));
+        let block = |r0: usize, r1: usize, c0: usize, c1: usize| {
+            SCRATCH.with_borrow_mut(|scratch| {
+                let Scratch {
+                    panel,
+                    tiles,
+                    lists,
+                    lens,
+                    a_packed,
+                    a_at,
+                } = scratch;
+                if packed && panel.len() < KC * MAX_TILE_COLS {
+                    panel.resize(KC * MAX_TILE_COLS, 0.0);
+                }
+                tiles.clear();
+                let mut i = r0;
+                for rows in balanced(r1 - r0, tile_rows) {
+                    tiles.push((i, rows));
+                    i += rows;
+                }
+                for p0 in (0..k).step_by(KC) {
+                    let kc = KC.min(k - p0);
+                    if let Zeros::Lhs(z) = opts.zeros {
+                        // The k of this block where some row of the tile is not zero.
+                        lens.clear();
+                        lists.resize(KC * tiles.len().max(1), 0);
+                        for (t, &(i, rows)) in tiles.iter().enumerate() {
+                            let list = &mut lists[t * KC..(t + 1) * KC];
+                            lens.push(block_ks(kc, list, |word| {
+                                (i..i + rows).fold(0, |acc, r| acc | z.row(r)[p0 / 64 + word])
+                            }));
+                        }
+                    }
+                    // Row tiles in even blocks of at most about MC rows (see MC).
+                    let mut t0 = 0;
+                    for per_block in balanced(tiles.len(), (MC / tile_rows).max(1)) {
+                        let t1 = t0 + per_block;
+                        // A's rows of these tiles for this k block, packed: the k loop then
+                        // reads R consecutive scalars per step through one pointer (with lhs
+                        // zeros, only the k of the tile's list).
+                        a_at.clear();
+                        let mut len = 0;
+                        for (t, &(_, rows)) in tiles.iter().enumerate().take(t1).skip(t0) {
+                            a_at.push(len);
+                            len += rows * if lhs_zeros { lens[t] } else { kc };
+                        }
+                        if a_packed.len() < len {
+                            a_packed.resize(len, 0.0);
+                        }
+                        for (t, &(i, rows)) in tiles.iter().enumerate().take(t1).skip(t0) {
+                            let out = &mut a_packed[a_at[t - t0]..];
+                            let a = (a as *const f32).add(i * a_rs + p0 * a_cs);
+                            if lhs_zeros {
+                                for (q, &p) in lists[t * KC..t * KC + lens[t]].iter().enumerate() {
+                                    for r in 0..rows {
+                                        out[q * rows + r] = *a.add(r * a_rs + p as usize * a_cs);
+                                    }
+                                }
+                            } else if a_cs == 1 {
+                                // Rows of A along k (the im2col matrix of a convolution's
+                                // weight gradient): by register transposes, where the scalar
+                                // copy was 13% of a ResNet-20 step.
+                                // SAFETY: rows i..i+rows, columns p0..p0+kc of A (`a` is at
+                                // (i, p0)), inside the extent checked by `product`; the writes land in
+                                // out[0..kc·rows], this thread's own buffer.
+                                S::transpose(a, a_rs, (0, rows), 0, kc, out.as_mut_ptr(), rows);
+                            } else if a_rs == 1 {
+                                // Columns of A contiguous (the transpose of a row-major
+                                // matrix, Wᵀ of an input error): `rows` floats per k.
+                                for p in 0..kc {
+                                    let col = a.add(p * a_cs);
+                                    for r in 0..rows {
+                                        out[p * rows + r] = *col.add(r);
+                                    }
+                                }
+                            } else {
+                                for r in 0..rows {
+                                    let row = a.add(r * a_rs);
+                                    for p in 0..kc {
+                                        out[p * rows + r] = *row.add(p * a_cs);
+                                    }
+                                }
+                            }
+                        }
+                        let mut j = c0;
+                        // Column tiles of whole vectors, balanced: 7 vectors of 16 → 3, 2, 2.
+                        for vectors in balanced((c1 - c0).div_ceil(S::LANES), S::TILE_V) {
+                            let cols = (S::LANES * vectors).min(c1 - j);
+                            let (b_tile, ld_tile) = if packed {
+                                // panel[(p − p0)·tile_cols + (r − j)] = S[r, p], r in j..j+cols.
+                                // SAFETY: source rows j..j+cols < n, columns p0..p0+kc ≤ k:
+                                // inside the extent of rhs checked by `product`; the writes
+                                // land in panel[0..kc·tile_cols], this thread's own buffer.
+                                S::transpose(
+                                    rhs.data.as_ptr(),
+                                    rhs.cs,
+                                    (j, j + cols),
+                                    p0,
+                                    p0 + kc,
+                                    panel.as_mut_ptr(),
+                                    tile_cols,
+                                );
+                                (panel.as_ptr(), tile_cols)
+                            } else {
+                                ((b as *const f32).add(p0 * ldb + j), ldb)
+                            };
+                            // The k of this block where rhs is not zero in the tile's columns.
+                            let mut rhs_list = [0u32; KC];
+                            let mut rhs_len = 0;
+                            if let Zeros::Rhs(z) = opts.zeros {
+                                for p in 0..kc {
+                                    if z.any(p0 + p, j, j + cols) {
+                                        rhs_list[rhs_len] = p as u32;
+                                        rhs_len += 1;
+                                    }
+                                }
+                            }
+                            for (t, &(i, rows)) in tiles.iter().enumerate().take(t1).skip(t0) {
+                                let store = if let (Some(f), true) = (fuse, p0 + kc == k) {
+                                    Store::Update {
+                                        fuse: f as *const Fuse,
+                                        at: i * n + j,
+                                        from_dst: p0 > 0,
+                                    }
+                                } else if opts.accumulate || p0 > 0 {
+                                    Store::Accumulate
+                                } else if w != 0 {
+                                    Store::AddScaled(
+                                        (w as *const f32).wrapping_add(i * n + j),
+                                        scale,
+                                    )
+                                } else {
+                                    Store::Overwrite
+                                };
+                                let ks = match opts.zeros {
+                                    Zeros::Unknown => Ks::All(kc),
+                                    Zeros::Lhs(_) => Ks::Lhs(&lists[t * KC..t * KC + lens[t]]),
+                                    Zeros::Rhs(_) => Ks::Rhs(&rhs_list[..rhs_len]),
+                                };
+                                let tile = Tile {
+                                    ks,
+                                    a: a_packed.as_ptr().add(a_at[t - t0]),
+                                    b: b_tile,
+                                    ldb: ld_tile,
+                                    // (After the block's first row tile, the rows of B a list
+                                    // visits are in L1.)
+                                    prefetch_b: !packed && t == t0,
+                                    c: c.at(i * ldc + j),
+                                    ldc,
+                                    cols,
+                                    store,
+                                };
+                                let full = cols == S::LANES * vectors;
+                                // SAFETY: the tile lies inside the checked extents; masked
+                                // lanes beyond `cols` are neither read nor written.
+                                match vectors {
+                                    3 => S::tile::<3>(rows, full, &tile),
+                                    2 => S::tile::<2>(rows, full, &tile),
+                                    _ => S::tile::<1>(rows, full, &tile),
+                                }
+                            }
+                            j += cols;
+                        }
+                        t0 = t1;
+                    }
+                }
+            })
+        };
+        // Rows when each thread gets at least two row tiles (every thread then runs the same
+        // column tiles); columns, in whole groups of 16, otherwise.
+        if fuse.is_some() || !opts.split_columns && (m >= 2 * S::TILE_R * threads || threads == 1) {
+            split(m, threads, 1, |r0, r1| block(r0, r1, 0, n));
+        } else {
+            split(n, threads, 16, |c0, c1| block(0, m, c0, c1));
+        }
+    }
+}
+
+/// Writes into `list` the k in `0..kc` (a block starting on a whole 64-bit word of the
+/// zero map) whose bit is set in `word(w)`, the block's w-th word; returns how many.
+#[inline]
+fn block_ks(kc: usize, list: &mut [u32], word: impl Fn(usize) -> u64) -> usize {
+    let mut len = 0;
+    for w in 0..kc.div_ceil(64) {
+        let valid = if 64 * (w + 1) <= kc {
+            u64::MAX
+        } else {
+            u64::MAX >> (64 - (kc - 64 * w))
+        };
+        let mut bits = word(w) & valid;
+        while bits != 0 {
+            list[len] = (64 * w) as u32 + bits.trailing_zeros();
+            len += 1;
+            bits &= bits - 1;
+        }
+    }
+    len
+}

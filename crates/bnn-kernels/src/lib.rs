@@ -1,0 +1,229 @@
+//! `bnn-kernels`, the ground floor of `bnn`: the errors, the noise streams, the thread
+//! pool, the cache-line allocator, atomic file writes and signal handling, and the compute
+//! kernels (the matrix products, the fused sampler steps, their SIMD paths, the CUDA and
+//! Metal shims). Every `unsafe` block of the project lives in this crate.
+//!
+//! Fused sampler steps: one pass over each parameter buffer updates position, momentum
+//! and injected noise together, with the kinetic-energy reduction computed in the same
+//! pass.
+//!
+//! Layout and soundness: a candle in-place op has one mutable destination. The
+//! destination here is the parameter itself, through `Var::as_detached_tensor()`, which
+//! shares the `Var`'s storage (candle takes the storage's write lock for the op). The
+//! gradient is a distinct read-only source. The momentum is not a candle tensor: it is
+//! the sampler's own buffer, lent to the op for the duration of one call through a
+//! `RefCell<&mut [f32]>`, so it is mutated through a unique borrow, never through a shared
+//! reference. Per update and parameter element the CPU op reads θ, v, g once and writes
+//! θ, v once (5 × 4 bytes, one pass); SGLD reads θ, g and writes θ (3 × 4 bytes). With
+//! the hand-written backward, large weight tensors skip the pass: the same element update
+//! runs in their gradient's product ([`InlineUpdate`], [`gemm::product_then_update`]).
+//!
+//! The element math is that of `kernels/sampler_math.h` (shared with the CUDA kernels)
+//! written in Rust with the same f32 operations in the same order, so that the two agree
+//! bit for bit (tested in `tests/suite/kernel_equivalence.rs`).
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod alloc;
+pub mod atomic;
+pub mod error;
+pub mod pool;
+pub mod rng;
+pub mod signals;
+
+pub mod buffer;
+pub mod conv;
+pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod elementwise;
+pub mod gemm;
+#[doc(hidden)]
+pub mod host;
+pub mod isa;
+pub mod noise;
+
+use candle_core::{Tensor, Var};
+
+pub use error::{Error, Result};
+
+/// Which element update a fused op applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Update {
+    /// θ ← θ − ηg + σz.
+    Sgld,
+    /// v ← (1 − α)v − ηg + σz; θ ← θ + v (SGHMC, SGNHT).
+    Momentum,
+    /// mSGNHT, one thermostat αᵢ per element (Li et al. 2016 eq. 2 in v-form):
+    /// v ← (1 − αᵢ)v − ηg + σz (Euler) or v ← dᵢ(dᵢv − ηg + σz) with dᵢ = e^{−αᵢ/2}
+    /// (splitting B–O–B); then θ ← θ + v and αᵢ ← αᵢ + vᵢ² − η. CPU only.
+    Thermostat { splitting: bool },
+}
+
+/// A sampler update applied by the weight-gradient product as it stores each element of
+/// the gradient ([`gemm::product_then_update`]) instead of writing ∇ and updating θ in a
+/// pass of its own. Why: on the CPU that pass is memory-bound (it reads θ, v, ∇ and
+/// writes θ, v after the product wrote ∇ and read θ for the prior term); in the epilogue
+/// only v is extra. Same element math as the fused op, so the same bits.
+pub struct InlineUpdate<'a> {
+    /// [`Update::Sgld`] or [`Update::Momentum`].
+    pub update: Update,
+    pub consts: StepConsts,
+    pub key: crate::rng::NoiseKey,
+    /// v of the tensor (empty for SGLD).
+    pub momentum: &'a mut [f32],
+}
+
+/// One sampler update of every parameter tensor, split by tensor: [`begin`] opens it and
+/// returns an [`OpenUpdate`]; then for every parameter tensor t, in any order, either
+/// [`OpenUpdate::tensor`] with θ_t and its final ∇_t, or, where [`OpenUpdate::inline`]
+/// gives an update, that update applied inside ∇_t's product followed by
+/// [`OpenUpdate::updated`]; then [`OpenUpdate::finish`], which consumes it. The result
+/// does not depend on the order of the tensors.
+///
+/// The one protocol between gradients and samplers: every sampler implements it
+/// (`sampler::Sampler` builds its whole-model step on it), the hand-written backward
+/// drives it layer by layer while each gradient is still in cache. It lives on this floor
+/// because the backward (model side) and the samplers must not see each other.
+///
+/// The methods here are what a sampler provides; callers go through [`begin`], whose
+/// guard holds the sampler for the update: a second update cannot begin, nor the state
+/// be read, before `finish`, and nothing can be stepped after it (the borrow checker
+/// says so). What the types cannot hold — each tensor exactly once, every tensor by the
+/// end — the guard checks, once for every sampler.
+pub trait TensorwiseStep {
+    /// How many parameter tensors an update covers.
+    fn tensor_count(&self) -> usize;
+    /// Prepares one update (called by [`begin`]).
+    fn open_update(&mut self) -> Result<()>;
+    /// Updates θ_t (`param`) in place from its gradient.
+    fn step_tensor(&mut self, t: usize, param: &Var, grad: &Tensor) -> Result<()>;
+    /// The update of tensor t for the weight-gradient product to apply as it stores the
+    /// gradient ([`gemm::product_then_update`]), where the sampler can; the caller then
+    /// reports Σv² through [`OpenUpdate::updated`] instead of stepping the tensor. θ and v
+    /// come out bit-identical; Σv² is summed in another order.
+    fn inline_update(&mut self, t: usize) -> Result<Option<InlineUpdate<'_>>> {
+        let _ = t;
+        Ok(None)
+    }
+    /// Tensor t was updated inline; `sum_sq` = Σv² after the update.
+    fn inline_done(&mut self, t: usize, sum_sq: f64) -> Result<()> {
+        let _ = sum_sq;
+        Err(Error::Config(format!(
+            "sampler: tensor {t} updated inline without an inline update"
+        )))
+    }
+    /// Completes the update once every tensor is done (called by [`OpenUpdate::finish`]).
+    fn close_update(&mut self) -> Result<()>;
+    /// Drops an update left unfinished (an error part-way): what `open_update` prepared.
+    fn abandon_update(&mut self) {}
+}
+
+/// Opens one update of `step`: the guard through which its tensors are stepped.
+pub fn begin<S: TensorwiseStep + ?Sized>(step: &mut S) -> Result<OpenUpdate<'_, S>> {
+    step.open_update()?;
+    let done = vec![false; step.tensor_count()];
+    Ok(OpenUpdate {
+        step,
+        done,
+        closed: false,
+    })
+}
+
+/// An update in progress (see [`TensorwiseStep`]); dropped without [`OpenUpdate::finish`],
+/// it is abandoned and the parameters stay as far as it went.
+#[must_use = "an update must be finished"]
+pub struct OpenUpdate<'a, S: TensorwiseStep + ?Sized> {
+    step: &'a mut S,
+    done: Vec<bool>,
+    closed: bool,
+}
+
+impl<S: TensorwiseStep + ?Sized> OpenUpdate<'_, S> {
+    /// Checks that tensor `t` may still be stepped.
+    fn check(&self, t: usize) -> Result<()> {
+        match self.done.get(t) {
+            Some(false) => Ok(()),
+            _ => Err(Error::Config(format!(
+                "sampler: parameter tensor {t} stepped twice or out of range"
+            ))),
+        }
+    }
+
+    /// Updates θ_t in place from its final gradient.
+    pub fn tensor(&mut self, t: usize, param: &Var, grad: &Tensor) -> Result<()> {
+        self.check(t)?;
+        self.step.step_tensor(t, param, grad)?;
+        self.done[t] = true;
+        Ok(())
+    }
+
+    /// Tensor t's update for its gradient's product to apply, if the sampler has one.
+    pub fn inline(&mut self, t: usize) -> Result<Option<InlineUpdate<'_>>> {
+        self.check(t)?;
+        self.step.inline_update(t)
+    }
+
+    /// Tensor t was updated inline; `sum_sq` = Σv² after the update.
+    pub fn updated(&mut self, t: usize, sum_sq: f64) -> Result<()> {
+        self.check(t)?;
+        self.step.inline_done(t, sum_sq)?;
+        self.done[t] = true;
+        Ok(())
+    }
+
+    /// Closes the update: an error unless every tensor was updated exactly once.
+    pub fn finish(mut self) -> Result<()> {
+        if !self.done.iter().all(|&d| d) {
+            return Err(Error::Config(
+                "sampler: an update ended before every parameter tensor was updated".into(),
+            ));
+        }
+        self.closed = true;
+        self.step.close_update()
+    }
+}
+
+impl<S: TensorwiseStep + ?Sized> Drop for OpenUpdate<'_, S> {
+    fn drop(&mut self) {
+        if !self.closed {
+            self.step.abandon_update();
+        }
+    }
+}
+
+/// Constants of one update in f32, as the kernels use them (`bnn_step_consts`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepConsts {
+    /// η.
+    pub step_size: f32,
+    /// Momentum kept before the kick: 1 − α (Euler) or e^{−α/2} (splitting B).
+    pub decay: f32,
+    /// Momentum kept after the kick: 1 (Euler) or e^{−α/2} (splitting B).
+    pub post: f32,
+    /// σ of the injected noise.
+    pub noise_scale: f32,
+}
+
+impl StepConsts {
+    /// The Euler update: v ← (1 − α)v − ηg + σz.
+    pub fn new(step_size: f64, friction: f64, noise_scale: f64) -> Self {
+        StepConsts {
+            step_size: step_size as f32,
+            decay: (1.0 - friction) as f32,
+            post: 1.0,
+            noise_scale: noise_scale as f32,
+        }
+    }
+
+    /// The splitting update B–O–B: v ← e^{−α/2}(e^{−α/2} v − ηg + σz).
+    pub fn splitting(step_size: f64, friction: f64, noise_scale: f64) -> Self {
+        let damp = (-friction / 2.0).exp() as f32;
+        StepConsts {
+            step_size: step_size as f32,
+            decay: damp,
+            post: damp,
+            noise_scale: noise_scale as f32,
+        }
+    }
+}

@@ -1,0 +1,858 @@
+//! One chain: the training loop proper. [`run_chain`] reads as the algorithm; [`Chain`]
+//! holds the chain's model, its update and its running results, and does each part.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+
+use candle_core::Device;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use serde::Serialize;
+
+use super::{manifest, EpochRecord, Stepper, TrainConfig};
+use crate::checkpoint;
+use crate::data::{Dataset, NUM_CLASSES};
+use crate::ensemble::{self, Accumulator};
+use crate::error::{Error, Result};
+use crate::model::Network;
+use crate::potential::{Backward, Potential, Prior};
+use crate::rng;
+use crate::run_state::{self, Progress, RunState};
+use crate::sampler;
+use crate::settings::OnDivergence;
+use crate::signals;
+
+/// What one chain leaves for the run's summary.
+pub(super) struct ChainOutcome {
+    pub seed: u64,
+    pub num_params: usize,
+    pub test: Accumulator,
+    pub valid: Option<Accumulator>,
+    pub steps: u64,
+    pub step_seconds: f64,
+    pub train_seconds: f64,
+    /// The kinetic energy per parameter at each kept sample (momentum samplers).
+    pub kinetic_trace: Vec<f64>,
+    pub backward: Backward,
+    /// Rollbacks after a divergence (`--on-divergence rollback`).
+    pub rollbacks: u32,
+}
+
+/// One chain in `run_dir` (the run's folder, or a chain's folder of it); `write_manifest`
+/// for a single-chain run, whose folder is the run's. Per epoch: a fresh shuffle; per
+/// minibatch: the schedule's step size, one update, a sample where the schedule keeps one,
+/// and the state where a checkpoint is due or a signal came; at the epoch's end the
+/// prior's Gibbs step, the metrics line and a checkpoint if due.
+pub(super) fn run_chain(
+    cfg: &TrainConfig,
+    ds: &Dataset,
+    run_dir: &Path,
+    write_manifest: bool,
+    label_seed: u64,
+) -> Result<ChainOutcome> {
+    let (mut chain, mut at) = Chain::open(cfg, ds, run_dir, write_manifest, label_seed)?;
+    loop {
+        match run_from(&mut chain, at) {
+            Err(e) if e.is_divergence() && cfg.settings.on_divergence == OnDivergence::Rollback => {
+                if chain.rollbacks >= MAX_ROLLBACKS {
+                    return Err(Error::DivergedAgain {
+                        rollbacks: chain.rollbacks,
+                        cause: Box::new(e),
+                    });
+                }
+                at = chain.roll_back(&e)?;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// How often `--on-divergence rollback` may roll a chain back.
+pub(super) const MAX_ROLLBACKS: u32 = 3;
+
+/// Runs `chain` from where `at` says it stands to the end of the run.
+fn run_from(chain: &mut Chain, at: Progress) -> Result<ChainOutcome> {
+    let (cfg, ds, run_dir) = (chain.cfg, chain.ds, chain.run_dir);
+    let s = &cfg.settings;
+    let batches = ds.train.len() / s.batch_size;
+    let total_steps = (batches * s.epochs) as u64;
+    let every = match s.checkpoint_every {
+        0 => batches,
+        k => k,
+    } as u64;
+    // The minibatch order of the epochs done: the shuffle stream replayed.
+    let mut shuffle = rand::rngs::StdRng::seed_from_u64(s.seed ^ rng::SHUFFLE_STREAM);
+    let mut order: Vec<usize> = (0..ds.train.len()).collect();
+    for _ in 0..at.epoch {
+        order.shuffle(&mut shuffle);
+    }
+    let started = Instant::now();
+    let elapsed = || at.train_seconds + started.elapsed().as_secs_f64();
+    let (mut step, mut step_seconds) = (at.step, at.step_seconds);
+
+    for epoch in at.epoch..s.epochs {
+        let epoch_start = Instant::now();
+        order.shuffle(&mut shuffle);
+        chain.relabel(epoch);
+        let resumed = epoch == at.epoch;
+        let mut sums = if resumed {
+            at.clone()
+        } else {
+            Progress::default()
+        };
+        let bar = progress_bar(cfg.progress, batches as u64, epoch, s.epochs);
+        let first_batch = if resumed { at.batch } else { 0 };
+        for (b, idx) in order
+            .chunks_exact(s.batch_size)
+            .enumerate()
+            .skip(first_batch)
+        {
+            let t0 = Instant::now();
+            let eta = s
+                .schedule
+                .step_size_of(chain.base_step_size(), step, total_steps, epoch);
+            let diag = chain.update(idx, eta, &mut sums, step, epoch)?;
+            step += 1;
+            chain.watch(step, epoch, b + 1 == batches, None)?;
+            step_seconds += t0.elapsed().as_secs_f64();
+            if s.schedule.keeps_sample(step, total_steps, epoch) {
+                chain.keep_sample(step, epoch, eta, diag)?;
+            }
+            if b % 20 == 0 {
+                bar.set_position(b as u64);
+                let images = ((b + 1 - first_batch) * s.batch_size) as f64;
+                let rate = images / epoch_start.elapsed().as_secs_f64().max(1e-9);
+                bar.set_message(format!("{rate:.0} img/s {}", progress_message(&sums, diag)));
+            }
+            // Mid-epoch checkpoints; one due at the epoch's last update waits for the
+            // epoch's end (the prior's Gibbs step and the metrics line).
+            let signal = signals::pending();
+            if b + 1 < batches && (signal.is_some() || step.is_multiple_of(every)) {
+                chain.save(Progress {
+                    epoch,
+                    batch: b + 1,
+                    step,
+                    step_seconds,
+                    train_seconds: elapsed(),
+                    ..sums.clone()
+                })?;
+                if let Some(signal) = signal {
+                    bar.finish_and_clear();
+                    return Err(interrupted(signal, step, run_dir));
+                }
+            }
+        }
+        bar.finish_and_clear();
+        chain.end_epoch(epoch, step, &sums, epoch_start)?;
+        let signal = signals::pending();
+        let last = epoch + 1 == s.epochs;
+        if signal.is_some() || step.is_multiple_of(every) || last {
+            chain.save(Progress {
+                epoch: epoch + 1,
+                batch: 0,
+                step,
+                step_seconds,
+                train_seconds: elapsed(),
+                ..Progress::default()
+            })?;
+            if let (Some(signal), false) = (signal, last) {
+                return Err(interrupted(signal, step, run_dir));
+            }
+        }
+    }
+    Ok(ChainOutcome {
+        seed: s.seed,
+        num_params: chain.model.num_params(),
+        steps: step,
+        step_seconds,
+        train_seconds: elapsed(),
+        backward: chain.stepper.backward,
+        test: chain.kept.test.clone(),
+        valid: chain.kept.valid.clone(),
+        kinetic_trace: std::mem::take(&mut chain.kept.kinetic_trace),
+        rollbacks: chain.rollbacks,
+    })
+}
+
+/// A chain's model, its update, and its running results.
+pub(super) struct Chain<'a> {
+    pub cfg: &'a TrainConfig,
+    pub ds: &'a Dataset,
+    pub run_dir: &'a Path,
+    pub model: Network,
+    pub stepper: Stepper,
+    pub kept: Kept,
+    /// The seed of the run's label noise, and this epoch's labels where there is some.
+    label_seed: u64,
+    labels: Option<Vec<u8>>,
+    /// Watches the sampler: `diagnostics.jsonl` and the warnings.
+    pub monitor: super::diagnostics::Monitor,
+    /// The mean NLL of the last minibatch.
+    last_nll: f64,
+    /// Times `--on-divergence rollback` went back to the saved state, each halving the
+    /// step size; saved with the state.
+    pub rollbacks: u32,
+}
+
+/// The kept samples' running results: the streaming ensembles on the test and validation
+/// sets, and the kinetic energy per parameter at each sample.
+pub(super) struct Kept {
+    pub test: Accumulator,
+    pub valid: Option<Accumulator>,
+    pub kinetic_trace: Vec<f64>,
+}
+
+impl Kept {
+    pub fn new(ds: &Dataset) -> Self {
+        Kept {
+            test: Accumulator::new(&ds.test.labels),
+            valid: ds.valid.as_ref().map(|v| Accumulator::new(&v.labels)),
+            kinetic_trace: Vec::new(),
+        }
+    }
+
+    /// A sample's predictions into the ensembles, its kinetic energy into the trace.
+    pub fn add(&mut self, sample: KeptSample) -> Result<()> {
+        if let Some(ke) = sample.kinetic_energy {
+            self.kinetic_trace.push(ke);
+        }
+        self.test.add(&sample.test)?;
+        if let (Some(acc), Some(v)) = (self.valid.as_mut(), sample.valid.as_ref()) {
+            acc.add(v)?;
+        }
+        Ok(())
+    }
+}
+
+/// What a kept sample adds to the ensembles: its predictive probabilities on the test
+/// and validation sets, and the kinetic energy per parameter when it was taken.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct KeptSample {
+    pub test: Vec<f32>,
+    pub valid: Option<Vec<f32>>,
+    pub kinetic_energy: Option<f64>,
+}
+
+/// Writes `model`'s parameters after update `step` as a sample file in `dir/samples/`;
+/// its predictions for the ensembles.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn write_sample(
+    cfg: &TrainConfig,
+    ds: &Dataset,
+    dir: &Path,
+    model: &Network,
+    step: u64,
+    epoch: usize,
+    eta: f64,
+    diag: sampler::Diagnostics,
+) -> Result<KeptSample> {
+    // Never write a sample from a diverging chain.
+    if let Some(name) = model.first_non_finite()? {
+        let what = format!("first in tensor {name}");
+        return Err(diverged(step, epoch, ("parameters", f64::NAN), what, eta));
+    }
+    let meta = sample_metadata(cfg, ds, step, epoch, eta)?;
+    checkpoint::save_sample(dir, step, model, meta)?;
+    let device = &cfg.device;
+    let valid = match ds.valid.as_ref() {
+        Some(v) => Some(ensemble::predict(model, v, device)?),
+        None => None,
+    };
+    Ok(KeptSample {
+        test: ensemble::predict(model, &ds.test, device)?,
+        valid,
+        kinetic_energy: diag.kinetic_energy,
+    })
+}
+
+impl<'a> Chain<'a> {
+    /// A chain at its start: the model initialised from `cfg`'s seed, its sampler, no
+    /// samples yet; `label_seed`: the run's seed, which decides its label noise.
+    pub fn new(
+        cfg: &'a TrainConfig,
+        ds: &'a Dataset,
+        run_dir: &'a Path,
+        label_seed: u64,
+    ) -> Result<Self> {
+        let s = &cfg.settings;
+        let model = Network::new(&s.model, ds.train.dim(), NUM_CLASSES, s.seed, &cfg.device)?;
+        let prior = Prior::new(s.prior, model.params.len())?;
+        let potential = Potential::new(ds.train.len(), s.temperature, prior)?;
+        // Built before a saved state is restored: the sampler's init (splitting moves θ
+        // by v/2 there) must not undo it.
+        let stepper = Stepper::new(
+            &model,
+            potential,
+            s.sampler,
+            s.kernel,
+            s.backward,
+            s.seed,
+            s.batch_size,
+        )?;
+        let monitor = new_monitor(cfg, &stepper);
+        Ok(Chain {
+            cfg,
+            ds,
+            run_dir,
+            model,
+            stepper,
+            monitor,
+            kept: Kept::new(ds),
+            label_seed,
+            labels: None,
+            last_nll: f64::NAN,
+            rollbacks: 0,
+        })
+    }
+
+    /// The step size the schedule starts from: the run's, halved at each rollback.
+    pub fn base_step_size(&self) -> f64 {
+        self.cfg.settings.sampler.step_size * 0.5f64.powi(self.rollbacks as i32)
+    }
+
+    /// After a divergence (`cause`): back to the last saved state, which then records one
+    /// more rollback (the step size halved), so that `--resume` continues from here too.
+    fn roll_back(&mut self, cause: &Error) -> Result<Progress> {
+        let rollbacks = self.rollbacks + 1;
+        let at = self.restore_from(self.run_dir)?;
+        discard_after(self.run_dir, &at)?;
+        self.rollbacks = rollbacks;
+        self.monitor = new_monitor(self.cfg, &self.stepper);
+        self.save(at.clone())?;
+        tracing::warn!(
+            "{cause} -- rolled back to the state saved at step {} (epoch {}), step size halved \
+             to {:e} (rollback {rollbacks} of at most {MAX_ROLLBACKS})",
+            at.step,
+            at.epoch + 1,
+            self.base_step_size(),
+        );
+        Ok(at)
+    }
+
+    /// Where the chain is no longer finite, for a divergence message: the first
+    /// parameter tensor, else the first momentum tensor.
+    fn where_not_finite(&self) -> Result<String> {
+        if let Some(name) = self.model.first_non_finite()? {
+            return Ok(format!("first in tensor {name}"));
+        }
+        let state = self.stepper.sampler.state()?;
+        for (p, m) in self.model.params.iter().zip(&state.momentum) {
+            let s = m.abs()?.sum_all()?.to_scalar::<f32>()?;
+            if !s.is_finite() {
+                return Ok(format!("first in the momentum of tensor {}", p.name));
+            }
+        }
+        // The loss overflowed from finite parameters: name the largest.
+        let mut largest = (0f32, "");
+        for p in &self.model.params {
+            let m = p.var.as_tensor().abs()?.max_all()?.to_scalar::<f32>()?;
+            if m > largest.0 {
+                largest = (m, &p.name);
+            }
+        }
+        Ok(format!(
+            "every parameter still finite, the largest |θ| {:.3e} in tensor {}",
+            largest.0, largest.1
+        ))
+    }
+
+    /// The labels of epoch `epoch`: the data's, or with `--permute-labels p` a fraction
+    /// p of them permuted (the same at every chain and replica of the run, and on resume).
+    pub fn relabel(&mut self, epoch: usize) {
+        let p = self.cfg.settings.permute_labels;
+        self.labels = (p > 0.0).then(|| {
+            crate::data::label_noise::permute_labels(
+                &self.ds.train.labels,
+                p,
+                rng::label_noise_seed(self.label_seed, epoch),
+            )
+        });
+    }
+
+    /// This epoch's training labels.
+    pub fn labels(&self) -> Option<&[u8]> {
+        self.labels.as_deref()
+    }
+
+    /// A new chain (its folder cleared of an earlier run's files, its state saved before
+    /// the first update), or with `cfg.resume` the chain as its saved state left it; and
+    /// where it stands.
+    fn open(
+        cfg: &'a TrainConfig,
+        ds: &'a Dataset,
+        run_dir: &'a Path,
+        write_manifest: bool,
+        label_seed: u64,
+    ) -> Result<(Self, Progress)> {
+        let s = &cfg.settings;
+        std::fs::create_dir_all(checkpoint::samples_dir(run_dir))
+            .map_err(|e| Error::io(run_dir, e))?;
+        let mut chain = Chain::new(cfg, ds, run_dir, label_seed)?;
+        // A chain of a multi-chain run stopped before its first state starts afresh.
+        let resume = cfg.resume && (write_manifest || run_state::state_path(run_dir).exists());
+        let at = if resume {
+            chain.restore()?
+        } else {
+            // A new run's folder was cleared by `train` (`clear_run`); a chain of a
+            // resumed run that never saved a state has written nothing else. The state
+            // before the first update, then run.json: from here on the run can be resumed
+            // whenever it stops.
+            chain.save(Progress::default())?;
+            Progress::default()
+        };
+        if write_manifest {
+            manifest(cfg, ds, chain.model.num_params()).write(run_dir)?;
+        }
+        tracing::info!(
+            run = %run_dir.display(),
+            params = chain.model.num_params(),
+            train = ds.train.len(),
+            "training {} with {}",
+            s.model.label(),
+            s.sampler.kind.name()
+        );
+        Ok((chain, at))
+    }
+
+    /// Continues from the saved state: θ, the sampler's state, the prior's precisions, the
+    /// ensembles; drops what was written after it.
+    fn restore(&mut self) -> Result<Progress> {
+        let at = self.restore_from(self.run_dir)?;
+        discard_after(self.run_dir, &at)?;
+        tracing::info!(
+            epoch = at.epoch + 1,
+            batch = at.batch,
+            step = at.step,
+            "resuming"
+        );
+        Ok(at)
+    }
+
+    /// Loads the state saved in `dir` (θ, sampler, prior, ensembles) into the chain.
+    pub fn restore_from(&mut self, dir: &Path) -> Result<Progress> {
+        let names: Vec<String> = self.model.params.iter().map(|p| p.name.clone()).collect();
+        let state = RunState::load(dir, &names)?;
+        if state.progress.epoch > self.cfg.settings.epochs {
+            return Err(Error::Config(format!(
+                "--epochs {} is fewer than the {} the run has done",
+                self.cfg.settings.epochs, state.progress.epoch
+            )));
+        }
+        for (p, (_, t)) in self.model.params.iter().zip(&state.params) {
+            p.var.set(&t.to_device(&self.cfg.device)?)?;
+        }
+        self.stepper.sampler.restore(&state.sampler)?;
+        self.stepper.potential.prior.precisions = state.prior_precisions;
+        self.kept.test = Accumulator::restore(&self.ds.test.labels, state.test.0, state.test.1)?;
+        self.kept.valid = match (self.ds.valid.as_ref(), state.valid) {
+            (Some(v), Some((s, sum))) => Some(Accumulator::restore(&v.labels, s, sum)?),
+            (None, None) => None,
+            _ => {
+                return Err(Error::Checkpoint(
+                    "the saved state and the data disagree on a validation set".into(),
+                ))
+            }
+        };
+        self.kept.kinetic_trace = state.kinetic_trace;
+        self.rollbacks = state.rollbacks;
+        Ok(state.progress)
+    }
+
+    /// Update `step` (0-based) on the minibatch `idx` with step size `eta`, its figures
+    /// added to the epoch's `sums`; a non-finite loss or kinetic energy stops the run.
+    pub fn update(
+        &mut self,
+        idx: &[usize],
+        eta: f64,
+        sums: &mut Progress,
+        step: u64,
+        epoch: usize,
+    ) -> Result<sampler::Diagnostics> {
+        if sums.updates == 0 {
+            sums.eta_first = eta;
+        }
+        sums.eta_last = eta;
+        sums.eta_sum += eta;
+        sums.updates += 1;
+        if eta != self.stepper.sampler.config().step_size {
+            self.stepper.sampler.set_step_size(eta)?;
+        }
+        let base = self.base_step_size();
+        let s = &self.cfg.settings;
+        let augment = s
+            .augment
+            .for_dataset(&self.ds.name)?
+            .map(|aug| (aug, rng::augment_seed(s.seed, step)));
+        let loss = self
+            .stepper
+            .step(&self.ds.train, self.labels.as_deref(), idx, augment)?;
+        if !loss.nll.is_finite() {
+            let what = self.where_not_finite()?;
+            return Err(diverged(step, epoch, ("loss", loss.nll), what, base));
+        }
+        self.last_nll = loss.nll;
+        sums.correct += loss.correct;
+        sums.seen += idx.len();
+        sums.nll_sum += loss.nll * idx.len() as f64;
+        let diag = self.stepper.sampler.diagnostics();
+        if let Some(ke) = diag.kinetic_energy {
+            if !ke.is_finite() {
+                let what = self.where_not_finite()?;
+                return Err(diverged(
+                    step + 1,
+                    epoch,
+                    ("kinetic energy", ke),
+                    what,
+                    base,
+                ));
+            }
+            sums.ke_sum += ke;
+            sums.ke_count += 1;
+        }
+        Ok(diag)
+    }
+
+    /// Keeps the parameters after update `step` as a sample: its file, and its
+    /// predictions in the ensembles.
+    fn keep_sample(
+        &mut self,
+        step: u64,
+        epoch: usize,
+        eta: f64,
+        diag: sampler::Diagnostics,
+    ) -> Result<()> {
+        let (cfg, ds, dir) = (self.cfg, self.ds, self.run_dir);
+        let sample = write_sample(cfg, ds, dir, &self.model, step, epoch, eta, diag)?;
+        self.kept.add(sample)?;
+        Ok(())
+    }
+
+    /// The end of epoch `epoch`: the prior's Gibbs step and the epoch's line in
+    /// `metrics.jsonl`.
+    fn end_epoch(
+        &mut self,
+        epoch: usize,
+        step: u64,
+        sums: &Progress,
+        started: Instant,
+    ) -> Result<()> {
+        self.gibbs(epoch, step)?;
+        let record = self.epoch_record(epoch, step, sums, started, Some(&self.kept));
+        append_line(&self.run_dir.join("metrics.jsonl"), &to_json(&record)?)?;
+        log_epoch(&record, None);
+        self.monitor.end_epoch(epoch, record.kinetic_energy);
+        Ok(())
+    }
+
+    /// After update `step` (counted from 1) of epoch `epoch`: a line of
+    /// `diagnostics.jsonl` where one is due (`temperature`: a replica's).
+    pub fn watch(
+        &mut self,
+        step: u64,
+        epoch: usize,
+        last_of_epoch: bool,
+        temperature: Option<f64>,
+    ) -> Result<()> {
+        if !self.monitor.due(step, last_of_epoch) {
+            return Ok(());
+        }
+        let inputs = super::diagnostics::Inputs {
+            names: self.model.params.iter().map(|p| p.name.clone()).collect(),
+            sampler: self.stepper.sampler.as_ref(),
+            prior_energy: self.stepper.potential.prior.energy(&self.model.vars())?,
+            n_data: self.ds.train.len(),
+            minibatch_nll: self.last_nll,
+        };
+        let mut record = super::diagnostics::record(step, epoch, inputs)?;
+        record.temperature = temperature;
+        self.monitor.write(self.run_dir, record)
+    }
+
+    /// The prior's Gibbs step at the potential's temperature (samplers only: SGD and
+    /// momentum are point estimates, for which the prior is a fixed weight decay, its
+    /// initial λ); a parameter that is no longer finite stops the run.
+    pub fn gibbs(&mut self, epoch: usize, step: u64) -> Result<()> {
+        let s = &self.cfg.settings;
+        let gibbs = if s.sampler.kind.is_sampler() {
+            self.stepper.potential.prior.gibbs_step(
+                &self.model.vars(),
+                self.stepper.potential.temperature,
+                s.seed ^ rng::GIBBS_STREAM ^ epoch as u64,
+            )
+        } else if self.model.all_finite()? {
+            Ok(())
+        } else {
+            Err(Error::NotFinite("a parameter".into()))
+        };
+        if let Err(Error::NotFinite(what)) = gibbs {
+            let what = match self.model.first_non_finite()? {
+                Some(name) => format!("tensor {name}"),
+                None => what,
+            };
+            return Err(Error::Exploded {
+                step,
+                epoch: epoch + 1,
+                what,
+                suggestion: self.base_step_size() / 4.0,
+            });
+        }
+        gibbs
+    }
+
+    /// The line of epoch `epoch` in `metrics.jsonl`, with the ensembles of `kept` (none:
+    /// no samples).
+    pub fn epoch_record(
+        &self,
+        epoch: usize,
+        step: u64,
+        sums: &Progress,
+        started: Instant,
+        kept: Option<&Kept>,
+    ) -> EpochRecord {
+        let diag = self.stepper.sampler.diagnostics();
+        // A schedule that changes η within the epoch (cycles, polynomial decay) gives its
+        // last and mean step size too.
+        let varies = sums.eta_last != sums.eta_first;
+        EpochRecord {
+            epoch: epoch + 1,
+            steps: step,
+            train_nll: sums.nll_sum / sums.seen as f64,
+            train_accuracy: sums.correct as f64 / sums.seen as f64,
+            step_size: sums.eta_first,
+            step_size_last: varies.then_some(sums.eta_last),
+            step_size_mean: varies.then(|| sums.eta_sum / sums.updates as f64),
+            kinetic_energy: (sums.ke_count > 0).then(|| sums.ke_sum / sums.ke_count as f64),
+            thermostat: diag.thermostat,
+            prior_precisions: self.stepper.potential.prior.precisions.clone(),
+            samples: kept.map_or(0, |k| k.test.samples()),
+            test_ensemble: kept.and_then(|k| k.test.metrics()),
+            test_last_sample: kept.and_then(|k| k.test.last_sample),
+            valid_ensemble: kept.and_then(|k| k.valid.as_ref().and_then(|a| a.metrics())),
+            seconds: started.elapsed().as_secs_f64(),
+        }
+    }
+
+    /// Saves the chain's state as it stands at `progress` (atomically).
+    fn save(&self, progress: Progress) -> Result<()> {
+        self.save_to(self.run_dir, progress, &self.kept)
+    }
+
+    /// Saves the chain's state as it stands at `progress`, with `kept`'s ensembles, in
+    /// `dir` (atomically).
+    pub fn save_to(&self, dir: &Path, progress: Progress, kept: &Kept) -> Result<()> {
+        let (ts, tsum) = kept.test.state();
+        RunState {
+            progress,
+            params: self
+                .model
+                .params
+                .iter()
+                .map(|p| Ok((p.name.clone(), p.var.as_tensor().to_device(&Device::Cpu)?)))
+                .collect::<Result<_>>()?,
+            sampler: self.stepper.sampler.state()?,
+            prior_precisions: self.stepper.potential.prior.precisions.clone(),
+            test: (ts, tsum),
+            valid: kept.valid.as_ref().map(|a| a.state()),
+            kinetic_trace: kept.kinetic_trace.clone(),
+            rollbacks: self.rollbacks,
+        }
+        .save(dir)
+    }
+}
+
+/// Logs an epoch's line (with the replica's temperature in a replica run).
+pub(super) fn log_epoch(record: &EpochRecord, temperature: Option<f64>) {
+    tracing::info!(
+        epoch = record.epoch,
+        temperature,
+        nll = format!("{:.4}", record.train_nll),
+        acc = format!("{:.4}", record.train_accuracy),
+        ke = record.kinetic_energy.map(|k| format!("{k:.3}")),
+        thermostat = record.thermostat.map(|t| format!("{t:.3e}")),
+        samples = record.samples,
+        test_ens_acc = record.test_ensemble.map(|m| format!("{:.4}", m.accuracy)),
+        secs = format!("{:.1}", record.seconds),
+        "epoch done"
+    );
+}
+
+pub(super) fn append_line(path: &Path, line: &str) -> Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    writeln!(f, "{line}").map_err(|e| Error::io(path, e))
+}
+
+pub(super) fn to_json<T: Serialize>(v: &T) -> Result<String> {
+    serde_json::to_string(v).map_err(|e| Error::Checkpoint(format!("serialising JSON: {e}")))
+}
+
+/// The metadata stored in each sample file.
+fn sample_metadata(
+    cfg: &TrainConfig,
+    ds: &Dataset,
+    step: u64,
+    epoch: usize,
+    step_size: f64,
+) -> Result<BTreeMap<String, String>> {
+    Ok(BTreeMap::from([
+        ("step".to_string(), step.to_string()),
+        ("epoch".to_string(), epoch.to_string()),
+        (
+            "sampler".to_string(),
+            cfg.settings.sampler.kind.name().to_string(),
+        ),
+        (
+            "hyperparameters".to_string(),
+            to_json(&cfg.settings.sampler)?,
+        ),
+        ("prior".to_string(), to_json(&cfg.settings.prior)?),
+        (
+            "temperature".to_string(),
+            cfg.settings.temperature.to_string(),
+        ),
+        ("step_size".to_string(), step_size.to_string()),
+        ("dataset".to_string(), ds.name.clone()),
+        ("architecture".to_string(), to_json(&cfg.settings.model)?),
+        ("seed".to_string(), cfg.settings.seed.to_string()),
+        (
+            "bnn_version".to_string(),
+            env!("CARGO_PKG_VERSION").to_string(),
+        ),
+    ]))
+}
+
+pub(super) fn interrupted(signal: i32, step: u64, run_dir: &Path) -> Error {
+    Error::Interrupted {
+        signal,
+        step,
+        run_dir: run_dir.to_path_buf(),
+    }
+}
+
+/// Before a resume: drops what the run wrote after its saved state (samples of later
+/// updates, metrics lines of later epochs) and temporary files a kill left behind; they
+/// are written again, identically.
+pub(super) fn discard_after(run_dir: &Path, at: &Progress) -> Result<()> {
+    let metrics_path = &run_dir.join("metrics.jsonl");
+    trim_diagnostics(&run_dir.join("diagnostics.jsonl"), at.step)?;
+    // A replica's folder has no samples of its own.
+    let samples = if checkpoint::samples_dir(run_dir).is_dir() {
+        checkpoint::list_samples_by_step(run_dir)?
+    } else {
+        Vec::new()
+    };
+    for (step, path) in samples {
+        if step > at.step {
+            std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+        }
+    }
+    for dir in [
+        run_dir.to_path_buf(),
+        checkpoint::samples_dir(run_dir),
+        run_state::state_path(run_dir)
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default(),
+    ] {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') && name.contains(".tmp") {
+                let path = entry.path();
+                std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+            }
+        }
+    }
+    if metrics_path.exists() {
+        let text = std::fs::read_to_string(metrics_path).map_err(|e| Error::io(metrics_path, e))?;
+        let kept: String = text
+            .lines()
+            .take(at.epoch)
+            .flat_map(|l| {
+                [
+                    l, "
+",
+                ]
+            })
+            .collect();
+        crate::atomic::write_atomic(metrics_path, kept.as_bytes())?;
+    }
+    Ok(())
+}
+
+/// Drops the lines of a `diagnostics.jsonl` written after update `step`.
+pub(super) fn trim_diagnostics(path: &Path, step: u64) -> Result<()> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let kept: String = text
+        .lines()
+        .filter(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .and_then(|v| v["step"].as_u64())
+                .is_some_and(|s| s <= step)
+        })
+        .flat_map(|l| [l, "\n"])
+        .collect();
+    crate::atomic::write_atomic(path, kept.as_bytes())
+}
+
+/// A divergence at update `step` of epoch `epoch` (0-based): `quantity` took a
+/// non-finite value, shown `what` (where); the step size in use was `step_size`.
+pub(super) fn diverged(
+    step: u64,
+    epoch: usize,
+    (quantity, value): (&'static str, f64),
+    what: String,
+    step_size: f64,
+) -> Error {
+    Error::Diverged {
+        step,
+        epoch: epoch + 1,
+        quantity,
+        value,
+        what,
+        suggestion: step_size / 4.0,
+    }
+}
+
+/// The sampler's watch for a chain of `cfg` (fresh at a start, a resume or a rollback).
+fn new_monitor(cfg: &TrainConfig, stepper: &Stepper) -> super::diagnostics::Monitor {
+    let s = &cfg.settings;
+    super::diagnostics::Monitor::new(s.log_every, stepper.sampler.diagnostics().thermostat, "")
+        .checking_from(s.schedule.burnin)
+}
+
+fn progress_bar(
+    show: bool,
+    len: u64,
+    epoch: usize,
+    epochs: usize,
+) -> Box<dyn crate::progress::Progress> {
+    crate::progress::bar(show, len, &format!("epoch {}/{}", epoch + 1, epochs))
+}
+
+/// The bar's message: the epoch's training NLL and accuracy so far, and the diagnostics.
+fn progress_message(sums: &Progress, diag: sampler::Diagnostics) -> String {
+    let (nll, acc) = (
+        sums.nll_sum / sums.seen as f64,
+        sums.correct as f64 / sums.seen as f64,
+    );
+    let mut m = format!("nll {nll:.4} acc {acc:.4}");
+    if let Some(ke) = diag.kinetic_energy {
+        m.push_str(&format!(" ke/param {ke:.3}"));
+    }
+    if let Some(t) = diag.thermostat {
+        m.push_str(&format!(" thermostat {t:.3e}"));
+    }
+    m
+}
