@@ -20,8 +20,7 @@ use bnn::synthetic::PotentialKind;
     about = "Bayesian neural networks trained by stochastic-gradient MCMC",
     long_about = "Trains Bayesian neural networks by stochastic-gradient MCMC (SGLD, SGHMC, SGNHT), \
 keeps posterior samples as safetensors checkpoints and evaluates the Bayesian model average.",
-    // A flag given twice takes its last value: `--resume` appends the new command line to
-    // the recorded one and reads the result.
+    // A flag given twice takes its last value.
     args_override_self = true
 )]
 pub struct Cli {
@@ -347,7 +346,8 @@ pub struct TrainArgs {
     #[arg(long)]
     pub no_progress: bool,
     /// Continue the run in this folder from its last saved state, with its recorded
-    /// settings (flags that would change them are refused; --epochs may grow).
+    /// settings; only --epochs, --checkpoint-every, --log-every, --on-divergence,
+    /// --data-dir, --offline, --device and --no-progress may be given with it.
     #[arg(long, value_name = "RUN_DIR")]
     pub resume: Option<PathBuf>,
     /// Save the run's state (for --resume) every N updates; 0: once per epoch. It is also
@@ -476,4 +476,22 @@ pub enum DataCommand {
         #[command(flatten)]
         data: DataArgs,
     },
+}
+
+/// The ids of the flags of `bnn train` (its field names) that the user typed, as opposed
+/// to those that took their defaults: read from the one parse of the command line.
+pub type GivenFlags = std::collections::BTreeSet<String>;
+
+/// The flags typed after `bnn train` in `matches` (empty for another command).
+pub fn given_train_flags(matches: &clap::ArgMatches) -> GivenFlags {
+    let Some(train) = matches.subcommand_matches("train") else {
+        return GivenFlags::new();
+    };
+    train
+        .ids()
+        .filter(|id| {
+            train.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine)
+        })
+        .map(|id| id.to_string())
+        .collect()
 }

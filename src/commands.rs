@@ -3,7 +3,8 @@
 use std::path::PathBuf;
 
 use crate::cli::{
-    BenchCommand, Command, DataCommand, DeviceKind, PriorKind, ReplicaArgs, ShiftKind, TrainArgs,
+    BenchCommand, Command, DataCommand, DeviceKind, GivenFlags, PriorKind, ReplicaArgs, ShiftKind,
+    TrainArgs,
 };
 use bnn::checkpoint::RunManifest;
 use bnn::data::{self, registry, LoadOptions};
@@ -13,13 +14,13 @@ use bnn::potential::PriorSpec;
 use bnn::ranks::Ranks;
 use bnn::sampler::replica::ReplicaOptions;
 use bnn::sampler::SamplerConfig;
-use clap::Parser;
 
 use bnn::settings::Settings;
 use bnn::train::{self, TrainConfig};
 
-/// Runs a parsed command; returns the JSON document to print last on stdout.
-pub fn run(command: Command, quiet: bool, ranks: &Ranks) -> Result<String> {
+/// Runs a parsed command (`given`: the flags of `bnn train` the user typed); returns the
+/// JSON document to print last on stdout.
+pub fn run(command: Command, given: &GivenFlags, quiet: bool, ranks: &Ranks) -> Result<String> {
     // A bad BNN_ISA is a user error, reported before anything runs.
     bnn::kernels::isa::cap_from_env()?;
     tracing::debug!("CPU kernels: {}", bnn::kernels::isa::selected());
@@ -30,7 +31,7 @@ pub fn run(command: Command, quiet: bool, ranks: &Ranks) -> Result<String> {
         )));
     }
     match command {
-        Command::Train(args) => train_command(*args, quiet, ranks),
+        Command::Train(args) => train_command(*args, given, quiet, ranks),
         Command::Eval(args) => {
             let manifest = RunManifest::read(&args.run)?;
             let ds = bnn::eval::load_run_data(&manifest, args.data_dir, args.offline)?;
@@ -364,12 +365,19 @@ fn sampler_config(args: &TrainArgs) -> SamplerConfig {
     }
 }
 
-fn train_command(args: TrainArgs, quiet: bool, ranks: &Ranks) -> Result<String> {
+fn train_command(
+    args: TrainArgs,
+    given: &GivenFlags,
+    quiet: bool,
+    ranks: &Ranks,
+) -> Result<String> {
+    // Kept in run.json as a record of how the run was made (never parsed again).
     let command_line: Vec<String> = std::env::args().collect();
     if let Some(run_dir) = args.resume.clone() {
-        return resume_command(&run_dir, &command_line, &args, quiet, ranks);
+        let fields = ResumeFields::of(&args, given)?;
+        return resume_command(&run_dir, &command_line, fields, quiet, ranks);
     }
-    let cfg_and_data = train_config(&args, quiet, command_line)?;
+    let cfg_and_data = train_config(&args, given, quiet, command_line)?;
     run_training(cfg_and_data, ranks)
 }
 
@@ -382,134 +390,122 @@ fn run_training((cfg, ds): (TrainConfig, data::Dataset), ranks: &Ranks) -> Resul
     }
 }
 
-/// `bnn train --resume RUN_DIR [flags]`: the recorded command line with the new flags
-/// after it (a flag given twice takes its last value), checked against `run.json`.
-fn resume_command(
-    run_dir: &std::path::Path,
-    command_line: &[String],
-    args: &TrainArgs,
-    quiet: bool,
-    ranks: &Ranks,
-) -> Result<String> {
-    let recorded = RunManifest::read(run_dir)?;
-    if recorded.command_line.is_empty() {
-        return Err(Error::Config(format!(
-            "{}: the run records no command line (made by an older bnn); it cannot be resumed",
-            run_dir.display()
-        )));
-    }
-    // The new flags: everything after `train`, less `--resume DIR`.
-    let mut extra = Vec::new();
-    let mut rest = command_line
-        .iter()
-        .skip_while(|a| a.as_str() != "train")
-        .skip(1);
-    while let Some(a) = rest.next() {
-        if a == "--resume" {
-            rest.next();
-        } else if !a.starts_with("--resume=") {
-            extra.push(a.clone());
-        }
-    }
-    let merged: Vec<String> = recorded.command_line.iter().cloned().chain(extra).collect();
-    let cli = crate::cli::Cli::try_parse_from(&merged).map_err(|e| {
-        Error::Config(format!(
-            "--resume: the recorded command line with the new flags does not parse: {}",
-            e.to_string().lines().next().unwrap_or("")
-        ))
-    })?;
-    let Command::Train(merged_args) = cli.command else {
-        return Err(Error::Config(
-            "--resume: the recorded command is not `bnn train`".into(),
-        ));
-    };
-    let mut merged_args = *merged_args;
-    merged_args.no_progress |= args.no_progress;
-    // The merged command line is the record from now on (a grown --epochs stays).
-    let (mut cfg, ds) = train_config(&merged_args, quiet, merged.clone())?;
-    cfg.run_dir = run_dir.to_path_buf();
-    cfg.resume = true;
-    check_unchanged(&recorded, &train::manifest(&cfg, &ds, recorded.num_params))?;
-    run_training((cfg, ds), ranks)
+/// What `--resume` may change: when and how the run goes on, never what it computes.
+/// `None`: as recorded.
+struct ResumeFields {
+    epochs: Option<usize>,
+    checkpoint_every: Option<usize>,
+    log_every: Option<usize>,
+    on_divergence: Option<bnn::settings::OnDivergence>,
+    data_dir: Option<PathBuf>,
+    offline: bool,
+    device: DeviceKind,
+    no_progress: bool,
 }
 
-/// Refuses a resume whose settings differ from the run's in anything that changes the
-/// numbers; `--epochs` and `--checkpoint-every` may change, and the data may be read from
-/// another folder.
-fn check_unchanged(recorded: &RunManifest, now: &RunManifest) -> Result<()> {
-    let free = [
-        "bnn_version",
+impl ResumeFields {
+    /// The flags of `bnn train` that may go with `--resume` (clap's ids: field names).
+    const FLAGS: [&'static str; 9] = [
+        "resume",
         "epochs",
         "checkpoint_every",
         "log_every",
         "on_divergence",
-        "command_line",
-        "data_source",
+        "data_dir",
+        "offline",
+        "device",
+        "no_progress",
     ];
-    let as_map = |m: &RunManifest| match serde_json::to_value(m) {
-        Ok(serde_json::Value::Object(map)) => Ok(map),
-        _ => Err(Error::Config("serialising run.json".into())),
-    };
-    let (was, is) = (as_map(recorded)?, as_map(now)?);
-    for (key, old) in &was {
-        if free.contains(&key.as_str()) {
-            continue;
-        }
-        let new = is.get(key).unwrap_or(&serde_json::Value::Null);
-        if let Some((path, old, new)) = first_difference(key.clone(), old, new) {
+
+    /// The resume fields of `args`; a typed flag outside them is refused, by name.
+    fn of(args: &TrainArgs, given: &GivenFlags) -> Result<Self> {
+        let global = ["quiet", "verbose"];
+        if let Some(id) = given
+            .iter()
+            .find(|id| !Self::FLAGS.contains(&id.as_str()) && !global.contains(&id.as_str()))
+        {
             return Err(Error::Config(format!(
-                "--resume: `{path}` is {old} in the run but {new} with these flags; a resumed run keeps its settings (start a new run to change them)"
+                "--{} cannot be given with --resume: a resumed run keeps its recorded settings (start a new run to change them); with --resume only {} may be given",
+                id.replace('_', "-"),
+                Self::FLAGS[1..]
+                    .iter()
+                    .map(|f| format!("--{}", f.replace('_', "-")))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )));
         }
-    }
-    Ok(())
-}
-
-/// The first leaf where two JSON values differ: its dotted path and both values.
-fn first_difference(
-    path: String,
-    a: &serde_json::Value,
-    b: &serde_json::Value,
-) -> Option<(String, serde_json::Value, serde_json::Value)> {
-    use serde_json::Value;
-    match (a, b) {
-        (Value::Object(x), Value::Object(y)) => x.iter().find_map(|(k, v)| {
-            first_difference(format!("{path}.{k}"), v, y.get(k).unwrap_or(&Value::Null))
-        }),
-        _ if a != b => Some((path, a.clone(), b.clone())),
-        _ => None,
-    }
-}
-
-/// The ids of `bnn train`'s flags that `command_line` gives (rather than their defaults).
-fn given_flags(command_line: &[String]) -> std::collections::HashSet<String> {
-    use clap::CommandFactory;
-    let Ok(matches) = crate::cli::Cli::command().try_get_matches_from(command_line) else {
-        return Default::default();
-    };
-    let Some(train) = matches.subcommand_matches("train") else {
-        return Default::default();
-    };
-    train
-        .ids()
-        .filter(|id| {
-            train.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine)
+        let typed = |id: &str| given.contains(id);
+        Ok(ResumeFields {
+            epochs: typed("epochs").then_some(args.epochs),
+            checkpoint_every: typed("checkpoint_every").then_some(args.checkpoint_every),
+            log_every: typed("log_every").then_some(args.log_every),
+            on_divergence: typed("on_divergence").then_some(args.on_divergence),
+            data_dir: args.data.data_dir.clone(),
+            offline: args.offline,
+            device: args.device,
+            no_progress: args.no_progress,
         })
-        .map(|id| id.to_string())
-        .collect()
+    }
+
+    /// `settings` with these fields applied.
+    fn apply(&self, settings: &mut Settings) {
+        settings.epochs = self.epochs.unwrap_or(settings.epochs);
+        settings.checkpoint_every = self.checkpoint_every.unwrap_or(settings.checkpoint_every);
+        settings.log_every = self.log_every.unwrap_or(settings.log_every);
+        settings.on_divergence = self.on_divergence.unwrap_or(settings.on_divergence);
+    }
 }
 
-/// `args` with the `[train]` defaults of its `--config` preset wherever `command_line`
-/// does not give the flag. The preset's sampler settings (step size, friction,
+/// `bnn train --resume RUN_DIR [flags]`: the run's settings from its `run.json`, with the
+/// resume fields applied; its data found as `bnn eval` finds it.
+fn resume_command(
+    run_dir: &std::path::Path,
+    command_line: &[String],
+    fields: ResumeFields,
+    quiet: bool,
+    ranks: &Ranks,
+) -> Result<String> {
+    let recorded = RunManifest::read(run_dir)?;
+    let mut settings = recorded.settings.clone();
+    fields.apply(&mut settings);
+    let ds = bnn::eval::load_run_data(&recorded, fields.data_dir.clone(), fields.offline)?;
+    // The record: the command that started the run and the new flags after it.
+    let new_flags = command_line
+        .iter()
+        .skip_while(|a| a.as_str() != "train")
+        .skip(1)
+        .cloned();
+    let cfg = TrainConfig {
+        settings,
+        run_dir: run_dir.to_path_buf(),
+        device: device_of(fields.device)?,
+        progress: show_progress(fields.no_progress, quiet),
+        resume: true,
+        command_line: recorded
+            .command_line
+            .iter()
+            .cloned()
+            .chain(new_flags)
+            .collect(),
+    };
+    run_training((cfg, ds), ranks)
+}
+
+/// A progress bar unless asked not to or stderr is not a terminal.
+fn show_progress(no_progress: bool, quiet: bool) -> bool {
+    !no_progress && !quiet && std::io::IsTerminal::is_terminal(&std::io::stderr())
+}
+
+/// `args` with the `[train]` defaults of its `--config` preset wherever the user did not
+/// type the flag. The preset's sampler settings (step size, friction,
 /// diffusion, noise estimate, integrator) and its number of chains go with its sampler:
 /// not used when the command line names another.
-fn with_preset_defaults(args: &TrainArgs, command_line: &[String]) -> Result<TrainArgs> {
+fn with_preset_defaults(args: &TrainArgs, given: &GivenFlags) -> Result<TrainArgs> {
     let mut a = args.clone();
     let Some(path) = &args.config else {
         return Ok(a);
     };
     let t = bnn::settings::Preset::from_toml_file(path)?.train;
-    let given = given_flags(command_line);
     let free = |id: &str| !given.contains(id);
     let set = |v: &mut usize, id: &str, p: Option<usize>| {
         if let (Some(p), true) = (p, free(id)) {
@@ -566,13 +562,14 @@ fn with_preset_defaults(args: &TrainArgs, command_line: &[String]) -> Result<Tra
 }
 
 /// The training configuration and data of `args` (with its preset's training defaults
-/// where `command_line` gives no flag).
+/// where the user typed no flag).
 fn train_config(
     args: &TrainArgs,
+    given: &GivenFlags,
     quiet: bool,
     command_line: Vec<String>,
 ) -> Result<(TrainConfig, data::Dataset)> {
-    let args = &with_preset_defaults(args, &command_line)?;
+    let args = &with_preset_defaults(args, given)?;
     let model = model_spec(args)?;
     let sampler = sampler_config(args);
     sampler.validate()?;
@@ -643,9 +640,7 @@ fn train_config(
         },
         run_dir,
         device: device_of(args.device)?,
-        progress: !args.no_progress
-            && !quiet
-            && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        progress: show_progress(args.no_progress, quiet),
         resume: false,
         command_line,
     };

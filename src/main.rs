@@ -1,4 +1,4 @@
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 
 mod cli;
 mod commands;
@@ -8,7 +8,11 @@ mod commands;
 static ALLOC: bnn::alloc::CacheLineAligned = bnn::alloc::CacheLineAligned;
 
 fn main() {
-    let cli = cli::Cli::parse();
+    // The command line is parsed once: the typed values, and which flags were typed (a
+    // preset fills the others; --resume accepts only some).
+    let matches = cli::Cli::command().get_matches();
+    let cli = cli::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let given = cli::given_train_flags(&matches);
     let level = match (cli.quiet, cli.verbose) {
         (true, _) => "error",
         (false, 0) => "info",
@@ -48,7 +52,7 @@ fn main() {
         std::env::set_var("RAYON_NUM_THREADS", "1");
     }
     let _rank = (ranks.size() > 1).then(|| tracing::info_span!("rank", r = ranks.rank()).entered());
-    match commands::run(cli.command, cli.quiet, &ranks) {
+    match commands::run(cli.command, &given, cli.quiet, &ranks) {
         Ok(json) if json.is_empty() => {}
         Ok(json) => println!("{json}"),
         Err(e) => {
