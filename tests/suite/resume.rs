@@ -353,7 +353,10 @@ fn a_resume_with_changed_settings_is_refused() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert_eq!(err.lines().count(), 1, "one line: {err}");
-    assert!(err.contains("--step-size cannot be given with --resume"), "{err}");
+    assert!(
+        err.contains("--step-size cannot be given with --resume"),
+        "{err}"
+    );
     // Refused even when it repeats the recorded value: the settings are run.json's.
     let o = resume(&["--seed", "3"]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--seed "));

@@ -1,0 +1,43 @@
+#!/usr/bin/env python3
+"""Interleaved A/B of `bnn bench train` between two bnn binaries: rounds A B A B …, each
+round one `bnn bench train` per binary (its own medians of --repeats), then per
+configuration the median of the B/A ratios of steps per second and their spread.
+Usage: bench/ab.py A_BIN B_BIN [--rounds 5] [-- extra bench-train flags]."""
+import argparse
+import json
+import statistics
+import subprocess
+
+
+def bench(binary, extra):
+    out = subprocess.run([binary, "bench", "train", *extra], check=True,
+                         capture_output=True, text=True).stdout
+    rows = json.loads(out)
+    return {(r["model"], r["batch"], r["sampler"]): r["steps_per_second"] for r in rows}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("a")
+    ap.add_argument("b")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("extra", nargs="*")
+    args = ap.parse_args()
+    ratios, a_all, b_all = {}, {}, {}
+    for r in range(args.rounds):
+        a = bench(args.a, args.extra)
+        b = bench(args.b, args.extra)
+        for key in a:
+            ratios.setdefault(key, []).append(b[key] / a[key])
+            a_all.setdefault(key, []).append(a[key])
+            b_all.setdefault(key, []).append(b[key])
+        print(f"round {r + 1}/{args.rounds} done", flush=True)
+    print("model | batch | sampler | A steps/s (median) | B steps/s (median) | B/A median | B/A min–max")
+    for key, rs in ratios.items():
+        print(f"{key[0]} | {key[1]} | {key[2]} | {statistics.median(a_all[key]):.1f} | "
+              f"{statistics.median(b_all[key]):.1f} | {statistics.median(rs):.3f} | "
+              f"{min(rs):.3f}–{max(rs):.3f}")
+
+
+if __name__ == "__main__":
+    main()
