@@ -46,7 +46,7 @@ use crate::rng;
 use crate::run_state::Progress;
 use crate::sampler::exchange::Compensation;
 use crate::sampler::ladder::Ladder;
-use crate::sampler::replica::{noise_coefficient, replica_config};
+use crate::sampler::replica::{noise_coefficient, replica_config, ReplicaOptions};
 use crate::signals;
 
 mod cold;
@@ -107,6 +107,7 @@ struct Replica<'a> {
 struct Plan<'a> {
     cfg: &'a TrainConfig,
     ds: &'a Dataset,
+    options: &'a ReplicaOptions,
     batches: u64,
     total_steps: u64,
     epsilon: f64,
@@ -127,56 +128,19 @@ pub(super) fn run_replicas(
         .as_ref()
         .ok_or_else(|| Error::Config("replica exchange without its options".into()))?;
     let run_dir = &cfg.run_dir;
-    let m = options.replicas;
     let batches = (ds.train.len() / s.batch_size) as u64;
     let plan = Plan {
         cfg,
         ds,
+        options,
         batches,
         total_steps: batches * s.epochs as u64,
         epsilon: s.sampler.step_size,
         c: noise_coefficient(&s.sampler),
         cold_dir: checkpoint::chain_dir(run_dir, 0),
     };
-    let mine = ranks.dealt(m);
-    // Each replica's own settings: its seed, and its sampler at T = 1 (rebuilt each round).
-    let cfgs: Vec<TrainConfig> = (0..m)
-        .map(|j| {
-            let mut c = cfg.clone();
-            c.settings.seed = rng::chain_seed(s.seed, j);
-            c.settings.sampler = replica_config(
-                s.sampler.kind,
-                options.thermostat,
-                plan.epsilon,
-                plan.c,
-                1.0,
-            );
-            c.progress = false;
-            c
-        })
-        .collect();
-    let dirs: Vec<PathBuf> = (0..m).map(|j| replica_dir(run_dir, j)).collect();
-    let mut replicas: Vec<Option<Replica>> = (0..m).map(|_| None).collect();
-    for &j in &mine {
-        let (c, dir) = (&cfgs[j], &dirs[j]);
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        let mut chain = Chain::new(c, ds, dir, s.seed)?;
-        chain.monitor = super::diagnostics::Monitor::new(
-            s.log_every,
-            chain.stepper.sampler.diagnostics().thermostat,
-            &format!("replica {j}: "),
-        )
-        .checking_from(s.schedule.burnin);
-        replicas[j] = Some(Replica {
-            chain,
-            shuffle: rand::rngs::StdRng::seed_from_u64(c.settings.seed ^ rng::SHUFFLE_STREAM),
-            order: (0..ds.train.len()).collect(),
-            sums: Progress::default(),
-            step_seconds: 0.0,
-            epoch_started: Instant::now(),
-            events: Vec::new(),
-        });
-    }
+    let (cfgs, dirs) = replica_settings(&plan);
+    let mut replicas = new_replicas(&plan, &cfgs, &dirs, &ranks.dealt(options.replicas))?;
     let first = replicas
         .iter()
         .flatten()
@@ -184,55 +148,16 @@ pub(super) fn run_replicas(
         .ok_or_else(|| Error::Config(format!("rank {} holds no replica", ranks.rank())))?;
     let num_params = first.chain.model.num_params();
     let backward = first.chain.stepper.backward;
-    let state_bytes = first
-        .chain
-        .stepper
-        .sampler
-        .state()
-        .map(|st| {
-            st.momentum
-                .iter()
-                .chain(&st.thermostats)
-                .map(|t| t.elem_count())
-                .sum::<usize>()
-        })
-        .unwrap_or(0)
-        + num_params;
+    let state_floats = sampler_floats(first) + num_params;
     let mut cold = Kept::new(ds);
     let (mut step, mut report, seconds_before, mut saves) = if cfg.resume {
         restore(&plan, &mut replicas, &mut cold, ranks)?
     } else {
-        let ladder = match options.ladder {
-            Some(tau) => Ladder::geometric(m, tau, options.pairs)?,
-            // Swaps need ΔT ≈ O(1/√d) (ΔE grows like √d): start there, then adapt.
-            None => Ladder::geometric(m, 1.0 + 3.0 / (num_params as f64).sqrt(), options.pairs)?
-                .adapting(options.target_swap_rate)?,
-        };
         std::fs::create_dir_all(checkpoint::samples_dir(&plan.cold_dir))
             .map_err(|e| Error::io(&plan.cold_dir, e))?;
-        let report = ReplicaReport {
-            swap_rates: ladder.swap_rates(),
-            expected_swap_rates: ladder.expected_swap_rates(),
-            ladder,
-            gradient_evaluations: 0,
-            exchange_estimates: 0,
-            exchange_examples: 0,
-            exchange_seconds: 0.0,
-            exchange_bytes: 0,
-            pooled_bytes: 0,
-        };
-        (0, report, 0.0, 0)
+        (0, new_report(options, num_params)?, 0.0, 0)
     };
     let root = ranks.is_root();
-    if root && matches!(s.prior, crate::potential::PriorSpec::Gamma { .. }) {
-        // Measured on the Fashion MLP (docs/BENCHMARKS.md, issue 15): the hyper-prior's
-        // −(n/2)·log λ terms differ by ~10⁴ nats between replicas, so pairs hardly swap.
-        tracing::warn!(
-            "replica exchange with --prior gamma: the replicas' energies include the \
-             hyper-prior's (n/2)·log λ per tensor, which differs by thousands of nats \
-             between replicas of a large network, so few pairs swap; --prior gaussian swaps"
-        );
-    }
     let started = Instant::now();
     if !cfg.resume {
         // The state before the first update, then run.json: from here on the run can be
@@ -242,74 +167,23 @@ pub(super) fn run_replicas(
     }
     if root {
         super::manifest(cfg, ds, num_params).write(run_dir)?;
-        tracing::info!(
-            run = %run_dir.display(),
-            params = num_params,
-            "replica exchange: {m} replicas of {} with {} on {} process(es) (M copies of \
-             the state: {:.1} MB); each epoch costs {m} epochs of gradient evaluations plus \
-             the exchange estimates",
-            s.model.label(),
-            s.sampler.kind.name(),
-            ranks.size(),
-            (m * state_bytes * 4) as f64 / 1e6
-        );
+        announce(&plan, num_params, state_floats, ranks.size());
     }
     let every = match s.checkpoint_every {
         0 => batches,
         k => k as u64,
     };
-    let burnin_steps = s.schedule.burnin as u64 * batches;
     let compensation = Compensation::paper();
     let bar = crate::progress::bar(cfg.progress && root, plan.total_steps, "replicas");
     while step < plan.total_steps {
-        let ladder = &mut report.ladder;
-        if step >= burnin_steps {
-            ladder.freeze();
-        }
-        let round = ladder.rounds;
-        let temps: Vec<f64> = (0..m).map(|r| ladder.temperature_of(r)).collect();
-        for (j, r) in replicas.iter_mut().enumerate() {
-            let Some(r) = r else { continue };
-            let config = replica_config(
-                s.sampler.kind,
-                options.thermostat,
-                plan.epsilon,
-                plan.c,
-                temps[j],
-            );
-            r.chain.stepper.potential.temperature = s.temperature * temps[j];
-            let seed = rng::replica_round_seed(s.seed, j, round);
-            r.chain.stepper.rebuild_sampler(config, s.kernel, seed)?;
-        }
         let from = step;
-        let until = (step + options.exchange_every as u64).min(plan.total_steps);
-        let holder = ladder.holder[0];
-        advance_all(&plan, &mut replicas, step, until, &temps, holder)?;
-        let events = replicas[holder]
-            .as_mut()
-            .map(|r| std::mem::take(&mut r.events))
-            .unwrap_or_default();
-        report.pooled_bytes += cold::settle(ranks, events, &mut cold, &plan.cold_dir)?;
-        report.gradient_evaluations += (until - step) * m as u64;
-        step = until;
+        step = run_round(&plan, &mut replicas, &mut report, &mut cold, step, ranks)?;
         swap::exchange(&plan, &replicas, &mut report, &compensation, ranks)?;
         report.ladder.end_round();
         report.swap_rates = report.ladder.swap_rates();
         report.expected_swap_rates = report.ladder.expected_swap_rates();
-        // The exchanges in RUN/diagnostics.jsonl where a record fell in this round.
-        let due = match s.log_every as u64 {
-            0 => from / plan.batches != step / plan.batches,
-            k => from / k != step / k,
-        };
-        if due && root {
-            let line = serde_json::json!({
-                "step": step,
-                "round": report.ladder.rounds,
-                "temperatures": report.ladder.temperatures,
-                "holder": report.ladder.holder,
-                "swap_rates": report.swap_rates,
-            });
-            append_line(&run_dir.join("diagnostics.jsonl"), &line.to_string())?;
+        if root {
+            log_round(&plan, &report, from, step)?;
         }
         bar.set_position(step);
         bar.set_message(format!(
@@ -348,15 +222,7 @@ pub(super) fn run_replicas(
     if !root {
         return Ok(None);
     }
-    tracing::info!(
-        "replica exchange: swap rates {}, temperatures {}, round trips {:?}, {} bytes of \
-         energies and {} of T0 predictions sent between ranks",
-        rates(&report.swap_rates),
-        rates(&report.ladder.temperatures),
-        report.ladder.round_trips,
-        report.exchange_bytes,
-        report.pooled_bytes
-    );
+    log_summary(&report);
     let outcome = ChainOutcome {
         seed: s.seed,
         num_params,
@@ -370,6 +236,200 @@ pub(super) fn run_replicas(
         rollbacks: 0,
     };
     Ok(Some((outcome, report)))
+}
+
+/// Each replica's own settings — its seed, and its sampler at T = 1 (rebuilt each
+/// round) — and its folder.
+fn replica_settings(plan: &Plan) -> (Vec<TrainConfig>, Vec<PathBuf>) {
+    let (cfg, s) = (plan.cfg, &plan.cfg.settings);
+    (0..plan.options.replicas)
+        .map(|j| {
+            let mut c = cfg.clone();
+            c.settings.seed = rng::chain_seed(s.seed, j);
+            c.settings.sampler = replica_config(
+                s.sampler.kind,
+                plan.options.thermostat,
+                plan.epsilon,
+                plan.c,
+                1.0,
+            );
+            c.progress = false;
+            (c, replica_dir(&cfg.run_dir, j))
+        })
+        .unzip()
+}
+
+/// This rank's replicas (`mine`), each a chain of `cfgs[j]` in `dirs[j]`; `None` for the
+/// other ranks' replicas.
+fn new_replicas<'r>(
+    plan: &Plan<'r>,
+    cfgs: &'r [TrainConfig],
+    dirs: &'r [PathBuf],
+    mine: &[usize],
+) -> Result<Vec<Option<Replica<'r>>>> {
+    let s = &plan.cfg.settings;
+    let mut replicas: Vec<Option<Replica>> = (0..cfgs.len()).map(|_| None).collect();
+    for &j in mine {
+        let (c, dir) = (&cfgs[j], &dirs[j]);
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let mut chain = Chain::new(c, plan.ds, dir, s.seed)?;
+        chain.monitor = super::diagnostics::Monitor::new(
+            s.log_every,
+            chain.stepper.sampler.diagnostics().thermostat,
+            &format!("replica {j}: "),
+        )
+        .checking_from(s.schedule.burnin);
+        replicas[j] = Some(Replica {
+            chain,
+            shuffle: rand::rngs::StdRng::seed_from_u64(c.settings.seed ^ rng::SHUFFLE_STREAM),
+            order: (0..plan.ds.train.len()).collect(),
+            sums: Progress::default(),
+            step_seconds: 0.0,
+            epoch_started: Instant::now(),
+            events: Vec::new(),
+        });
+    }
+    Ok(replicas)
+}
+
+/// Floats of a replica's sampler state (momenta and thermostats).
+fn sampler_floats(replica: &Replica) -> usize {
+    let state = replica.chain.stepper.sampler.state();
+    state.map_or(0, |st| {
+        st.momentum
+            .iter()
+            .chain(&st.thermostats)
+            .map(|t| t.elem_count())
+            .sum()
+    })
+}
+
+/// The run's last log line: swap rates, temperatures, round trips, bytes sent.
+fn log_summary(report: &ReplicaReport) {
+    tracing::info!(
+        "replica exchange: swap rates {}, temperatures {}, round trips {:?}, {} bytes of \
+         energies and {} of T0 predictions sent between ranks",
+        rates(&report.swap_rates),
+        rates(&report.ladder.temperatures),
+        report.ladder.round_trips,
+        report.exchange_bytes,
+        report.pooled_bytes
+    );
+}
+
+/// The report of a new run: its ladder, fixed (`--ladder τ`) or adapting from
+/// ΔT ≈ 3/√d, and no swaps yet.
+fn new_report(options: &ReplicaOptions, num_params: usize) -> Result<ReplicaReport> {
+    let m = options.replicas;
+    let ladder = match options.ladder {
+        Some(tau) => Ladder::geometric(m, tau, options.pairs)?,
+        // Swaps need ΔT ≈ O(1/√d) (ΔE grows like √d): start there, then adapt.
+        None => Ladder::geometric(m, 1.0 + 3.0 / (num_params as f64).sqrt(), options.pairs)?
+            .adapting(options.target_swap_rate)?,
+    };
+    Ok(ReplicaReport {
+        swap_rates: ladder.swap_rates(),
+        expected_swap_rates: ladder.expected_swap_rates(),
+        ladder,
+        gradient_evaluations: 0,
+        exchange_estimates: 0,
+        exchange_examples: 0,
+        exchange_seconds: 0.0,
+        exchange_bytes: 0,
+        pooled_bytes: 0,
+    })
+}
+
+/// The run's first log lines: what runs where, and the warning of a Gamma hyper-prior.
+fn announce(plan: &Plan, num_params: usize, state_floats: usize, processes: usize) {
+    let (s, m) = (&plan.cfg.settings, plan.options.replicas);
+    if matches!(s.prior, crate::potential::PriorSpec::Gamma { .. }) {
+        // Measured on the Fashion MLP (docs/BENCHMARKS.md, issue 15): the hyper-prior's
+        // −(n/2)·log λ terms differ by ~10⁴ nats between replicas, so pairs hardly swap.
+        tracing::warn!(
+            "replica exchange with --prior gamma: the replicas' energies include the \
+             hyper-prior's (n/2)·log λ per tensor, which differs by thousands of nats \
+             between replicas of a large network, so few pairs swap; --prior gaussian swaps"
+        );
+    }
+    tracing::info!(
+        run = %plan.cfg.run_dir.display(),
+        params = num_params,
+        "replica exchange: {m} replicas of {} with {} on {processes} process(es) (M copies \
+         of the state: {:.1} MB); each epoch costs {m} epochs of gradient evaluations plus \
+         the exchange estimates",
+        s.model.label(),
+        s.sampler.kind.name(),
+        (m * state_floats * 4) as f64 / 1e6
+    );
+}
+
+/// One round's updates from `step`: every replica's sampler rebuilt at the temperature it
+/// holds (Algorithm 2, line 3), N updates each, the T₀ holder's samples settled on rank 0.
+/// Returns the step the round ends at.
+fn run_round(
+    plan: &Plan,
+    replicas: &mut [Option<Replica>],
+    report: &mut ReplicaReport,
+    cold: &mut Kept,
+    step: u64,
+    ranks: &Ranks,
+) -> Result<u64> {
+    let (s, options) = (&plan.cfg.settings, plan.options);
+    let ladder = &mut report.ladder;
+    if step >= s.schedule.burnin as u64 * plan.batches {
+        ladder.freeze();
+    }
+    let round = ladder.rounds;
+    let temps: Vec<f64> = (0..options.replicas)
+        .map(|r| ladder.temperature_of(r))
+        .collect();
+    for (j, r) in replicas.iter_mut().enumerate() {
+        let Some(r) = r else { continue };
+        let config = replica_config(
+            s.sampler.kind,
+            options.thermostat,
+            plan.epsilon,
+            plan.c,
+            temps[j],
+        );
+        r.chain.stepper.potential.temperature = s.temperature * temps[j];
+        let seed = rng::replica_round_seed(s.seed, j, round);
+        r.chain.stepper.rebuild_sampler(config, s.kernel, seed)?;
+    }
+    let until = (step + options.exchange_every as u64).min(plan.total_steps);
+    let holder = ladder.holder[0];
+    advance_all(plan, replicas, step, until, &temps, holder)?;
+    let events = replicas[holder]
+        .as_mut()
+        .map(|r| std::mem::take(&mut r.events))
+        .unwrap_or_default();
+    report.pooled_bytes += cold::settle(ranks, events, cold, &plan.cold_dir)?;
+    report.gradient_evaluations += (until - step) * options.replicas as u64;
+    Ok(until)
+}
+
+/// The exchanges in `RUN/diagnostics.jsonl` where a record fell in the round from `from`
+/// to `step`.
+fn log_round(plan: &Plan, report: &ReplicaReport, from: u64, step: u64) -> Result<()> {
+    let due = match plan.cfg.settings.log_every as u64 {
+        0 => from / plan.batches != step / plan.batches,
+        k => from / k != step / k,
+    };
+    if !due {
+        return Ok(());
+    }
+    let line = serde_json::json!({
+        "step": step,
+        "round": report.ladder.rounds,
+        "temperatures": report.ladder.temperatures,
+        "holder": report.ladder.holder,
+        "swap_rates": report.swap_rates,
+    });
+    append_line(
+        &plan.cfg.run_dir.join("diagnostics.jsonl"),
+        &line.to_string(),
+    )
 }
 
 /// A replica lent to a pool thread for a round, and what its round returned.
