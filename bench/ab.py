@@ -2,7 +2,7 @@
 """Interleaved A/B of `bnn bench train` between two bnn binaries: rounds A B A B …, each
 round one `bnn bench train` per binary (its own medians of --repeats), then per
 configuration the median of the B/A ratios of steps per second and their spread.
-Usage: bench/ab.py A_BIN B_BIN [--rounds 5] [-- extra bench-train flags]."""
+Usage: bench/ab.py A_BIN B_BIN [--rounds 5] [bench-train flags, e.g. --batch 100]."""
 import argparse
 import json
 import statistics
@@ -21,8 +21,7 @@ def main():
     ap.add_argument("a")
     ap.add_argument("b")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("extra", nargs="*")
-    args = ap.parse_args()
+    args, args.extra = ap.parse_known_args()
     ratios, a_all, b_all = {}, {}, {}
     for r in range(args.rounds):
         a = bench(args.a, args.extra)
@@ -31,12 +30,15 @@ def main():
             ratios.setdefault(key, []).append(b[key] / a[key])
             a_all.setdefault(key, []).append(a[key])
             b_all.setdefault(key, []).append(b[key])
-        print(f"round {r + 1}/{args.rounds} done", flush=True)
-    print("model | batch | sampler | A steps/s (median) | B steps/s (median) | B/A median | B/A min–max")
+        print(f"round {r + 1}/{args.rounds}: B/A " + " ".join(
+            f"{b[k] / a[k]:.3f}" for k in a), flush=True)
+    # The best round of each is the least disturbed by other work on a shared machine.
+    print("model | batch | sampler | A steps/s (median) | B steps/s (median) | B/A median | "
+          "B/A min–max | B/A of the best rounds")
     for key, rs in ratios.items():
         print(f"{key[0]} | {key[1]} | {key[2]} | {statistics.median(a_all[key]):.1f} | "
               f"{statistics.median(b_all[key]):.1f} | {statistics.median(rs):.3f} | "
-              f"{min(rs):.3f}–{max(rs):.3f}")
+              f"{min(rs):.3f}–{max(rs):.3f} | {max(b_all[key]) / max(a_all[key]):.3f}")
 
 
 if __name__ == "__main__":

@@ -73,17 +73,21 @@ pub struct SampleArgs {
     /// Physical step size h (η = h²).
     #[arg(long, default_value_t = 0.01)]
     pub h: f64,
-    /// Friction C of sghmc (α = C·h).
-    #[arg(long, default_value_t = 1.0)]
+    // The papers' continuous-time parameters, named apart from `bnn train`'s per-step
+    // --friction α, --diffusion a and --noise-estimate β̂ (α = C·h, a = A·h, β̂ = B̂·h).
+    /// Friction C of sghmc in continuous time (`bnn train --friction` is α = C·h).
+    #[arg(long = "friction-c", default_value_t = 1.0)]
     pub friction: f64,
-    /// Diffusion A of sgnht/msgnht (a = A·h); 0: all noise from the gradient.
-    #[arg(long, default_value_t = 0.0)]
+    /// Diffusion A of sgnht/msgnht in continuous time (`bnn train --diffusion` is a =
+    /// A·h); 0: all noise from the gradient.
+    #[arg(long = "diffusion-a", default_value_t = 0.0)]
     pub diffusion: f64,
     /// Gradient-noise level B: ∇Ũ = ∇U + N(0, 2B/h), unknown to the sampler.
     #[arg(long, default_value_t = 1.0)]
     pub noise: f64,
-    /// SGHMC's estimate B̂ of the noise (β̂ = B̂·h); B̂ = friction injects no noise.
-    #[arg(long, default_value_t = 0.0)]
+    /// SGHMC's estimate B̂ of the noise in continuous time (`bnn train --noise-estimate`
+    /// is β̂ = B̂·h); B̂ = C injects no noise.
+    #[arg(long = "noise-estimate-b", default_value_t = 0.0)]
     pub noise_estimate: f64,
     #[arg(long, default_value_t = 1_000_000)]
     pub steps: usize,

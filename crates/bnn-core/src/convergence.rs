@@ -14,6 +14,7 @@ pub struct Convergence {
     pub ess: f64,
     /// Draws per chain used (the shortest chain's, even) and chains.
     pub draws_per_chain: usize,
+    /// Chains the statistic is over.
     pub chains: usize,
 }
 

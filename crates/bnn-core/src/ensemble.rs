@@ -123,9 +123,13 @@ pub struct Accumulator {
 /// What an [`Accumulator`] holds besides its sums, as plain data (a run's saved state).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AccumulatorState {
+    /// Samples averaged so far.
     pub samples: usize,
+    /// The ensemble's metrics after each sample.
     pub history: Vec<Metrics>,
+    /// The last sample's own metrics.
     pub last_sample: Option<Metrics>,
+    /// Each sample's own NLL, in order.
     #[serde(default)]
     pub sample_nll: Vec<f64>,
 }
@@ -134,15 +138,20 @@ pub struct AccumulatorState {
 /// and Σ_k H[p_k(x)] (n).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sums {
+    /// Σₖ pₖ per example and class (f64).
     pub probability: Vec<f64>,
+    /// Σₖ H(pₖ) per example (entropy of each sample's prediction).
     pub entropy: Vec<f64>,
 }
 
 /// The ensemble after k samples, for `bnn eval`'s accuracy-versus-samples curve.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Progress {
+    /// Samples averaged.
     pub samples: usize,
+    /// Accuracy of the ensemble.
     pub accuracy: f64,
+    /// Mean negative log-likelihood of the ensemble.
     pub nll: f64,
 }
 
@@ -303,6 +312,7 @@ impl Accumulator {
         Ok(pooled)
     }
 
+    /// Samples added so far.
     pub fn samples(&self) -> usize {
         self.samples
     }

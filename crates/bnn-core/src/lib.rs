@@ -9,7 +9,58 @@
 //! The samplers are also [`candle_nn::Optimizer`]s for any candle model
 //! ([`sampler::optim`]). This crate sees no run folder, command line, plot or network:
 //! those are `bnn-run`'s and the `bnn` binary's.
+//!
+//! A two-layer `candle_nn` model of three classes, sampled by SGHMC as an optimizer, its
+//! posterior samples averaged by the streaming ensemble:
+//!
+//! ```
+//! use bnn_core::ensemble::Accumulator;
+//! use bnn_core::sampler::optim::{OptimizerConfig, Sghmc};
+//! use candle_core::{DType, Device, Tensor};
+//! use candle_nn::{linear, loss, ops, Module, Optimizer, VarBuilder, VarMap};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dev = Device::Cpu;
+//! let varmap = VarMap::new();
+//! let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+//! let (l1, l2) = (linear(2, 16, vb.pp("l1"))?, linear(16, 3, vb.pp("l2"))?);
+//! let model = |x: &Tensor| l2.forward(&l1.forward(x)?.tanh()?);
+//! // Three clusters in the plane, one per class.
+//! let labels: Vec<u8> = (0..60).map(|i| (i % 3) as u8).collect();
+//! let points: Vec<f32> = labels
+//!     .iter()
+//!     .enumerate()
+//!     .flat_map(|(i, &y)| {
+//!         let jitter = (i as f32 * 0.37).sin() * 0.3;
+//!         [y as f32 * 2.0 - 2.0 + jitter, (y as f32 - 1.0).abs() + jitter]
+//!     })
+//!     .collect();
+//! let x = Tensor::from_vec(points, (60, 2), &dev)?;
+//! let y = Tensor::from_vec(labels.iter().map(|&c| c as u32).collect::<Vec<_>>(), 60, &dev)?;
+//!
+//! // The vars in a fixed order: the order keys each parameter's noise stream.
+//! let vars = ["l1.weight", "l1.bias", "l2.weight", "l2.bias"]
+//!     .map(|n| varmap.data().lock().unwrap()[n].clone())
+//!     .to_vec();
+//! let config = OptimizerConfig { seed: 7, ..OptimizerConfig::new(labels.len()) };
+//! let mut sghmc = Sghmc::new(vars, config)?;
+//! let mut ensemble = Accumulator::with_classes(&labels, 3)?;
+//! for step in 1..=200 {
+//!     sghmc.backward_step(&loss::cross_entropy(&model(&x)?, &y)?)?;
+//!     // After 100 updates of burn-in, a posterior sample every 20.
+//!     if step > 100 && step % 20 == 0 {
+//!         let p = ops::softmax_last_dim(&model(&x)?)?;
+//!         ensemble.add(&p.flatten_all()?.to_vec1()?)?;
+//!     }
+//! }
+//! assert_eq!(ensemble.samples(), 5);
+//! let m = ensemble.metrics().expect("five samples");
+//! assert!(m.nll.is_finite() && (0.0..=1.0).contains(&m.accuracy));
+//! # Ok(())
+//! # }
+//! ```
 
+#![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
 // The floor below, under the names this crate's modules use (`crate::kernels::gemm`, …).

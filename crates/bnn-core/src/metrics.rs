@@ -9,6 +9,7 @@ pub const ECE_BINS: usize = 15;
 /// Metrics of a predictive distribution on a labelled set.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Metrics {
+    /// Fraction of examples whose most probable class is the label.
     pub accuracy: f64,
     /// Mean of −log p(yᵢ).
     pub nll: f64,

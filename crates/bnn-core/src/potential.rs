@@ -50,16 +50,26 @@ impl Backward {
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum PriorSpec {
     /// θ ~ N(0, std²) for every parameter.
-    Gaussian { std: f64 },
+    Gaussian {
+        /// σ.
+        std: f64,
+    },
     /// θ ~ N(0, 1/λ_l) with a precision λ_l per parameter tensor and λ_l ~ Gamma(shape, rate),
     /// resampled by a Gibbs step (as in Chen et al.'s reference code).
-    Gamma { shape: f64, rate: f64 },
+    Gamma {
+        /// The Gamma's shape α.
+        shape: f64,
+        /// The Gamma's rate β.
+        rate: f64,
+    },
 }
 
 /// The prior's current state: one precision λ per parameter tensor.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Prior {
+    /// The prior's form.
     pub spec: PriorSpec,
+    /// λ per parameter tensor (fixed for a Gaussian, Gibbs-sampled for a Gamma hyper-prior).
     pub precisions: Vec<f64>,
 }
 
@@ -131,8 +141,11 @@ impl Prior {
 /// The tempered potential of a network on a dataset of `n_data` examples.
 #[derive(Debug, Clone)]
 pub struct Potential {
+    /// N, training examples: the likelihood scale of a minibatch mean.
     pub n_data: usize,
+    /// T: the potential is U/T.
     pub temperature: f64,
+    /// The prior on the parameters.
     pub prior: Prior,
 }
 
@@ -148,6 +161,7 @@ pub struct Evaluation {
 }
 
 impl Potential {
+    /// The potential of `n_data` examples at `temperature` under `prior`.
     pub fn new(n_data: usize, temperature: f64, prior: Prior) -> Result<Self> {
         if !(temperature > 0.0 && temperature.is_finite()) {
             return Err(Error::Config(format!(

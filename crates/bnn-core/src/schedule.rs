@@ -11,18 +11,22 @@ use serde::{Deserialize, Serialize};
 pub struct Schedule {
     /// Step decay: η × `decay_factor` from each of these epochs on (0-based).
     pub decay_at: Vec<usize>,
+    /// The factor η is multiplied by at each `decay_at` epoch.
     pub decay_factor: f64,
     /// Cosine cycles over the run (0: none); samples only in the last `sample_fraction`.
     pub cycles: usize,
+    /// The fraction at the end of each cycle in which samples are kept.
     pub sample_fraction: f64,
     /// η_t = η·(b/(b + t))^γ with γ = `poly_gamma` (0: none), b = `poly_steps` (absent
     /// from runs older than the option: none).
     #[serde(default)]
     pub poly_gamma: f64,
+    /// The polynomial decay's step scale (η_t = η(1 + t/steps)^−γ).
     #[serde(default = "default_poly_steps")]
     pub poly_steps: f64,
     /// Epochs before the first sample; a sample every `thin` updates after them.
     pub burnin: usize,
+    /// Keep every `thin`-th update after burn-in.
     pub thin: usize,
 }
 

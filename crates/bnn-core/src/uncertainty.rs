@@ -34,7 +34,9 @@ pub fn entropy_f32(row: &[f32]) -> f64 {
 /// Accuracy on the most certain `coverage` of the examples (by predictive entropy).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct CoveragePoint {
+    /// Fraction of examples kept.
     pub coverage: f64,
+    /// Accuracy on them.
     pub accuracy: f64,
     /// Largest predictive entropy kept.
     pub max_entropy: f64,
@@ -64,6 +66,7 @@ pub struct Uncertainty {
 pub struct ReliabilityBin {
     /// The bin's upper edge.
     pub upper: f64,
+    /// Examples in the bin.
     pub count: usize,
     /// Mean top-class probability in the bin (0 when empty).
     pub confidence: f64,

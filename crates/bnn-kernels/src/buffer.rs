@@ -5,8 +5,10 @@ use candle_core::{Device, Tensor};
 
 use crate::error::{Error, Result};
 
+/// A sampler's per-element state (momenta, thermostats) where its kernel runs.
 #[derive(Debug, Clone)]
 pub enum StateBuffer {
+    /// In host memory, for the CPU op.
     Host(Vec<f32>),
     #[cfg(feature = "cuda")]
     Cuda(candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>),
@@ -35,6 +37,7 @@ impl StateBuffer {
         }
     }
 
+    /// Whether it holds no element.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -464,8 +464,11 @@ pub fn thermostat_step(
 /// storage), the gradient a distinct source, the momentum the sampler's own buffer lent
 /// for this call.
 pub struct FusedStepOp<'a> {
+    /// Which element update.
     pub update: Update,
+    /// η, the noise scale and the other constants of this step.
     pub consts: StepConsts,
+    /// The Philox key of this tensor's noise.
     pub key: NoiseKey,
     /// The momentum buffer of this tensor; `None` for SGLD.
     pub momentum: RefCell<Option<&'a mut StateBuffer>>,

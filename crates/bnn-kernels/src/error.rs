@@ -6,28 +6,42 @@ use std::path::PathBuf;
 /// user sees, so it says what went wrong and, where possible, what to do about it.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// An error of candle (a tensor operation, a device).
     #[error("{0}")]
     Candle(#[from] candle_core::Error),
 
+    /// A file operation failed.
     #[error("{path}: {source}")]
     Io {
+        /// The file or folder.
         path: PathBuf,
+        /// What the operating system said.
         #[source]
         source: std::io::Error,
     },
 
+    /// A file that is not a valid IDX file.
     #[error("{path}: not a valid IDX file: {reason}")]
-    Idx { path: String, reason: String },
+    Idx {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
 
+    /// A dataset that is missing, damaged or not what was expected.
     #[error("{0}")]
     Data(String),
 
+    /// A download that failed.
     #[error("{0}")]
     Fetch(String),
 
+    /// A setting, flag or preset that is invalid or inconsistent.
     #[error("{0}")]
     Config(String),
 
+    /// A sample file, saved state or run folder that cannot be used.
     #[error("{0}")]
     Checkpoint(String),
 
@@ -38,11 +52,17 @@ pub enum Error {
          samples saved so far are valid"
     )]
     Diverged {
+        /// The update at which it happened.
         step: u64,
+        /// The epoch at which it happened.
         epoch: usize,
+        /// Which quantity went non-finite (loss, kinetic energy, parameter).
         quantity: &'static str,
+        /// Its value.
         value: f64,
+        /// Where (the tensor or the term).
         what: String,
+        /// A step size that should not diverge.
         suggestion: f64,
     },
 
@@ -54,9 +74,13 @@ pub enum Error {
          samples saved so far are valid"
     )]
     Exploded {
+        /// The update at which it happened.
         step: u64,
+        /// The epoch at which it happened.
         epoch: usize,
+        /// What overflowed.
         what: String,
+        /// A step size that should not diverge.
         suggestion: f64,
     },
 
@@ -66,7 +90,12 @@ pub enum Error {
         "{cause} (after {rollbacks} rollbacks to the last saved state, each halving the step size: \
          the run stops)"
     )]
-    DivergedAgain { rollbacks: u32, cause: Box<Error> },
+    DivergedAgain {
+        /// Rollbacks done before this divergence.
+        rollbacks: u32,
+        /// The last divergence.
+        cause: Box<Error>,
+    },
 
     /// SIGINT or SIGTERM arrived: the update in progress was finished and the state saved.
     #[error(
@@ -74,8 +103,11 @@ pub enum Error {
          `bnn train --resume {}`", signal_name(*signal), run_dir.display()
     )]
     Interrupted {
+        /// The signal number (2 SIGINT, 15 SIGTERM).
         signal: i32,
+        /// The update after which the state was saved.
         step: u64,
+        /// The run folder to resume.
         run_dir: PathBuf,
     },
 
@@ -85,9 +117,12 @@ pub enum Error {
         "{path}: {source}; the run stopped, its samples so far and its last saved state are intact: {advice}"
     )]
     WriteFailed {
+        /// The file or folder.
         path: PathBuf,
+        /// What the operating system said.
         #[source]
         source: std::io::Error,
+        /// What the user can do (free space, another folder).
         advice: String,
     },
 
@@ -130,4 +165,5 @@ fn signal_name(signal: i32) -> String {
     }
 }
 
+/// A result whose error is [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -22,6 +22,7 @@
 //! written in Rust with the same f32 operations in the same order, so that the two agree
 //! bit for bit (tested in `tests/suite/kernel_equivalence.rs`).
 
+#![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod alloc;
@@ -57,7 +58,10 @@ pub enum Update {
     /// mSGNHT, one thermostat αᵢ per element (Li et al. 2016 eq. 2 in v-form):
     /// v ← (1 − αᵢ)v − ηg + σz (Euler) or v ← dᵢ(dᵢv − ηg + σz) with dᵢ = e^{−αᵢ/2}
     /// (splitting B–O–B); then θ ← θ + v and αᵢ ← αᵢ + vᵢ² − η. CPU only.
-    Thermostat { splitting: bool },
+    Thermostat {
+        /// The splitting integrator's B–O–B form (else Euler).
+        splitting: bool,
+    },
 }
 
 /// A sampler update applied by the weight-gradient product as it stores each element of
@@ -68,7 +72,9 @@ pub enum Update {
 pub struct InlineUpdate<'a> {
     /// [`Update::Sgld`] or [`Update::Momentum`].
     pub update: Update,
+    /// η, the noise scale and the other constants of this step.
     pub consts: StepConsts,
+    /// The Philox key of this tensor's noise (seed, step, parameter index).
     pub key: crate::rng::NoiseKey,
     /// v of the tensor (empty for SGLD).
     pub momentum: &'a mut [f32],

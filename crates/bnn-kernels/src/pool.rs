@@ -232,6 +232,7 @@ unsafe impl<T> Send for Disjoint<T> {}
 unsafe impl<T> Sync for Disjoint<T> {}
 
 impl<T> Disjoint<T> {
+    /// Lends `s` to the parts of a parallel region (each writes its own range).
     pub fn new(s: &mut [T]) -> Self {
         Disjoint(s.as_mut_ptr())
     }

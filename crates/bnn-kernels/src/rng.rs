@@ -194,8 +194,11 @@ fn splitmix64(mut z: u64) -> u64 {
 /// The noise stream of one parameter tensor at one step.
 #[derive(Debug, Clone, Copy)]
 pub struct NoiseKey {
+    /// The run's (or chain's) seed.
     pub seed: u64,
+    /// The update counter.
     pub step: u64,
+    /// The parameter tensor's index.
     pub param: u32,
 }
 

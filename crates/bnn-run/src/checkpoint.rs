@@ -16,14 +16,21 @@ use crate::model::Network;
 /// `run.json`: everything needed to rebuild the model and reread the data of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunManifest {
+    /// The `bnn` version that made the run.
     pub bnn_version: String,
+    /// The dataset's name.
     pub dataset: String,
     /// Folder the data came from, or `built-in`.
     pub data_source: String,
+    /// Training examples held out for validation.
     pub valid: usize,
+    /// Training examples used.
     pub train_examples: usize,
+    /// Features of an input.
     pub input_dim: usize,
+    /// Classes.
     pub num_classes: usize,
+    /// Parameters of the network.
     pub num_params: usize,
     /// The hyper-parameters (flattened: the keys of older runs).
     #[serde(flatten)]
@@ -37,12 +44,14 @@ pub struct RunManifest {
 }
 
 impl RunManifest {
+    /// Writes `RUN/run.json` atomically.
     pub fn write(&self, run_dir: &Path) -> Result<()> {
         let json = serde_json::to_string_pretty(self)
             .map_err(|e| Error::Checkpoint(format!("serialising run.json: {e}")))?;
         write_atomic(&run_dir.join("run.json"), json.as_bytes())
     }
 
+    /// Reads `RUN/run.json`.
     pub fn read(run_dir: &Path) -> Result<Self> {
         let path = run_dir.join("run.json");
         let text = std::fs::read_to_string(&path).map_err(|e| {
@@ -175,7 +184,9 @@ fn tensors_digest<'a>(
 /// and are read as they are), and every F32/F64 value is finite. `Err` carries the
 /// reason, for the caller to name the file.
 pub struct Checked<'a> {
+    /// The tensors, read in place.
     pub tensors: safetensors::SafeTensors<'a>,
+    /// The header's metadata.
     pub metadata: HashMap<String, String>,
 }
 
@@ -257,8 +268,11 @@ pub fn write_sample_file(
 
 /// A sample read back: its tensors by name and its metadata.
 pub struct Sample {
+    /// The file it came from.
     pub path: PathBuf,
+    /// The tensors by name.
     pub tensors: HashMap<String, Tensor>,
+    /// The header's metadata (model, step, hashes).
     pub metadata: HashMap<String, String>,
 }
 

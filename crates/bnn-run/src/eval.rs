@@ -22,14 +22,20 @@ use crate::uncertainty::{self, Detection, Uncertainty};
 /// What `bnn eval` prints.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EvalReport {
+    /// The run evaluated.
     pub run_dir: String,
+    /// Its dataset.
     pub dataset: String,
+    /// Samples in the ensemble.
     pub samples: usize,
+    /// The ensemble's test metrics.
     pub ensemble: Option<Metrics>,
     /// Entropies, mutual information, per-class accuracy, accuracy-vs-coverage.
     #[serde(default)]
     pub uncertainty: Option<Uncertainty>,
+    /// The last sample's own test metrics.
     pub last_sample: Option<Metrics>,
+    /// The ensemble's validation metrics (with `--valid`).
     pub valid_ensemble: Option<Metrics>,
     /// Test accuracy and NLL of the ensemble of the first k samples, for each k (of the
     /// first chain, in a multi-chain run).
@@ -45,6 +51,7 @@ pub struct EvalReport {
 /// An out-of-distribution test set.
 #[derive(Debug, Clone)]
 pub struct OodSet {
+    /// The dataset's name.
     pub dataset: String,
     /// Where it was read.
     pub source: String,
@@ -55,6 +62,7 @@ pub struct OodSet {
 /// What else `bnn eval` runs the samples through.
 #[derive(Debug, Clone, Default)]
 pub struct Extras {
+    /// An out-of-distribution test set, to tell apart from the run's.
     pub ood: Option<OodSet>,
     /// Rotate the test set by each of these angles (degrees).
     pub rotations: Vec<f64>,
@@ -77,16 +85,22 @@ pub struct OodScores {
 pub struct EntropyHistogram {
     /// Bin edges in nats, from 0 to ln(classes).
     pub edges: Vec<f64>,
+    /// Examples per entropy bin, in-distribution.
     pub inside: Vec<usize>,
+    /// Examples per entropy bin, out-of-distribution.
     pub outside: Vec<usize>,
 }
 
 /// `--ood-dataset`: how well uncertainty separates the run's test set from another's.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OodReport {
+    /// The run's dataset.
     pub in_dataset: String,
+    /// The out-of-distribution dataset.
     pub ood_dataset: String,
+    /// Where it was read from.
     pub ood_data_source: String,
+    /// Samples in the ensemble.
     pub samples: usize,
     /// Out of distribution is the positive class of AUPR.
     pub ensemble: OodScores,
@@ -94,27 +108,39 @@ pub struct OodReport {
     pub single_sample: OodScores,
     /// Mean predictive entropy and mutual information of the ensemble, in and out.
     pub mean_entropy_in: f64,
+    /// Mean predictive entropy out of distribution.
     pub mean_entropy_out: f64,
+    /// Mean mutual information in distribution.
     pub mean_mutual_information_in: f64,
+    /// Mean mutual information out of distribution.
     pub mean_mutual_information_out: f64,
+    /// The ensemble's predictive entropies, both sets.
     pub ensemble_entropy_histogram: EntropyHistogram,
 }
 
 /// One angle of `--shift rotate`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ShiftPoint {
+    /// Rotation in degrees.
     pub angle: f64,
+    /// The ensemble's metrics on the rotated test set.
     pub ensemble: Metrics,
+    /// The last sample's.
     pub single_sample: Metrics,
+    /// Mean predictive entropy.
     pub mean_predictive_entropy: f64,
+    /// Mean mutual information.
     pub mean_mutual_information: f64,
 }
 
 /// `--shift rotate`: the test set rotated by 0°…180°.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ShiftReport {
+    /// The shift (`rotate`).
     pub shift: String,
+    /// Samples in the ensemble.
     pub samples: usize,
+    /// One point per amount of shift.
     pub points: Vec<ShiftPoint>,
 }
 

@@ -3,6 +3,7 @@
 //! states ([`checkpoint`], [`run_state`]), evaluation of a run's ensemble ([`eval`]), the
 //! settings of a run ([`settings`]) and MPI ranks ([`ranks`]).
 
+#![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
 // The floors below, under the names this crate's modules use (`crate::data`, …).

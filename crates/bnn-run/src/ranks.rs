@@ -75,14 +75,17 @@ impl Ranks {
         )))
     }
 
+    /// This process's rank.
     pub fn rank(&self) -> usize {
         self.rank
     }
 
+    /// Processes in the job.
     pub fn size(&self) -> usize {
         self.size
     }
 
+    /// Whether this is rank 0.
     pub fn is_root(&self) -> bool {
         self.rank == 0
     }

@@ -34,27 +34,36 @@ pub fn state_path(run_dir: &Path) -> PathBuf {
 pub struct Progress {
     /// The epoch in progress (0-based); `batch` of its minibatches are done.
     pub epoch: usize,
+    /// The next minibatch of the epoch.
     pub batch: usize,
     /// Updates done in all.
     pub step: u64,
     /// The epoch's running sums: Σ minibatch NLL·size, correct predictions, examples seen,
     /// Σ kinetic energy and its count.
     pub nll_sum: f64,
+    /// Training examples classified right so far this epoch.
     pub correct: usize,
+    /// Training examples seen so far this epoch.
     pub seen: usize,
+    /// Sum of the kinetic energies reported this epoch.
     pub ke_sum: f64,
+    /// How many.
     pub ke_count: usize,
     /// Updates in the epoch so far, and the step sizes they used: first, last, sum.
     #[serde(default)]
     pub updates: usize,
+    /// η at the epoch's first update.
     #[serde(default)]
     pub eta_first: f64,
+    /// η at its last.
     #[serde(default)]
     pub eta_last: f64,
+    /// Sum of η over its updates.
     #[serde(default)]
     pub eta_sum: f64,
     /// Seconds spent in updates and in all before this state (timings only).
     pub step_seconds: f64,
+    /// Seconds of training so far.
     pub train_seconds: f64,
 }
 
@@ -88,13 +97,17 @@ struct Scalars {
 /// Everything a run needs to continue.
 #[derive(Debug, Clone)]
 pub struct RunState {
+    /// Where the run stands and the epoch's sums.
     pub progress: Progress,
     /// The model's parameters by name, in the model's order.
     pub params: Vec<(String, Tensor)>,
+    /// The sampler's state.
     pub sampler: SamplerState,
+    /// λ per parameter tensor.
     pub prior_precisions: Vec<f64>,
     /// The test ensemble's state and sums; the validation ensemble's, if any.
     pub test: (AccumulatorState, Sums),
+    /// The validation ensemble's state, with `--valid`.
     pub valid: Option<(AccumulatorState, Sums)>,
     /// The kinetic energy per parameter at each kept sample (for the chains' diagnostics).
     pub kinetic_trace: Vec<f64>,

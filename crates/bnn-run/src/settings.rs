@@ -16,7 +16,9 @@ use crate::schedule::Schedule;
 /// Everything that decides a run's numbers, besides the data.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Settings {
+    /// The network.
     pub model: ModelSpec,
+    /// The sampler and its hyper-parameters.
     pub sampler: SamplerConfig,
     /// Fused kernels (default) or the composed reference (absent in older runs: fused).
     #[serde(default = "fused")]
@@ -24,14 +26,18 @@ pub struct Settings {
     /// Hand-written CPU backward or candle's autograd, as asked for (`auto` included).
     #[serde(default = "auto")]
     pub backward: Backward,
+    /// The prior on the parameters.
     pub prior: PriorSpec,
     /// T of the tempered posterior p(θ|D)^{1/T}.
     pub temperature: f64,
+    /// Examples per minibatch.
     pub batch_size: usize,
+    /// Passes over the training set.
     pub epochs: usize,
     /// Burn-in, thinning and the step-size schedule.
     #[serde(flatten)]
     pub schedule: Schedule,
+    /// The run's seed (initialisation, shuffling, noise).
     pub seed: u64,
     /// Save the run's state every this many updates (0: once per epoch), at the end, and
     /// on SIGINT/SIGTERM.
@@ -276,7 +282,9 @@ mod tests {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Preset {
+    /// The preset's network.
     pub model: ModelSpec,
+    /// Its training defaults (flags typed override them).
     #[serde(default)]
     pub train: TrainDefaults,
 }
@@ -286,21 +294,35 @@ pub struct Preset {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainDefaults {
+    /// `--sampler`.
     pub sampler: Option<SamplerKind>,
+    /// `--step-size`.
     pub step_size: Option<f64>,
+    /// `--friction`.
     pub friction: Option<f64>,
+    /// `--diffusion`.
     pub diffusion: Option<f64>,
+    /// `--noise-estimate`.
     pub noise_estimate: Option<f64>,
+    /// `--integrator`.
     pub integrator: Option<Integrator>,
+    /// `--batch-size`.
     pub batch_size: Option<usize>,
+    /// `--epochs`.
     pub epochs: Option<usize>,
+    /// `--burnin`.
     pub burnin: Option<usize>,
+    /// `--thin`.
     pub thin: Option<usize>,
+    /// `--decay-at`.
     pub decay_at: Option<Vec<usize>>,
+    /// `--decay-factor`.
     pub decay_factor: Option<f64>,
     /// `{ kind = "gaussian", std = 0.1 }` or `{ kind = "gamma", shape = 1.0, rate = 1.0 }`.
     pub prior: Option<PriorSpec>,
+    /// `--temperature`.
     pub temperature: Option<f64>,
+    /// `--augment`.
     pub augment: Option<Augmentation>,
     /// `--standardize`: pixels standardised with the training set's statistics.
     pub standardize: Option<bool>,

@@ -10,7 +10,9 @@ pub mod resnet_split;
 /// The hand-written CPU forward and backward pass of a network: the MLP's or the CNN's.
 #[derive(Debug)]
 pub enum Backprop {
+    /// The MLP's pass.
     Mlp(mlp::MlpBackprop),
+    /// The CNN's pass.
     Cnn(cnn::CnnBackprop),
     /// Boxed: its buffers' bookkeeping is larger than the others'.
     Resnet(Box<resnet_split::SplitResnet>),

@@ -64,6 +64,7 @@ impl TryFrom<Spelling> for Augmentation {
 }
 
 impl Augmentation {
+    /// Whether it leaves images unchanged.
     pub fn is_none(&self) -> bool {
         *self == Augmentation::None
     }

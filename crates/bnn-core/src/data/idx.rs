@@ -11,7 +11,9 @@ use crate::error::{Error, Result};
 /// An IDX array of unsigned bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdxArray {
+    /// The dimensions, outermost first.
     pub dims: Vec<usize>,
+    /// The data, unsigned bytes.
     pub data: Vec<u8>,
 }
 

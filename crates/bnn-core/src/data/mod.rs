@@ -25,9 +25,13 @@ pub const NUM_CLASSES: usize = 10;
 /// copied as floats.
 #[derive(Debug, Clone)]
 pub struct Split {
+    /// The images, one byte per pixel, row after row.
     pub images: Vec<u8>,
+    /// The labels, one byte per image.
     pub labels: Vec<u8>,
+    /// Image height.
     pub rows: usize,
+    /// Image width.
     pub cols: usize,
     /// Per-pixel standardisation applied by [`Split::gather`] (`--standardize`); `None`:
     /// pixels scaled to `[0, 1]`.
@@ -40,8 +44,11 @@ pub struct Split {
 /// up). Recorded in `run.json`, so that `bnn eval` applies the same map.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Standardization {
+    /// The smallest standard deviation divided by (pixels that never vary).
     pub floor: f32,
+    /// Per-pixel mean over the training images.
     pub mean: Vec<f32>,
+    /// Per-pixel standard deviation (at least `floor`).
     pub std: Vec<f32>,
 }
 
@@ -95,10 +102,12 @@ impl Standardization {
 }
 
 impl Split {
+    /// Examples in the split.
     pub fn len(&self) -> usize {
         self.labels.len()
     }
 
+    /// Whether it has no example.
     pub fn is_empty(&self) -> bool {
         self.labels.is_empty()
     }
@@ -165,8 +174,11 @@ pub struct Dataset {
     pub name: String,
     /// Where it was read from: a folder, or `built-in`.
     pub source: String,
+    /// The training split.
     pub train: Split,
+    /// The validation split held out of the training set (`--valid`).
     pub valid: Option<Split>,
+    /// The test split.
     pub test: Split,
 }
 
@@ -317,6 +329,7 @@ pub fn download_dir(spec: &DatasetSpec, data_dir: Option<&Path>) -> PathBuf {
 /// How to find or obtain a dataset.
 #[derive(Debug, Clone, Default)]
 pub struct LoadOptions {
+    /// A folder holding the dataset's files (else the standard places are searched).
     pub data_dir: Option<PathBuf>,
     /// Never touch the network.
     pub offline: bool,

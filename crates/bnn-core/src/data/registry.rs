@@ -5,30 +5,39 @@
 pub struct FileSpec {
     /// Base name without `.gz`, e.g. `train-images-idx3-ubyte`.
     pub name: &'static str,
+    /// SHA-256 of the uncompressed content (header and data).
     pub raw_sha256: &'static str,
 }
 
 /// A dataset: its four files, where to download them, and system folders that may hold them.
 #[derive(Debug, Clone, Copy)]
 pub struct DatasetSpec {
+    /// The name a user types (`--dataset`).
     pub name: &'static str,
     /// Train images, train labels, test images, test labels.
     pub files: [FileSpec; 4],
+    /// Base URLs to download the files from, in order.
     pub mirrors: &'static [&'static str],
+    /// Folders where a system package puts the files.
     pub system_dirs: &'static [&'static str],
     /// The Debian package that installs it, if any.
     pub apt_package: Option<&'static str>,
 }
 
+/// Index of the training images in `files`.
 pub const TRAIN_IMAGES: usize = 0;
+/// Index of the training labels in `files`.
 pub const TRAIN_LABELS: usize = 1;
+/// Index of the test images in `files`.
 pub const TEST_IMAGES: usize = 2;
+/// Index of the test labels in `files`.
 pub const TEST_LABELS: usize = 3;
 
 const fn f(name: &'static str, raw_sha256: &'static str) -> FileSpec {
     FileSpec { name, raw_sha256 }
 }
 
+/// MNIST: 60,000 training and 10,000 test handwritten digits, 28 × 28.
 pub const MNIST: DatasetSpec = DatasetSpec {
     name: "mnist",
     files: [
@@ -58,6 +67,7 @@ pub const MNIST: DatasetSpec = DatasetSpec {
     apt_package: None,
 };
 
+/// Fashion-MNIST: 60,000 training and 10,000 test clothing images, 28 × 28.
 pub const FASHION_MNIST: DatasetSpec = DatasetSpec {
     name: "fashion-mnist",
     files: [
@@ -107,6 +117,7 @@ pub const MNIST_MINI: DatasetSpec = DatasetSpec {
     apt_package: None,
 };
 
+/// Every known dataset.
 pub const ALL: [DatasetSpec; 3] = [MNIST, FASHION_MNIST, MNIST_MINI];
 
 /// Looks a dataset up by name.

@@ -17,7 +17,9 @@ use crate::error::{Error, Result};
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Activation {
+    /// max(0, x).
     Relu,
+    /// 1/(1 + e^{−x}).
     Sigmoid,
     /// x·σ(x) (SiLU); ResNets only (the MLP and CNN passes differentiate through the
     /// activation's output, which swish's derivative cannot be written in).
@@ -53,11 +55,13 @@ pub enum ModelKind {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSpec {
+    /// MLP, CNN or ResNet.
     pub kind: ModelKind,
     /// Widths of the hidden fully connected layers, input to output (none for a ResNet,
     /// whose head is linear).
     #[serde(default)]
     pub hidden: Vec<usize>,
+    /// The nonlinearity after each hidden layer.
     pub activation: Activation,
     /// CNN only: output channels of each convolution, input to output.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -140,8 +144,11 @@ pub fn conv_shapes(spec: &ModelSpec, side: usize) -> Result<Vec<ConvShape>> {
 /// (floor).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConvShape {
+    /// Input channels.
     pub in_channels: usize,
+    /// Output channels.
     pub out_channels: usize,
+    /// Side of the square kernel.
     pub kernel: usize,
     /// Zero pixels added on every side of the input.
     pub pad: usize,
@@ -152,6 +159,7 @@ pub struct ConvShape {
 }
 
 impl ConvShape {
+    /// Side of the max-pooling window.
     pub fn pool_side(&self) -> usize {
         self.conv_side / 2
     }
@@ -225,6 +233,7 @@ impl ModelSpec {
         preset.model
     }
 
+    /// Refuses a spec that cannot be built, in one line naming the field.
     pub fn validate(&self) -> Result<()> {
         if self.kind != ModelKind::Resnet && !self.stages.is_empty() {
             return Err(Error::Config("`stages` is for kind = \"resnet\"".into()));
@@ -350,7 +359,9 @@ impl ModelSpec {
 /// A named parameter tensor.
 #[derive(Debug, Clone)]
 pub struct Param {
+    /// The parameter's name (`fc1.weight`, …): its key in sample files.
     pub name: String,
+    /// Its values.
     pub var: Var,
 }
 
@@ -386,8 +397,11 @@ fn max_pool2(h: &Tensor) -> Result<Tensor> {
 /// MaxPool(2)`, repeated, then the same fully connected layers) to class logits.
 #[derive(Debug, Clone)]
 pub struct Network {
+    /// The architecture.
     pub spec: ModelSpec,
+    /// Input features (pixels × channels).
     pub input_dim: usize,
+    /// Output classes.
     pub num_classes: usize,
     /// CNN only: the convolutions' shapes (empty for an MLP).
     pub convs: Vec<ConvShape>,
@@ -554,6 +568,7 @@ impl Network {
         Ok(h)
     }
 
+    /// The parameters' `Var`s in parameter order.
     pub fn vars(&self) -> Vec<Var> {
         self.params.iter().map(|p| p.var.clone()).collect()
     }

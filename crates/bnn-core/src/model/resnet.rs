@@ -42,7 +42,9 @@ pub use crate::kernels::conv::{ConvGeometry, FRN_EPSILON};
 /// A convolution and where its parameters sit in the network's list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConvLayer {
+    /// Its shape.
     pub geometry: ConvGeometry,
+    /// Index of its weight in the network's parameters.
     pub weight: usize,
     /// `norm = "none"` and shortcuts.
     pub bias: Option<usize>,
@@ -54,8 +56,11 @@ pub struct ConvLayer {
 /// changes, else the identity).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ResBlock {
+    /// The first 3×3 convolution.
     pub conv1: ConvLayer,
+    /// The second 3×3 convolution.
     pub conv2: ConvLayer,
+    /// The 1×1 projection where the shape changes (else the identity).
     pub shortcut: Option<ConvLayer>,
 }
 
@@ -64,13 +69,19 @@ pub struct ResBlock {
 pub struct ResnetLayout {
     /// Channels, height, width of an input image.
     pub image: [usize; 3],
+    /// FRN + TLU or none.
     pub norm: Norm,
+    /// The nonlinearity.
     pub activation: Activation,
+    /// The first convolution.
     pub stem: ConvLayer,
+    /// The residual blocks in order.
     pub blocks: Vec<ResBlock>,
     /// Channels of the last stage: the pooled features the head reads.
     pub features: usize,
+    /// Index of the classifier's weight in the parameters.
     pub fc_weight: usize,
+    /// Output classes.
     pub classes: usize,
 }
 
@@ -78,7 +89,10 @@ pub struct ResnetLayout {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Init {
     /// U(−1/√fan_in, 1/√fan_in), PyTorch's default for convolutions and linear layers.
-    Uniform { fan_in: usize },
+    Uniform {
+        /// Inputs of one output: C_in·k² for a convolution.
+        fan_in: usize,
+    },
     /// Every element this value (FRN: γ = 1, β = τ = 0).
     Constant(f32),
 }
@@ -86,8 +100,11 @@ pub enum Init {
 /// A parameter to create: name, shape, start.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParamPlan {
+    /// The parameter's name.
     pub name: String,
+    /// Its shape.
     pub shape: Vec<usize>,
+    /// How it is initialised.
     pub init: Init,
 }
 

@@ -44,7 +44,9 @@ pub struct Compensation {
 
 /// The paper's settings (§3): σ*² = 0.2, λ = 10, three terms.
 pub const SIGMA2: f64 = 0.2;
+/// The paper's kernel bandwidth of q̂_C.
 pub const BANDWIDTH: f64 = 10.0;
+/// Terms of the series of q̂_C.
 pub const TERMS: usize = 3;
 
 impl Compensation {
@@ -124,10 +126,12 @@ impl Compensation {
             .sum()
     }
 
+    /// The density of q̂_C at `z`.
     pub fn pdf(&self, z: f64) -> f64 {
         self.pdf_at_g(logistic(z))
     }
 
+    /// The distribution function of q̂_C at `z`.
     pub fn cdf(&self, z: f64) -> f64 {
         let g = logistic(z);
         self.coeffs
@@ -151,6 +155,7 @@ impl Compensation {
         0.5 * (lo + hi)
     }
 
+    /// A draw from q̂_C.
     pub fn sample<R: Rng>(&self, rng: &mut R) -> f64 {
         self.quantile(rng.random::<f64>())
     }

@@ -16,10 +16,14 @@ use crate::error::{Error, Result};
 use crate::kernels::{buffer::StateBuffer, cpu::FusedStepOp, InlineUpdate, StepConsts, Update};
 use crate::rng::NoiseKey;
 
+/// SGHMC and SGNHT with the fused kernel: one pass per tensor for θ, v and the noise.
 #[derive(Debug, Clone)]
 pub struct Fused {
+    /// Its hyper-parameters.
     pub config: SamplerConfig,
+    /// Seed of the noise.
     pub seed: u64,
+    /// Updates done.
     pub step: u64,
     /// v = p·h per parameter tensor, on the parameters' device (empty for SGLD).
     pub momentum: Vec<StateBuffer>,

@@ -40,7 +40,9 @@ pub enum PairSchedule {
 /// ±0.25 around its mean), which the average removes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Adaptation {
+    /// Target swap rate of each pair.
     pub target: f64,
+    /// Whether adaptation has stopped (after burn-in).
     pub frozen: bool,
 }
 
@@ -51,10 +53,15 @@ pub const SNAPSHOT_ROUNDS: u64 = 50;
 /// freeze, where it adapts), so that rates over windows of rounds are their differences.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LadderSnapshot {
+    /// Round of the exchange.
     pub round: u64,
+    /// Temperatures after it.
     pub temperatures: Vec<f64>,
+    /// Swap attempts per pair so far.
     pub tries: Vec<u64>,
+    /// Swaps per pair so far.
     pub swaps: Vec<u64>,
+    /// Sums of the swap probabilities per pair.
     pub probability_sums: Vec<f64>,
 }
 
@@ -65,12 +72,15 @@ pub struct Ladder {
     pub temperatures: Vec<f64>,
     /// `holder[i]`: the replica at temperature index i.
     pub holder: Vec<usize>,
+    /// DEO or random pairs.
     pub schedule: PairSchedule,
+    /// The adaptation of the temperatures, while on.
     pub adaptation: Option<Adaptation>,
     /// Rounds of exchanges so far.
     pub rounds: u64,
     /// Per pair (i, i+1): tries and swaps; since the ladder froze where it adapts.
     pub tries: Vec<u64>,
+    /// Swaps per pair.
     pub swaps: Vec<u64>,
     /// Per pair: the sum of the tries' swap probabilities (same span as `tries`).
     #[serde(default)]
@@ -157,6 +167,7 @@ impl Ladder {
         }
     }
 
+    /// M, replicas.
     pub fn replicas(&self) -> usize {
         self.temperatures.len()
     }

@@ -62,6 +62,7 @@ pub enum SamplerKind {
 }
 
 impl SamplerKind {
+    /// The name as typed (`sghmc`) and recorded in `run.json`.
     pub fn name(self) -> &'static str {
         match self {
             SamplerKind::Sgld => "sgld",
@@ -161,6 +162,7 @@ pub enum Integrator {
 /// A sampler's hyper-parameters: plain data, saved with every sample.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SamplerConfig {
+    /// Which sampler.
     pub kind: SamplerKind,
     /// η = h²: multiplies the gradient of U.
     pub step_size: f64,
@@ -323,6 +325,7 @@ fn from_state(saved: &[Tensor], like: &[Tensor], what: &str) -> Result<Vec<Tenso
 /// update, given ∇Ũ(θ) per parameter tensor, through the per-tensor protocol
 /// [`TensorwiseStep`] that every sampler implements.
 pub trait Sampler: TensorwiseStep + Send {
+    /// The hyper-parameters it runs with (η as it is now).
     fn config(&self) -> SamplerConfig;
     /// One update of all parameters from their gradients (same order): the per-tensor
     /// protocol in parameter order.
@@ -334,6 +337,7 @@ pub trait Sampler: TensorwiseStep + Send {
         }
         update.finish()
     }
+    /// Kinetic energy and thermostat as of the last update.
     fn diagnostics(&self) -> Diagnostics;
     /// The state between updates, as plain data.
     fn state(&self) -> Result<SamplerState>;

@@ -41,6 +41,7 @@ pub struct ReplicaOptions {
     pub target_swap_rate: f64,
     /// N: updates of every replica between exchange rounds.
     pub exchange_every: usize,
+    /// Which pairs try to swap each round.
     pub pairs: PairSchedule,
     /// RENHD's thermostat (RELD has none).
     #[serde(default)]

@@ -8,9 +8,12 @@ use super::{
 };
 use crate::error::Result;
 
+/// SGD and SGD with momentum: the MAP baselines.
 #[derive(Debug, Clone)]
 pub struct Sgd {
+    /// Its hyper-parameters.
     pub config: SamplerConfig,
+    /// Updates done.
     pub step: u64,
     /// Present for `momentum`, starting at zero.
     pub momentum: Option<Vec<Tensor>>,
@@ -19,6 +22,7 @@ pub struct Sgd {
 }
 
 impl Sgd {
+    /// Starts on `params` (momentum zero).
     pub fn init(config: SamplerConfig, params: &[Var]) -> Result<Self> {
         let momentum = if config.kind == SamplerKind::Momentum {
             Some(

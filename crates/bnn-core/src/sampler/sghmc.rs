@@ -20,10 +20,14 @@ use super::{
 };
 use crate::error::Result;
 
+/// SGHMC (Chen et al. 2014) with the composed update.
 #[derive(Debug, Clone)]
 pub struct Sghmc {
+    /// Its hyper-parameters.
     pub config: SamplerConfig,
+    /// Seed of the noise.
     pub seed: u64,
+    /// Updates done.
     pub step: u64,
     /// v = p·h, one tensor per parameter tensor.
     pub momentum: Vec<Tensor>,

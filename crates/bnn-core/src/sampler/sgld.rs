@@ -8,16 +8,21 @@ use candle_core::{Tensor, Var};
 use super::{noise_like, Diagnostics, Sampler, SamplerConfig, SamplerState, TensorwiseStep};
 use crate::error::Result;
 
+/// SGLD (Welling and Teh 2011).
 #[derive(Debug, Clone)]
 pub struct Sgld {
+    /// Its hyper-parameters.
     pub config: SamplerConfig,
+    /// Seed of the noise.
     pub seed: u64,
+    /// Updates done.
     pub step: u64,
     /// Number of parameter tensors.
     tensors: usize,
 }
 
 impl Sgld {
+    /// Starts on `params` with the noise of `seed`.
     pub fn init(config: SamplerConfig, params: &[Var], seed: u64) -> Self {
         Sgld {
             config,

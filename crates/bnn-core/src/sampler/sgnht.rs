@@ -33,17 +33,24 @@ use crate::error::{Error, Result};
 /// α: one scalar for SGNHT, or one tensor per parameter tensor for mSGNHT.
 #[derive(Debug, Clone)]
 pub enum Thermostat {
+    /// SGNHT's one ξ for all parameters.
     Scalar(f64),
+    /// mSGNHT's ξᵢ per element, per parameter tensor.
     PerElement(Vec<Tensor>),
 }
 
+/// SGNHT (Ding et al. 2014) and mSGNHT (Li et al. 2016) with the composed update.
 #[derive(Debug, Clone)]
 pub struct Sgnht {
+    /// Its hyper-parameters.
     pub config: SamplerConfig,
+    /// Seed of the noise.
     pub seed: u64,
+    /// Updates done.
     pub step: u64,
     /// u = p·h, one tensor per parameter tensor.
     pub momentum: Vec<Tensor>,
+    /// The thermostat(s).
     pub thermostat: Thermostat,
     kinetic: f64,
 }

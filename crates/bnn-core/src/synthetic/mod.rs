@@ -56,11 +56,13 @@ const GM_BATCH: usize = 10;
 
 /// A potential with its data (for `gaussian-mean`).
 pub struct Potential {
+    /// Which potential.
     pub kind: PotentialKind,
     data: Vec<f64>,
 }
 
 impl Potential {
+    /// The potential `kind` (its random parts drawn from `seed`).
     pub fn new(kind: PotentialKind, seed: u64) -> Self {
         let data = if kind == PotentialKind::GaussianMean {
             let mut rng =
@@ -76,6 +78,7 @@ impl Potential {
         Potential { kind, data }
     }
 
+    /// Dimension of θ.
     pub fn dim(&self) -> usize {
         if self.kind == PotentialKind::Gmm5 {
             2
@@ -170,8 +173,11 @@ impl Potential {
 /// Options of one `bnn sample` run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SampleOptions {
+    /// The target.
     pub potential: PotentialKind,
+    /// The sampler.
     pub sampler: SamplerKind,
+    /// Its integrator.
     pub integrator: Integrator,
     /// Physical step h.
     pub h: f64,
@@ -183,11 +189,15 @@ pub struct SampleOptions {
     pub noise: f64,
     /// SGHMC's noise estimate B̂ (β̂ = B̂·h); B̂ = C injects no noise at all.
     pub noise_estimate: f64,
+    /// Updates per chain.
     pub steps: usize,
+    /// Updates discarded first.
     pub burnin: usize,
     /// Independent chains run side by side (one tensor; a scalar thermostat is shared).
     pub chains: usize,
+    /// Histogram bins.
     pub bins: usize,
+    /// Seed of everything random.
     pub seed: u64,
     /// Replica exchange (`--sampler renhd|reld`): rungs, ladder, exchanges.
     #[serde(default)]
@@ -202,18 +212,26 @@ pub struct SampleOptions {
 /// What `bnn sample` reports.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SampleReport {
+    /// The options it ran with.
     pub options: SampleOptions,
+    /// Samples kept.
     pub samples: usize,
     /// KL(sample histogram ‖ true density) on the grid, samples outside it included as one
     /// more bin.
     pub kl: f64,
     /// Fraction of samples outside the grid (not in the KL).
     pub outside: f64,
+    /// Sample mean per coordinate.
     pub mean: Vec<f64>,
+    /// The target's mean.
     pub true_mean: Vec<f64>,
+    /// Sample variance per coordinate.
     pub var: Vec<f64>,
+    /// The target's variance.
     pub true_var: Vec<f64>,
+    /// Largest error of the mean.
     pub mean_error: f64,
+    /// Largest relative error of the variance.
     pub var_error: f64,
     /// Mean kinetic energy per dimension (½ at the right temperature).
     pub kinetic_energy: Option<f64>,
@@ -221,6 +239,7 @@ pub struct SampleReport {
     pub thermostat: Option<f64>,
     /// Integrated autocorrelation time of the first coordinate (batch means), in steps.
     pub iat: f64,
+    /// Effective sample size of the first coordinate.
     pub ess: f64,
     /// The step at which the position became non-finite; the statistics then cover
     /// the samples before it and the KL is infinite (`null` in JSON).
@@ -229,6 +248,7 @@ pub struct SampleReport {
     /// largest deviation from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode_mass: Option<Vec<f64>>,
+    /// Largest error of a mode's probability mass (GMM targets).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_mode_mass_error: Option<f64>,
     /// Replica exchange: the ladder and its swap statistics, swaps per try of each pair
@@ -236,8 +256,10 @@ pub struct SampleReport {
     /// temperature after burn-in (exp(−U/T) has T·σ² for a Gaussian U).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ladder: Option<crate::sampler::ladder::Ladder>,
+    /// Swap rates of adjacent pairs (replica exchange).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub swap_rates: Option<Vec<f64>>,
+    /// Variance of each replica's temperature over the run (replica exchange).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature_variances: Option<Vec<f64>>,
     /// Each coordinate's marginal on the grid: the samples' histogram against the true
@@ -249,8 +271,11 @@ pub struct SampleReport {
 /// One coordinate's marginal on the grid, as densities (integrating to the mass inside).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Marginal {
+    /// Bin centres.
     pub centers: Vec<f64>,
+    /// Sampled density per bin.
     pub sampled: Vec<f64>,
+    /// True density per bin.
     pub truth: Vec<f64>,
 }
 

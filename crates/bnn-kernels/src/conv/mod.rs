@@ -12,14 +12,23 @@ pub const FRN_EPSILON: f32 = 1e-6;
 /// The shape of one convolution (square kernel, zero padding kernel/2: "same" at stride 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConvGeometry {
+    /// C_in, planes of the input.
     pub in_channels: usize,
+    /// C_out, planes of the output.
     pub out_channels: usize,
+    /// k, the side of the square kernel.
     pub kernel: usize,
+    /// s, the stride.
     pub stride: usize,
+    /// p = k/2, the zero padding on each side.
     pub pad: usize,
+    /// Input height.
     pub in_h: usize,
+    /// Input width.
     pub in_w: usize,
+    /// Output height, (H + 2p − k)/s + 1.
     pub out_h: usize,
+    /// Output width, (W + 2p − k)/s + 1.
     pub out_w: usize,
 }
 

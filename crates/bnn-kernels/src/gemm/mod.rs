@@ -41,8 +41,11 @@ pub const PARALLEL_MIN_MACS: usize = 200_000;
 /// A matrix operand: element (i, j) at `data[i·rs + j·cs]`.
 #[derive(Clone, Copy)]
 pub struct Mat<'a> {
+    /// The elements.
     pub data: &'a [f32],
+    /// Row stride (elements between rows).
     pub rs: usize,
+    /// Column stride (elements between columns).
     pub cs: usize,
 }
 
@@ -116,6 +119,7 @@ pub struct Options<'a> {
 /// Which operand of a product has a [`NonZero`] map.
 #[derive(Clone, Copy, Default)]
 pub enum Zeros<'a> {
+    /// Not known: every k is taken.
     #[default]
     Unknown,
     /// Of lhs (m × k): a tile of rows of dst runs only over the k where one of its rows

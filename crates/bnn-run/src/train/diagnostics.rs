@@ -42,8 +42,11 @@ pub const THERMOSTAT_GROWTH: f64 = 10.0;
 /// The kinetic energy per parameter of one parameter tensor.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TensorKinetic {
+    /// The tensor's name.
     pub tensor: String,
+    /// Its elements.
     pub elements: usize,
+    /// Its kinetic energy per element.
     pub kinetic_energy: f64,
 }
 
@@ -56,14 +59,17 @@ pub struct DiagnosticRecord {
     pub epoch: usize,
     /// Ũ(θ) = N · (mean NLL of the last minibatch) − log p(θ) (untempered).
     pub potential_energy: f64,
+    /// Kinetic energy per parameter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kinetic_energy: Option<f64>,
+    /// Per tensor.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kinetic_per_tensor: Vec<TensorKinetic>,
     /// SGNHT: the thermostat α (spread 0); mSGNHT: the mean and standard deviation of its
     /// per-parameter thermostats.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thermostat_mean: Option<f64>,
+    /// Standard deviation of mSGNHT's ξᵢ.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thermostat_spread: Option<f64>,
     /// Replica runs: the temperature the replica held.
@@ -73,10 +79,13 @@ pub struct DiagnosticRecord {
 
 /// What a chain needs of its model and potential to fill a record.
 pub struct Inputs<'a> {
+    /// The parameters' names in order.
     pub names: Vec<String>,
+    /// The sampler to read.
     pub sampler: &'a dyn Sampler,
     /// −log p(θ).
     pub prior_energy: f64,
+    /// N, training examples.
     pub n_data: usize,
     /// Mean NLL of the last minibatch.
     pub minibatch_nll: f64,
@@ -148,6 +157,7 @@ pub struct Monitor {
 }
 
 impl Monitor {
+    /// A monitor recording every `every` updates (0: at epoch ends).
     pub fn new(every: usize, initial_thermostat: Option<f64>, label: &str) -> Self {
         Monitor {
             check_from: 0,

@@ -21,6 +21,7 @@ const LOG_BYTES: u64 = 1 << 20;
 pub struct DiskNeed {
     /// Samples still to write, over all chains.
     pub samples: u64,
+    /// Bytes of one sample file.
     pub sample_bytes: u64,
     /// One chain's state file (params, momenta, thermostats, ensemble sums).
     pub state_bytes: u64,

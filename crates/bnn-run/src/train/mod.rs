@@ -34,6 +34,7 @@ use chain::{run_chain, ChainOutcome};
 /// runs.
 #[derive(Debug, Clone)]
 pub struct TrainConfig {
+    /// What the run computes.
     pub settings: Settings,
     /// Folder of this run (`checkpoints/<run>`).
     pub run_dir: PathBuf,
@@ -50,7 +51,9 @@ pub struct TrainConfig {
 /// One line of `metrics.jsonl`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EpochRecord {
+    /// The epoch (from 1).
     pub epoch: usize,
+    /// Updates done by its end.
     pub steps: u64,
     /// Mean minibatch negative log-likelihood per example.
     pub train_nll: f64,
@@ -59,24 +62,36 @@ pub struct EpochRecord {
     /// η of the epoch's first update; where the schedule changes it within the epoch
     /// (`--cycles`, `--poly-gamma`), also its last and its mean over the epoch.
     pub step_size: f64,
+    /// η at the epoch's last update.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_size_last: Option<f64>,
+    /// Mean η over the epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_size_mean: Option<f64>,
+    /// Mean kinetic energy per parameter.
     pub kinetic_energy: Option<f64>,
+    /// The thermostat at the epoch's end.
     pub thermostat: Option<f64>,
+    /// λ per parameter tensor.
     pub prior_precisions: Vec<f64>,
+    /// Samples kept so far.
     pub samples: usize,
+    /// The ensemble's test metrics so far.
     pub test_ensemble: Option<Metrics>,
+    /// The last sample's test metrics.
     pub test_last_sample: Option<Metrics>,
+    /// The ensemble's validation metrics so far.
     pub valid_ensemble: Option<Metrics>,
+    /// Seconds the epoch took.
     pub seconds: f64,
 }
 
 /// `summary.json`, also the last line `bnn train` prints.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Summary {
+    /// The dataset's name.
     pub dataset: String,
+    /// Where it was read from (`built-in` for the bundled subset).
     pub data_source: String,
     /// Pixels standardised per pixel (`--standardize`) rather than scaled to [0, 1].
     pub standardized_inputs: bool,
@@ -85,12 +100,14 @@ pub struct Summary {
     pub settings: Settings,
     /// The network in short (`mlp-784-100-10-relu`, ...).
     pub model_label: String,
+    /// Parameters of the network.
     pub num_params: usize,
     /// The CPU kernel path (`avx512`, `avx2` or `portable`; see `kernels::isa`).
     #[serde(default)]
     pub isa: String,
     /// The gradient implementation used (`custom` or `autograd`: `auto` resolved).
     pub backward_used: Backward,
+    /// Samples in the ensemble.
     pub samples: usize,
     /// Bayesian model average over the kept samples, on the test set.
     pub ensemble: Option<Metrics>,
@@ -100,11 +117,13 @@ pub struct Summary {
     pub uncertainty: Option<crate::uncertainty::Uncertainty>,
     /// The last kept sample alone, on the test set.
     pub last_sample: Option<Metrics>,
+    /// The ensemble's validation metrics.
     pub valid_ensemble: Option<Metrics>,
     /// Test accuracy and NLL of the ensemble of the first k samples, for each k (of the
     /// first chain, in a multi-chain run), as `bnn eval` reports it.
     #[serde(default)]
     pub progress: Vec<crate::ensemble::Progress>,
+    /// Updates done.
     pub steps: u64,
     /// Rollbacks after a divergence, over all chains (`--on-divergence rollback`).
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -124,6 +143,7 @@ pub struct Summary {
     /// those of the T = 1 temperature.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica_exchange: Option<ReplicaReport>,
+    /// The run folder.
     pub run_dir: String,
 }
 
@@ -134,12 +154,19 @@ fn is_zero(n: &u32) -> bool {
 /// One chain of a multi-chain run in `summary.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChainSummary {
+    /// The chain's index.
     pub chain: usize,
+    /// Its seed.
     pub seed: u64,
+    /// Its samples.
     pub samples: usize,
+    /// Its ensemble's test metrics.
     pub ensemble: Option<Metrics>,
+    /// Its last sample's.
     pub last_sample: Option<Metrics>,
+    /// Its ensemble's validation metrics.
     pub valid_ensemble: Option<Metrics>,
+    /// Its updates per second.
     pub steps_per_second: f64,
 }
 
@@ -148,7 +175,9 @@ pub struct ChainSummary {
 /// too few samples.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChainDiagnostics {
+    /// Split-R̂ and ESS of the samples' test log-likelihood.
     pub test_log_likelihood: Option<Convergence>,
+    /// Split-R̂ and ESS of the kinetic energy.
     pub kinetic_energy: Option<Convergence>,
 }
 

@@ -16,7 +16,9 @@ use crate::sampler::{self, Kernel, Sampler, SamplerConfig, TensorwiseStep};
 pub struct Stepper {
     model: Network,
     vars: Vec<Var>,
+    /// The potential whose gradient drives the sampler.
     pub potential: Potential,
+    /// The sampler.
     pub sampler: Box<dyn Sampler>,
     /// The gradient implementation in use (`auto` resolved).
     pub backward: Backward,

@@ -60,6 +60,7 @@ pub struct ReplicaReport {
     /// Temperatures, holders, swap counts and round trips (counted since the ladder froze
     /// where it adapts).
     pub ladder: Ladder,
+    /// Swap rate of each adjacent pair.
     pub swap_rates: Vec<f64>,
     /// The mean of g(ΔẼ), each try's swap probability given its estimate, per pair: the
     /// same rate with less noise.
@@ -68,6 +69,7 @@ pub struct ReplicaReport {
     pub gradient_evaluations: u64,
     /// Exchange estimates made, and the examples they evaluated (per model).
     pub exchange_estimates: u64,
+    /// Examples the exchange estimates read.
     pub exchange_examples: u64,
     /// Wall time of the exchanges (their forward passes).
     pub exchange_seconds: f64,
