@@ -9,7 +9,7 @@ use bnn::model::ModelSpec;
 use bnn::potential::PriorSpec;
 use bnn::ranks::Ranks;
 use bnn::sampler::SamplerConfig;
-use bnn::settings::Settings;
+use bnn::settings::{ResumeChanges, Settings};
 use bnn::train::{self, TrainConfig};
 
 use super::{device_of, json, replica_options};
@@ -69,13 +69,10 @@ fn run_training((cfg, ds): (TrainConfig, data::Dataset), ranks: &Ranks) -> Resul
     }
 }
 
-/// What `--resume` may change: when and how the run goes on, never what it computes.
-/// `None`: as recorded.
+/// What `--resume` may be given: the changes to the recorded settings, and where and how
+/// the run goes on.
 struct ResumeFields {
-    epochs: Option<usize>,
-    checkpoint_every: Option<usize>,
-    log_every: Option<usize>,
-    on_divergence: Option<bnn::settings::OnDivergence>,
+    changes: ResumeChanges,
     data_dir: Option<PathBuf>,
     offline: bool,
     device: DeviceKind,
@@ -115,23 +112,17 @@ impl ResumeFields {
         }
         let typed = |id: &str| given.contains(id);
         Ok(ResumeFields {
-            epochs: typed("epochs").then_some(args.epochs),
-            checkpoint_every: typed("checkpoint_every").then_some(args.checkpoint_every),
-            log_every: typed("log_every").then_some(args.log_every),
-            on_divergence: typed("on_divergence").then_some(args.on_divergence),
+            changes: ResumeChanges {
+                epochs: typed("epochs").then_some(args.epochs),
+                checkpoint_every: typed("checkpoint_every").then_some(args.checkpoint_every),
+                log_every: typed("log_every").then_some(args.log_every),
+                on_divergence: typed("on_divergence").then_some(args.on_divergence),
+            },
             data_dir: args.data.data_dir.clone(),
             offline: args.offline,
             device: args.device,
             no_progress: args.no_progress,
         })
-    }
-
-    /// `settings` with these fields applied.
-    fn apply(&self, settings: &mut Settings) {
-        settings.epochs = self.epochs.unwrap_or(settings.epochs);
-        settings.checkpoint_every = self.checkpoint_every.unwrap_or(settings.checkpoint_every);
-        settings.log_every = self.log_every.unwrap_or(settings.log_every);
-        settings.on_divergence = self.on_divergence.unwrap_or(settings.on_divergence);
     }
 }
 
@@ -146,7 +137,7 @@ fn resume_command(
 ) -> Result<String> {
     let recorded = RunManifest::read(run_dir)?;
     let mut settings = recorded.settings.clone();
-    fields.apply(&mut settings);
+    fields.changes.apply(&mut settings);
     let ds = bnn::eval::load_run_data(&recorded, fields.data_dir.clone(), fields.offline)?;
     // The record: the command that started the run and the new flags after it.
     let new_flags = command_line

@@ -82,6 +82,30 @@ pub enum OnDivergence {
     Rollback,
 }
 
+/// What a resumed run may change of its recorded [`Settings`]: when it ends and how it is
+/// logged, saved and guarded, never what it computes. `None`: as recorded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResumeChanges {
+    /// Passes over the training set in all (a finished run may be extended).
+    pub epochs: Option<usize>,
+    /// Save the state every N updates (0: once per epoch).
+    pub checkpoint_every: Option<usize>,
+    /// A diagnostics line every N updates (0: at each epoch's end).
+    pub log_every: Option<usize>,
+    /// What a divergence does.
+    pub on_divergence: Option<OnDivergence>,
+}
+
+impl ResumeChanges {
+    /// `settings` with these changes applied.
+    pub fn apply(&self, settings: &mut Settings) {
+        settings.epochs = self.epochs.unwrap_or(settings.epochs);
+        settings.checkpoint_every = self.checkpoint_every.unwrap_or(settings.checkpoint_every);
+        settings.log_every = self.log_every.unwrap_or(settings.log_every);
+        settings.on_divergence = self.on_divergence.unwrap_or(settings.on_divergence);
+    }
+}
+
 impl OnDivergence {
     fn is_stop(&self) -> bool {
         *self == OnDivergence::Stop
