@@ -102,12 +102,12 @@ fn fused_steps_on_cuda_match_the_cpu() {
             total += a.len();
         }
         let (sc, sg) = (on_cpu.state().unwrap(), on_gpu.state().unwrap());
-        for (a, b) in sc.momentum.iter().zip(&sg.momentum) {
+        for (a, b) in sc.momentum().iter().zip(sg.momentum()) {
             let (rel, n) = compare(&values(a), &values(b));
             worst = worst.max(rel);
             differ += n;
         }
-        for (a, b) in sc.thermostats.iter().zip(&sg.thermostats) {
+        for (a, b) in sc.thermostats().iter().zip(sg.thermostats()) {
             let (rel, n) = compare(&values(a), &values(b));
             worst = worst.max(rel);
             differ += n;

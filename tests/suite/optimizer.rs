@@ -6,8 +6,8 @@ use bnn::data::{load, LoadOptions};
 use bnn::ensemble::Accumulator;
 use bnn::model::{ModelKind, ModelSpec, Network};
 use bnn::potential::{Potential, Prior, PriorSpec};
-use bnn::sampler::optim::{Msgnht, OptimizerConfig, Sghmc};
-use bnn::sampler::{build_with, Integrator, Kernel, SamplerKind};
+use bnn::sampler::optim::{Msgnht, OptimizerConfig, SgMcmc, Sghmc};
+use bnn::sampler::{build_with, Integrator, Kernel, SamplerKind, SamplerState};
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{linear, loss, ops, Module, Optimizer, VarBuilder, VarMap};
 use rand::{Rng, SeedableRng};
@@ -114,7 +114,15 @@ fn msgnht_splitting_saved_and_restored_mid_run_continues_bit_for_bit() {
         .iter()
         .map(|v| v.as_tensor().copy().unwrap())
         .collect();
-    let saved = opt_a.state().unwrap();
+    // Through a file, as a user keeps it: safetensors, read back as mSGNHT's own state.
+    let file = tempfile::tempdir().unwrap();
+    let path = file.path().join("msgnht.safetensors");
+    opt_a.state().unwrap().save(&path).unwrap();
+    let saved = SamplerState::load(&path).unwrap();
+    let SamplerState::Msgnht(typed) = &saved else {
+        panic!("an mSGNHT state read back as {}", saved.family())
+    };
+    assert_eq!(typed.thermostats.len(), typed.momentum.len());
     (10..20).for_each(|k| step(&mut opt_a, &a, k));
 
     // Resumed as `bnn train --resume` does: built as new (the splitting's first half-step
@@ -262,4 +270,67 @@ fn a_model_of_the_users_own_is_sampled_and_its_ensemble_evaluated() {
         m.nll,
         single.nll
     );
+}
+
+/// Every family's state survives a safetensors file bit for bit, and a state of one family
+/// is refused by a sampler of another (instead of restoring half of it).
+#[test]
+fn typed_states_round_trip_through_a_file_and_refuse_another_family() {
+    let dir = tempfile::tempdir().unwrap();
+    let kinds = [
+        (SamplerKind::Sgld, "SGLD/SGD"),
+        (SamplerKind::Sghmc, "SGHMC/momentum"),
+        (SamplerKind::Sgnht, "SGNHT"),
+        (SamplerKind::Msgnht, "mSGNHT"),
+        (SamplerKind::Momentum, "SGHMC/momentum"),
+    ];
+    for (kind, family) in kinds {
+        for kernel in [Kernel::Fused, Kernel::Composed] {
+            let cfg = OptimizerConfig {
+                kernel,
+                ..config(kind)
+            };
+            let net = mlp_preset(1);
+            let mut opt = SgMcmc::with_config(vars(&net), cfg).unwrap();
+            let (x, y) = minibatch(0);
+            opt.backward_step(&loss::cross_entropy(&net.forward(&x).unwrap(), &y).unwrap())
+                .unwrap();
+            let state = opt.state().unwrap();
+            assert_eq!(state.family(), family, "{kind:?} {kernel:?}");
+            let path = dir.path().join(format!("{kind:?}-{kernel:?}.safetensors"));
+            state.save(&path).unwrap();
+            let back = SamplerState::load(&path).unwrap();
+            assert_eq!(back.scalars(), state.scalars(), "{kind:?} {kernel:?}");
+            for ((na, a), (nb, b)) in state.tensors().iter().zip(&back.tensors()) {
+                assert_eq!(na, nb);
+                assert_eq!(bits_of(a), bits_of(b), "{kind:?} {kernel:?} {na}");
+            }
+            opt.restore(&back).unwrap();
+            // Another family's state is refused, naming both.
+            let other = if family == "SGNHT" {
+                SamplerKind::Sghmc
+            } else {
+                SamplerKind::Sgnht
+            };
+            let foreign = SgMcmc::with_config(vars(&mlp_preset(1)), config(other))
+                .unwrap()
+                .state()
+                .unwrap();
+            let err = opt.restore(&foreign).unwrap_err().to_string();
+            assert!(
+                err.contains("cannot be restored"),
+                "{kind:?} {kernel:?}: {err}"
+            );
+        }
+    }
+}
+
+fn bits_of(t: &Tensor) -> Vec<u32> {
+    t.flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
 }

@@ -77,14 +77,15 @@ fn state_file() -> Vec<u8> {
     let state = bnn::run_state::RunState {
         progress: Default::default(),
         params: vec![("w".into(), t(&[1.0, 2.0, 3.0])), ("b".into(), t(&[0.5]))],
-        sampler: bnn::sampler::SamplerState {
-            step: 7,
-            step_size: 1e-3,
+        sampler: bnn::sampler::SamplerState::Sgnht(bnn::sampler::SgnhtState {
+            clock: bnn::sampler::Clock {
+                step: 7,
+                step_size: 1e-3,
+            },
             momentum: vec![t(&[0.1, 0.2, 0.3]), t(&[0.0])],
-            thermostat: Some(0.01),
-            thermostats: Vec::new(),
+            thermostat: 0.01,
             kinetic: 0.5,
-        },
+        }),
         prior_precisions: vec![1.0, 1.0],
         test: acc(),
         valid: None,

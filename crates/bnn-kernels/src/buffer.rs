@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 pub enum StateBuffer {
     /// In host memory, for the CPU op.
     Host(Vec<f32>),
+    /// In device memory, for the CUDA kernel.
     #[cfg(feature = "cuda")]
     Cuda(candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>),
 }

@@ -19,7 +19,7 @@ use crate::atomic::write_atomic;
 use crate::checkpoint::{decode_tensor, encode_safetensors, open_safetensors};
 use crate::ensemble::{AccumulatorState, Sums};
 use crate::error::{Error, Result};
-use crate::sampler::SamplerState;
+use crate::sampler::{SamplerState, StateScalars};
 
 /// Format version of the state file.
 const VERSION: u32 = 2;
@@ -67,23 +67,12 @@ pub struct Progress {
     pub train_seconds: f64,
 }
 
-/// The scalars of the sampler state (its tensors go beside them).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct SamplerScalars {
-    step: u64,
-    step_size: f64,
-    thermostat: Option<f64>,
-    kinetic: f64,
-    momentum_tensors: usize,
-    thermostat_tensors: usize,
-}
-
 /// The JSON part of the file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Scalars {
     version: u32,
     progress: Progress,
-    sampler: SamplerScalars,
+    sampler: StateScalars,
     prior_precisions: Vec<f64>,
     test: AccumulatorState,
     valid: Option<AccumulatorState>,
@@ -119,18 +108,10 @@ pub struct RunState {
 impl RunState {
     /// Writes the state file atomically (see the module doc).
     pub fn save(&self, run_dir: &Path) -> Result<()> {
-        let s = &self.sampler;
         let scalars = Scalars {
             version: VERSION,
             progress: self.progress.clone(),
-            sampler: SamplerScalars {
-                step: s.step,
-                step_size: s.step_size,
-                thermostat: s.thermostat,
-                kinetic: s.kinetic,
-                momentum_tensors: s.momentum.len(),
-                thermostat_tensors: s.thermostats.len(),
-            },
+            sampler: self.sampler.scalars(),
             prior_precisions: self.prior_precisions.clone(),
             test: self.test.0.clone(),
             valid: self.valid.as_ref().map(|v| v.0.clone()),
@@ -142,12 +123,7 @@ impl RunState {
             .iter()
             .map(|(n, t)| (format!("param/{n}"), t.clone()))
             .collect();
-        for (i, t) in s.momentum.iter().enumerate() {
-            tensors.push((format!("momentum/{i}"), t.clone()));
-        }
-        for (i, t) in s.thermostats.iter().enumerate() {
-            tensors.push((format!("thermostat/{i}"), t.clone()));
-        }
+        tensors.extend(self.sampler.tensors());
         let sums = |v: &[f64]| Tensor::from_slice(v, v.len(), &Device::Cpu);
         let (test_sums, valid) = (&self.test.1, &self.valid);
         tensors.push(("ensemble/test".into(), sums(&test_sums.probability)?));
@@ -207,19 +183,7 @@ impl RunState {
             .iter()
             .map(|n| Ok((n.clone(), tensor(&format!("param/{n}"))?)))
             .collect::<Result<Vec<_>>>()?;
-        let sc = &scalars.sampler;
-        let sampler = SamplerState {
-            step: sc.step,
-            step_size: sc.step_size,
-            momentum: (0..sc.momentum_tensors)
-                .map(|i| tensor(&format!("momentum/{i}")))
-                .collect::<Result<_>>()?,
-            thermostat: sc.thermostat,
-            thermostats: (0..sc.thermostat_tensors)
-                .map(|i| tensor(&format!("thermostat/{i}")))
-                .collect::<Result<_>>()?,
-            kinetic: sc.kinetic,
-        };
+        let sampler = SamplerState::from_parts(&scalars.sampler, tensor)?;
         let valid = match scalars.valid {
             Some(v) => Some((v, sums("valid")?)),
             None => None,

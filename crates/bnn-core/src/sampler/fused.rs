@@ -9,8 +9,8 @@ use std::cell::{Cell, RefCell};
 use candle_core::{Device, Tensor, Var};
 
 use super::{
-    init_momentum, Diagnostics, Integrator, Sampler, SamplerConfig, SamplerKind, SamplerState,
-    TensorwiseStep,
+    init_momentum, Clock, Diagnostics, Integrator, MsgnhtState, Sampler, SamplerConfig,
+    SamplerKind, SamplerState, SghmcState, SgnhtState, TensorwiseStep,
 };
 use crate::error::{Error, Result};
 use crate::kernels::{buffer::StateBuffer, cpu::FusedStepOp, InlineUpdate, StepConsts, Update};
@@ -297,53 +297,57 @@ impl Sampler for Fused {
                 })
                 .collect()
         };
-        let thermostat_kind = matches!(self.config.kind, SamplerKind::Sgnht | SamplerKind::Msgnht);
-        Ok(SamplerState {
+        let clock = Clock {
             step: self.step,
             step_size: self.config.step_size,
-            momentum: host(&self.momentum)?,
-            thermostat: thermostat_kind.then_some(self.thermostat),
-            thermostats: host(&self.thermostats)?,
-            kinetic: self.kinetic,
+        };
+        let (momentum, kinetic) = (host(&self.momentum)?, self.kinetic);
+        Ok(match self.config.kind {
+            SamplerKind::Sgnht => SamplerState::Sgnht(SgnhtState {
+                clock,
+                momentum,
+                thermostat: self.thermostat,
+                kinetic,
+            }),
+            SamplerKind::Msgnht => SamplerState::Msgnht(MsgnhtState {
+                clock,
+                momentum,
+                thermostats: host(&self.thermostats)?,
+                mean_thermostat: self.thermostat,
+                kinetic,
+            }),
+            _ if self.momentum.is_empty() => SamplerState::Sgld(clock),
+            _ => SamplerState::Sghmc(SghmcState {
+                clock,
+                momentum,
+                kinetic,
+            }),
         })
     }
 
     fn restore(&mut self, state: &SamplerState) -> Result<()> {
-        let load = |saved: &[Tensor], own: &mut Vec<StateBuffer>, what: &str| -> Result<()> {
-            if saved.len() != own.len() {
-                return Err(Error::Checkpoint(format!(
-                    "the saved state has {} {what} tensors, the sampler {}",
-                    saved.len(),
-                    own.len()
-                )));
+        let no_buffers: &[Tensor] = &[];
+        let (momentum, thermostats, thermostat) = match (self.config.kind, state) {
+            (SamplerKind::Sgld, SamplerState::Sgld(_)) => (no_buffers, no_buffers, None),
+            (SamplerKind::Sghmc, SamplerState::Sghmc(s)) => (&s.momentum[..], no_buffers, None),
+            (SamplerKind::Sgnht, SamplerState::Sgnht(s)) => {
+                (&s.momentum[..], no_buffers, Some(s.thermostat))
             }
-            for (s, o) in saved.iter().zip(own.iter_mut()) {
-                let values = s.flatten_all()?.to_vec1::<f32>()?;
-                if values.len() != o.len() {
-                    return Err(Error::Checkpoint(format!(
-                        "a saved {what} tensor has {} values, the sampler's {}",
-                        values.len(),
-                        o.len()
-                    )));
-                }
-                *o = StateBuffer::new(values, &self.device)?;
+            (SamplerKind::Msgnht, SamplerState::Msgnht(s)) => {
+                (&s.momentum[..], &s.thermostats[..], Some(s.mean_thermostat))
             }
-            Ok(())
+            (kind, _) => return Err(state.refuse(kind.name())),
         };
-        let (mut momentum, mut thermostats) = (
-            std::mem::take(&mut self.momentum),
-            std::mem::take(&mut self.thermostats),
-        );
-        let loaded = load(&state.momentum, &mut momentum, "momentum")
-            .and_then(|()| load(&state.thermostats, &mut thermostats, "thermostat"));
-        (self.momentum, self.thermostats) = (momentum, thermostats);
-        loaded?;
-        if let Some(alpha) = state.thermostat {
+        let device = self.device.clone();
+        load_buffers(momentum, &mut self.momentum, "momentum", &device)?;
+        load_buffers(thermostats, &mut self.thermostats, "thermostat", &device)?;
+        if let Some(alpha) = thermostat {
             self.thermostat = alpha;
         }
-        self.kinetic = state.kinetic;
-        self.step = state.step;
-        self.config.step_size = state.step_size;
+        let clock = state.clock();
+        self.kinetic = state.kinetic();
+        self.step = clock.step;
+        self.config.step_size = clock.step_size;
         Ok(())
     }
 
@@ -359,4 +363,37 @@ impl Sampler for Fused {
         self.config.step_size = step_size;
         Ok(())
     }
+}
+
+/// Replaces `own`'s buffers by the saved flat tensors `saved`, checking every size first so
+/// that a refused state leaves `own` as it was.
+fn load_buffers(
+    saved: &[Tensor],
+    own: &mut [StateBuffer],
+    what: &str,
+    device: &Device,
+) -> Result<()> {
+    if saved.len() != own.len() {
+        return Err(Error::Checkpoint(format!(
+            "the saved state has {} {what} tensors, the sampler {}",
+            saved.len(),
+            own.len()
+        )));
+    }
+    let mut values = Vec::with_capacity(saved.len());
+    for (s, o) in saved.iter().zip(own.iter()) {
+        let v = s.flatten_all()?.to_vec1::<f32>()?;
+        if v.len() != o.len() {
+            return Err(Error::Checkpoint(format!(
+                "a saved {what} tensor has {} values, the sampler's {}",
+                v.len(),
+                o.len()
+            )));
+        }
+        values.push(v);
+    }
+    for (v, o) in values.into_iter().zip(own.iter_mut()) {
+        *o = StateBuffer::new(v, device)?;
+    }
+    Ok(())
 }

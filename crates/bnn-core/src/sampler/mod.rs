@@ -28,6 +28,7 @@ pub mod sgd;
 pub mod sghmc;
 pub mod sgld;
 pub mod sgnht;
+pub mod state;
 
 use candle_core::{Tensor, Var};
 use serde::{Deserialize, Serialize};
@@ -35,6 +36,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 pub use crate::kernels::TensorwiseStep;
 use crate::rng::NoiseKey;
+pub use state::{Clock, MsgnhtState, SamplerState, SghmcState, SgnhtState, StateScalars};
 
 /// The sampler families of the CLI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -253,39 +255,6 @@ pub struct Diagnostics {
     pub kinetic_energy: Option<f64>,
     /// The SGNHT thermostat α = ξ·h.
     pub thermostat: Option<f64>,
-}
-
-/// A sampler's state as plain data: what [`Sampler::state`] gives and [`Sampler::restore`]
-/// takes back, bit for bit. Tensors are flat (one per parameter tensor, in parameter
-/// order) and on the host, so that the run's checkpoint can save them as they are.
-#[derive(Debug, Clone)]
-pub struct SamplerState {
-    /// Updates done: the step counter of the noise stream.
-    pub step: u64,
-    /// η in use (a schedule changes it; momenta are scaled with it).
-    pub step_size: f64,
-    /// v = p·h per parameter tensor (empty for SGLD and SGD).
-    pub momentum: Vec<Tensor>,
-    /// SGNHT's scalar thermostat α (the fused mSGNHT: the mean of its αᵢ).
-    pub thermostat: Option<f64>,
-    /// mSGNHT's per-element thermostats αᵢ per parameter tensor.
-    pub thermostats: Vec<Tensor>,
-    /// The kinetic energy per parameter last reported (0 without momentum).
-    pub kinetic: f64,
-}
-
-impl SamplerState {
-    /// The state of a sampler without momentum.
-    fn plain(step: u64, step_size: f64) -> Self {
-        SamplerState {
-            step,
-            step_size,
-            momentum: Vec::new(),
-            thermostat: None,
-            thermostats: Vec::new(),
-            kinetic: 0.0,
-        }
-    }
 }
 
 /// Flat host copies of `tensors` (a state's form).

@@ -4,7 +4,8 @@
 use candle_core::{Tensor, Var};
 
 use super::{
-    from_state, to_state, Diagnostics, SamplerConfig, SamplerKind, SamplerState, TensorwiseStep,
+    from_state, to_state, Clock, Diagnostics, SamplerConfig, SamplerKind, SamplerState, SghmcState,
+    TensorwiseStep,
 };
 use crate::error::Result;
 
@@ -82,19 +83,32 @@ impl super::Sampler for Sgd {
     }
 
     fn state(&self) -> Result<SamplerState> {
-        let mut s = SamplerState::plain(self.step, self.config.step_size);
-        if let Some(m) = &self.momentum {
-            s.momentum = to_state(m)?;
-        }
-        Ok(s)
+        let clock = Clock {
+            step: self.step,
+            step_size: self.config.step_size,
+        };
+        Ok(match &self.momentum {
+            None => SamplerState::Sgld(clock),
+            Some(m) => SamplerState::Sghmc(SghmcState {
+                clock,
+                momentum: to_state(m)?,
+                kinetic: 0.0,
+            }),
+        })
     }
 
     fn restore(&mut self, state: &SamplerState) -> Result<()> {
-        if let Some(m) = &mut self.momentum {
-            *m = from_state(&state.momentum, m, "momentum")?;
-        }
-        self.step = state.step;
-        self.config.step_size = state.step_size;
+        let clock = match (&mut self.momentum, state) {
+            (None, SamplerState::Sgld(clock)) => *clock,
+            (Some(m), SamplerState::Sghmc(s)) => {
+                *m = from_state(&s.momentum, m, "momentum")?;
+                s.clock
+            }
+            (None, _) => return Err(state.refuse("SGD")),
+            (Some(_), _) => return Err(state.refuse("momentum")),
+        };
+        self.step = clock.step;
+        self.config.step_size = clock.step_size;
         Ok(())
     }
 

@@ -15,8 +15,8 @@
 use candle_core::{Tensor, Var};
 
 use super::{
-    from_state, init_momentum, kinetic_energy, noise_like, to_state, Diagnostics, Integrator,
-    Sampler, SamplerConfig, SamplerState, TensorwiseStep,
+    from_state, init_momentum, kinetic_energy, noise_like, to_state, Clock, Diagnostics,
+    Integrator, Sampler, SamplerConfig, SamplerState, SghmcState, TensorwiseStep,
 };
 use crate::error::Result;
 
@@ -105,18 +105,24 @@ impl Sampler for Sghmc {
     }
 
     fn state(&self) -> Result<SamplerState> {
-        Ok(SamplerState {
+        Ok(SamplerState::Sghmc(SghmcState {
+            clock: Clock {
+                step: self.step,
+                step_size: self.config.step_size,
+            },
             momentum: to_state(&self.momentum)?,
             kinetic: self.kinetic,
-            ..SamplerState::plain(self.step, self.config.step_size)
-        })
+        }))
     }
 
     fn restore(&mut self, state: &SamplerState) -> Result<()> {
-        self.momentum = from_state(&state.momentum, &self.momentum, "momentum")?;
-        self.kinetic = state.kinetic;
-        self.step = state.step;
-        self.config.step_size = state.step_size;
+        let SamplerState::Sghmc(s) = state else {
+            return Err(state.refuse("SGHMC"));
+        };
+        self.momentum = from_state(&s.momentum, &self.momentum, "momentum")?;
+        self.kinetic = s.kinetic;
+        self.step = s.clock.step;
+        self.config.step_size = s.clock.step_size;
         Ok(())
     }
 

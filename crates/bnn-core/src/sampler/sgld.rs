@@ -5,7 +5,7 @@
 
 use candle_core::{Tensor, Var};
 
-use super::{noise_like, Diagnostics, Sampler, SamplerConfig, SamplerState, TensorwiseStep};
+use super::{noise_like, Clock, Diagnostics, Sampler, SamplerConfig, SamplerState, TensorwiseStep};
 use crate::error::Result;
 
 /// SGLD (Welling and Teh 2011).
@@ -68,12 +68,18 @@ impl Sampler for Sgld {
     }
 
     fn state(&self) -> Result<SamplerState> {
-        Ok(SamplerState::plain(self.step, self.config.step_size))
+        Ok(SamplerState::Sgld(Clock {
+            step: self.step,
+            step_size: self.config.step_size,
+        }))
     }
 
     fn restore(&mut self, state: &SamplerState) -> Result<()> {
-        self.step = state.step;
-        self.config.step_size = state.step_size;
+        let SamplerState::Sgld(clock) = state else {
+            return Err(state.refuse("SGLD"));
+        };
+        self.step = clock.step;
+        self.config.step_size = clock.step_size;
         Ok(())
     }
 

@@ -25,10 +25,10 @@
 use candle_core::{Tensor, Var};
 
 use super::{
-    from_state, init_momentum, kinetic_energy, noise_like, to_state, Diagnostics, Integrator,
-    Sampler, SamplerConfig, SamplerState, TensorwiseStep,
+    from_state, init_momentum, kinetic_energy, noise_like, to_state, Clock, Diagnostics,
+    Integrator, MsgnhtState, Sampler, SamplerConfig, SamplerState, SgnhtState, TensorwiseStep,
 };
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// α: one scalar for SGNHT, or one tensor per parameter tensor for mSGNHT.
 #[derive(Debug, Clone)]
@@ -198,33 +198,45 @@ impl Sampler for Sgnht {
     }
 
     fn state(&self) -> Result<SamplerState> {
-        let mut s = SamplerState {
-            momentum: to_state(&self.momentum)?,
-            kinetic: self.kinetic,
-            ..SamplerState::plain(self.step, self.config.step_size)
+        let clock = Clock {
+            step: self.step,
+            step_size: self.config.step_size,
         };
-        match &self.thermostat {
-            Thermostat::Scalar(alpha) => s.thermostat = Some(*alpha),
-            Thermostat::PerElement(alphas) => s.thermostats = to_state(alphas)?,
-        }
-        Ok(s)
+        let momentum = to_state(&self.momentum)?;
+        Ok(match &self.thermostat {
+            Thermostat::Scalar(alpha) => SamplerState::Sgnht(SgnhtState {
+                clock,
+                momentum,
+                thermostat: *alpha,
+                kinetic: self.kinetic,
+            }),
+            Thermostat::PerElement(alphas) => SamplerState::Msgnht(MsgnhtState {
+                clock,
+                momentum,
+                thermostats: to_state(alphas)?,
+                mean_thermostat: self.mean_thermostat()?,
+                kinetic: self.kinetic,
+            }),
+        })
     }
 
     fn restore(&mut self, state: &SamplerState) -> Result<()> {
-        self.momentum = from_state(&state.momentum, &self.momentum, "momentum")?;
-        match &mut self.thermostat {
-            Thermostat::Scalar(alpha) => {
-                *alpha = state.thermostat.ok_or_else(|| {
-                    Error::Checkpoint("the saved state has no SGNHT thermostat".into())
-                })?
+        let (clock, momentum, kinetic) = match (&mut self.thermostat, state) {
+            (Thermostat::Scalar(alpha), SamplerState::Sgnht(s)) => {
+                *alpha = s.thermostat;
+                (s.clock, &s.momentum, s.kinetic)
             }
-            Thermostat::PerElement(alphas) => {
-                *alphas = from_state(&state.thermostats, alphas, "thermostat")?
+            (Thermostat::PerElement(alphas), SamplerState::Msgnht(s)) => {
+                *alphas = from_state(&s.thermostats, alphas, "thermostat")?;
+                (s.clock, &s.momentum, s.kinetic)
             }
-        }
-        self.kinetic = state.kinetic;
-        self.step = state.step;
-        self.config.step_size = state.step_size;
+            (Thermostat::Scalar(_), _) => return Err(state.refuse("SGNHT")),
+            (Thermostat::PerElement(_), _) => return Err(state.refuse("mSGNHT")),
+        };
+        self.momentum = from_state(momentum, &self.momentum, "momentum")?;
+        self.kinetic = kinetic;
+        self.step = clock.step;
+        self.config.step_size = clock.step_size;
         Ok(())
     }
 

@@ -338,7 +338,7 @@ impl<'a> Chain<'a> {
             return Ok(format!("first in tensor {name}"));
         }
         let state = self.stepper.sampler.state()?;
-        for (p, m) in self.model.params.iter().zip(&state.momentum) {
+        for (p, m) in self.model.params.iter().zip(state.momentum()) {
             let s = m.abs()?.sum_all()?.to_scalar::<f32>()?;
             if !s.is_finite() {
                 return Ok(format!("first in the momentum of tensor {}", p.name));

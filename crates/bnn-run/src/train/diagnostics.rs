@@ -95,24 +95,30 @@ pub struct Inputs<'a> {
 pub fn record(step: u64, epoch: usize, inputs: Inputs<'_>) -> Result<DiagnosticRecord> {
     let state = inputs.sampler.state()?;
     let kinetic_per_tensor = state
-        .momentum
+        .momentum()
         .iter()
         .zip(&inputs.names)
         .map(|(v, name)| {
             Ok(TensorKinetic {
                 tensor: name.clone(),
                 elements: v.elem_count(),
-                kinetic_energy: sampler::kinetic_energy(std::slice::from_ref(v), state.step_size)?,
+                kinetic_energy: sampler::kinetic_energy(
+                    std::slice::from_ref(v),
+                    state.clock().step_size,
+                )?,
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let kinetic_energy = match state.momentum.is_empty() {
+    let kinetic_energy = match state.momentum().is_empty() {
         true => None,
-        false => Some(sampler::kinetic_energy(&state.momentum, state.step_size)?),
+        false => Some(sampler::kinetic_energy(
+            state.momentum(),
+            state.clock().step_size,
+        )?),
     };
-    let (thermostat_mean, thermostat_spread) = if !state.thermostats.is_empty() {
+    let (thermostat_mean, thermostat_spread) = if !state.thermostats().is_empty() {
         let (mut n, mut sum, mut sq) = (0usize, 0f64, 0f64);
-        for t in &state.thermostats {
+        for t in state.thermostats() {
             for a in t.to_vec1::<f32>()? {
                 n += 1;
                 sum += a as f64;
@@ -125,7 +131,7 @@ pub fn record(step: u64, epoch: usize, inputs: Inputs<'_>) -> Result<DiagnosticR
             Some((sq / n.max(1) as f64 - mean * mean).max(0.0).sqrt()),
         )
     } else {
-        (state.thermostat, state.thermostat.map(|_| 0.0))
+        (state.thermostat(), state.thermostat().map(|_| 0.0))
     };
     Ok(DiagnosticRecord {
         step,

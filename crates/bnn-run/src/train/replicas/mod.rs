@@ -298,9 +298,9 @@ fn new_replicas<'r>(
 fn sampler_floats(replica: &Replica) -> usize {
     let state = replica.chain.stepper.sampler.state();
     state.map_or(0, |st| {
-        st.momentum
+        st.momentum()
             .iter()
-            .chain(&st.thermostats)
+            .chain(st.thermostats())
             .map(|t| t.elem_count())
             .sum()
     })

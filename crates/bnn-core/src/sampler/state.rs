@@ -1,0 +1,319 @@
+//! Each sampler's state between two updates, as a type of its own: what
+//! [`Sampler::state`](super::Sampler::state) gives and
+//! [`Sampler::restore`](super::Sampler::restore) takes back, bit for bit.
+//!
+//! The dynamics differ in their auxiliary variables, so the states do (in the v-form of
+//! the module [`super`]): SGLD has none besides θ; SGHMC adds the momentum v = p·h (Chen
+//! et al. 2014 eq. 15); SGNHT adds v and one thermostat α = ξ·h (Ding et al. 2014
+//! Alg. 2); mSGNHT adds v and one thermostat αᵢ per element (Li et al. 2016 eq. 2). SGD
+//! keeps SGLD's state and SGD with momentum SGHMC's. A state of one family restored into a
+//! sampler of another is refused.
+//!
+//! Tensors are flat (one per parameter tensor, in parameter order) and on the host. A state
+//! is saved as safetensors: [`SamplerState::tensors`] names them (`momentum/i`,
+//! `thermostat/i`) and [`StateScalars`] (serde) holds the rest; [`SamplerState::save`] and
+//! [`SamplerState::load`] put both in one file.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Where a chain is: updates done (the step counter of the noise stream) and η in use (a
+/// schedule changes it; momenta are scaled with it).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Clock {
+    /// Updates done.
+    pub step: u64,
+    /// η = h².
+    pub step_size: f64,
+}
+
+/// SGHMC's (and SGD with momentum's) state: the momentum v = p·h.
+#[derive(Debug, Clone)]
+pub struct SghmcState {
+    /// Updates done and η.
+    pub clock: Clock,
+    /// v per parameter tensor.
+    pub momentum: Vec<Tensor>,
+    /// ½·vᵀv/(n·η) as last reported (0 for SGD with momentum).
+    pub kinetic: f64,
+}
+
+/// SGNHT's state: the momentum and the scalar thermostat α = ξ·h.
+#[derive(Debug, Clone)]
+pub struct SgnhtState {
+    /// Updates done and η.
+    pub clock: Clock,
+    /// v per parameter tensor.
+    pub momentum: Vec<Tensor>,
+    /// α = ξ·h, shared by every element.
+    pub thermostat: f64,
+    /// ½·vᵀv/(n·η) as last reported.
+    pub kinetic: f64,
+}
+
+/// mSGNHT's state: the momentum and one thermostat αᵢ per element.
+#[derive(Debug, Clone)]
+pub struct MsgnhtState {
+    /// Updates done and η.
+    pub clock: Clock,
+    /// v per parameter tensor.
+    pub momentum: Vec<Tensor>,
+    /// αᵢ per parameter tensor, shaped like v.
+    pub thermostats: Vec<Tensor>,
+    /// The mean of the αᵢ as last reported (diagnostics only; the update uses the αᵢ).
+    pub mean_thermostat: f64,
+    /// ½·vᵀv/(n·η) as last reported.
+    pub kinetic: f64,
+}
+
+/// A sampler's state, one variant per family of dynamics.
+#[derive(Debug, Clone)]
+pub enum SamplerState {
+    /// SGLD and SGD: nothing besides θ.
+    Sgld(Clock),
+    /// SGHMC and SGD with momentum.
+    Sghmc(SghmcState),
+    /// SGNHT.
+    Sgnht(SgnhtState),
+    /// mSGNHT.
+    Msgnht(MsgnhtState),
+}
+
+/// The scalars of a state and how many tensors of each kind go beside them (serde: the
+/// JSON part of a saved state).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StateScalars {
+    /// Updates done.
+    pub step: u64,
+    /// η.
+    pub step_size: f64,
+    /// SGNHT's α, or mSGNHT's mean αᵢ; none for the others.
+    pub thermostat: Option<f64>,
+    /// The kinetic energy per parameter last reported (0 without momentum).
+    pub kinetic: f64,
+    /// Tensors `momentum/0…`.
+    pub momentum_tensors: usize,
+    /// Tensors `thermostat/0…` (mSGNHT).
+    pub thermostat_tensors: usize,
+}
+
+impl SamplerState {
+    /// The family's name, for messages.
+    pub fn family(&self) -> &'static str {
+        match self {
+            SamplerState::Sgld(_) => "SGLD/SGD",
+            SamplerState::Sghmc(_) => "SGHMC/momentum",
+            SamplerState::Sgnht(_) => "SGNHT",
+            SamplerState::Msgnht(_) => "mSGNHT",
+        }
+    }
+
+    /// Updates done and η.
+    pub fn clock(&self) -> Clock {
+        match self {
+            SamplerState::Sgld(c) => *c,
+            SamplerState::Sghmc(s) => s.clock,
+            SamplerState::Sgnht(s) => s.clock,
+            SamplerState::Msgnht(s) => s.clock,
+        }
+    }
+
+    /// v per parameter tensor; empty without momentum.
+    pub fn momentum(&self) -> &[Tensor] {
+        match self {
+            SamplerState::Sgld(_) => &[],
+            SamplerState::Sghmc(s) => &s.momentum,
+            SamplerState::Sgnht(s) => &s.momentum,
+            SamplerState::Msgnht(s) => &s.momentum,
+        }
+    }
+
+    /// mSGNHT's αᵢ per parameter tensor; empty for the others.
+    pub fn thermostats(&self) -> &[Tensor] {
+        match self {
+            SamplerState::Msgnht(s) => &s.thermostats,
+            _ => &[],
+        }
+    }
+
+    /// SGNHT's α or mSGNHT's mean αᵢ.
+    pub fn thermostat(&self) -> Option<f64> {
+        match self {
+            SamplerState::Sgnht(s) => Some(s.thermostat),
+            SamplerState::Msgnht(s) => Some(s.mean_thermostat),
+            _ => None,
+        }
+    }
+
+    /// The kinetic energy per parameter last reported (0 without momentum).
+    pub fn kinetic(&self) -> f64 {
+        match self {
+            SamplerState::Sgld(_) => 0.0,
+            SamplerState::Sghmc(s) => s.kinetic,
+            SamplerState::Sgnht(s) => s.kinetic,
+            SamplerState::Msgnht(s) => s.kinetic,
+        }
+    }
+
+    /// The scalars, for the JSON part of a saved state.
+    pub fn scalars(&self) -> StateScalars {
+        let clock = self.clock();
+        StateScalars {
+            step: clock.step,
+            step_size: clock.step_size,
+            thermostat: self.thermostat(),
+            kinetic: self.kinetic(),
+            momentum_tensors: self.momentum().len(),
+            thermostat_tensors: self.thermostats().len(),
+        }
+    }
+
+    /// The tensors by the names a saved state gives them.
+    pub fn tensors(&self) -> Vec<(String, Tensor)> {
+        let named = |what: &str, ts: &[Tensor]| {
+            ts.iter()
+                .enumerate()
+                .map(|(i, t)| (format!("{what}/{i}"), t.clone()))
+                .collect::<Vec<_>>()
+        };
+        let mut all = named("momentum", self.momentum());
+        all.extend(named("thermostat", self.thermostats()));
+        all
+    }
+
+    /// The state of `scalars`, its tensors looked up by name; the family follows from what
+    /// is there (thermostat tensors: mSGNHT; a scalar thermostat: SGNHT; momenta: SGHMC).
+    pub fn from_parts(
+        scalars: &StateScalars,
+        mut tensor: impl FnMut(&str) -> Result<Tensor>,
+    ) -> Result<Self> {
+        let mut list = |what: &str, n: usize| -> Result<Vec<Tensor>> {
+            (0..n).map(|i| tensor(&format!("{what}/{i}"))).collect()
+        };
+        let momentum = list("momentum", scalars.momentum_tensors)?;
+        let thermostats = list("thermostat", scalars.thermostat_tensors)?;
+        let clock = Clock {
+            step: scalars.step,
+            step_size: scalars.step_size,
+        };
+        let kinetic = scalars.kinetic;
+        Ok(match (momentum.is_empty(), thermostats.is_empty()) {
+            (true, true) => SamplerState::Sgld(clock),
+            (true, false) => {
+                return Err(Error::Checkpoint(
+                    "a saved state has thermostats but no momentum".into(),
+                ))
+            }
+            (false, false) => {
+                let mean_thermostat = match scalars.thermostat {
+                    Some(mean) => mean,
+                    None => mean_of(&thermostats)?,
+                };
+                SamplerState::Msgnht(MsgnhtState {
+                    clock,
+                    momentum,
+                    thermostats,
+                    mean_thermostat,
+                    kinetic,
+                })
+            }
+            (false, true) => match scalars.thermostat {
+                Some(thermostat) => SamplerState::Sgnht(SgnhtState {
+                    clock,
+                    momentum,
+                    thermostat,
+                    kinetic,
+                }),
+                None => SamplerState::Sghmc(SghmcState {
+                    clock,
+                    momentum,
+                    kinetic,
+                }),
+            },
+        })
+    }
+
+    /// Writes the state to a safetensors file: its tensors, and its scalars as F64/I64
+    /// tensors (`scalar/…`), so that any safetensors reader sees them and they come back
+    /// bit for bit.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let s = self.scalars();
+        let f64s = |v: f64| Tensor::new(&[v], &Device::Cpu);
+        let mut map: HashMap<String, Tensor> = self.tensors().into_iter().collect();
+        let counts = [
+            s.step as i64,
+            s.momentum_tensors as i64,
+            s.thermostat_tensors as i64,
+        ];
+        map.insert("scalar/counts".into(), Tensor::new(&counts, &Device::Cpu)?);
+        map.insert("scalar/step_size".into(), f64s(s.step_size)?);
+        map.insert("scalar/kinetic".into(), f64s(s.kinetic)?);
+        if let Some(a) = s.thermostat {
+            map.insert("scalar/thermostat".into(), f64s(a)?);
+        }
+        candle_core::safetensors::save(&map, path)?;
+        Ok(())
+    }
+
+    /// Reads a state written by [`SamplerState::save`].
+    pub fn load(path: &Path) -> Result<Self> {
+        let bad = |m: String| Error::Checkpoint(format!("{}: {m}", path.display()));
+        let map = candle_core::safetensors::load(path, &Device::Cpu)
+            .map_err(|e| bad(format!("cannot read a sampler state ({e})")))?;
+        let get = |name: &str| -> Result<Tensor> {
+            map.get(name)
+                .cloned()
+                .ok_or_else(|| bad(format!("no tensor `{name}`")))
+        };
+        let scalar = |name: &str| -> Result<f64> {
+            let v = get(name)?.to_dtype(DType::F64)?.to_vec1::<f64>()?;
+            v.first()
+                .copied()
+                .ok_or_else(|| bad(format!("`{name}` is empty")))
+        };
+        let counts = get("scalar/counts")?.to_vec1::<i64>()?;
+        let count = |i: usize| -> Result<u64> {
+            counts
+                .get(i)
+                .and_then(|&c| u64::try_from(c).ok())
+                .ok_or_else(|| bad("`scalar/counts` is not three counts".into()))
+        };
+        let scalars = StateScalars {
+            step: count(0)?,
+            step_size: scalar("scalar/step_size")?,
+            thermostat: match map.contains_key("scalar/thermostat") {
+                true => Some(scalar("scalar/thermostat")?),
+                false => None,
+            },
+            kinetic: scalar("scalar/kinetic")?,
+            momentum_tensors: count(1)? as usize,
+            thermostat_tensors: count(2)? as usize,
+        };
+        SamplerState::from_parts(&scalars, get)
+    }
+
+    /// The error for restoring this state into a sampler of the family `want`.
+    pub(crate) fn refuse(&self, want: &str) -> Error {
+        Error::Checkpoint(format!(
+            "a saved {} state cannot be restored into a {want} sampler",
+            self.family()
+        ))
+    }
+}
+
+/// The mean of every element of `tensors`, summed in f64.
+pub fn mean_of(tensors: &[Tensor]) -> Result<f64> {
+    let (mut sum, mut n) = (0f64, 0usize);
+    for t in tensors {
+        for a in t.flatten_all()?.to_vec1::<f32>()? {
+            sum += a as f64;
+            n += 1;
+        }
+    }
+    Ok(sum / n.max(1) as f64)
+}
