@@ -10,7 +10,13 @@ use bnn::potential::Backward;
 use bnn::sampler::ladder::PairSchedule;
 use bnn::sampler::replica::ReplicaThermostat;
 use bnn::sampler::{Integrator, Kernel, SamplerKind};
-use bnn::settings::OnDivergence;
+use bnn::settings::{OnDivergence, Settings};
+
+/// `bnn train`'s defaults, defined once in [`Settings`]'s `Default`.
+#[allow(non_snake_case)]
+fn D() -> Settings {
+    Settings::default()
+}
 use bnn::synthetic::PotentialKind;
 
 #[derive(Debug, Parser)]
@@ -275,18 +281,18 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 1.0)]
     pub gamma_rate: f64,
     /// Posterior temperature T: samples exp(−U/T).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = D().temperature)]
     pub temperature: f64,
 
     /// Sampler (or MAP baseline).
-    #[arg(long, value_enum, default_value_t = SamplerKind::Sghmc)]
+    #[arg(long, value_enum, default_value_t = D().sampler.kind)]
     pub sampler: SamplerKind,
     /// Update implementation: one fused pass (default) or composed candle ops (reference).
-    #[arg(long, value_enum, default_value_t = Kernel::Fused)]
+    #[arg(long, value_enum, default_value_t = D().kernel)]
     pub kernel: Kernel,
     /// Gradient implementation: the hand-written CPU backward (custom), candle's autograd
     /// (the reference), or auto (custom on the CPU, autograd elsewhere).
-    #[arg(long, value_enum, default_value_t = Backward::Auto)]
+    #[arg(long, value_enum, default_value_t = D().backward)]
     pub backward: Backward,
     /// η: step size multiplying ∇U (default depends on the sampler).
     #[arg(long)]
@@ -306,39 +312,39 @@ pub struct TrainArgs {
     pub diffusion: Option<f64>,
 
     /// Minibatch size |S|.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = D().batch_size)]
     pub batch_size: usize,
     /// Passes over the training set.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = D().epochs)]
     pub epochs: usize,
     /// Epochs before the first sample is kept.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = D().schedule.burnin)]
     pub burnin: usize,
     /// Keep one sample every THIN updates after burn-in.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = D().schedule.thin)]
     pub thin: usize,
     /// Step decay: multiply η by --decay-factor from these epochs on (default: from the
     /// 21st epoch, as Li et al. 2016 do; `--decay-at` with no value: constant step size).
-    #[arg(long, value_delimiter = ',', default_value = "20", num_args = 0..)]
+    #[arg(long, value_delimiter = ',', default_values_t = D().schedule.decay_at, num_args = 0..)]
     pub decay_at: Vec<usize>,
     /// Factor of each step decay.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = D().schedule.decay_factor)]
     pub decay_factor: f64,
     /// Cyclical step size: this many cosine cycles over the run (0: none).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = D().schedule.cycles)]
     pub cycles: usize,
     /// With --cycles: keep samples only in this last fraction of each cycle.
-    #[arg(long, default_value_t = 0.25)]
+    #[arg(long, default_value_t = D().schedule.sample_fraction)]
     pub sample_fraction: f64,
     /// Polynomial decay η_t = η·(b/(b + t))^γ: the exponent γ (0: none; Welling & Teh
     /// use 0.55).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = D().schedule.poly_gamma)]
     pub poly_gamma: f64,
     /// Polynomial decay: b, in updates.
-    #[arg(long, default_value_t = 1000.0)]
+    #[arg(long, default_value_t = D().schedule.poly_steps)]
     pub poly_steps: f64,
     /// Seed of initialisation, minibatch order and injected noise.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = D().seed)]
     pub seed: u64,
     /// Folder that holds runs.
     #[arg(long, default_value = "checkpoints")]
@@ -356,28 +362,28 @@ pub struct TrainArgs {
     pub resume: Option<PathBuf>,
     /// Save the run's state (for --resume) every N updates; 0: once per epoch. It is also
     /// saved at the end and on SIGINT/SIGTERM.
-    #[arg(long, default_value_t = 0, value_name = "N")]
+    #[arg(long, default_value_t = D().checkpoint_every, value_name = "N")]
     pub checkpoint_every: usize,
     /// When the chain diverges (a non-finite loss, kinetic energy or parameter): stop, or
     /// roll back to the last saved state with half the step size and go on (at most 3
     /// times per chain; the halved step size is saved with the state for --resume).
-    #[arg(long, value_enum, default_value = "stop")]
+    #[arg(long, value_enum, default_value_t = D().on_divergence)]
     pub on_divergence: OnDivergence,
     /// Record the sampler's diagnostics (minibatch potential energy, kinetic energy per
     /// parameter overall and per tensor, thermostat mean and spread) in
     /// RUN/diagnostics.jsonl every N updates; 0: at each epoch's end.
-    #[arg(long, default_value_t = 0, value_name = "N")]
+    #[arg(long, default_value_t = D().log_every, value_name = "N")]
     pub log_every: usize,
     /// Run K independent chains side by side (seeds derived from --seed; chain 0 has
     /// --seed itself), in RUN/chain-<k>/; the ensemble pools them, and the summary adds
     /// each chain's figures, split-R-hat and ESS.
-    #[arg(long, default_value_t = 1, value_name = "K")]
+    #[arg(long, default_value_t = D().chains, value_name = "K")]
     pub chains: usize,
     #[command(flatten)]
     pub replicas: ReplicaArgs,
     /// At the start of each epoch, permute the labels of this fraction of the training
     /// examples among themselves (seeded per epoch; Luo et al. §4.2's label noise).
-    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    #[arg(long, default_value_t = D().permute_labels, value_name = "P")]
     pub permute_labels: f64,
     /// Device for parameters, minibatches and sampler state.
     #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]

@@ -231,14 +231,9 @@ fn with_preset_defaults(args: &TrainArgs, given: &GivenFlags) -> Result<TrainArg
     Ok(a)
 }
 
-/// The training configuration and data of `args` (with its preset's training defaults
-/// where the user typed no flag).
-fn train_config(
-    args: &TrainArgs,
-    given: &GivenFlags,
-    quiet: bool,
-    command_line: Vec<String>,
-) -> Result<(TrainConfig, data::Dataset)> {
+/// The settings of `args`: `bnn train`'s defaults ([`Settings`]'s `Default`, which the
+/// flags' defaults are), then the preset's values where no flag was typed, then the flags.
+fn settings_of(args: &TrainArgs, given: &GivenFlags) -> Result<Settings> {
     let args = &with_preset_defaults(args, given)?;
     let model = model_spec(args)?;
     let sampler = sampler_config(args);
@@ -253,6 +248,50 @@ fn train_config(
         },
     };
     bnn::potential::Prior::new(prior, 1)?;
+    Ok(Settings {
+        model,
+        sampler,
+        kernel: args.kernel,
+        backward: args.backward,
+        prior,
+        temperature: args.temperature,
+        batch_size: args.batch_size,
+        epochs: args.epochs,
+        schedule: bnn::schedule::Schedule {
+            burnin: args.burnin,
+            thin: args.thin,
+            decay_at: args.decay_at.clone(),
+            decay_factor: args.decay_factor,
+            cycles: args.cycles,
+            sample_fraction: args.sample_fraction,
+            poly_gamma: args.poly_gamma,
+            poly_steps: args.poly_steps,
+        },
+        seed: args.seed,
+        checkpoint_every: args.checkpoint_every,
+        log_every: args.log_every,
+        chains: args.chains,
+        replicas: if sampler.kind.is_replica_exchange() {
+            Some(replica_options(&args.replicas)?)
+        } else {
+            None
+        },
+        permute_labels: args.permute_labels,
+        augment: args.augment.unwrap_or_default(),
+        on_divergence: args.on_divergence,
+    })
+}
+
+/// The training configuration and data of `args` (with its preset's training defaults
+/// where the user typed no flag).
+fn train_config(
+    args: &TrainArgs,
+    given: &GivenFlags,
+    quiet: bool,
+    command_line: Vec<String>,
+) -> Result<(TrainConfig, data::Dataset)> {
+    let settings = settings_of(args, given)?;
+    let args = &with_preset_defaults(args, given)?;
     let opts = LoadOptions {
         data_dir: args.data.data_dir.clone(),
         offline: args.offline,
@@ -269,50 +308,56 @@ fn train_config(
         format!(
             "{}-{}-{}-seed{}",
             ds.name,
-            model.label(),
-            sampler.kind.name(),
+            settings.model.label(),
+            settings.sampler.kind.name(),
             args.seed
         )
     });
-    let run_dir: PathBuf = args.out.join(run_name);
     let cfg = TrainConfig {
-        settings: Settings {
-            model,
-            sampler,
-            kernel: args.kernel,
-            backward: args.backward,
-            prior,
-            temperature: args.temperature,
-            batch_size: args.batch_size,
-            epochs: args.epochs,
-            schedule: bnn::schedule::Schedule {
-                burnin: args.burnin,
-                thin: args.thin,
-                decay_at: args.decay_at.clone(),
-                decay_factor: args.decay_factor,
-                cycles: args.cycles,
-                sample_fraction: args.sample_fraction,
-                poly_gamma: args.poly_gamma,
-                poly_steps: args.poly_steps,
-            },
-            seed: args.seed,
-            checkpoint_every: args.checkpoint_every,
-            log_every: args.log_every,
-            chains: args.chains,
-            replicas: if sampler.kind.is_replica_exchange() {
-                Some(replica_options(&args.replicas)?)
-            } else {
-                None
-            },
-            permute_labels: args.permute_labels,
-            augment: args.augment.unwrap_or_default(),
-            on_divergence: args.on_divergence,
-        },
-        run_dir,
+        settings,
+        run_dir: args.out.join(run_name),
         device: device_of(args.device)?,
         progress: show_progress(args.no_progress, quiet),
         resume: false,
         command_line,
     };
     Ok((cfg, ds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, FromArgMatches};
+
+    /// The settings of `bnn train` with `flags`, as the program resolves them.
+    fn settings_for(flags: &[&str]) -> Settings {
+        let argv = ["bnn", "train"].iter().chain(flags);
+        let matches = crate::cli::Cli::command()
+            .try_get_matches_from(argv)
+            .unwrap();
+        let given = crate::cli::given_train_flags(&matches);
+        let cli = crate::cli::Cli::from_arg_matches(&matches).unwrap();
+        let crate::cli::Command::Train(args) = cli.command else {
+            panic!("not `bnn train`")
+        };
+        settings_of(&args, &given).unwrap()
+    }
+
+    /// The flags' defaults are `Settings::default()`, defined once: `bnn train` with no
+    /// flag resolves to it exactly, and a typed flag changes its field only.
+    #[test]
+    fn no_flag_resolves_to_the_library_defaults() {
+        assert_eq!(settings_for(&[]), Settings::default());
+        let typed = settings_for(&["--epochs", "7", "--decay-at"]);
+        let defaults = Settings::default();
+        let want = Settings {
+            epochs: 7,
+            schedule: bnn::schedule::Schedule {
+                decay_at: Vec::new(),
+                ..defaults.schedule.clone()
+            },
+            ..defaults
+        };
+        assert_eq!(typed, want);
+    }
 }

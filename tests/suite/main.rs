@@ -7,6 +7,7 @@
 mod common;
 
 mod backprop;
+mod chain_sink;
 mod cli_errors;
 mod determinism;
 mod divergence;

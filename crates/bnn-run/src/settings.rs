@@ -124,6 +124,46 @@ fn one() -> usize {
     1
 }
 
+/// `bnn train`'s defaults: the CLI takes its flags' defaults from here, so that they are
+/// defined once. An MLP 784-100-10 (ReLU) sampled by SGHMC (η = 2·10⁻⁶, α = 0.1) under a
+/// Gamma(1, 1) hyper-prior on the precisions, 50 epochs of minibatches of 100, η halved
+/// from epoch 21 on, a sample every 200 updates after 10 epochs of burn-in.
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            model: ModelSpec::default(),
+            sampler: SamplerKind::Sghmc.defaults(),
+            kernel: Kernel::Fused,
+            backward: Backward::Auto,
+            prior: PriorSpec::Gamma {
+                shape: 1.0,
+                rate: 1.0,
+            },
+            temperature: 1.0,
+            batch_size: 100,
+            epochs: 50,
+            schedule: Schedule {
+                decay_at: vec![20],
+                decay_factor: 0.5,
+                cycles: 0,
+                sample_fraction: 0.25,
+                poly_gamma: 0.0,
+                poly_steps: 1000.0,
+                burnin: 10,
+                thin: 200,
+            },
+            seed: 0,
+            checkpoint_every: 0,
+            log_every: 0,
+            chains: 1,
+            replicas: None,
+            permute_labels: 0.0,
+            augment: Augmentation::None,
+            on_divergence: OnDivergence::Stop,
+        }
+    }
+}
+
 impl Settings {
     /// Checks every setting, for a training set of `train_examples`; the message names
     /// the flag.

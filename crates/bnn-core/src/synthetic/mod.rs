@@ -284,91 +284,24 @@ pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
     if opts.sampler.is_replica_exchange() {
         return replicas::run(opts);
     }
-    if opts.h.is_nan()
-        || opts.h <= 0.0
-        || opts.steps == 0
-        || opts.chains == 0
-        || opts.bins < 2
-        || opts.burnin >= opts.steps
-    {
-        return Err(Error::Config(
-            "bnn sample needs --h > 0, --steps > --burnin, --chains ≥ 1 and --bins ≥ 2".into(),
-        ));
-    }
+    check_options(opts)?;
     let pot = Potential::new(opts.potential, opts.seed);
     let dim = pot.dim();
-    if opts
-        .bins
-        .checked_pow(dim as u32)
-        .is_none_or(|cells| cells > 4_000_000)
-    {
-        return Err(Error::Config(format!(
-            "--bins {} makes a grid of more than 4,000,000 cells in {dim} dimensions",
-            opts.bins
-        )));
-    }
+    check_grid(opts, dim)?;
     let n = opts.chains * dim;
-    let eta = opts.h * opts.h;
-    let config = SamplerConfig {
-        kind: opts.sampler,
-        step_size: eta,
-        friction: opts.friction * opts.h,
-        noise_estimate: opts.noise_estimate * opts.h,
-        diffusion: opts.diffusion * opts.h,
-        integrator: opts.integrator,
-    };
-    // Start every chain at the same point in the box: the first mode or the middle.
-    let (lo, hi) = pot.range();
-    let start: Vec<f32> = (0..n)
-        .map(|i| match (opts.potential, i % dim) {
-            (PotentialKind::Gmm5, 0) => GMM_RADIUS as f32,
-            (PotentialKind::Gmm5, _) => 0.0,
-            _ => ((lo + hi) / 2.0) as f32,
-        })
-        .collect();
-    let theta = Var::from_vec(start, n, &Device::Cpu)?;
+    let theta = Var::from_vec(start_point(opts, &pot), n, &Device::Cpu)?;
     let params = [theta.clone()];
-    let mut s = sampler::build_with(config, &params, opts.seed, Kernel::Fused)?;
-    let noise_sd = gradient_noise_sd(opts);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed ^ crate::rng::SYNTHETIC_NOISE_STREAM);
+    let mut s = sampler::build_with(sampler_config(opts), &params, opts.seed, Kernel::Fused)?;
+    let mut gradients = NoisyGradient::new(opts, &pot);
     let kept = opts.steps - opts.burnin;
     let mut samples = Vec::with_capacity(kept * n);
     let (mut ke_sum, mut xi_sum, mut diag_n) = (0f64, 0f64, 0usize);
     let mut has_ke = false;
     let mut has_xi = false;
-    let mut z = vec![0f32; n];
     let mut diverged_at = None;
     for step in 0..opts.steps {
         let x: Vec<f32> = theta.as_tensor().to_vec1()?;
-        // A fresh random minibatch every step (independent across steps, so the
-        // gradient noise is white, as the samplers' theory assumes).
-        let batch: Vec<usize> = if opts.potential == PotentialKind::GaussianMean {
-            rand::seq::index::sample(&mut rng, GM_N, GM_BATCH).into_vec()
-        } else {
-            Vec::new()
-        };
-        NoiseKey {
-            seed: opts.seed ^ crate::rng::SYNTHETIC_GRADIENT_STREAM,
-            step: step as u64,
-            param: 0,
-        }
-        .fill(&mut z);
-        let mut g = vec![0f32; n];
-        for c in 0..opts.chains {
-            let xc: Vec<f64> = x[c * dim..(c + 1) * dim]
-                .iter()
-                .map(|&v| v as f64)
-                .collect();
-            let gc = pot.gradient(&xc, &batch);
-            for d in 0..dim {
-                let injected = if opts.potential == PotentialKind::GaussianMean {
-                    0.0
-                } else {
-                    noise_sd * z[c * dim + d] as f64
-                };
-                g[c * dim + d] = (gc[d] + injected) as f32;
-            }
-        }
+        let g = gradients.at(&x, step as u64);
         s.step(&params, &[Tensor::from_vec(g, n, &Device::Cpu)?])?;
         let now: Vec<f32> = theta.as_tensor().to_vec1()?;
         if now.iter().any(|v| !v.is_finite()) {
@@ -408,6 +341,122 @@ pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
         ..report
     };
     Ok((report, samples))
+}
+
+/// Refuses options that give no chain to run.
+fn check_options(opts: &SampleOptions) -> Result<()> {
+    if opts.h.is_nan()
+        || opts.h <= 0.0
+        || opts.steps == 0
+        || opts.chains == 0
+        || opts.bins < 2
+        || opts.burnin >= opts.steps
+    {
+        return Err(Error::Config(
+            "bnn sample needs --h > 0, --steps > --burnin, --chains ≥ 1 and --bins ≥ 2".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a histogram grid too large to hold.
+fn check_grid(opts: &SampleOptions, dim: usize) -> Result<()> {
+    if opts
+        .bins
+        .checked_pow(dim as u32)
+        .is_none_or(|cells| cells > 4_000_000)
+    {
+        return Err(Error::Config(format!(
+            "--bins {} makes a grid of more than 4,000,000 cells in {dim} dimensions",
+            opts.bins
+        )));
+    }
+    Ok(())
+}
+
+/// The sampler's v-form settings from the continuous-time ones: η = h², α = C·h,
+/// β̂ = B̂·h, a = A·h (Chen et al. 2014 eq. 15; Ding et al. 2014 Alg. 2).
+fn sampler_config(opts: &SampleOptions) -> SamplerConfig {
+    SamplerConfig {
+        kind: opts.sampler,
+        step_size: opts.h * opts.h,
+        friction: opts.friction * opts.h,
+        noise_estimate: opts.noise_estimate * opts.h,
+        diffusion: opts.diffusion * opts.h,
+        integrator: opts.integrator,
+    }
+}
+
+/// Every chain starts at the same point in the box: the first mode or the middle.
+fn start_point(opts: &SampleOptions, pot: &Potential) -> Vec<f32> {
+    let (dim, (lo, hi)) = (pot.dim(), pot.range());
+    (0..opts.chains * dim)
+        .map(|i| match (opts.potential, i % dim) {
+            (PotentialKind::Gmm5, 0) => GMM_RADIUS as f32,
+            (PotentialKind::Gmm5, _) => 0.0,
+            _ => ((lo + hi) / 2.0) as f32,
+        })
+        .collect()
+}
+
+/// ∇Ũ of every chain: the potential's gradient on a fresh random minibatch
+/// (`gaussian-mean`), or the exact gradient plus N(0, V) noise (the others).
+struct NoisyGradient<'a> {
+    opts: &'a SampleOptions,
+    pot: &'a Potential,
+    noise_sd: f64,
+    rng: rand::rngs::StdRng,
+    z: Vec<f32>,
+}
+
+impl<'a> NoisyGradient<'a> {
+    fn new(opts: &'a SampleOptions, pot: &'a Potential) -> Self {
+        NoisyGradient {
+            opts,
+            pot,
+            noise_sd: gradient_noise_sd(opts),
+            rng: rand::rngs::StdRng::seed_from_u64(
+                opts.seed ^ crate::rng::SYNTHETIC_NOISE_STREAM,
+            ),
+            z: vec![0f32; opts.chains * pot.dim()],
+        }
+    }
+
+    /// The gradients at the chains' positions `x` (chain after chain) at update `step`.
+    fn at(&mut self, x: &[f32], step: u64) -> Vec<f32> {
+        let (opts, dim) = (self.opts, self.pot.dim());
+        let minibatch = opts.potential == PotentialKind::GaussianMean;
+        // A fresh random minibatch every step (independent across steps, so the
+        // gradient noise is white, as the samplers' theory assumes).
+        let batch: Vec<usize> = if minibatch {
+            rand::seq::index::sample(&mut self.rng, GM_N, GM_BATCH).into_vec()
+        } else {
+            Vec::new()
+        };
+        NoiseKey {
+            seed: opts.seed ^ crate::rng::SYNTHETIC_GRADIENT_STREAM,
+            step,
+            param: 0,
+        }
+        .fill(&mut self.z);
+        let mut g = vec![0f32; x.len()];
+        for c in 0..opts.chains {
+            let xc: Vec<f64> = x[c * dim..(c + 1) * dim]
+                .iter()
+                .map(|&v| v as f64)
+                .collect();
+            let gc = self.pot.gradient(&xc, &batch);
+            for d in 0..dim {
+                let injected = if minibatch {
+                    0.0
+                } else {
+                    self.noise_sd * self.z[c * dim + d] as f64
+                };
+                g[c * dim + d] = (gc[d] + injected) as f32;
+            }
+        }
+        g
+    }
 }
 
 /// V of the noise N(0, V) on U and ∇U: `--noise-variance`, else for `gmm5` Luo et al.'s
@@ -456,126 +505,41 @@ fn summarise(
     kept: usize,
     dim: usize,
 ) -> Result<SampleReport> {
-    let (lo, hi) = pot.range();
-    let bins = opts.bins;
-    let width = (hi - lo) / bins as f64;
-    let cells = bins.pow(dim as u32);
-    let center = |k: usize| lo + (k as f64 + 0.5) * width;
-    // True density on the grid (midpoint rule), normalised.
-    let mut p = vec![0f64; cells];
-    let energies: Vec<f64> = (0..cells)
-        .map(|c| {
-            let x: Vec<f64> = (0..dim)
-                .map(|d| center((c / bins.pow(d as u32)) % bins))
-                .collect();
-            pot.energy(&x)
-        })
-        .collect();
-    let emin = energies.iter().cloned().fold(f64::INFINITY, f64::min);
-    for (pc, e) in p.iter_mut().zip(&energies) {
-        *pc = (-(e - emin)).exp();
-    }
-    let z: f64 = p.iter().sum();
-    p.iter_mut().for_each(|v| *v /= z);
-    let mut true_mean = vec![0f64; dim];
-    let mut true_var = vec![0f64; dim];
-    for (c, pc) in p.iter().enumerate() {
-        for d in 0..dim {
-            true_mean[d] += pc * center((c / bins.pow(d as u32)) % bins);
-        }
-    }
-    for (c, pc) in p.iter().enumerate() {
-        for d in 0..dim {
-            true_var[d] += pc * (center((c / bins.pow(d as u32)) % bins) - true_mean[d]).powi(2);
-        }
-    }
-    if opts.potential == PotentialKind::GaussianMean {
+    let grid = Grid::new(pot, opts.bins, dim);
+    let truth = grid.truth(pot);
+    let (true_mean, true_var) = if opts.potential == PotentialKind::GaussianMean {
         let (m, v) = pot.gaussian_mean_truth();
-        true_mean = vec![m];
-        true_var = vec![v];
-    }
-    // Histogram.
-    let mut q = vec![0f64; cells];
-    let (mut inside, mut total) = (0usize, 0usize);
-    for point in samples.chunks_exact(dim) {
-        total += 1;
-        let mut cell = 0;
-        let mut ok = true;
-        for (d, &v) in point.iter().enumerate() {
-            let k = ((v as f64 - lo) / width).floor();
-            if !(0.0..bins as f64).contains(&k) {
-                ok = false;
-                break;
-            }
-            cell += (k as usize) * bins.pow(d as u32);
-        }
-        if ok {
-            q[cell] += 1.0;
-            inside += 1;
-        }
-    }
-    // Samples outside the box count as one more bin whose true mass is taken as 1e-12
-    // (every box holds all but a negligible tail of its target).
-    let outside_mass = (total - inside) as f64 / total.max(1) as f64;
-    let kl: f64 = q
-        .iter()
-        .zip(&p)
-        .filter(|(qc, _)| **qc > 0.0)
-        .map(|(qc, pc)| {
-            let qn = qc / total.max(1) as f64;
-            qn * (qn / pc.max(1e-300)).ln()
-        })
-        .sum::<f64>()
-        + if outside_mass > 0.0 {
-            outside_mass * (outside_mass / 1e-12).ln()
-        } else {
-            0.0
-        };
-    // Marginals: the cells summed over the other coordinates, as densities.
+        (vec![m], vec![v])
+    } else {
+        grid.moments(&truth)
+    };
+    let hist = grid.histogram(samples);
+    let kl = hist.kl_from(&truth);
     let marginals = (0..dim)
-        .map(|d| {
-            let (mut sampled, mut truth) = (vec![0f64; bins], vec![0f64; bins]);
-            for c in 0..cells {
-                let k = (c / bins.pow(d as u32)) % bins;
-                sampled[k] += q[c] / (total.max(1) as f64 * width);
-                truth[k] += p[c] / width;
-            }
-            Marginal {
-                centers: (0..bins).map(center).collect(),
-                sampled,
-                truth,
-            }
-        })
+        .map(|d| grid.marginal(d, &hist, &truth))
         .collect();
-    let count = (samples.len() / dim) as f64;
-    let mut mean = vec![0f64; dim];
-    for point in samples.chunks_exact(dim) {
-        for d in 0..dim {
-            mean[d] += point[d] as f64 / count;
-        }
-    }
-    let mut var = vec![0f64; dim];
-    for point in samples.chunks_exact(dim) {
-        for d in 0..dim {
-            var[d] += (point[d] as f64 - mean[d]).powi(2) / count;
-        }
-    }
-    let mean_error = (0..dim)
-        .map(|d| (mean[d] - true_mean[d]).abs())
-        .fold(0.0, f64::max);
-    let var_error = (0..dim)
-        .map(|d| (var[d] - true_var[d]).abs())
-        .fold(0.0, f64::max);
+    let (mean, var) = sample_moments(samples, dim);
+    let largest_gap = |a: &[f64], b: &[f64]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max)
+    };
+    let (mean_error, var_error) = (
+        largest_gap(&mean, &true_mean),
+        largest_gap(&var, &true_var),
+    );
     // IAT of the first coordinate of the first chain, by batch means over ~√n batches.
     let stride = opts.chains * dim;
     let series: Vec<f64> = (0..kept).map(|t| samples[t * stride] as f64).collect();
     let iat = batch_means_iat(&series);
     let masses = (opts.potential == PotentialKind::Gmm5).then(|| mode_masses(samples));
+    let total = hist.total;
     Ok(SampleReport {
         options: opts.clone(),
         samples: total,
         kl,
-        outside: 1.0 - inside as f64 / total.max(1) as f64,
+        outside: 1.0 - hist.inside as f64 / total.max(1) as f64,
         mean,
         true_mean,
         var,
@@ -594,6 +558,167 @@ fn summarise(
         temperature_variances: None,
         marginals,
     })
+}
+
+/// The potential's box cut into `bins` cells per coordinate, `bins^dim` in all; cell `c`
+/// has index `(c / bins^d) % bins` along coordinate `d`.
+struct Grid {
+    lo: f64,
+    width: f64,
+    bins: usize,
+    dim: usize,
+    cells: usize,
+}
+
+/// Samples counted per cell, and how many fell inside the box of how many.
+struct Histogram {
+    counts: Vec<f64>,
+    inside: usize,
+    total: usize,
+}
+
+impl Grid {
+    fn new(pot: &Potential, bins: usize, dim: usize) -> Self {
+        let (lo, hi) = pot.range();
+        Grid {
+            lo,
+            width: (hi - lo) / bins as f64,
+            bins,
+            dim,
+            cells: bins.pow(dim as u32),
+        }
+    }
+
+    fn center(&self, k: usize) -> f64 {
+        self.lo + (k as f64 + 0.5) * self.width
+    }
+
+    /// The index of cell `c` along coordinate `d`.
+    fn index(&self, c: usize, d: usize) -> usize {
+        (c / self.bins.pow(d as u32)) % self.bins
+    }
+
+    /// The true probability of each cell (midpoint rule), normalised.
+    fn truth(&self, pot: &Potential) -> Vec<f64> {
+        let energies: Vec<f64> = (0..self.cells)
+            .map(|c| {
+                let x: Vec<f64> = (0..self.dim)
+                    .map(|d| self.center(self.index(c, d)))
+                    .collect();
+                pot.energy(&x)
+            })
+            .collect();
+        let emin = energies.iter().cloned().fold(f64::INFINITY, f64::min);
+        let mut p: Vec<f64> = energies.iter().map(|e| (-(e - emin)).exp()).collect();
+        let z: f64 = p.iter().sum();
+        p.iter_mut().for_each(|v| *v /= z);
+        p
+    }
+
+    /// Mean and variance per coordinate of the cells' probabilities `p`.
+    fn moments(&self, p: &[f64]) -> (Vec<f64>, Vec<f64>) {
+        let mut mean = vec![0f64; self.dim];
+        let mut var = vec![0f64; self.dim];
+        for (c, pc) in p.iter().enumerate() {
+            for (d, m) in mean.iter_mut().enumerate() {
+                *m += pc * self.center(self.index(c, d));
+            }
+        }
+        for (c, pc) in p.iter().enumerate() {
+            for (d, v) in var.iter_mut().enumerate() {
+                *v += pc * (self.center(self.index(c, d)) - mean[d]).powi(2);
+            }
+        }
+        (mean, var)
+    }
+
+    /// The samples (`dim` values each) counted per cell.
+    fn histogram(&self, samples: &[f32]) -> Histogram {
+        let mut counts = vec![0f64; self.cells];
+        let (mut inside, mut total) = (0usize, 0usize);
+        for point in samples.chunks_exact(self.dim) {
+            total += 1;
+            let mut cell = 0;
+            let mut ok = true;
+            for (d, &v) in point.iter().enumerate() {
+                let k = ((v as f64 - self.lo) / self.width).floor();
+                if !(0.0..self.bins as f64).contains(&k) {
+                    ok = false;
+                    break;
+                }
+                cell += (k as usize) * self.bins.pow(d as u32);
+            }
+            if ok {
+                counts[cell] += 1.0;
+                inside += 1;
+            }
+        }
+        Histogram {
+            counts,
+            inside,
+            total,
+        }
+    }
+
+    /// Coordinate `d`'s marginal: the cells summed over the other coordinates, as
+    /// densities.
+    fn marginal(&self, d: usize, hist: &Histogram, p: &[f64]) -> Marginal {
+        let (mut sampled, mut truth) = (vec![0f64; self.bins], vec![0f64; self.bins]);
+        for c in 0..self.cells {
+            let k = self.index(c, d);
+            sampled[k] += hist.counts[c] / (hist.total.max(1) as f64 * self.width);
+            truth[k] += p[c] / self.width;
+        }
+        Marginal {
+            centers: (0..self.bins).map(|k| self.center(k)).collect(),
+            sampled,
+            truth,
+        }
+    }
+}
+
+impl Histogram {
+    /// KL(sampled ‖ true) over the cells. Samples outside the box count as one more bin
+    /// whose true mass is taken as 1e-12 (every box holds all but a negligible tail of its
+    /// target).
+    fn kl_from(&self, p: &[f64]) -> f64 {
+        let n = self.total.max(1) as f64;
+        let outside_mass = (self.total - self.inside) as f64 / n;
+        let inside: f64 = self
+            .counts
+            .iter()
+            .zip(p)
+            .filter(|(qc, _)| **qc > 0.0)
+            .map(|(qc, pc)| {
+                let qn = qc / n;
+                qn * (qn / pc.max(1e-300)).ln()
+            })
+            .sum::<f64>();
+        inside
+            + if outside_mass > 0.0 {
+                outside_mass * (outside_mass / 1e-12).ln()
+            } else {
+                0.0
+            }
+    }
+}
+
+/// Mean and (population) variance per coordinate of the samples.
+fn sample_moments(samples: &[f32], dim: usize) -> (Vec<f64>, Vec<f64>) {
+    let count = (samples.len() / dim) as f64;
+    let mut mean = vec![0f64; dim];
+    for point in samples.chunks_exact(dim) {
+        for d in 0..dim {
+            mean[d] += point[d] as f64 / count;
+        }
+    }
+    let mut var = vec![0f64; dim];
+    for point in samples.chunks_exact(dim) {
+        for d in 0..dim {
+            var[d] += (point[d] as f64 - mean[d]).powi(2) / count;
+        }
+    }
+    (mean, var)
 }
 
 /// τ ≈ b·Var(batch means)/Var(x) with batches of b = ⌊√n⌋ steps.

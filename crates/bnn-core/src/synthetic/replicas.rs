@@ -35,33 +35,16 @@ const MAX_EVALUATIONS: usize = 1 << 16;
 /// replica holds T₀ = 1 at each step after burn-in.
 pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
     let ro = &opts.replicas;
-    if opts.h.is_nan() || opts.h <= 0.0 || opts.burnin >= opts.steps || ro.exchange_every == 0 {
-        return Err(Error::Config(
-            "bnn sample needs --h > 0, --steps > --burnin and --exchange-every ≥ 1".into(),
-        ));
-    }
-    if opts.potential == PotentialKind::GaussianMean {
-        return Err(Error::Config(
-            "replica exchange needs an energy with known noise: not gaussian-mean".into(),
-        ));
-    }
-    let mut ladder = match ro.ladder {
-        Some(tau) => Ladder::geometric(ro.replicas, tau, ro.pairs)?,
-        // Adapted from τ = 1.5, the paper's ladder.
-        None => Ladder::geometric(ro.replicas, 1.5, ro.pairs)?.adapting(ro.target_swap_rate)?,
-    };
+    check(opts)?;
+    let mut ladder = new_ladder(opts)?;
     let pot = super::Potential::new(opts.potential, opts.seed);
     let dim = pot.dim();
-    let start: Vec<f32> = (0..dim)
-        .map(|d| match (opts.potential, d) {
-            (PotentialKind::Gmm5, 0) => super::GMM_RADIUS as f32,
-            (PotentialKind::Gmm5, _) => 0.0,
-            _ => {
-                let (lo, hi) = pot.range();
-                ((lo + hi) / 2.0) as f32
-            }
-        })
-        .collect();
+    // One chain: the T = 1 replica's samples.
+    let single = SampleOptions {
+        chains: 1,
+        ..opts.clone()
+    };
+    let start = super::start_point(&single, &pot);
     let thetas: Vec<Var> = (0..ro.replicas)
         .map(|_| Var::from_vec(start.clone(), dim, &Device::Cpu))
         .collect::<candle_core::Result<_>>()?;
@@ -145,22 +128,14 @@ pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
             }
             step += 1;
         }
-        for i in ladder.pairs(&mut rng) {
-            let (a, b) = (ladder.holder[i], ladder.holder[i + 1]);
-            let (t_a, t_b) = (ladder.temperatures[i], ladder.temperatures[i + 1]);
-            let (u_a, u_b) = (pot.energy(&positions[a]), pot.energy(&positions[b]));
-            let (delta, variance) =
-                estimate(&mut rng, u_a, u_b, t_a, t_b, energy_sd, &compensation)?;
-            let accepted = compensation.accept(delta, variance, &mut rng)?;
-            ladder.record(i, accepted, logistic(delta));
-        }
-        ladder.end_round();
+        let energies = Energies {
+            pot: &pot,
+            noise_sd: energy_sd,
+            compensation: &compensation,
+        };
+        exchange(&mut ladder, &mut rng, &positions, &energies)?;
     }
     let got = samples.len() / dim;
-    let single = SampleOptions {
-        chains: 1,
-        ..opts.clone()
-    };
     let mut report = summarise(&pot, &single, &samples, got, dim)?;
     report.options = opts.clone();
     report.swap_rates = Some(ladder.swap_rates());
@@ -180,6 +155,60 @@ pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
         report.diverged_at = diverged_at;
     }
     Ok((report, samples))
+}
+
+/// Refuses options that give no ladder to run.
+fn check(opts: &SampleOptions) -> Result<()> {
+    let ro = &opts.replicas;
+    if opts.h.is_nan() || opts.h <= 0.0 || opts.burnin >= opts.steps || ro.exchange_every == 0 {
+        return Err(Error::Config(
+            "bnn sample needs --h > 0, --steps > --burnin and --exchange-every ≥ 1".into(),
+        ));
+    }
+    if opts.potential == PotentialKind::GaussianMean {
+        return Err(Error::Config(
+            "replica exchange needs an energy with known noise: not gaussian-mean".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The ladder of `--ladder τ`, or one adapted from τ = 1.5 (the paper's ladder) towards
+/// the target swap rate.
+fn new_ladder(opts: &SampleOptions) -> Result<Ladder> {
+    let ro = &opts.replicas;
+    match ro.ladder {
+        Some(tau) => Ladder::geometric(ro.replicas, tau, ro.pairs),
+        None => Ladder::geometric(ro.replicas, 1.5, ro.pairs)?.adapting(ro.target_swap_rate),
+    }
+}
+
+/// The noisy energy of the exchanges: U, its noise's standard deviation, and the
+/// compensation of the noise in the test.
+struct Energies<'a> {
+    pot: &'a super::Potential,
+    noise_sd: f64,
+    compensation: &'a Compensation,
+}
+
+/// The exchanges that end a round: each pair the ladder proposes is swapped by the
+/// noise-tolerant test on the replicas' `positions`; then the round ends.
+fn exchange(
+    ladder: &mut Ladder,
+    rng: &mut rand::rngs::StdRng,
+    positions: &[Vec<f64>],
+    e: &Energies<'_>,
+) -> Result<()> {
+    for i in ladder.pairs(rng) {
+        let (a, b) = (ladder.holder[i], ladder.holder[i + 1]);
+        let (t_a, t_b) = (ladder.temperatures[i], ladder.temperatures[i + 1]);
+        let (u_a, u_b) = (e.pot.energy(&positions[a]), e.pot.energy(&positions[b]));
+        let (delta, variance) = estimate(rng, u_a, u_b, t_a, t_b, e.noise_sd, e.compensation)?;
+        let accepted = e.compensation.accept(delta, variance, rng)?;
+        ladder.record(i, accepted, logistic(delta));
+    }
+    ladder.end_round();
+    Ok(())
 }
 
 /// ΔẼ from k paired noisy evaluations of U at the two replicas, k doubling from 8 until

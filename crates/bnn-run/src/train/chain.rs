@@ -11,6 +11,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::Serialize;
 
+use super::sink::{ChainSink, RunFolder};
 use super::{manifest, EpochRecord, Stepper, TrainConfig};
 use crate::checkpoint;
 use crate::data::{Dataset, NUM_CLASSES};
@@ -25,26 +26,34 @@ use crate::settings::OnDivergence;
 use crate::signals;
 
 /// What one chain leaves for the run's summary.
-pub(super) struct ChainOutcome {
+#[derive(Debug, Clone)]
+pub struct ChainOutcome {
+    /// The chain's seed.
     pub seed: u64,
+    /// Parameters of the model.
     pub num_params: usize,
+    /// The ensemble of its samples on the test set.
     pub test: Accumulator,
+    /// And on the validation set, with `--valid`.
     pub valid: Option<Accumulator>,
+    /// Updates done.
     pub steps: u64,
+    /// Seconds in updates.
     pub step_seconds: f64,
+    /// Seconds of training in all.
     pub train_seconds: f64,
     /// The kinetic energy per parameter at each kept sample (momentum samplers).
     pub kinetic_trace: Vec<f64>,
+    /// The backward pass that ran.
     pub backward: Backward,
     /// Rollbacks after a divergence (`--on-divergence rollback`).
     pub rollbacks: u32,
 }
 
 /// One chain in `run_dir` (the run's folder, or a chain's folder of it); `write_manifest`
-/// for a single-chain run, whose folder is the run's. Per epoch: a fresh shuffle; per
-/// minibatch: the schedule's step size, one update, a sample where the schedule keeps one,
-/// and the state where a checkpoint is due or a signal came; at the epoch's end the
-/// prior's Gibbs step, the metrics line and a checkpoint if due.
+/// for a single-chain run, whose folder is the run's. A new chain's folder was cleared by
+/// `train` (`clear_run`); with `cfg.resume` the chain continues from the state saved
+/// there (a chain of a multi-chain run stopped before its first state starts afresh).
 pub(super) fn run_chain(
     cfg: &TrainConfig,
     ds: &Dataset,
@@ -52,29 +61,42 @@ pub(super) fn run_chain(
     write_manifest: bool,
     label_seed: u64,
 ) -> Result<ChainOutcome> {
-    let (mut chain, mut at) = Chain::open(cfg, ds, run_dir, write_manifest, label_seed)?;
-    loop {
-        match run_from(&mut chain, at) {
-            Err(e) if e.is_divergence() && cfg.settings.on_divergence == OnDivergence::Rollback => {
-                if chain.rollbacks >= MAX_ROLLBACKS {
-                    return Err(Error::DivergedAgain {
-                        rollbacks: chain.rollbacks,
-                        cause: Box::new(e),
-                    });
-                }
-                at = chain.roll_back(&e)?;
-            }
-            done => return done,
-        }
+    std::fs::create_dir_all(checkpoint::samples_dir(run_dir)).map_err(|e| Error::io(run_dir, e))?;
+    let resume = cfg.resume && (write_manifest || run_state::state_path(run_dir).exists());
+    let sink = RunFolder::new(run_dir);
+    let (mut chain, at) = Chain::open(cfg, ds, sink, resume, label_seed)?;
+    // The state before the first update, then run.json: from here on the run can be
+    // resumed whenever it stops.
+    if write_manifest {
+        manifest(cfg, ds, chain.model.num_params()).write(run_dir)?;
     }
+    chain.run(at)
+}
+
+/// One chain of `cfg` on `ds` whose samples, metrics, diagnostics and states go to `sink`
+/// (with `resume`, it continues from the state `sink` holds); `label_seed` decides the
+/// label noise of `--permute-labels`. Per epoch: a fresh shuffle; per minibatch: the
+/// schedule's step size, one update, a sample where the schedule keeps one, and the state
+/// where a checkpoint is due or a signal came; at the epoch's end the prior's Gibbs step,
+/// the metrics line and a checkpoint if due. Returns the chain's results and the sink.
+pub fn run_chain_in<S: ChainSink>(
+    cfg: &TrainConfig,
+    ds: &Dataset,
+    sink: S,
+    resume: bool,
+    label_seed: u64,
+) -> Result<(ChainOutcome, S)> {
+    let (mut chain, at) = Chain::open(cfg, ds, sink, resume, label_seed)?;
+    let outcome = chain.run(at)?;
+    Ok((outcome, chain.sink))
 }
 
 /// How often `--on-divergence rollback` may roll a chain back.
 pub(super) const MAX_ROLLBACKS: u32 = 3;
 
 /// Runs `chain` from where `at` says it stands to the end of the run.
-fn run_from(chain: &mut Chain, at: Progress) -> Result<ChainOutcome> {
-    let (cfg, ds, run_dir) = (chain.cfg, chain.ds, chain.run_dir);
+fn run_from<S: ChainSink>(chain: &mut Chain<S>, at: Progress) -> Result<ChainOutcome> {
+    let (cfg, ds) = (chain.cfg, chain.ds);
     let s = &cfg.settings;
     let batches = ds.train.len() / s.batch_size;
     let total_steps = (batches * s.epochs) as u64;
@@ -140,7 +162,7 @@ fn run_from(chain: &mut Chain, at: Progress) -> Result<ChainOutcome> {
                 })?;
                 if let Some(signal) = signal {
                     bar.finish_and_clear();
-                    return Err(interrupted(signal, step, run_dir));
+                    return Err(interrupted(signal, step, chain.sink.location()));
                 }
             }
         }
@@ -158,7 +180,7 @@ fn run_from(chain: &mut Chain, at: Progress) -> Result<ChainOutcome> {
                 ..Progress::default()
             })?;
             if let (Some(signal), false) = (signal, last) {
-                return Err(interrupted(signal, step, run_dir));
+                return Err(interrupted(signal, step, chain.sink.location()));
             }
         }
     }
@@ -176,11 +198,11 @@ fn run_from(chain: &mut Chain, at: Progress) -> Result<ChainOutcome> {
     })
 }
 
-/// A chain's model, its update, and its running results.
-pub(super) struct Chain<'a> {
+/// A chain's model, its update, its running results, and where it hands them on.
+pub(super) struct Chain<'a, S: ChainSink = RunFolder> {
     pub cfg: &'a TrainConfig,
     pub ds: &'a Dataset,
-    pub run_dir: &'a Path,
+    pub sink: S,
     pub model: Network,
     pub stepper: Stepper,
     pub kept: Kept,
@@ -235,13 +257,13 @@ pub(super) struct KeptSample {
     pub kinetic_energy: Option<f64>,
 }
 
-/// Writes `model`'s parameters after update `step` as a sample file in `dir/samples/`;
-/// its predictions for the ensembles.
+/// Hands `model`'s parameters after update `step` to `sink` as a sample; its predictions
+/// for the ensembles.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn write_sample(
     cfg: &TrainConfig,
     ds: &Dataset,
-    dir: &Path,
+    sink: &mut dyn ChainSink,
     model: &Network,
     step: u64,
     epoch: usize,
@@ -254,7 +276,12 @@ pub(super) fn write_sample(
         return Err(diverged(step, epoch, ("parameters", f64::NAN), what, eta));
     }
     let meta = sample_metadata(cfg, ds, step, epoch, eta)?;
-    checkpoint::save_sample(dir, step, model, meta)?;
+    let params = model
+        .params
+        .iter()
+        .map(|p| (p.name.clone(), p.var.as_detached_tensor()))
+        .collect();
+    sink.sample(step, params, meta)?;
     let device = &cfg.device;
     let valid = match ds.valid.as_ref() {
         Some(v) => Some(ensemble::predict(model, v, device)?),
@@ -267,15 +294,10 @@ pub(super) fn write_sample(
     })
 }
 
-impl<'a> Chain<'a> {
+impl<'a, S: ChainSink> Chain<'a, S> {
     /// A chain at its start: the model initialised from `cfg`'s seed, its sampler, no
     /// samples yet; `label_seed`: the run's seed, which decides its label noise.
-    pub fn new(
-        cfg: &'a TrainConfig,
-        ds: &'a Dataset,
-        run_dir: &'a Path,
-        label_seed: u64,
-    ) -> Result<Self> {
+    pub fn new(cfg: &'a TrainConfig, ds: &'a Dataset, sink: S, label_seed: u64) -> Result<Self> {
         let s = &cfg.settings;
         let model = Network::new(&s.model, ds.train.dim(), NUM_CLASSES, s.seed, &cfg.device)?;
         let prior = Prior::new(s.prior, model.params.len())?;
@@ -295,7 +317,7 @@ impl<'a> Chain<'a> {
         Ok(Chain {
             cfg,
             ds,
-            run_dir,
+            sink,
             model,
             stepper,
             monitor,
@@ -316,8 +338,8 @@ impl<'a> Chain<'a> {
     /// more rollback (the step size halved), so that `--resume` continues from here too.
     fn roll_back(&mut self, cause: &Error) -> Result<Progress> {
         let rollbacks = self.rollbacks + 1;
-        let at = self.restore_from(self.run_dir)?;
-        discard_after(self.run_dir, &at)?;
+        let at = self.restore_saved()?;
+        self.sink.discard_after(&at)?;
         self.rollbacks = rollbacks;
         self.monitor = new_monitor(self.cfg, &self.stepper);
         self.save(at.clone())?;
@@ -376,37 +398,33 @@ impl<'a> Chain<'a> {
         self.labels.as_deref()
     }
 
-    /// A new chain (its folder cleared of an earlier run's files, its state saved before
-    /// the first update), or with `cfg.resume` the chain as its saved state left it; and
-    /// where it stands.
+    /// A new chain (its state handed to the sink before the first update), or with
+    /// `resume` the chain as the sink's saved state left it; and where it stands.
     fn open(
         cfg: &'a TrainConfig,
         ds: &'a Dataset,
-        run_dir: &'a Path,
-        write_manifest: bool,
+        sink: S,
+        resume: bool,
         label_seed: u64,
     ) -> Result<(Self, Progress)> {
         let s = &cfg.settings;
-        std::fs::create_dir_all(checkpoint::samples_dir(run_dir))
-            .map_err(|e| Error::io(run_dir, e))?;
-        let mut chain = Chain::new(cfg, ds, run_dir, label_seed)?;
-        // A chain of a multi-chain run stopped before its first state starts afresh.
-        let resume = cfg.resume && (write_manifest || run_state::state_path(run_dir).exists());
+        let mut chain = Chain::new(cfg, ds, sink, label_seed)?;
         let at = if resume {
-            chain.restore()?
+            let at = chain.restore_saved()?;
+            chain.sink.discard_after(&at)?;
+            tracing::info!(
+                epoch = at.epoch + 1,
+                batch = at.batch,
+                step = at.step,
+                "resuming"
+            );
+            at
         } else {
-            // A new run's folder was cleared by `train` (`clear_run`); a chain of a
-            // resumed run that never saved a state has written nothing else. The state
-            // before the first update, then run.json: from here on the run can be resumed
-            // whenever it stops.
             chain.save(Progress::default())?;
             Progress::default()
         };
-        if write_manifest {
-            manifest(cfg, ds, chain.model.num_params()).write(run_dir)?;
-        }
         tracing::info!(
-            run = %run_dir.display(),
+            run = %chain.sink.location().display(),
             params = chain.model.num_params(),
             train = ds.train.len(),
             "training {} with {}",
@@ -416,24 +434,46 @@ impl<'a> Chain<'a> {
         Ok((chain, at))
     }
 
-    /// Continues from the saved state: θ, the sampler's state, the prior's precisions, the
-    /// ensembles; drops what was written after it.
-    fn restore(&mut self) -> Result<Progress> {
-        let at = self.restore_from(self.run_dir)?;
-        discard_after(self.run_dir, &at)?;
-        tracing::info!(
-            epoch = at.epoch + 1,
-            batch = at.batch,
-            step = at.step,
-            "resuming"
-        );
-        Ok(at)
+    /// Runs from `at` to the end of the run; with `--on-divergence rollback`, a divergence
+    /// goes back to the last saved state with the step size halved (at most
+    /// [`MAX_ROLLBACKS`] times).
+    fn run(&mut self, mut at: Progress) -> Result<ChainOutcome> {
+        loop {
+            match run_from(self, at) {
+                Err(e)
+                    if e.is_divergence()
+                        && self.cfg.settings.on_divergence == OnDivergence::Rollback =>
+                {
+                    if self.rollbacks >= MAX_ROLLBACKS {
+                        return Err(Error::DivergedAgain {
+                            rollbacks: self.rollbacks,
+                            cause: Box::new(e),
+                        });
+                    }
+                    at = self.roll_back(&e)?;
+                }
+                done => return done,
+            }
+        }
     }
 
-    /// Loads the state saved in `dir` (θ, sampler, prior, ensembles) into the chain.
+    /// Loads the state the sink saved last into the chain.
+    fn restore_saved(&mut self) -> Result<Progress> {
+        let names: Vec<String> = self.model.params.iter().map(|p| p.name.clone()).collect();
+        let state = self.sink.load_state(&names)?;
+        self.apply(state)
+    }
+
+    /// Loads the state saved in the folder `dir` (θ, sampler, prior, ensembles) into the
+    /// chain.
     pub fn restore_from(&mut self, dir: &Path) -> Result<Progress> {
         let names: Vec<String> = self.model.params.iter().map(|p| p.name.clone()).collect();
-        let state = RunState::load(dir, &names)?;
+        self.apply(RunState::load(dir, &names)?)
+    }
+
+    /// Sets the chain to `state`: θ, the sampler's state, the prior's precisions, the
+    /// ensembles; returns where it stood.
+    fn apply(&mut self, state: RunState) -> Result<Progress> {
         if state.progress.epoch > self.cfg.settings.epochs {
             return Err(Error::Config(format!(
                 "--epochs {} is fewer than the {} the run has done",
@@ -523,8 +563,8 @@ impl<'a> Chain<'a> {
         eta: f64,
         diag: sampler::Diagnostics,
     ) -> Result<()> {
-        let (cfg, ds, dir) = (self.cfg, self.ds, self.run_dir);
-        let sample = write_sample(cfg, ds, dir, &self.model, step, epoch, eta, diag)?;
+        let (cfg, ds) = (self.cfg, self.ds);
+        let sample = write_sample(cfg, ds, &mut self.sink, &self.model, step, epoch, eta, diag)?;
         self.kept.add(sample)?;
         Ok(())
     }
@@ -540,7 +580,7 @@ impl<'a> Chain<'a> {
     ) -> Result<()> {
         self.gibbs(epoch, step)?;
         let record = self.epoch_record(epoch, step, sums, started, Some(&self.kept));
-        append_line(&self.run_dir.join("metrics.jsonl"), &to_json(&record)?)?;
+        self.sink.metrics(&record)?;
         log_epoch(&record, None);
         self.monitor.end_epoch(epoch, record.kinetic_energy);
         Ok(())
@@ -567,7 +607,9 @@ impl<'a> Chain<'a> {
         };
         let mut record = super::diagnostics::record(step, epoch, inputs)?;
         record.temperature = temperature;
-        self.monitor.write(self.run_dir, record)
+        self.sink.diagnostics(&record)?;
+        self.monitor.record(record);
+        Ok(())
     }
 
     /// The prior's Gibbs step at the potential's temperature (samplers only: SGD and
@@ -634,16 +676,16 @@ impl<'a> Chain<'a> {
         }
     }
 
-    /// Saves the chain's state as it stands at `progress` (atomically).
-    fn save(&self, progress: Progress) -> Result<()> {
-        self.save_to(self.run_dir, progress, &self.kept)
+    /// Hands the chain's state as it stands at `progress` to the sink.
+    fn save(&mut self, progress: Progress) -> Result<()> {
+        let state = self.state_at(progress, &self.kept)?;
+        self.sink.save_state(&state)
     }
 
-    /// Saves the chain's state as it stands at `progress`, with `kept`'s ensembles, in
-    /// `dir` (atomically).
-    pub fn save_to(&self, dir: &Path, progress: Progress, kept: &Kept) -> Result<()> {
+    /// The chain's state as it stands at `progress`, with `kept`'s ensembles.
+    pub fn state_at(&self, progress: Progress, kept: &Kept) -> Result<RunState> {
         let (ts, tsum) = kept.test.state();
-        RunState {
+        Ok(RunState {
             progress,
             params: self
                 .model
@@ -657,8 +699,7 @@ impl<'a> Chain<'a> {
             valid: kept.valid.as_ref().map(|a| a.state()),
             kinetic_trace: kept.kinetic_trace.clone(),
             rollbacks: self.rollbacks,
-        }
-        .save(dir)
+        })
     }
 }
 

@@ -11,8 +11,6 @@
 //! potential is U/T and the injected noise is that of unit temperature, so a chain in
 //! control holds ½ whatever T (docs/DESIGN.md, "Model and potential").
 
-use std::path::Path;
-
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
@@ -193,14 +191,9 @@ impl Monitor {
         }
     }
 
-    /// Appends `record` to `dir/diagnostics.jsonl` and keeps it for the epoch's checks.
-    pub fn write(&mut self, dir: &Path, record: DiagnosticRecord) -> Result<()> {
-        let line = serde_json::to_string(&record).map_err(|e| {
-            crate::error::Error::Checkpoint(format!("serialising diagnostics: {e}"))
-        })?;
-        super::chain::append_line(&dir.join("diagnostics.jsonl"), &line)?;
+    /// Keeps `record` (already handed to the sink) for the epoch's checks.
+    pub fn record(&mut self, record: DiagnosticRecord) {
         self.epoch_records.push(record);
-        Ok(())
     }
 
     /// The end of epoch `epoch` (0-based) whose updates' mean kinetic energy was

@@ -6,6 +6,7 @@ mod chain;
 pub mod diagnostics;
 pub mod disk;
 mod replicas;
+pub mod sink;
 mod spread;
 mod stepper;
 
@@ -28,7 +29,8 @@ use crate::model::Network;
 use crate::potential::Backward;
 use crate::ranks::Ranks;
 use crate::settings::Settings;
-use chain::{run_chain, ChainOutcome};
+use chain::run_chain;
+pub use chain::{run_chain_in, ChainOutcome};
 
 /// Everything a training run needs besides the data: its settings and where and how it
 /// runs.

@@ -37,6 +37,7 @@ use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
 use super::chain::{append_line, interrupted, to_json, write_sample, Chain, ChainOutcome, Kept};
+use super::sink::RunFolder;
 use super::TrainConfig;
 use crate::checkpoint;
 use crate::data::Dataset;
@@ -274,7 +275,7 @@ fn new_replicas<'r>(
     for &j in mine {
         let (c, dir) = (&cfgs[j], &dirs[j]);
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        let mut chain = Chain::new(c, plan.ds, dir, s.seed)?;
+        let mut chain = Chain::new(c, plan.ds, RunFolder::new(dir), s.seed)?;
         chain.monitor = super::diagnostics::Monitor::new(
             s.log_every,
             chain.stepper.sampler.diagnostics().thermostat,
@@ -508,9 +509,18 @@ fn advance(
         r.chain
             .watch(done, epoch, b as u64 + 1 == plan.batches, Some(t))?;
         if cold && s.schedule.keeps_sample(done, plan.total_steps, epoch) {
-            let (cfg, dir) = (plan.cfg, &plan.cold_dir);
+            let (cfg, mut cold_folder) = (plan.cfg, RunFolder::new(&plan.cold_dir));
             let model = &r.chain.model;
-            let sample = write_sample(cfg, plan.ds, dir, model, done, epoch, eta, diag)?;
+            let sample = write_sample(
+                cfg,
+                plan.ds,
+                &mut cold_folder,
+                model,
+                done,
+                epoch,
+                eta,
+                diag,
+            )?;
             r.events.push(Event::Sample(sample));
         }
         if b as u64 + 1 == plan.batches {
@@ -524,7 +534,7 @@ fn advance(
                 temperature: t,
                 record,
             };
-            append_line(&r.chain.run_dir.join("metrics.jsonl"), &to_json(&line)?)?;
+            append_line(&r.chain.sink.dir.join("metrics.jsonl"), &to_json(&line)?)?;
             if cold {
                 r.events.push(Event::Epoch(Box::new(line)));
             }
@@ -566,7 +576,8 @@ fn save(
         // Replica 0's state (at rank 0) carries the T₀ ensembles.
         let kept = if j == 0 { cold } else { &none };
         r.chain
-            .save_to(&slot_dir(run_dir, slot, j), progress, kept)?;
+            .state_at(progress, kept)?
+            .save(&slot_dir(run_dir, slot, j))?;
     }
     ranks.barrier();
     if ranks.is_root() {
@@ -626,7 +637,7 @@ fn restore(
         }
         r.step_seconds = at.step_seconds;
         r.sums = at;
-        super::chain::discard_after(r.chain.run_dir, &r.sums)?;
+        super::chain::discard_after(&r.chain.sink.dir, &r.sums)?;
     }
     if let Some(r0) = replicas.first_mut().and_then(Option::as_mut) {
         // Rank 0: replica 0's state carries the T₀ ensembles.
