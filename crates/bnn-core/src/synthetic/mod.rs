@@ -415,9 +415,7 @@ impl<'a> NoisyGradient<'a> {
             opts,
             pot,
             noise_sd: gradient_noise_sd(opts),
-            rng: rand::rngs::StdRng::seed_from_u64(
-                opts.seed ^ crate::rng::SYNTHETIC_NOISE_STREAM,
-            ),
+            rng: rand::rngs::StdRng::seed_from_u64(opts.seed ^ crate::rng::SYNTHETIC_NOISE_STREAM),
             z: vec![0f32; opts.chains * pot.dim()],
         }
     }
@@ -515,9 +513,7 @@ fn summarise(
     };
     let hist = grid.histogram(samples);
     let kl = hist.kl_from(&truth);
-    let marginals = (0..dim)
-        .map(|d| grid.marginal(d, &hist, &truth))
-        .collect();
+    let marginals = (0..dim).map(|d| grid.marginal(d, &hist, &truth)).collect();
     let (mean, var) = sample_moments(samples, dim);
     let largest_gap = |a: &[f64], b: &[f64]| {
         a.iter()
@@ -525,10 +521,7 @@ fn summarise(
             .map(|(x, y)| (x - y).abs())
             .fold(0.0, f64::max)
     };
-    let (mean_error, var_error) = (
-        largest_gap(&mean, &true_mean),
-        largest_gap(&var, &true_var),
-    );
+    let (mean_error, var_error) = (largest_gap(&mean, &true_mean), largest_gap(&var, &true_var));
     // IAT of the first coordinate of the first chain, by batch means over ~√n batches.
     let stride = opts.chains * dim;
     let series: Vec<f64> = (0..kept).map(|t| samples[t * stride] as f64).collect();
@@ -664,10 +657,10 @@ impl Grid {
     /// densities.
     fn marginal(&self, d: usize, hist: &Histogram, p: &[f64]) -> Marginal {
         let (mut sampled, mut truth) = (vec![0f64; self.bins], vec![0f64; self.bins]);
-        for c in 0..self.cells {
+        for (c, (qc, pc)) in hist.counts.iter().zip(p).enumerate() {
             let k = self.index(c, d);
-            sampled[k] += hist.counts[c] / (hist.total.max(1) as f64 * self.width);
-            truth[k] += p[c] / self.width;
+            sampled[k] += qc / (hist.total.max(1) as f64 * self.width);
+            truth[k] += pc / self.width;
         }
         Marginal {
             centers: (0..self.bins).map(|k| self.center(k)).collect(),
