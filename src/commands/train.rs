@@ -8,8 +8,7 @@ use bnn::error::{Error, Result};
 use bnn::model::ModelSpec;
 use bnn::potential::PriorSpec;
 use bnn::ranks::Ranks;
-use bnn::sampler::SamplerConfig;
-use bnn::settings::{ResumeChanges, Settings};
+use bnn::settings::{ResumeChanges, Settings, SettingsLayer};
 use bnn::train::{self, TrainConfig};
 
 use super::{device_of, json, replica_options};
@@ -30,18 +29,6 @@ fn model_spec(args: &TrainArgs) -> Result<ModelSpec> {
     }
     spec.validate()?;
     Ok(spec)
-}
-
-fn sampler_config(args: &TrainArgs) -> SamplerConfig {
-    let d = args.sampler.defaults();
-    SamplerConfig {
-        kind: args.sampler,
-        step_size: args.step_size.unwrap_or(d.step_size),
-        friction: args.friction.unwrap_or(d.friction),
-        noise_estimate: args.noise_estimate.unwrap_or(d.noise_estimate),
-        diffusion: args.diffusion.unwrap_or(d.diffusion),
-        integrator: args.integrator.unwrap_or(d.integrator),
-    }
 }
 
 pub(super) fn train_command(
@@ -166,120 +153,81 @@ fn show_progress(no_progress: bool, quiet: bool) -> bool {
     !no_progress && !quiet && std::io::IsTerminal::is_terminal(&std::io::stderr())
 }
 
-/// `args` with the `[train]` defaults of its `--config` preset wherever the user did not
-/// type the flag. The preset's sampler settings (step size, friction,
-/// diffusion, noise estimate, integrator) and its number of chains go with its sampler:
-/// not used when the command line names another.
-fn with_preset_defaults(args: &TrainArgs, given: &GivenFlags) -> Result<TrainArgs> {
-    let mut a = args.clone();
-    let Some(path) = &args.config else {
-        return Ok(a);
-    };
-    let t = bnn::settings::Preset::from_toml_file(path)?.train;
-    let free = |id: &str| !given.contains(id);
-    let set = |v: &mut usize, id: &str, p: Option<usize>| {
-        if let (Some(p), true) = (p, free(id)) {
-            *v = p;
-        }
-    };
-    let preset_sampler = t.sampler.unwrap_or(a.sampler);
-    if free("sampler") {
-        a.sampler = preset_sampler;
+/// The `[train]` layer of `args`' `--config` preset (empty without one).
+fn preset_layer(args: &TrainArgs) -> Result<SettingsLayer> {
+    match &args.config {
+        Some(path) => Ok(bnn::settings::Preset::from_toml_file(path)?.train),
+        None => Ok(SettingsLayer::default()),
     }
-    if a.sampler == preset_sampler {
-        a.step_size = a.step_size.or(t.step_size);
-        a.friction = a.friction.or(t.friction);
-        a.diffusion = a.diffusion.or(t.diffusion);
-        a.noise_estimate = a.noise_estimate.or(t.noise_estimate);
-        a.integrator = a.integrator.or(t.integrator);
-        set(&mut a.chains, "chains", t.chains);
-    }
-    set(&mut a.batch_size, "batch_size", t.batch_size);
-    set(&mut a.epochs, "epochs", t.epochs);
-    set(&mut a.burnin, "burnin", t.burnin);
-    set(&mut a.thin, "thin", t.thin);
-    if let (Some(d), true) = (t.decay_at, free("decay_at")) {
-        a.decay_at = d;
-    }
-    if let (Some(f), true) = (t.decay_factor, free("decay_factor")) {
-        a.decay_factor = f;
-    }
-    if let (Some(v), true) = (t.temperature, free("temperature")) {
-        a.temperature = v;
-    }
-    if let (Some(v), true) = (t.augment, free("augment")) {
-        a.augment = Some(v);
-    }
-    if let (Some(v), true) = (t.standardize, free("standardize")) {
-        a.standardize = v;
-    }
-    let prior_free = ["prior", "prior_std", "gamma_shape", "gamma_rate"]
-        .iter()
-        .all(|id| free(id));
-    match (t.prior, prior_free) {
-        (Some(PriorSpec::Gaussian { std }), true) => {
-            a.prior = PriorKind::Gaussian;
-            a.prior_std = std;
-        }
-        (Some(PriorSpec::Gamma { shape, rate }), true) => {
-            a.prior = PriorKind::Gamma;
-            a.gamma_shape = shape;
-            a.gamma_rate = rate;
-        }
-        _ => {}
-    }
-    Ok(a)
 }
 
-/// The settings of `args`: `bnn train`'s defaults ([`Settings`]'s `Default`, which the
-/// flags' defaults are), then the preset's values where no flag was typed, then the flags.
-fn settings_of(args: &TrainArgs, given: &GivenFlags) -> Result<Settings> {
-    let args = &with_preset_defaults(args, given)?;
-    let model = model_spec(args)?;
-    let sampler = sampler_config(args);
-    sampler.validate()?;
-    let prior = match args.prior {
-        PriorKind::Gaussian => PriorSpec::Gaussian {
-            std: args.prior_std,
-        },
-        PriorKind::Gamma => PriorSpec::Gamma {
-            shape: args.gamma_shape,
-            rate: args.gamma_rate,
-        },
-    };
-    bnn::potential::Prior::new(prior, 1)?;
-    Ok(Settings {
-        model,
-        sampler,
-        kernel: args.kernel,
-        backward: args.backward,
+/// The flags typed, as a layer of settings: a flag left at its default is absent, so that
+/// a preset's value shows through.
+fn flag_layer(a: &TrainArgs, given: &GivenFlags) -> SettingsLayer {
+    let typed = |id: &str| given.contains(id);
+    let prior = ["prior", "prior_std", "gamma_shape", "gamma_rate"]
+        .iter()
+        .any(|id| typed(id))
+        .then_some(match a.prior {
+            PriorKind::Gaussian => PriorSpec::Gaussian { std: a.prior_std },
+            PriorKind::Gamma => PriorSpec::Gamma {
+                shape: a.gamma_shape,
+                rate: a.gamma_rate,
+            },
+        });
+    SettingsLayer {
+        sampler: typed("sampler").then_some(a.sampler),
+        step_size: a.step_size,
+        friction: a.friction,
+        diffusion: a.diffusion,
+        noise_estimate: a.noise_estimate,
+        integrator: a.integrator,
+        batch_size: typed("batch_size").then_some(a.batch_size),
+        epochs: typed("epochs").then_some(a.epochs),
+        burnin: typed("burnin").then_some(a.burnin),
+        thin: typed("thin").then_some(a.thin),
+        decay_at: typed("decay_at").then(|| a.decay_at.clone()),
+        decay_factor: typed("decay_factor").then_some(a.decay_factor),
         prior,
-        temperature: args.temperature,
-        batch_size: args.batch_size,
-        epochs: args.epochs,
-        schedule: bnn::schedule::Schedule {
-            burnin: args.burnin,
-            thin: args.thin,
-            decay_at: args.decay_at.clone(),
-            decay_factor: args.decay_factor,
-            cycles: args.cycles,
-            sample_fraction: args.sample_fraction,
-            poly_gamma: args.poly_gamma,
-            poly_steps: args.poly_steps,
-        },
-        seed: args.seed,
-        checkpoint_every: args.checkpoint_every,
-        log_every: args.log_every,
-        chains: args.chains,
-        replicas: if sampler.kind.is_replica_exchange() {
-            Some(replica_options(&args.replicas)?)
-        } else {
-            None
-        },
-        permute_labels: args.permute_labels,
-        augment: args.augment.unwrap_or_default(),
-        on_divergence: args.on_divergence,
-    })
+        temperature: typed("temperature").then_some(a.temperature),
+        augment: a.augment,
+        standardize: typed("standardize").then_some(a.standardize),
+        chains: typed("chains").then_some(a.chains),
+        kernel: typed("kernel").then_some(a.kernel),
+        backward: typed("backward").then_some(a.backward),
+        seed: typed("seed").then_some(a.seed),
+        cycles: typed("cycles").then_some(a.cycles),
+        sample_fraction: typed("sample_fraction").then_some(a.sample_fraction),
+        poly_gamma: typed("poly_gamma").then_some(a.poly_gamma),
+        poly_steps: typed("poly_steps").then_some(a.poly_steps),
+        checkpoint_every: typed("checkpoint_every").then_some(a.checkpoint_every),
+        log_every: typed("log_every").then_some(a.log_every),
+        permute_labels: typed("permute_labels").then_some(a.permute_labels),
+        on_divergence: typed("on_divergence").then_some(a.on_divergence),
+    }
+}
+
+/// The settings of `args`, resolved once: `bnn train`'s defaults ([`Settings`]'s
+/// `Default`, which the flags' defaults show), then the `--config` preset, then the flags
+/// typed ([`Settings::resolve`]); the network from the preset's `[model]` and
+/// `--hidden`/`--activation`, the replicas from their flags. Also whether the pixels are
+/// standardised (a property of the data, set by a flag or a preset).
+fn settings_of(args: &TrainArgs, given: &GivenFlags) -> Result<(Settings, bool)> {
+    let (preset, flags) = (preset_layer(args)?, flag_layer(args, given));
+    let resolved = Settings::resolve(&preset, &flags);
+    resolved.sampler.validate()?;
+    bnn::potential::Prior::new(resolved.prior, 1)?;
+    let replicas = match resolved.sampler.kind.is_replica_exchange() {
+        true => Some(replica_options(&args.replicas)?),
+        false => None,
+    };
+    let standardize = flags.standardize.or(preset.standardize).unwrap_or(false);
+    let settings = Settings {
+        model: model_spec(args)?,
+        replicas,
+        ..resolved
+    };
+    Ok((settings, standardize))
 }
 
 /// The training configuration and data of `args` (with its preset's training defaults
@@ -290,8 +238,7 @@ fn train_config(
     quiet: bool,
     command_line: Vec<String>,
 ) -> Result<(TrainConfig, data::Dataset)> {
-    let settings = settings_of(args, given)?;
-    let args = &with_preset_defaults(args, given)?;
+    let (settings, standardize) = settings_of(args, given)?;
     let opts = LoadOptions {
         data_dir: args.data.data_dir.clone(),
         offline: args.offline,
@@ -300,7 +247,7 @@ fn train_config(
         builtin_fallback: true,
     };
     let mut ds = data::load(&args.data.dataset, &opts)?;
-    if args.standardize {
+    if standardize {
         let s = data::Standardization::of(&ds.train, data::Standardization::DEFAULT_FLOOR)?;
         ds.set_standardization(Some(s))?;
     }
@@ -310,7 +257,7 @@ fn train_config(
             ds.name,
             settings.model.label(),
             settings.sampler.kind.name(),
-            args.seed
+            settings.seed
         )
     });
     let cfg = TrainConfig {
@@ -340,7 +287,7 @@ mod tests {
         let crate::cli::Command::Train(args) = cli.command else {
             panic!("not `bnn train`")
         };
-        settings_of(&args, &given).unwrap()
+        settings_of(&args, &given).unwrap().0
     }
 
     /// The flags' defaults are `Settings::default()`, defined once: `bnn train` with no

@@ -274,6 +274,43 @@ mod tests {
         }
     }
 
+    /// defaults ← preset ← flags: a flag beats the preset, the preset beats the default,
+    /// and a preset's sampler settings and chains go only with its own sampler.
+    #[test]
+    fn layers_stack_defaults_then_preset_then_flags() {
+        assert_eq!(
+            Settings::resolve(&SettingsLayer::default(), &SettingsLayer::default()),
+            Settings::default()
+        );
+        let preset = SettingsLayer {
+            sampler: Some(SamplerKind::Sgnht),
+            step_size: Some(5e-7),
+            chains: Some(4),
+            epochs: Some(30),
+            seed: Some(9),
+            ..SettingsLayer::default()
+        };
+        let flags = SettingsLayer {
+            epochs: Some(7),
+            ..SettingsLayer::default()
+        };
+        let s = Settings::resolve(&preset, &flags);
+        assert_eq!((s.epochs, s.seed, s.chains), (7, 9, 4));
+        assert_eq!(
+            (s.sampler.kind, s.sampler.step_size),
+            (SamplerKind::Sgnht, 5e-7)
+        );
+        assert_eq!(s.sampler.diffusion, SamplerKind::Sgnht.defaults().diffusion);
+        // Another sampler typed: the preset's η and chains stay with its sampler.
+        let other = SettingsLayer {
+            sampler: Some(SamplerKind::Sgld),
+            ..flags
+        };
+        let s = Settings::resolve(&preset, &other);
+        assert_eq!(s.sampler, SamplerKind::Sgld.defaults());
+        assert_eq!((s.chains, s.seed), (1, 9));
+    }
+
     /// Burn-in past the end, zero thinning, a bad decay factor, a batch larger than the
     /// data, no chains are refused with the flag's name.
     #[test]
@@ -350,14 +387,16 @@ pub struct Preset {
     pub model: ModelSpec,
     /// Its training defaults (flags typed override them).
     #[serde(default)]
-    pub train: TrainDefaults,
+    pub train: SettingsLayer,
 }
 
-/// The `[train]` table of a preset: each key the flag of the same name (`step_size` is
-/// `--step-size`); absent keys leave the flag's own default.
+/// A layer of settings: what a preset's `[train]` table gives, or the flags a user typed;
+/// an absent field leaves the layer below. [`Settings::resolve`] stacks them once:
+/// defaults ← preset ← flags. Each key is the flag of the same name (`step_size` is
+/// `--step-size`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TrainDefaults {
+pub struct SettingsLayer {
     /// `--sampler`.
     pub sampler: Option<SamplerKind>,
     /// `--step-size`.
@@ -393,6 +432,97 @@ pub struct TrainDefaults {
     /// `--chains`: independent chains whose samples the ensemble pools (with the preset's
     /// sampler only; replica exchange runs its replicas as its chains).
     pub chains: Option<usize>,
+    /// `--kernel`.
+    pub kernel: Option<Kernel>,
+    /// `--backward`.
+    pub backward: Option<Backward>,
+    /// `--seed`.
+    pub seed: Option<u64>,
+    /// `--cycles`.
+    pub cycles: Option<usize>,
+    /// `--sample-fraction`.
+    pub sample_fraction: Option<f64>,
+    /// `--poly-gamma`.
+    pub poly_gamma: Option<f64>,
+    /// `--poly-steps`.
+    pub poly_steps: Option<f64>,
+    /// `--checkpoint-every`.
+    pub checkpoint_every: Option<usize>,
+    /// `--log-every`.
+    pub log_every: Option<usize>,
+    /// `--permute-labels`.
+    pub permute_labels: Option<f64>,
+    /// `--on-divergence`.
+    pub on_divergence: Option<OnDivergence>,
+}
+
+impl Settings {
+    /// The settings of `preset` over the defaults, and of `flags` over both: the one place
+    /// where they are stacked. A preset's sampler settings (step size, friction, diffusion,
+    /// noise estimate, integrator) and its number of chains go with its sampler: not used
+    /// when the flags name another. The model is the default MLP and there are no
+    /// replicas: the network comes from the preset's `[model]` and the replica options
+    /// from their flags.
+    pub fn resolve(preset: &SettingsLayer, flags: &SettingsLayer) -> Settings {
+        let d = Settings::default();
+        let kind = flags.sampler.or(preset.sampler).unwrap_or(d.sampler.kind);
+        let with_sampler = preset.sampler.is_none_or(|p| p == kind);
+        // flags, else the preset, else the default.
+        macro_rules! pick {
+            ($field:ident, $default:expr) => {
+                flags
+                    .$field
+                    .clone()
+                    .or(preset.$field.clone())
+                    .unwrap_or($default)
+            };
+        }
+        // The same for the settings that go with the preset's sampler.
+        macro_rules! pick_with_sampler {
+            ($field:ident, $default:expr) => {
+                flags
+                    .$field
+                    .or(preset.$field.filter(|_| with_sampler))
+                    .unwrap_or($default)
+            };
+        }
+        let sd = kind.defaults();
+        Settings {
+            model: d.model,
+            sampler: SamplerConfig {
+                kind,
+                step_size: pick_with_sampler!(step_size, sd.step_size),
+                friction: pick_with_sampler!(friction, sd.friction),
+                noise_estimate: pick_with_sampler!(noise_estimate, sd.noise_estimate),
+                diffusion: pick_with_sampler!(diffusion, sd.diffusion),
+                integrator: pick_with_sampler!(integrator, sd.integrator),
+            },
+            kernel: pick!(kernel, d.kernel),
+            backward: pick!(backward, d.backward),
+            prior: pick!(prior, d.prior),
+            temperature: pick!(temperature, d.temperature),
+            batch_size: pick!(batch_size, d.batch_size),
+            epochs: pick!(epochs, d.epochs),
+            schedule: Schedule {
+                decay_at: pick!(decay_at, d.schedule.decay_at),
+                decay_factor: pick!(decay_factor, d.schedule.decay_factor),
+                cycles: pick!(cycles, d.schedule.cycles),
+                sample_fraction: pick!(sample_fraction, d.schedule.sample_fraction),
+                poly_gamma: pick!(poly_gamma, d.schedule.poly_gamma),
+                poly_steps: pick!(poly_steps, d.schedule.poly_steps),
+                burnin: pick!(burnin, d.schedule.burnin),
+                thin: pick!(thin, d.schedule.thin),
+            },
+            seed: pick!(seed, d.seed),
+            checkpoint_every: pick!(checkpoint_every, d.checkpoint_every),
+            log_every: pick!(log_every, d.log_every),
+            chains: pick_with_sampler!(chains, d.chains),
+            replicas: None,
+            permute_labels: pick!(permute_labels, d.permute_labels),
+            augment: pick!(augment, d.augment),
+            on_divergence: pick!(on_divergence, d.on_divergence),
+        }
+    }
 }
 
 impl Preset {
