@@ -33,7 +33,7 @@ use crate::error::{Error, Result};
 use crate::kernels::gemm::{
     matmul, product, product_then_update, updates_inline, Mat, NonZero, Options, Zeros,
 };
-use crate::kernels::TensorwiseStep;
+use crate::kernels::{OpenUpdate, TensorwiseStep};
 use crate::model::{Activation, Network};
 use crate::pool;
 
@@ -514,98 +514,15 @@ impl MlpBackprop {
             None => None,
         };
 
+        let pass = Pass {
+            model,
+            x,
+            rows,
+            prior_precision,
+            prior_factor,
+        };
         for k in (0..layers).rev() {
-            let (fan_in, fan_out) = (self.widths[k], self.widths[k + 1]);
-            let input = if k == 0 {
-                x
-            } else {
-                &self.acts[k - 1][..rows * fan_in]
-            };
-            let delta = &self.delta[..rows * fan_out];
-            let lw = (prior_factor * prior_precision[2 * k]) as f32;
-            let lb = (prior_factor * prior_precision[2 * k + 1]) as f32;
-            let zeros = input_zeros(&self.input_nonzero, self.sparse_input, k)
-                .map_or(Zeros::Unknown, Zeros::Rhs);
-            let (delta_t, input_mat) = (Mat::transposed(delta, fan_out), Mat::rows(input, fan_in));
-            // The sampler may update W inside its gradient's product; then everything that
-            // reads W (the input error) runs first.
-            let inline = match step.as_mut() {
-                Some(step)
-                    if self.inline_update
-                        && rows > 0
-                        && updates_inline(fan_in)
-                        && fan_in * fan_out >= INLINE_MIN_WEIGHTS =>
-                {
-                    step.inline(2 * k)?
-                }
-                _ => None,
-            };
-            let updated_inline = inline.is_some();
-            if !updated_inline {
-                // ∇W = Δᵀ·A + λW, the prior term added as the product is stored.
-                let w = held(&views, 2 * k)?;
-                let opts = Options {
-                    addend: Some((w, lw)),
-                    zeros,
-                    ..Options::default()
-                };
-                with_data_mut(&self.grads[2 * k], |g| {
-                    product(fan_out, fan_in, rows, g, delta_t, input_mat, opts)
-                })?;
-            }
-            let b = held(&views, 2 * k + 1)?;
-            with_data_mut(&self.grads[2 * k + 1], |g| bias_gradient(g, b, lb, delta))?;
-            if k > 0 {
-                let prev = &mut self.delta_prev[..rows * fan_in];
-                matmul(
-                    rows,
-                    fan_in,
-                    fan_out,
-                    prev,
-                    false,
-                    Mat::rows(delta, fan_out),
-                    Mat::rows(held(&views, 2 * k)?, fan_in),
-                );
-                let act = self.activation;
-                pool::halves(prev, 1, prev.len(), |half, at| {
-                    activation_backward(half, &input[at..at + half.len()], act)
-                });
-            }
-            if let Some(update) = inline {
-                // Nothing reads W any more: release it, and run its gradient's product with
-                // the update in the epilogue (the gradient tensor holds partial sums only).
-                views[2 * k] = None;
-                let theta = model.params[2 * k].var.as_detached_tensor();
-                let row_sums = &mut self.row_sums;
-                let sum_sq = with_data_mut(&self.grads[2 * k], |scratch| {
-                    with_data_mut(&theta, |theta| {
-                        product_then_update(
-                            fan_out, fan_in, rows, scratch, delta_t, input_mat, zeros, theta, lw,
-                            update, row_sums,
-                        )
-                    })
-                })??;
-                if let Some(step) = step.as_mut() {
-                    step.updated(2 * k, sum_sq)?;
-                    self.inline_updates += 1;
-                }
-            }
-            if k > 0 {
-                std::mem::swap(&mut self.delta, &mut self.delta_prev);
-            }
-            if let Some(step) = step.as_mut() {
-                // Nothing below reads this layer's parameters: release them, then update
-                // them from their final gradients.
-                let tensors = if updated_inline {
-                    2 * k + 1..2 * k + 2
-                } else {
-                    2 * k..2 * k + 2
-                };
-                for t in tensors {
-                    views[t] = None;
-                    step.tensor(t, &model.params[t].var, &self.grads[t])?;
-                }
-            }
+            self.backward_layer(k, &pass, &mut views, &mut step)?;
         }
         if let Some(step) = step {
             step.finish()?;
@@ -615,4 +532,127 @@ impl MlpBackprop {
             correct,
         })
     }
+
+    /// Layer `k`'s part of the backward pass: ∇W and ∇b (the prior's term added as they
+    /// are stored), the input error for the layer below, and the sampler's updates of the
+    /// layer's tensors as soon as nothing reads them any more (W inside its gradient's
+    /// product where the sampler offers it).
+    fn backward_layer(
+        &mut self,
+        k: usize,
+        pass: &Pass<'_>,
+        views: &mut [Option<CpuView<'_>>],
+        step: &mut Option<OpenUpdate<'_, dyn TensorwiseStep + '_>>,
+    ) -> Result<()> {
+        let Pass {
+            model,
+            x,
+            rows,
+            prior_precision,
+            prior_factor,
+        } = *pass;
+        let (fan_in, fan_out) = (self.widths[k], self.widths[k + 1]);
+        let input = if k == 0 {
+            x
+        } else {
+            &self.acts[k - 1][..rows * fan_in]
+        };
+        let delta = &self.delta[..rows * fan_out];
+        let lw = (prior_factor * prior_precision[2 * k]) as f32;
+        let lb = (prior_factor * prior_precision[2 * k + 1]) as f32;
+        let zeros = input_zeros(&self.input_nonzero, self.sparse_input, k)
+            .map_or(Zeros::Unknown, Zeros::Rhs);
+        let (delta_t, input_mat) = (Mat::transposed(delta, fan_out), Mat::rows(input, fan_in));
+        // The sampler may update W inside its gradient's product; then everything that
+        // reads W (the input error) runs first.
+        let inline = match step.as_mut() {
+            Some(step)
+                if self.inline_update
+                    && rows > 0
+                    && updates_inline(fan_in)
+                    && fan_in * fan_out >= INLINE_MIN_WEIGHTS =>
+            {
+                step.inline(2 * k)?
+            }
+            _ => None,
+        };
+        let updated_inline = inline.is_some();
+        if !updated_inline {
+            // ∇W = Δᵀ·A + λW, the prior term added as the product is stored.
+            let w = held(views, 2 * k)?;
+            let opts = Options {
+                addend: Some((w, lw)),
+                zeros,
+                ..Options::default()
+            };
+            with_data_mut(&self.grads[2 * k], |g| {
+                product(fan_out, fan_in, rows, g, delta_t, input_mat, opts)
+            })?;
+        }
+        let b = held(views, 2 * k + 1)?;
+        with_data_mut(&self.grads[2 * k + 1], |g| bias_gradient(g, b, lb, delta))?;
+        if k > 0 {
+            let prev = &mut self.delta_prev[..rows * fan_in];
+            matmul(
+                rows,
+                fan_in,
+                fan_out,
+                prev,
+                false,
+                Mat::rows(delta, fan_out),
+                Mat::rows(held(views, 2 * k)?, fan_in),
+            );
+            let act = self.activation;
+            pool::halves(prev, 1, prev.len(), |half, at| {
+                activation_backward(half, &input[at..at + half.len()], act)
+            });
+        }
+        if let Some(update) = inline {
+            // Nothing reads W any more: release it, and run its gradient's product with
+            // the update in the epilogue (the gradient tensor holds partial sums only).
+            views[2 * k] = None;
+            let theta = model.params[2 * k].var.as_detached_tensor();
+            let row_sums = &mut self.row_sums;
+            let sum_sq = with_data_mut(&self.grads[2 * k], |scratch| {
+                with_data_mut(&theta, |theta| {
+                    product_then_update(
+                        fan_out, fan_in, rows, scratch, delta_t, input_mat, zeros, theta, lw,
+                        update, row_sums,
+                    )
+                })
+            })??;
+            if let Some(step) = step.as_mut() {
+                step.updated(2 * k, sum_sq)?;
+                self.inline_updates += 1;
+            }
+        }
+        if k > 0 {
+            std::mem::swap(&mut self.delta, &mut self.delta_prev);
+        }
+        if let Some(step) = step.as_mut() {
+            // Nothing below reads this layer's parameters: release them, then update
+            // them from their final gradients.
+            let tensors = if updated_inline {
+                2 * k + 1..2 * k + 2
+            } else {
+                2 * k..2 * k + 2
+            };
+            for t in tensors {
+                views[t] = None;
+                step.tensor(t, &model.params[t].var, &self.grads[t])?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What every layer of one backward pass reads: the model, the minibatch, its size, and
+/// the prior's precisions with their factor.
+#[derive(Clone, Copy)]
+struct Pass<'a> {
+    model: &'a Network,
+    x: &'a [f32],
+    rows: usize,
+    prior_precision: &'a [f64],
+    prior_factor: f64,
 }
