@@ -24,7 +24,7 @@ use candle_core::Tensor;
 
 use super::mlp::{
     activation_backward, bias_gradient, dense_forward, fc_shapes_match, held, lock_params,
-    prepare_grads, softmax_xent, with_data_mut, BatchLoss, CpuView,
+    prepare_grads, softmax_xent, with_data_mut, BatchLoss, CpuView, Pass,
 };
 use crate::error::{Error, Result};
 use crate::kernels::gemm::{product, Mat, Options, Zeros};
@@ -412,7 +412,7 @@ impl CnnBackprop {
             likelihood_scale as f32,
             &mut self.delta[..rows * classes],
         )?;
-        let prior = |t: usize| (prior_factor * prior_precision[t]) as f32;
+
         let mut step = match step.filter(|_| nll.is_finite()) {
             Some(s) => Some(crate::kernels::begin(s)?),
             None => None,
@@ -429,51 +429,16 @@ impl CnnBackprop {
                 Ok::<(), Error>(())
             };
 
+        let pass = Pass {
+            model,
+            x,
+            rows,
+            prior_precision,
+            prior_factor,
+        };
         // The fully connected head.
         for k in (0..layers).rev() {
-            let (fan_in, fan_out) = (self.widths[k], self.widths[k + 1]);
-            let t = 2 * (convs + k);
-            let input = if k == 0 {
-                &self.features[..rows * fan_in]
-            } else {
-                &self.acts[k - 1][..rows * fan_in]
-            };
-            let delta = &self.delta[..rows * fan_out];
-            let w = held(&views, t)?;
-            let opts = Options {
-                addend: Some((w, prior(t))),
-                ..Options::default()
-            };
-            with_data_mut(&self.grads[t], |g| {
-                let (dt, a) = (Mat::transposed(delta, fan_out), Mat::rows(input, fan_in));
-                product(fan_out, fan_in, rows, g, dt, a, opts)
-            })?;
-            let b = held(&views, t + 1)?;
-            let lb = prior(t + 1);
-            with_data_mut(&self.grads[t + 1], |g| bias_gradient(g, b, lb, delta))?;
-            // The input error Δ·W (for the first layer: of the flattened features).
-            let prev = if k == 0 {
-                &mut self.features_err[..rows * fan_in]
-            } else {
-                &mut self.delta_prev[..rows * fan_in]
-            };
-            let opts = Options::default();
-            product(
-                rows,
-                fan_in,
-                fan_out,
-                prev,
-                Mat::rows(delta, fan_out),
-                Mat::rows(w, fan_in),
-                opts,
-            );
-            if k > 0 {
-                let act = self.activation;
-                pool::halves(prev, 1, prev.len(), |half, at| {
-                    activation_backward(half, &input[at..at + half.len()], act)
-                });
-                std::mem::swap(&mut self.delta, &mut self.delta_prev);
-            }
+            let t = self.dense_backward(k, &pass, &views)?;
             hand_over(&mut views, &self.grads, [t, t + 1])?;
         }
 
@@ -489,53 +454,8 @@ impl CnnBackprop {
         );
 
         for l in (0..convs).rev() {
-            let s = self.convs[l];
-            let n = rows * s.conv_side * s.conv_side;
-            let len = rows * s.pooled_len();
-            let act = self.activation;
-            let err = &mut self.pooled_err[l][..len];
-            let a = &self.pooled[l][..len];
-            pool::halves(err, 1, len, |half, at| {
-                activation_backward(half, &a[at..at + half.len()], act)
-            });
-            pool_backward(&mut self.conv_out[l], err, &s, rows);
-            let dz = &self.conv_out[l][..s.out_channels * n];
-            let (t, k) = (2 * l, s.patch());
-            let w = held(&views, t)?;
-            let opts = Options {
-                addend: Some((w, prior(t))),
-                ..Options::default()
-            };
-            let cols = &mut self.cols[l];
-            with_data_mut(&self.grads[t], |g| {
-                let (lhs, rhs) = (Mat::rows(dz, n), Mat::transposed(&cols[..k * n], n));
-                product(s.out_channels, k, n, g, lhs, rhs, opts)
-            })?;
-            let b = held(&views, t + 1)?;
-            let lb = prior(t + 1);
-            let plane = rows * s.pool_side() * s.pool_side();
-            with_data_mut(&self.grads[t + 1], |g| {
-                for ((g, &b), e) in g.iter_mut().zip(b).zip(err.chunks_exact(plane)) {
-                    *g = lb * b + e.iter().sum::<f32>();
-                }
-            })?;
-            if l > 0 {
-                // The input error: columns Wᵀ·ΔZ (into the im2col buffer, which ∇W no
-                // longer needs), folded back onto the previous pooled output.
-                let lhs = Mat::transposed(w, k);
-                product(
-                    k,
-                    n,
-                    s.out_channels,
-                    cols,
-                    lhs,
-                    Mat::rows(dz, n),
-                    Options::default(),
-                );
-                let (before, _) = self.pooled_err.split_at_mut(l);
-                col2im(cols, &s, rows, &mut before[l - 1]);
-            }
-            hand_over(&mut views, &self.grads, [t, t + 1])?;
+            self.conv_backward(l, &pass, &views)?;
+            hand_over(&mut views, &self.grads, [2 * l, 2 * l + 1])?;
         }
         if let Some(step) = step {
             step.finish()?;
@@ -544,5 +464,121 @@ impl CnnBackprop {
             nll: nll / rows.max(1) as f64,
             correct,
         })
+    }
+
+    /// Dense layer `k` of the head: ∇W and ∇b (the prior's term added as they are stored)
+    /// and the input error for the layer below (for the first: of the flattened features).
+    /// Returns the index of its weight tensor.
+    fn dense_backward(
+        &mut self,
+        k: usize,
+        pass: &Pass<'_>,
+        views: &[Option<CpuView<'_>>],
+    ) -> Result<usize> {
+        let (rows, convs) = (pass.rows, self.convs.len());
+        let prior = |t: usize| pass.prior(t);
+        let (fan_in, fan_out) = (self.widths[k], self.widths[k + 1]);
+        let t = 2 * (convs + k);
+        let input = if k == 0 {
+            &self.features[..rows * fan_in]
+        } else {
+            &self.acts[k - 1][..rows * fan_in]
+        };
+        let delta = &self.delta[..rows * fan_out];
+        let w = held(views, t)?;
+        let opts = Options {
+            addend: Some((w, prior(t))),
+            ..Options::default()
+        };
+        with_data_mut(&self.grads[t], |g| {
+            let (dt, a) = (Mat::transposed(delta, fan_out), Mat::rows(input, fan_in));
+            product(fan_out, fan_in, rows, g, dt, a, opts)
+        })?;
+        let b = held(views, t + 1)?;
+        let lb = prior(t + 1);
+        with_data_mut(&self.grads[t + 1], |g| bias_gradient(g, b, lb, delta))?;
+        // The input error Δ·W (for the first layer: of the flattened features).
+        let prev = if k == 0 {
+            &mut self.features_err[..rows * fan_in]
+        } else {
+            &mut self.delta_prev[..rows * fan_in]
+        };
+        let opts = Options::default();
+        product(
+            rows,
+            fan_in,
+            fan_out,
+            prev,
+            Mat::rows(delta, fan_out),
+            Mat::rows(w, fan_in),
+            opts,
+        );
+        if k > 0 {
+            let act = self.activation;
+            pool::halves(prev, 1, prev.len(), |half, at| {
+                activation_backward(half, &input[at..at + half.len()], act)
+            });
+            std::mem::swap(&mut self.delta, &mut self.delta_prev);
+        }
+        Ok(t)
+    }
+
+    /// Convolution `l` (with its activation and pooling): ∇W and ∇b, and where `l > 0` the
+    /// input error folded back onto the previous pooled output.
+    fn conv_backward(
+        &mut self,
+        l: usize,
+        pass: &Pass<'_>,
+        views: &[Option<CpuView<'_>>],
+    ) -> Result<()> {
+        let rows = pass.rows;
+        let prior = |t: usize| pass.prior(t);
+        let s = self.convs[l];
+        let n = rows * s.conv_side * s.conv_side;
+        let len = rows * s.pooled_len();
+        let act = self.activation;
+        let err = &mut self.pooled_err[l][..len];
+        let a = &self.pooled[l][..len];
+        pool::halves(err, 1, len, |half, at| {
+            activation_backward(half, &a[at..at + half.len()], act)
+        });
+        pool_backward(&mut self.conv_out[l], err, &s, rows);
+        let dz = &self.conv_out[l][..s.out_channels * n];
+        let (t, k) = (2 * l, s.patch());
+        let w = held(views, t)?;
+        let opts = Options {
+            addend: Some((w, prior(t))),
+            ..Options::default()
+        };
+        let cols = &mut self.cols[l];
+        with_data_mut(&self.grads[t], |g| {
+            let (lhs, rhs) = (Mat::rows(dz, n), Mat::transposed(&cols[..k * n], n));
+            product(s.out_channels, k, n, g, lhs, rhs, opts)
+        })?;
+        let b = held(views, t + 1)?;
+        let lb = prior(t + 1);
+        let plane = rows * s.pool_side() * s.pool_side();
+        with_data_mut(&self.grads[t + 1], |g| {
+            for ((g, &b), e) in g.iter_mut().zip(b).zip(err.chunks_exact(plane)) {
+                *g = lb * b + e.iter().sum::<f32>();
+            }
+        })?;
+        if l > 0 {
+            // The input error: columns Wᵀ·ΔZ (into the im2col buffer, which ∇W no
+            // longer needs), folded back onto the previous pooled output.
+            let lhs = Mat::transposed(w, k);
+            product(
+                k,
+                n,
+                s.out_channels,
+                cols,
+                lhs,
+                Mat::rows(dz, n),
+                Options::default(),
+            );
+            let (before, _) = self.pooled_err.split_at_mut(l);
+            col2im(cols, &s, rows, &mut before[l - 1]);
+        }
+        Ok(())
     }
 }

@@ -649,10 +649,17 @@ impl MlpBackprop {
 /// What every layer of one backward pass reads: the model, the minibatch, its size, and
 /// the prior's precisions with their factor.
 #[derive(Clone, Copy)]
-struct Pass<'a> {
-    model: &'a Network,
-    x: &'a [f32],
-    rows: usize,
-    prior_precision: &'a [f64],
-    prior_factor: f64,
+pub(super) struct Pass<'a> {
+    pub model: &'a Network,
+    pub x: &'a [f32],
+    pub rows: usize,
+    pub prior_precision: &'a [f64],
+    pub prior_factor: f64,
+}
+
+impl Pass<'_> {
+    /// The prior's factor times λ of parameter tensor `t`: ∇ of its term.
+    pub fn prior(&self, t: usize) -> f32 {
+        (self.prior_factor * self.prior_precision[t]) as f32
+    }
 }
