@@ -489,37 +489,8 @@ impl ResnetBackprop {
             Ok::<(), Error>(())
         };
 
-        // The head: ∇W = Δᵀ·F + λW, ∇b, and the features' error Δ·W.
-        let (t, features) = (self.layout.fc_weight, self.layout.features);
-        let delta = &self.delta[..rows * classes];
-        let w = held(&views, t)?;
-        let opts = Options {
-            addend: Some((w, prior(t))),
-            ..Options::default()
-        };
-        let f = &self.features[..rows * features];
-        with_data_mut(&grads[t], |g| {
-            product(
-                classes,
-                features,
-                rows,
-                g,
-                Mat::transposed(delta, classes),
-                Mat::rows(f, features),
-                opts,
-            )
-        })?;
-        let (b, lb) = (held(&views, t + 1)?, prior(t + 1));
-        with_data_mut(&grads[t + 1], |g| bias_gradient(g, b, lb, delta))?;
-        product(
-            rows,
-            features,
-            classes,
-            &mut self.features_err[..rows * features],
-            Mat::rows(delta, classes),
-            Mat::rows(w, features),
-            Options::default(),
-        );
+        let t = self.head_backward(&views, rows, &grads, prior)?;
+        let features = self.layout.features;
         hand_over(&mut views, &[t, t + 1])?;
         // The last block's output error: the features' error spread over each plane.
         let last = self.layout.blocks[self.layout.blocks.len() - 1]
@@ -535,80 +506,7 @@ impl ResnetBackprop {
         }
         let act = self.layout.activation;
         for bi in (0..self.block_convs.len()).rev() {
-            let bc = self.block_convs[bi];
-            let input = if bi == 0 {
-                Source::Stem
-            } else {
-                Source::End(bi - 1)
-            };
-            let g2 = self.convs[bc.conv2].geometry;
-            let n_out = g2.out_channels * rows * g2.out_plane();
-            let g1 = self.convs[bc.conv1].geometry;
-            let n_in = g1.in_channels * rows * g1.in_plane();
-            let [g_out, g_mid, g_in] = &mut g;
-            let end = &self.end[bi];
-            activation_backward(
-                &mut g_out[..n_out],
-                &end.pre[..n_out],
-                &end.out[..n_out],
-                act,
-            );
-            // The shortcut: its gradients and its part of the block input's error.
-            match bc.shortcut {
-                Some(s) => {
-                    let ts = self.conv_backward(
-                        &views,
-                        s,
-                        input,
-                        rows,
-                        &mut g_out[..n_out],
-                        Some(&mut g_in[..n_in]),
-                        false,
-                        &grads,
-                        prior,
-                    )?;
-                    hand_over(&mut views, &ts)?;
-                }
-                None => g_in[..n_in].copy_from_slice(&g_out[..n_out]),
-            }
-            let ts =
-                self.norm_backward(&views, bc.conv2, rows, &mut g_out[..n_out], &grads, prior)?;
-            let n_mid = g1.out_channels * rows * g1.out_plane();
-            let mut ts2 = self.conv_backward(
-                &views,
-                bc.conv2,
-                Source::Mid(bi),
-                rows,
-                &mut g_out[..n_out],
-                Some(&mut g_mid[..n_mid]),
-                false,
-                &grads,
-                prior,
-            )?;
-            ts2.extend(ts);
-            hand_over(&mut views, &ts2)?;
-            let mid = &self.mid[bi];
-            activation_backward(
-                &mut g_mid[..n_mid],
-                &mid.pre[..n_mid],
-                &mid.out[..n_mid],
-                act,
-            );
-            let ts =
-                self.norm_backward(&views, bc.conv1, rows, &mut g_mid[..n_mid], &grads, prior)?;
-            let mut ts1 = self.conv_backward(
-                &views,
-                bc.conv1,
-                input,
-                rows,
-                &mut g_mid[..n_mid],
-                Some(&mut g_in[..n_in]),
-                true,
-                &grads,
-                prior,
-            )?;
-            ts1.extend(ts);
-            hand_over(&mut views, &ts1)?;
+            self.block_backward(bi, &mut views, rows, &mut g, &grads, prior, &mut hand_over)?;
             g.swap(0, 2);
         }
         let stem = self.convs[0].geometry;
@@ -641,6 +539,139 @@ impl ResnetBackprop {
             nll: nll / rows.max(1) as f64,
             correct,
         })
+    }
+
+    /// The head: ∇W = Δᵀ·F + λW, ∇b, and the features' error Δ·W. Returns the index of
+    /// its weight tensor.
+    fn head_backward(
+        &mut self,
+        views: &[Option<CpuView<'_>>],
+        rows: usize,
+        grads: &[Tensor],
+        prior: impl Fn(usize) -> f32,
+    ) -> Result<usize> {
+        let classes = self.layout.classes;
+        let (t, features) = (self.layout.fc_weight, self.layout.features);
+        let delta = &self.delta[..rows * classes];
+        let w = held(views, t)?;
+        let opts = Options {
+            addend: Some((w, prior(t))),
+            ..Options::default()
+        };
+        let f = &self.features[..rows * features];
+        with_data_mut(&grads[t], |g| {
+            product(
+                classes,
+                features,
+                rows,
+                g,
+                Mat::transposed(delta, classes),
+                Mat::rows(f, features),
+                opts,
+            )
+        })?;
+        let (b, lb) = (held(views, t + 1)?, prior(t + 1));
+        with_data_mut(&grads[t + 1], |g| bias_gradient(g, b, lb, delta))?;
+        product(
+            rows,
+            features,
+            classes,
+            &mut self.features_err[..rows * features],
+            Mat::rows(delta, classes),
+            Mat::rows(w, features),
+            Options::default(),
+        );
+        Ok(t)
+    }
+
+    /// Residual block `bi`, backwards: from the error of its output (`g[0]`) through the
+    /// shortcut, conv2 and conv1 to the error of its input (`g[2]`), handing each tensor to
+    /// `hand_over` as soon as nothing reads it any more.
+    #[allow(clippy::too_many_arguments)]
+    fn block_backward(
+        &mut self,
+        bi: usize,
+        views: &mut Vec<Option<CpuView<'_>>>,
+        rows: usize,
+        g: &mut [Vec<f32>; 3],
+        grads: &[Tensor],
+        prior: impl Fn(usize) -> f32 + Copy,
+        hand_over: &mut impl FnMut(&mut Vec<Option<CpuView<'_>>>, &[usize]) -> Result<()>,
+    ) -> Result<()> {
+        let act = self.layout.activation;
+        let bc = self.block_convs[bi];
+        let input = if bi == 0 {
+            Source::Stem
+        } else {
+            Source::End(bi - 1)
+        };
+        let g2 = self.convs[bc.conv2].geometry;
+        let n_out = g2.out_channels * rows * g2.out_plane();
+        let g1 = self.convs[bc.conv1].geometry;
+        let n_in = g1.in_channels * rows * g1.in_plane();
+        let [g_out, g_mid, g_in] = g;
+        let end = &self.end[bi];
+        activation_backward(
+            &mut g_out[..n_out],
+            &end.pre[..n_out],
+            &end.out[..n_out],
+            act,
+        );
+        // The shortcut: its gradients and its part of the block input's error.
+        match bc.shortcut {
+            Some(s) => {
+                let ts = self.conv_backward(
+                    views,
+                    s,
+                    input,
+                    rows,
+                    &mut g_out[..n_out],
+                    Some(&mut g_in[..n_in]),
+                    false,
+                    grads,
+                    prior,
+                )?;
+                hand_over(views, &ts)?;
+            }
+            None => g_in[..n_in].copy_from_slice(&g_out[..n_out]),
+        }
+        let ts = self.norm_backward(views, bc.conv2, rows, &mut g_out[..n_out], grads, prior)?;
+        let n_mid = g1.out_channels * rows * g1.out_plane();
+        let mut ts2 = self.conv_backward(
+            views,
+            bc.conv2,
+            Source::Mid(bi),
+            rows,
+            &mut g_out[..n_out],
+            Some(&mut g_mid[..n_mid]),
+            false,
+            grads,
+            prior,
+        )?;
+        ts2.extend(ts);
+        hand_over(views, &ts2)?;
+        let mid = &self.mid[bi];
+        activation_backward(
+            &mut g_mid[..n_mid],
+            &mid.pre[..n_mid],
+            &mid.out[..n_mid],
+            act,
+        );
+        let ts = self.norm_backward(views, bc.conv1, rows, &mut g_mid[..n_mid], grads, prior)?;
+        let mut ts1 = self.conv_backward(
+            views,
+            bc.conv1,
+            input,
+            rows,
+            &mut g_mid[..n_mid],
+            Some(&mut g_in[..n_in]),
+            true,
+            grads,
+            prior,
+        )?;
+        ts1.extend(ts);
+        hand_over(views, &ts1)?;
+        Ok(())
     }
 
     /// The normalisation's backward of convolution `l`: ∂u → ∂Z in place, and the
