@@ -23,7 +23,7 @@ const USER_DOCS: [&str; 6] = [
 ];
 const README_MAX_LINES: usize = 250;
 /// Flags of the other programs the documents show (cargo, mpirun).
-const OTHER_TOOLS_FLAGS: [&str; 8] = [
+const OTHER_TOOLS_FLAGS: [&str; 9] = [
     "--release",
     "--features",
     "--path",
@@ -32,6 +32,7 @@ const OTHER_TOOLS_FLAGS: [&str; 8] = [
     "--no-default-features",
     "--all-targets",
     "--hostfile",
+    "--example",
 ];
 
 fn read(rel: &str) -> String {
