@@ -26,5 +26,6 @@ mod resnet;
 mod resume;
 mod samplers;
 mod synthetic;
+mod table;
 mod train;
 mod uncertainty;

@@ -7,6 +7,7 @@ pub mod idx;
 pub mod label_noise;
 pub mod registry;
 pub mod shift;
+pub mod table;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
