@@ -76,6 +76,7 @@ pub mod ensemble;
 pub mod metrics;
 pub mod model;
 pub mod potential;
+pub mod regression;
 pub mod sampler;
 pub mod schedule;
 pub mod synthetic;
