@@ -67,6 +67,28 @@ impl RegressionAccumulator {
         }
     }
 
+    /// An empty ensemble for `points` inputs whose targets are not known (a grid to draw
+    /// a band on): [`RegressionAccumulator::predictive`] works, `metrics` gives `None`.
+    pub fn without_targets(points: usize) -> Self {
+        RegressionAccumulator::new(&vec![f64::NAN; points])
+    }
+
+    /// The predictive mixture's mean and variance at every point (law of total variance:
+    /// the mean of the σ² plus the variance of the μ); empty before the first sample.
+    pub fn predictive(&self) -> Vec<(f64, f64)> {
+        if self.samples == 0 {
+            return Vec::new();
+        }
+        let s = self.samples as f64;
+        (0..self.targets.len())
+            .map(|i| {
+                let mean = self.sum_mean[i] / s;
+                let epistemic = (self.sum_mean_sq[i] / s - mean * mean).max(0.0);
+                (mean, self.sum_var[i] / s + epistemic)
+            })
+            .collect()
+    }
+
     /// Samples added so far.
     pub fn samples(&self) -> usize {
         self.samples
@@ -114,7 +136,7 @@ impl RegressionAccumulator {
     /// The metrics of the samples so far (`None` before the first).
     pub fn metrics(&self) -> Option<RegressionMetrics> {
         let (s, n) = (self.samples as f64, self.targets.len() as f64);
-        if self.samples == 0 || self.targets.is_empty() {
+        if self.samples == 0 || self.targets.is_empty() || self.targets[0].is_nan() {
             return None;
         }
         let (mut sq_err, mut nll, mut aleatoric, mut epistemic) = (0.0, 0.0, 0.0, 0.0);
