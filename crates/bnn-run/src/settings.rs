@@ -254,23 +254,10 @@ mod tests {
 
     fn settings() -> Settings {
         Settings {
-            model: ModelSpec::default(),
-            sampler: SamplerKind::Sghmc.defaults(),
-            kernel: Kernel::Fused,
-            backward: Backward::Auto,
             prior: PriorSpec::Gaussian { std: 1.0 },
-            temperature: 1.0,
-            batch_size: 100,
             epochs: 10,
             schedule: crate::schedule::example(),
-            seed: 0,
-            checkpoint_every: 0,
-            log_every: 0,
-            chains: 1,
-            replicas: None,
-            permute_labels: 0.0,
-            augment: Augmentation::None,
-            on_divergence: OnDivergence::Stop,
+            ..Settings::default()
         }
     }
 

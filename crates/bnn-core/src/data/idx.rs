@@ -130,17 +130,20 @@ pub fn parse(bytes: &[u8], origin: &str) -> Result<IdxArray> {
 /// Reads an IDX file from disk (gzipped or raw), streaming: at most the declared size
 /// plus one byte is read, whatever the file's length.
 pub fn read_file(path: &Path) -> Result<IdxArray> {
+    read(open_maybe_gzipped(path)?, &path.display().to_string())
+}
+
+/// The file at `path` as a buffered stream, decompressed where it starts as gzip does.
+pub fn open_maybe_gzipped(path: &Path) -> Result<Box<dyn Read>> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let mut file = std::io::BufReader::new(file);
-    let origin = path.display().to_string();
     let gzipped = std::io::BufRead::fill_buf(&mut file)
         .map_err(|e| Error::io(path, e))?
         .starts_with(&GZIP_MAGIC);
-    if gzipped {
-        read(flate2::bufread::MultiGzDecoder::new(file), &origin)
-    } else {
-        read(file, &origin)
-    }
+    Ok(match gzipped {
+        true => Box::new(flate2::bufread::MultiGzDecoder::new(file)),
+        false => Box::new(file),
+    })
 }
 
 impl IdxArray {

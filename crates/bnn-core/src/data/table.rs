@@ -12,9 +12,6 @@ use rand::SeedableRng;
 
 use crate::error::{Error, Result};
 
-/// The first bytes of a gzip stream.
-const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
-
 /// A table read from CSV.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Table {
@@ -77,17 +74,8 @@ impl Table {
 
 /// Reads the CSV file at `path` (gzipped or plain) with `target` as the target column.
 pub fn read_csv(path: &Path, target: &str) -> Result<Table> {
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let mut file = std::io::BufReader::new(file);
-    let origin = path.display().to_string();
-    let gzipped = std::io::BufRead::fill_buf(&mut file)
-        .map_err(|e| Error::io(path, e))?
-        .starts_with(&GZIP_MAGIC);
-    if gzipped {
-        parse_csv(flate2::bufread::MultiGzDecoder::new(file), &origin, target)
-    } else {
-        parse_csv(file, &origin, target)
-    }
+    let reader = super::idx::open_maybe_gzipped(path)?;
+    parse_csv(reader, &path.display().to_string(), target)
 }
 
 /// Parses CSV text from `reader` (`origin` names it in errors) with `target` as the
