@@ -11,7 +11,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::atomic::write_atomic;
 use crate::error::{Error, Result};
-use crate::model::Network;
 
 /// `run.json`: everything needed to rebuild the model and reread the data of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -234,23 +233,6 @@ pub fn open_safetensors(bytes: &[u8]) -> std::result::Result<Checked<'_>, String
         }
     }
     Ok(Checked { tensors, metadata })
-}
-
-/// Writes the model's parameters as one sample with `metadata`.
-pub fn save_sample(
-    run_dir: &Path,
-    step: u64,
-    model: &Network,
-    metadata: BTreeMap<String, String>,
-) -> Result<PathBuf> {
-    let tensors: Vec<(String, Tensor)> = model
-        .params
-        .iter()
-        .map(|p| (p.name.clone(), p.var.as_detached_tensor()))
-        .collect();
-    let path = sample_path(run_dir, step);
-    write_sample_file(&path, &tensors, &metadata)?;
-    Ok(path)
 }
 
 /// Writes the parameters of any model as one posterior-sample file at `path`: f32
