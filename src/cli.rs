@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use bnn::data::augment::Augmentation;
+use bnn::data::tabular::TaskKind;
 use bnn::model::Activation;
 use bnn::potential::Backward;
 use bnn::sampler::ladder::PairSchedule;
@@ -232,10 +233,48 @@ pub struct DataArgs {
     pub data_dir: Option<PathBuf>,
 }
 
+/// A table of your own (or a built-in toy) in place of an image data set.
+#[derive(Debug, Clone, Args)]
+pub struct TableArgs {
+    /// Train on a CSV table (a header row, numeric cells; gzipped or plain) instead of
+    /// --dataset; its features and a regression's target are standardised with the
+    /// training rows' statistics (recorded in run.json, undone at prediction).
+    #[arg(long, conflicts_with = "toy", requires = "target")]
+    pub csv: Option<PathBuf>,
+    /// The column of --csv to predict.
+    #[arg(long, requires = "csv")]
+    pub target: Option<String>,
+    /// What the target is (auto: classes when every target is an integer 0 … 99, else a
+    /// regression).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub task: TaskKind,
+    /// The test rows from this CSV file (same columns) instead of a split of --csv.
+    #[arg(long, requires = "csv", conflicts_with = "test_fraction")]
+    pub test_csv: Option<PathBuf>,
+    /// The fraction of --csv's rows held out as the test set (a seeded split, recorded in
+    /// run.json).
+    #[arg(long, default_value_t = 0.2)]
+    pub test_fraction: f64,
+    /// The seed of that split (default: --seed).
+    #[arg(long)]
+    pub split_seed: Option<u64>,
+    /// A built-in toy instead of --dataset or --csv: regression-1d, y = sin(3x) + N(0, 0.1²)
+    /// on x ∈ [−1, −0.3] ∪ [0.3, 1] (seeded with --split-seed or --seed).
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(bnn::data::toy::TOYS))]
+    pub toy: Option<String>,
+    /// A regression's noise σ, fixed, in the target's units (default: sampled, with a
+    /// Gamma(1, 1) prior on the precision 1/σ² of the standardised target, Gibbs-updated
+    /// each epoch).
+    #[arg(long)]
+    pub noise_std: Option<f64>,
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct TrainArgs {
     #[command(flatten)]
     pub data: DataArgs,
+    #[command(flatten)]
+    pub table: TableArgs,
     /// Never download; fail (or use the built-in subset for mnist) when data is missing.
     #[arg(long)]
     pub offline: bool,

@@ -123,6 +123,8 @@ pub fn predict(
 ) -> Result<Vec<Prediction>> {
     let s = side(manifest)?;
     let split = Split {
+        features: Vec::new(),
+        values: Vec::new(),
         images: inputs
             .iter()
             .flat_map(|i| i.pixels.iter().copied())

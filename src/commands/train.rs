@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 
 use bnn::checkpoint::RunManifest;
+use bnn::data::tabular::{self, TableSpec, TaskKind};
 use bnn::data::{self, LoadOptions};
+use bnn::likelihood::{Likelihood, Noise};
 use bnn::error::{Error, Result};
 use bnn::model::ModelSpec;
 use bnn::potential::PriorSpec;
@@ -213,8 +215,13 @@ fn flag_layer(a: &TrainArgs, given: &GivenFlags) -> SettingsLayer {
 /// `--hidden`/`--activation`, the replicas from their flags. Also whether the pixels are
 /// standardised (a property of the data, set by a flag or a preset).
 fn settings_of(args: &TrainArgs, given: &GivenFlags) -> Result<(Settings, bool)> {
+    settings_on(Settings::default(), args, given)
+}
+
+/// [`settings_of`] on the defaults `d` (a table's, [`Settings::for_table`]).
+fn settings_on(d: Settings, args: &TrainArgs, given: &GivenFlags) -> Result<(Settings, bool)> {
     let (preset, flags) = (preset_layer(args)?, flag_layer(args, given));
-    let resolved = Settings::resolve(&preset, &flags);
+    let resolved = Settings::resolve_on(d, &preset, &flags);
     resolved.sampler.validate()?;
     bnn::potential::Prior::new(resolved.prior, 1)?;
     let replicas = match resolved.sampler.kind.is_replica_exchange() {
@@ -230,6 +237,60 @@ fn settings_of(args: &TrainArgs, given: &GivenFlags) -> Result<(Settings, bool)>
     Ok((settings, standardize))
 }
 
+/// The table (or toy) `args` names, if any: where it is, its target and its split.
+fn table_spec(args: &TrainArgs, seed: u64) -> Option<TableSpec> {
+    let t = &args.table;
+    let (csv, target, task) = match (&t.toy, &t.csv) {
+        (Some(toy), _) => (
+            PathBuf::from(format!("{}{toy}", tabular::TOY_PREFIX)),
+            "y".to_string(),
+            TaskKind::Regression,
+        ),
+        (None, Some(csv)) => (csv.clone(), t.target.clone().unwrap_or_default(), t.task),
+        (None, None) => return None,
+    };
+    Some(TableSpec {
+        csv,
+        target,
+        task,
+        test_csv: t.test_csv.clone(),
+        test_fraction: t.test_fraction,
+        split_seed: t.split_seed.unwrap_or(seed),
+    })
+}
+
+/// The settings and data of a table run: the table's defaults under the preset and the
+/// flags, the step size scaled to its size unless one was given, and for a regression
+/// the Gaussian likelihood (σ fixed by `--noise-std`, in the target's units, or sampled).
+fn table_config(args: &TrainArgs, given: &GivenFlags, spec: &TableSpec) -> Result<(Settings, data::Dataset)> {
+    if args.valid > 0 || args.standardize || args.augment.is_some() {
+        return Err(Error::Config(
+            "--valid, --standardize and --augment are for images; a table's features are always standardised and it is scored on its test rows".into(),
+        ));
+    }
+    let ds = tabular::load(spec)?;
+    let n = ds.train.len();
+    let (mut settings, _) = settings_on(Settings::for_table(n), args, given)?;
+    if args.step_size.is_none() && preset_layer(args)?.step_size.is_none() {
+        settings.scale_step_size(n, ds.task.is_regression());
+    }
+    settings.likelihood = match (ds.task, args.table.noise_std) {
+        (data::Task::Regression { std, .. }, Some(sigma)) => Likelihood::Gaussian {
+            noise: Noise::Fixed { std: sigma / std },
+        },
+        (data::Task::Regression { .. }, None) => Likelihood::Gaussian {
+            noise: Noise::DEFAULT,
+        },
+        (data::Task::Classification { .. }, Some(_)) => {
+            return Err(Error::Config(
+                "--noise-std is for a regression; this table's target holds classes".into(),
+            ))
+        }
+        (data::Task::Classification { .. }, None) => Likelihood::Categorical,
+    };
+    Ok((settings, ds))
+}
+
 /// The training configuration and data of `args` (with its preset's training defaults
 /// where the user typed no flag).
 fn train_config(
@@ -238,19 +299,10 @@ fn train_config(
     quiet: bool,
     command_line: Vec<String>,
 ) -> Result<(TrainConfig, data::Dataset)> {
-    let (settings, standardize) = settings_of(args, given)?;
-    let opts = LoadOptions {
-        data_dir: args.data.data_dir.clone(),
-        offline: args.offline,
-        mirror: args.mirror.clone(),
-        valid: args.valid,
-        builtin_fallback: true,
+    let (settings, ds) = match table_spec(args, flag_layer(args, given).seed.unwrap_or(args.seed)) {
+        Some(spec) => table_config(args, given, &spec)?,
+        None => image_config(args, given)?,
     };
-    let mut ds = data::load(&args.data.dataset, &opts)?;
-    if standardize {
-        let s = data::Standardization::of(&ds.train, data::Standardization::DEFAULT_FLOOR)?;
-        ds.set_standardization(Some(s))?;
-    }
     let run_name = args.run_name.clone().unwrap_or_else(|| {
         format!(
             "{}-{}-{}-seed{}",
@@ -269,6 +321,24 @@ fn train_config(
         command_line,
     };
     Ok((cfg, ds))
+}
+
+/// The settings and data of an image run.
+fn image_config(args: &TrainArgs, given: &GivenFlags) -> Result<(Settings, data::Dataset)> {
+    let (settings, standardize) = settings_of(args, given)?;
+    let opts = LoadOptions {
+        data_dir: args.data.data_dir.clone(),
+        offline: args.offline,
+        mirror: args.mirror.clone(),
+        valid: args.valid,
+        builtin_fallback: true,
+    };
+    let mut ds = data::load(&args.data.dataset, &opts)?;
+    if standardize {
+        let s = data::Standardization::of(&ds.train, data::Standardization::DEFAULT_FLOOR)?;
+        ds.set_standardization(Some(s))?;
+    }
+    Ok((settings, ds))
 }
 
 #[cfg(test)]

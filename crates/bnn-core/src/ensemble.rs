@@ -25,38 +25,69 @@ pub const CNN_EVAL_BATCH: usize = 256;
 /// ([`Backprop::forward`]); `bnn train` and `bnn eval` both come here, so they agree
 /// exactly.
 pub fn predict(model: &Network, split: &Split, device: &Device) -> Result<Vec<f32>> {
-    let mut out = Vec::with_capacity(split.len() * NUM_CLASSES);
-    let mut x = Vec::new();
-    let mut y = Vec::new();
-    let indices: Vec<usize> = (0..split.len()).collect();
-    let batch = if model.convs.is_empty() && model.resnet.is_none() {
-        EVAL_BATCH
-    } else {
-        CNN_EVAL_BATCH
-    };
+    let classes = model.num_classes;
     if device.is_cpu() {
-        let mut forward = Backprop::new(model, batch)?;
-        for chunk in indices.chunks(batch) {
-            split.gather(chunk, &mut x, &mut y);
-            let logits = forward.forward(model, &x, chunk.len())?;
-            for row in logits.chunks_exact(NUM_CLASSES) {
-                // Softmax in f32, as candle's softmax_last_dim computes it.
-                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let start = out.len();
-                out.extend(row.iter().map(|&v| (v - max).exp()));
-                let sum: f32 = out[start..].iter().sum();
-                out[start..].iter_mut().for_each(|p| *p /= sum);
-            }
+        let mut out = outputs(model, split, device)?;
+        for row in out.chunks_exact_mut(classes) {
+            // Softmax in f32, as candle's softmax_last_dim computes it.
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            row.iter_mut().for_each(|v| *v = (*v - max).exp());
+            let sum: f32 = row.iter().sum();
+            row.iter_mut().for_each(|p| *p /= sum);
         }
         return Ok(out);
     }
-    for chunk in indices.chunks(batch) {
-        split.gather(chunk, &mut x, &mut y);
-        let xt = Tensor::from_slice(&x, (chunk.len(), split.dim()), device)?;
+    let mut out = Vec::with_capacity(split.len() * classes);
+    forward_chunks(model, split, |x, rows| {
+        let xt = Tensor::from_slice(x, (rows, split.dim()), device)?;
         let probs = candle_nn::ops::softmax_last_dim(&model.forward(&xt)?)?;
         out.extend(probs.flatten_all()?.to_vec1::<f32>()?);
-    }
+        Ok(())
+    })?;
     Ok(out)
+}
+
+/// The network's raw outputs on every example of `split` (row-major n × outputs): the
+/// logits of a classifier, the standardised mean of a regression.
+pub fn outputs(model: &Network, split: &Split, device: &Device) -> Result<Vec<f32>> {
+    let mut out = Vec::with_capacity(split.len() * model.num_classes);
+    if device.is_cpu() {
+        let mut forward = Backprop::new(model, eval_batch(model))?;
+        forward_chunks(model, split, |x, rows| {
+            out.extend_from_slice(forward.forward(model, x, rows)?);
+            Ok(())
+        })?;
+        return Ok(out);
+    }
+    forward_chunks(model, split, |x, rows| {
+        let xt = Tensor::from_slice(x, (rows, split.dim()), device)?;
+        out.extend(model.forward(&xt)?.flatten_all()?.to_vec1::<f32>()?);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+fn eval_batch(model: &Network) -> usize {
+    if model.convs.is_empty() && model.resnet.is_none() {
+        EVAL_BATCH
+    } else {
+        CNN_EVAL_BATCH
+    }
+}
+
+/// Calls `f` with each chunk of `split`'s inputs in order (row-major) and its row count.
+fn forward_chunks(
+    model: &Network,
+    split: &Split,
+    mut f: impl FnMut(&[f32], usize) -> Result<()>,
+) -> Result<()> {
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    let indices: Vec<usize> = (0..split.len()).collect();
+    for chunk in indices.chunks(eval_batch(model)) {
+        split.gather(chunk, &mut x, &mut y);
+        f(&x, chunk.len())?;
+    }
+    Ok(())
 }
 
 /// −log p(y | x, θ) of `model` on the examples `idx` of `split`, each alone, in f64 (the
@@ -92,7 +123,7 @@ pub fn example_nll(
                 &device_logits
             }
         };
-        for (row, &label) in logits.chunks_exact(NUM_CLASSES).zip(&y) {
+        for (row, &label) in logits.chunks_exact(model.num_classes).zip(&y) {
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
             let sum: f64 = row.iter().map(|&v| (v as f64 - max).exp()).sum();
             out.push(max + sum.ln() - row[label as usize] as f64);

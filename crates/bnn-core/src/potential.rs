@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::backprop::mlp::BatchLoss;
 use crate::backprop::Backprop;
 use crate::error::{Error, Result};
+use crate::likelihood::{Likelihood, Targets, HALF_LOG_2PI};
 use crate::model::Network;
 
 /// How the gradient of the potential is computed.
@@ -147,6 +148,11 @@ pub struct Potential {
     pub temperature: f64,
     /// The prior on the parameters.
     pub prior: Prior,
+    /// The likelihood of the task (classification unless set).
+    pub likelihood: Likelihood,
+    /// τ = 1/σ², the Gaussian likelihood's noise precision in force (fixed, or the last
+    /// Gibbs draw); unused by classification.
+    pub noise_precision: f64,
 }
 
 /// What one gradient evaluation on a minibatch returns.
@@ -172,7 +178,42 @@ impl Potential {
             n_data,
             temperature,
             prior,
+            likelihood: Likelihood::Categorical,
+            noise_precision: 1.0,
         })
+    }
+
+    /// The same potential under `likelihood`, τ at its starting value.
+    pub fn with_likelihood(mut self, likelihood: Likelihood) -> Result<Self> {
+        if let Some(noise) = likelihood.noise() {
+            self.noise_precision = noise.initial_precision()?;
+        }
+        self.likelihood = likelihood;
+        Ok(self)
+    }
+
+    /// The minibatch's targets as the likelihood reads them: `labels` for classification,
+    /// `values` with τ for regression.
+    pub fn targets<'a>(&self, labels: &'a [u32], values: &'a [f32]) -> Targets<'a> {
+        match self.likelihood {
+            Likelihood::Categorical => Targets::Classes(labels),
+            Likelihood::Gaussian { .. } => Targets::Values {
+                y: values,
+                precision: self.noise_precision,
+            },
+        }
+    }
+
+    /// The Gibbs step of the noise precision τ given the training residuals' sum of
+    /// squares `sse` ([`crate::likelihood::Noise::gibbs_draw`]); a no-op for classification
+    /// and a fixed σ.
+    pub fn noise_gibbs_step(&mut self, sse: f64, seed: u64) -> Result<()> {
+        if let Some(noise) = self.likelihood.noise() {
+            if let Some(tau) = noise.gibbs_draw(sse, self.n_data, self.temperature, seed)? {
+                self.noise_precision = tau;
+            }
+        }
+        Ok(())
     }
 
     /// s = N/(|S|·T): the factor on Σ_{i∈S} ∇(−log p(yᵢ|xᵢ,θ)) in ∇Ũ/T.
@@ -213,11 +254,35 @@ impl Potential {
         )
     }
 
+    /// [`Potential::evaluate_fast_then`] for any task's targets ([`Potential::targets`]).
+    pub fn evaluate_targets_then(
+        &self,
+        backprop: &mut Backprop,
+        model: &Network,
+        x: &[f32],
+        targets: Targets<'_>,
+        step: Option<&mut dyn crate::kernels::TensorwiseStep>,
+    ) -> Result<BatchLoss> {
+        let prior = (&self.prior.precisions[..], 1.0 / self.temperature);
+        let scale = self.likelihood_scale(targets.len());
+        backprop.targets_then(model, x, targets, scale, prior, step)
+    }
+
     /// Gradient of the tempered minibatch potential: autograd on the likelihood term
     /// (N/|S|)·Σ −log p(y|x,θ) = N · mean, plus the prior's λθ, all divided by T.
+    /// For regression `y` holds the (standardised) targets as f32 and the NLL is the
+    /// Gaussian's at τ.
     pub fn evaluate(&self, model: &Network, x: &Tensor, y: &Tensor) -> Result<Evaluation> {
         let logits = model.forward(x)?;
-        let nll = candle_nn::loss::cross_entropy(&logits, y)?;
+        let nll = match self.likelihood {
+            Likelihood::Categorical => candle_nn::loss::cross_entropy(&logits, y)?,
+            Likelihood::Gaussian { .. } => {
+                let tau = self.noise_precision;
+                let r = (logits.flatten_all()? - y)?;
+                let constant = HALF_LOG_2PI - 0.5 * tau.ln();
+                ((r.sqr()?.mean_all()? * (0.5 * tau))? + constant)?
+            }
+        };
         let scaled = (&nll * self.n_data as f64)?;
         let store = scaled.backward()?;
         let inv_t = 1.0 / self.temperature;

@@ -37,11 +37,18 @@ pub struct RegressionMetrics {
     pub epistemic: f64,
 }
 
-/// The streaming sums of one test set.
-#[derive(Debug, Clone, PartialEq)]
+/// The streaming sums of one test set; plain data, so that a run's saved state holds it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RegressionAccumulator {
     targets: Vec<f64>,
     samples: usize,
+    /// Each sample's own mean NLL on the points, in order (the chains' R̂ of the test
+    /// log-likelihood).
+    #[serde(default)]
+    sample_nll: Vec<f64>,
+    /// The last sample's own metrics.
+    #[serde(default)]
+    pub last_sample: Option<RegressionMetrics>,
     sum_mean: Vec<f64>,
     sum_mean_sq: Vec<f64>,
     sum_var: Vec<f64>,
@@ -58,11 +65,15 @@ impl RegressionAccumulator {
         RegressionAccumulator {
             targets: targets.to_vec(),
             samples: 0,
+            sample_nll: Vec::new(),
+            last_sample: None,
             sum_mean: vec![0.0; n],
             sum_mean_sq: vec![0.0; n],
             sum_var: vec![0.0; n],
             sum_cdf: vec![0.0; n],
-            lse_max: vec![f64::NEG_INFINITY; n],
+            // Before the first sample the sums are empty and these unread; 0 rather than
+            // −∞ keeps the state JSON (which has no infinities).
+            lse_max: vec![0.0; n],
             lse_sum: vec![0.0; n],
         }
     }
@@ -114,15 +125,23 @@ impl RegressionAccumulator {
         if let Some(m) = mean.iter().find(|m| !m.is_finite()) {
             return Err(Error::NotFinite(format!("a predicted mean ({m})")));
         }
+        let mut own = RegressionAccumulator::new(&self.targets);
+        let first = self.samples == 0;
         for i in 0..n {
             let (m, v, y) = (mean[i], var[i], self.targets[i]);
+            own.sum_mean[i] = m;
+            own.sum_var[i] = v;
             self.sum_mean[i] += m;
             self.sum_mean_sq[i] += m * m;
             self.sum_var[i] += v;
             let z = (y - m) / v.sqrt();
             self.sum_cdf[i] += normal_cdf(z);
+            own.sum_cdf[i] = normal_cdf(z);
             let log_density = -0.5 * (z * z + (2.0 * std::f64::consts::PI * v).ln());
-            if log_density > self.lse_max[i] {
+            (own.lse_max[i], own.lse_sum[i]) = (log_density, 1.0);
+            if first {
+                (self.lse_max[i], self.lse_sum[i]) = (log_density, 1.0);
+            } else if log_density > self.lse_max[i] {
                 self.lse_sum[i] = self.lse_sum[i] * (self.lse_max[i] - log_density).exp() + 1.0;
                 self.lse_max[i] = log_density;
             } else {
@@ -130,7 +149,56 @@ impl RegressionAccumulator {
             }
         }
         self.samples += 1;
+        own.samples = 1;
+        self.last_sample = own.metrics();
+        if let Some(m) = self.last_sample {
+            self.sample_nll.push(m.nll);
+        }
         Ok(())
+    }
+
+    /// Each sample's own mean test NLL, in order.
+    pub fn sample_nll(&self) -> &[f64] {
+        &self.sample_nll
+    }
+
+    /// The ensemble of several accumulators' samples on the same points (the chains of a
+    /// run): their sums added, in the order given. An error when the points differ.
+    pub fn pooled<'a>(
+        parts: impl IntoIterator<Item = &'a RegressionAccumulator>,
+    ) -> Result<RegressionAccumulator> {
+        let mut parts = parts.into_iter();
+        let mut all = parts
+            .next()
+            .ok_or_else(|| Error::Config("no ensemble to pool".into()))?
+            .clone();
+        for p in parts {
+            if p.targets.len() != all.targets.len() {
+                return Err(Error::Config("pooling ensembles of different test sets".into()));
+            }
+            if p.samples == 0 {
+                continue;
+            }
+            let add = |a: &mut Vec<f64>, b: &Vec<f64>| a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+            if all.samples == 0 {
+                (all.lse_max, all.lse_sum) = (p.lse_max.clone(), p.lse_sum.clone());
+            } else {
+                for i in 0..all.targets.len() {
+                    let top = all.lse_max[i].max(p.lse_max[i]);
+                    all.lse_sum[i] = all.lse_sum[i] * (all.lse_max[i] - top).exp()
+                        + p.lse_sum[i] * (p.lse_max[i] - top).exp();
+                    all.lse_max[i] = top;
+                }
+            }
+            add(&mut all.sum_mean, &p.sum_mean);
+            add(&mut all.sum_mean_sq, &p.sum_mean_sq);
+            add(&mut all.sum_var, &p.sum_var);
+            add(&mut all.sum_cdf, &p.sum_cdf);
+            all.samples += p.samples;
+            all.sample_nll.extend(&p.sample_nll);
+            all.last_sample = p.last_sample;
+        }
+        Ok(all)
     }
 
     /// The metrics of the samples so far (`None` before the first).

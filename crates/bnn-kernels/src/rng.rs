@@ -124,6 +124,9 @@ const CHAIN_STREAM: u64 = 0x4348_4149_4e00_0000;
 pub const SHUFFLE_STREAM: u64 = 0x5348_5546_464c_4500;
 /// The prior's Gibbs step at the end of epoch e: `StdRng` seeded s ^ GIBBS_STREAM ^ e.
 pub const GIBBS_STREAM: u64 = 0x4749_4242_5300_0000;
+/// A regression's noise-precision Gibbs step at the end of epoch e: `StdRng` seeded
+/// s ^ GIBBS_STREAM ^ e ^ NOISE_GIBBS_STREAM.
+pub const NOISE_GIBBS_STREAM: u64 = 0x4e4f_4953_4500_0000;
 /// The initial momenta: the noise stream at this step index, outside any update's.
 pub const INIT_STREAM: u64 = u64::MAX;
 /// The data of the synthetic Gaussian-mean potential (`bnn sample`): s ^ this.

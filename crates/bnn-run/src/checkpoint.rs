@@ -27,8 +27,14 @@ pub struct RunManifest {
     pub train_examples: usize,
     /// Features of an input.
     pub input_dim: usize,
-    /// Classes.
+    /// The network's outputs: classes, or 1 for a regression.
     pub num_classes: usize,
+    /// What is predicted (absent in image runs: ten classes).
+    #[serde(default = "ten_classes", skip_serializing_if = "is_ten_classes")]
+    pub task: crate::data::Task,
+    /// A table's CSV origin, split and standardisation (absent for images).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<crate::data::tabular::TableOrigin>,
     /// Parameters of the network.
     pub num_params: usize,
     /// The hyper-parameters (flattened: the keys of older runs).
@@ -40,6 +46,14 @@ pub struct RunManifest {
     /// The `bnn train` command line that started the run; `--resume` re-reads it.
     #[serde(default)]
     pub command_line: Vec<String>,
+}
+
+fn ten_classes() -> crate::data::Task {
+    crate::data::Task::TEN_CLASSES
+}
+
+fn is_ten_classes(t: &crate::data::Task) -> bool {
+    *t == crate::data::Task::TEN_CLASSES
 }
 
 impl RunManifest {

@@ -154,6 +154,12 @@ pub fn load_run_data(
     data_dir: Option<PathBuf>,
     offline: bool,
 ) -> Result<Dataset> {
+    if let Some(origin) = &manifest.table {
+        // A table is rebuilt from its record: the same file, split and standardisation.
+        let ds = data::tabular::load(&origin.spec)?;
+        origin.check_same_split(&ds)?;
+        return Ok(ds);
+    }
     let recorded = PathBuf::from(&manifest.data_source);
     let data_dir = data_dir
         .or_else(|| (manifest.data_source != "built-in" && recorded.is_dir()).then_some(recorded));

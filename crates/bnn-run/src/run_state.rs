@@ -19,6 +19,7 @@ use crate::atomic::write_atomic;
 use crate::checkpoint::{decode_tensor, encode_safetensors, open_safetensors};
 use crate::ensemble::{AccumulatorState, Sums};
 use crate::error::{Error, Result};
+use crate::regression::RegressionAccumulator;
 use crate::sampler::{SamplerState, StateScalars};
 
 /// Format version of the state file.
@@ -43,6 +44,9 @@ pub struct Progress {
     pub nll_sum: f64,
     /// Training examples classified right so far this epoch.
     pub correct: usize,
+    /// A regression's Σ(f − y)² over the epoch's examples so far (standardised units).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub sq_error: f64,
     /// Training examples seen so far this epoch.
     pub seen: usize,
     /// Sum of the kinetic energies reported this epoch.
@@ -81,6 +85,16 @@ struct Scalars {
     /// Rollbacks after a divergence so far (absent: none).
     #[serde(default)]
     rollbacks: u32,
+    /// A regression's test ensemble (absent: a classification).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    regression: Option<RegressionAccumulator>,
+    /// A regression's noise precision τ.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    noise_precision: Option<f64>,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 /// Everything a run needs to continue.
@@ -103,6 +117,10 @@ pub struct RunState {
     /// Times `--on-divergence rollback` came back to a saved state, each halving the
     /// step size the schedule starts from.
     pub rollbacks: u32,
+    /// A regression's test ensemble.
+    pub regression: Option<RegressionAccumulator>,
+    /// A regression's noise precision τ.
+    pub noise_precision: Option<f64>,
 }
 
 impl RunState {
@@ -117,6 +135,8 @@ impl RunState {
             valid: self.valid.as_ref().map(|v| v.0.clone()),
             kinetic_trace: self.kinetic_trace.clone(),
             rollbacks: self.rollbacks,
+            regression: self.regression.clone(),
+            noise_precision: self.noise_precision,
         };
         let mut tensors: Vec<(String, Tensor)> = self
             .params
@@ -197,6 +217,8 @@ impl RunState {
             valid,
             kinetic_trace: scalars.kinetic_trace,
             rollbacks: scalars.rollbacks,
+            regression: scalars.regression,
+            noise_precision: scalars.noise_precision,
         })
     }
 }

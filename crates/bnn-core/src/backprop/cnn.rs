@@ -463,6 +463,7 @@ impl CnnBackprop {
         Ok(BatchLoss {
             nll: nll / rows.max(1) as f64,
             correct,
+            sq_error: 0.0,
         })
     }
 

@@ -34,6 +34,7 @@ use crate::kernels::gemm::{
     matmul, product, product_then_update, updates_inline, Mat, NonZero, Options, Zeros,
 };
 use crate::kernels::{OpenUpdate, TensorwiseStep};
+use crate::likelihood::{gaussian_error, Targets};
 use crate::model::{Activation, Network};
 use crate::pool;
 
@@ -57,8 +58,11 @@ const MAX_SKIPPING_DENSITY: f64 = 0.6;
 pub struct BatchLoss {
     /// Mean negative log-likelihood per example.
     pub nll: f64,
-    /// Examples whose arg-max logit is the label.
+    /// Examples whose arg-max logit is the label (classification; 0 for regression).
     pub correct: usize,
+    /// Σ(f − y)² over the minibatch, in standardised target units (regression; 0 for
+    /// classification).
+    pub sq_error: f64,
 }
 
 /// Buffers for the forward and backward pass of one MLP, reused across steps.
@@ -495,20 +499,43 @@ impl MlpBackprop {
         prior_factor: f64,
         step: Option<&mut dyn TensorwiseStep>,
     ) -> Result<BatchLoss> {
-        let rows = labels.len();
+        let targets = Targets::Classes(labels);
+        let prior = (prior_precision, prior_factor);
+        self.targets_then(model, x, targets, likelihood_scale, prior, step)
+    }
+
+    /// [`MlpBackprop::loss_and_grad_then`] for any task: `targets` are class indices
+    /// (softmax cross-entropy) or real values (Gaussian NLL at their noise precision τ,
+    /// Δ = s·τ·(f − y), one output); `prior` is (λ per tensor, factor).
+    pub fn targets_then(
+        &mut self,
+        model: &Network,
+        x: &[f32],
+        targets: Targets<'_>,
+        likelihood_scale: f64,
+        (prior_precision, prior_factor): (&[f64], f64),
+        step: Option<&mut dyn TensorwiseStep>,
+    ) -> Result<BatchLoss> {
+        let rows = targets.len();
         prepare_grads(model, prior_precision, &mut self.grads)?;
         let mut views = self.prepare(model, x, rows)?;
         self.forward_with(&views, x, rows)?;
 
         let layers = self.widths.len() - 1;
-        let classes = self.widths[layers];
-        let (nll, correct) = softmax_xent(
-            &self.acts[layers - 1][..rows * classes],
-            labels,
-            classes,
-            likelihood_scale as f32,
-            &mut self.delta[..rows * classes],
-        )?;
+        let outputs = self.widths[layers];
+        let out = &self.acts[layers - 1][..rows * outputs];
+        let delta = &mut self.delta[..rows * outputs];
+        let scale = likelihood_scale as f32;
+        let (nll, correct, sq_error) = match targets {
+            Targets::Classes(labels) => {
+                let (nll, correct) = softmax_xent(out, labels, outputs, scale, delta)?;
+                (nll, correct, 0.0)
+            }
+            Targets::Values { y, precision } => {
+                let (nll, sse) = gaussian_error(out, y, precision, scale, delta)?;
+                (nll, 0, sse)
+            }
+        };
         let mut step = match step.filter(|_| nll.is_finite()) {
             Some(s) => Some(crate::kernels::begin(s)?),
             None => None,
@@ -530,6 +557,7 @@ impl MlpBackprop {
         Ok(BatchLoss {
             nll: nll / rows.max(1) as f64,
             correct,
+            sq_error,
         })
     }
 

@@ -112,4 +112,28 @@ impl Backprop {
             ),
         }
     }
+
+    /// [`Backprop::loss_and_grad_then`] for any task's targets; real-valued targets (a
+    /// Gaussian likelihood) need the MLP's pass.
+    pub fn targets_then(
+        &mut self,
+        model: &crate::model::Network,
+        x: &[f32],
+        targets: crate::likelihood::Targets<'_>,
+        likelihood_scale: f64,
+        prior: (&[f64], f64),
+        step: Option<&mut dyn crate::kernels::TensorwiseStep>,
+    ) -> crate::error::Result<mlp::BatchLoss> {
+        use crate::likelihood::Targets;
+        match (self, targets) {
+            (Backprop::Mlp(b), t) => b.targets_then(model, x, t, likelihood_scale, prior, step),
+            (b, Targets::Classes(labels)) => {
+                b.loss_and_grad_then(model, x, labels, likelihood_scale, prior.0, prior.1, step)
+            }
+            (_, Targets::Values { .. }) => Err(crate::error::Error::Config(
+                "regression runs on an MLP (--hidden); the convolutional networks classify images"
+                    .into(),
+            )),
+        }
+    }
 }

@@ -538,6 +538,7 @@ impl ResnetBackprop {
         Ok(BatchLoss {
             nll: nll / rows.max(1) as f64,
             correct,
+            sq_error: 0.0,
         })
     }
 

@@ -169,6 +169,7 @@ impl SplitResnet {
         Ok(BatchLoss {
             nll: nll / rows.max(1) as f64,
             correct,
+            sq_error: 0.0,
         })
     }
 }

@@ -168,6 +168,8 @@ mod tests {
 
     fn split(images: Vec<u8>, n: usize) -> Split {
         Split {
+            features: Vec::new(),
+            values: Vec::new(),
             images,
             labels: vec![3; n],
             rows: 6,

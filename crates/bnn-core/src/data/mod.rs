@@ -8,6 +8,8 @@ pub mod label_noise;
 pub mod registry;
 pub mod shift;
 pub mod table;
+pub mod tabular;
+pub mod toy;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -28,8 +30,14 @@ pub const NUM_CLASSES: usize = 10;
 pub struct Split {
     /// The images, one byte per pixel, row after row.
     pub images: Vec<u8>,
-    /// The labels, one byte per image.
+    /// The labels, one byte per image (classification; empty for regression).
     pub labels: Vec<u8>,
+    /// A table's features, already standardised, row-major `len × cols` (then `images` is
+    /// empty and `rows` is 1); empty for images.
+    pub features: Vec<f32>,
+    /// A regression's targets, standardised ([`Task::Regression`]); empty for
+    /// classification.
+    pub values: Vec<f32>,
     /// Image height.
     pub rows: usize,
     /// Image width.
@@ -105,12 +113,37 @@ impl Standardization {
 impl Split {
     /// Examples in the split.
     pub fn len(&self) -> usize {
-        self.labels.len()
+        self.labels.len().max(self.values.len())
     }
 
     /// Whether it has no example.
     pub fn is_empty(&self) -> bool {
-        self.labels.is_empty()
+        self.len() == 0
+    }
+
+    /// Whether it holds a table's rows (features as floats) rather than images.
+    pub fn is_table(&self) -> bool {
+        self.images.is_empty() && !self.features.is_empty()
+    }
+
+    /// The split of a table: `features` row-major with `cols` per row, and either class
+    /// `labels` or regression `values`.
+    pub fn of_table(features: Vec<f32>, cols: usize, labels: Vec<u8>, values: Vec<f32>) -> Split {
+        Split {
+            images: Vec::new(),
+            labels,
+            features,
+            values,
+            rows: 1,
+            cols,
+            standardization: None,
+        }
+    }
+
+    /// The regression targets at `indices` into `out`.
+    pub fn gather_values(&self, indices: &[usize], out: &mut Vec<f32>) {
+        out.clear();
+        out.extend(indices.iter().map(|&i| self.values[i]));
     }
 
     /// Pixels per image.
@@ -123,8 +156,14 @@ impl Split {
     pub fn gather(&self, indices: &[usize], x: &mut Vec<f32>, y: &mut Vec<u32>) {
         let d = self.dim();
         y.clear();
-        y.extend(indices.iter().map(|&i| self.labels[i] as u32));
+        y.extend(indices.iter().filter_map(|&i| self.labels.get(i)).map(|&l| l as u32));
         x.resize(indices.len() * d, 0.0);
+        if self.is_table() {
+            for (row, &i) in x.chunks_exact_mut(d).zip(indices) {
+                row.copy_from_slice(&self.features[i * d..(i + 1) * d]);
+            }
+            return;
+        }
         // Large minibatches convert on two threads, each its own rows of x.
         let work = x.len();
         let std = self.standardization.as_deref();
@@ -158,9 +197,15 @@ impl Split {
     /// Splits off the last `n` examples.
     fn split_off_last(&mut self, n: usize) -> Split {
         let keep = self.len() - n;
+        let (features, values) = match self.is_table() {
+            true => (self.features.split_off(keep * self.dim()), self.values.split_off(keep.min(self.values.len()))),
+            false => (Vec::new(), Vec::new()),
+        };
         Split {
             images: self.images.split_off(keep * self.dim()),
-            labels: self.labels.split_off(keep),
+            labels: self.labels.split_off(keep.min(self.labels.len())),
+            features,
+            values,
             rows: self.rows,
             cols: self.cols,
             standardization: self.standardization.clone(),
@@ -181,6 +226,47 @@ pub struct Dataset {
     pub valid: Option<Split>,
     /// The test split.
     pub test: Split,
+    /// What is predicted: the classes, or a real value.
+    pub task: Task,
+    /// For a table read from CSV: where, and how it was split and standardised.
+    pub table: Option<tabular::TableOrigin>,
+}
+
+/// What a dataset asks to predict.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Task {
+    /// One of `classes` labels (0 … classes − 1).
+    Classification {
+        /// Classes (at least 2).
+        classes: usize,
+    },
+    /// A real value, standardised for training: y_std = (y − mean)/std; predictions are
+    /// mapped back, so every metric is in the target's own units.
+    Regression {
+        /// The training targets' mean.
+        mean: f64,
+        /// Their (population) standard deviation (1 when not standardised).
+        std: f64,
+    },
+}
+
+impl Task {
+    /// The image data sets' task: ten classes.
+    pub const TEN_CLASSES: Task = Task::Classification { classes: NUM_CLASSES };
+
+    /// The network's outputs: one per class, or one value.
+    pub fn outputs(&self) -> usize {
+        match self {
+            Task::Classification { classes } => *classes,
+            Task::Regression { .. } => 1,
+        }
+    }
+
+    /// Whether it is a regression.
+    pub fn is_regression(&self) -> bool {
+        matches!(self, Task::Regression { .. })
+    }
 }
 
 impl Dataset {
@@ -227,6 +313,8 @@ fn split_from_idx(images: idx::IdxArray, labels: idx::IdxArray, origin: &str) ->
         cols: images.dims[2],
         images: images.data,
         labels: labels.data,
+        features: Vec::new(),
+        values: Vec::new(),
         standardization: None,
     })
 }
@@ -276,6 +364,8 @@ fn parse_all(spec: &DatasetSpec, bytes: [(&[u8], String); 4], source: String) ->
         train,
         valid: None,
         test,
+        task: Task::TEN_CLASSES,
+        table: None,
     })
 }
 
@@ -433,6 +523,8 @@ mod tests {
         Split {
             images,
             labels: vec![0; n],
+            features: Vec::new(),
+            values: Vec::new(),
             rows: 1,
             cols,
             standardization: None,
@@ -456,6 +548,8 @@ mod tests {
             train: s.clone(),
             valid: None,
             test: s,
+            task: Task::TEN_CLASSES,
+            table: None,
         };
         ds.set_standardization(Some(st.clone())).unwrap();
         let (mut x, mut y) = (Vec::new(), Vec::new());
@@ -482,6 +576,8 @@ mod tests {
             train: split(vec![1, 2, 3], 3),
             valid: None,
             test: split(vec![1, 2, 3], 3),
+            task: Task::TEN_CLASSES,
+            table: None,
         };
         // Two pixels' statistics for three-pixel images.
         assert!(ds.set_standardization(Some(st.clone())).is_err());

@@ -42,6 +42,8 @@ pub fn rotated(split: &Split, degrees: f64) -> Split {
         }
     }
     Split {
+        features: Vec::new(),
+        values: Vec::new(),
         images,
         labels: split.labels.clone(),
         rows,
@@ -76,6 +78,8 @@ mod tests {
 
     fn split_of(image: Vec<u8>, rows: usize, cols: usize) -> Split {
         Split {
+            features: Vec::new(),
+            values: Vec::new(),
             images: image,
             labels: vec![0],
             rows,

@@ -14,7 +14,10 @@ use serde::Serialize;
 use super::sink::{ChainSink, RunFolder};
 use super::{manifest, EpochRecord, Stepper, TrainConfig};
 use crate::checkpoint;
-use crate::data::{Dataset, NUM_CLASSES};
+use super::task;
+use crate::data::{Dataset, Task};
+use crate::likelihood::Noise;
+use crate::regression::RegressionAccumulator;
 use crate::ensemble::{self, Accumulator};
 use crate::error::{Error, Result};
 use crate::model::Network;
@@ -36,6 +39,8 @@ pub struct ChainOutcome {
     pub test: Accumulator,
     /// And on the validation set, with `--valid`.
     pub valid: Option<Accumulator>,
+    /// A regression's test ensemble (then `test` is empty).
+    pub regression: Option<RegressionAccumulator>,
     /// Updates done.
     pub steps: u64,
     /// Seconds in updates.
@@ -193,6 +198,7 @@ fn run_from<S: ChainSink>(chain: &mut Chain<S>, at: Progress) -> Result<ChainOut
         backward: chain.stepper.backward,
         test: chain.kept.test.clone(),
         valid: chain.kept.valid.clone(),
+        regression: chain.kept.regression.clone(),
         kinetic_trace: std::mem::take(&mut chain.kept.kinetic_trace),
         rollbacks: chain.rollbacks,
     })
@@ -223,15 +229,31 @@ pub(super) struct Chain<'a, S: ChainSink = RunFolder> {
 pub(super) struct Kept {
     pub test: Accumulator,
     pub valid: Option<Accumulator>,
+    /// A regression's test ensemble.
+    pub regression: Option<RegressionAccumulator>,
     pub kinetic_trace: Vec<f64>,
 }
 
 impl Kept {
-    pub fn new(ds: &Dataset) -> Self {
-        Kept {
-            test: Accumulator::new(&ds.test.labels),
-            valid: ds.valid.as_ref().map(|v| Accumulator::new(&v.labels)),
+    pub fn new(ds: &Dataset) -> Result<Self> {
+        let (test, regression) = task::ensembles(&ds.test, ds.task)?;
+        let valid = match ds.valid.as_ref() {
+            Some(v) => Some(task::ensembles(v, ds.task)?.0),
+            None => None,
+        };
+        Ok(Kept {
+            test,
+            valid,
+            regression,
             kinetic_trace: Vec::new(),
+        })
+    }
+
+    /// Samples in the test ensemble.
+    pub fn samples(&self) -> usize {
+        match &self.regression {
+            Some(r) => r.samples(),
+            None => self.test.samples(),
         }
     }
 
@@ -239,6 +261,10 @@ impl Kept {
     pub fn add(&mut self, sample: KeptSample) -> Result<()> {
         if let Some(ke) = sample.kinetic_energy {
             self.kinetic_trace.push(ke);
+        }
+        if let (Some(acc), Some((mean, var))) = (self.regression.as_mut(), &sample.gaussians) {
+            acc.add(mean, var)?;
+            return Ok(());
         }
         self.test.add(&sample.test)?;
         if let (Some(acc), Some(v)) = (self.valid.as_mut(), sample.valid.as_ref()) {
@@ -253,6 +279,8 @@ impl Kept {
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct KeptSample {
     pub test: Vec<f32>,
+    /// A regression's predictive Gaussians on the test set (means, variances).
+    pub gaussians: Option<(Vec<f64>, Vec<f64>)>,
     pub valid: Option<Vec<f32>>,
     pub kinetic_energy: Option<f64>,
 }
@@ -269,6 +297,7 @@ pub(super) fn write_sample(
     epoch: usize,
     eta: f64,
     diag: sampler::Diagnostics,
+    noise_precision: f64,
 ) -> Result<KeptSample> {
     // Never write a sample from a diverging chain.
     if let Some(name) = model.first_non_finite()? {
@@ -283,12 +312,22 @@ pub(super) fn write_sample(
         .collect();
     sink.sample(step, params, meta)?;
     let device = &cfg.device;
+    if ds.task.is_regression() {
+        let g = task::predict_gaussians(model, &ds.test, ds.task, noise_precision, device)?;
+        return Ok(KeptSample {
+            test: Vec::new(),
+            gaussians: Some(g),
+            valid: None,
+            kinetic_energy: diag.kinetic_energy,
+        });
+    }
     let valid = match ds.valid.as_ref() {
         Some(v) => Some(ensemble::predict(model, v, device)?),
         None => None,
     };
     Ok(KeptSample {
         test: ensemble::predict(model, &ds.test, device)?,
+        gaussians: None,
         valid,
         kinetic_energy: diag.kinetic_energy,
     })
@@ -299,9 +338,10 @@ impl<'a, S: ChainSink> Chain<'a, S> {
     /// samples yet; `label_seed`: the run's seed, which decides its label noise.
     pub fn new(cfg: &'a TrainConfig, ds: &'a Dataset, sink: S, label_seed: u64) -> Result<Self> {
         let s = &cfg.settings;
-        let model = Network::new(&s.model, ds.train.dim(), NUM_CLASSES, s.seed, &cfg.device)?;
+        let model = Network::new(&s.model, ds.train.dim(), ds.task.outputs(), s.seed, &cfg.device)?;
         let prior = Prior::new(s.prior, model.params.len())?;
-        let potential = Potential::new(ds.train.len(), s.temperature, prior)?;
+        let potential = Potential::new(ds.train.len(), s.temperature, prior)?
+            .with_likelihood(s.likelihood)?;
         // Built before a saved state is restored: the sampler's init (splitting moves θ
         // by v/2 there) must not undo it.
         let stepper = Stepper::new(
@@ -321,7 +361,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
             model,
             stepper,
             monitor,
-            kept: Kept::new(ds),
+            kept: Kept::new(ds)?,
             label_seed,
             labels: None,
             last_nll: f64::NAN,
@@ -486,6 +526,10 @@ impl<'a, S: ChainSink> Chain<'a, S> {
         self.stepper.sampler.restore(&state.sampler)?;
         self.stepper.potential.prior.precisions = state.prior_precisions;
         self.kept.test = Accumulator::restore(&self.ds.test.labels, state.test.0, state.test.1)?;
+        self.kept.regression = state.regression;
+        if let Some(tau) = state.noise_precision {
+            self.stepper.potential.noise_precision = tau;
+        }
         self.kept.valid = match (self.ds.valid.as_ref(), state.valid) {
             (Some(v), Some((s, sum))) => Some(Accumulator::restore(&v.labels, s, sum)?),
             (None, None) => None,
@@ -534,6 +578,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
         }
         self.last_nll = loss.nll;
         sums.correct += loss.correct;
+        sums.sq_error += loss.sq_error;
         sums.seen += idx.len();
         sums.nll_sum += loss.nll * idx.len() as f64;
         let diag = self.stepper.sampler.diagnostics();
@@ -564,7 +609,9 @@ impl<'a, S: ChainSink> Chain<'a, S> {
         diag: sampler::Diagnostics,
     ) -> Result<()> {
         let (cfg, ds) = (self.cfg, self.ds);
-        let sample = write_sample(cfg, ds, &mut self.sink, &self.model, step, epoch, eta, diag)?;
+        let tau = self.stepper.potential.noise_precision;
+        let sink = &mut self.sink;
+        let sample = write_sample(cfg, ds, sink, &self.model, step, epoch, eta, diag, tau)?;
         self.kept.add(sample)?;
         Ok(())
     }
@@ -618,13 +665,16 @@ impl<'a, S: ChainSink> Chain<'a, S> {
     pub fn gibbs(&mut self, epoch: usize, step: u64) -> Result<()> {
         let s = &self.cfg.settings;
         let gibbs = if s.sampler.kind.is_sampler() {
-            self.stepper.potential.prior.gibbs_step(
-                &self.model.vars(),
-                self.stepper.potential.temperature,
-                s.seed ^ rng::GIBBS_STREAM ^ epoch as u64,
-            )
+            let seed = s.seed ^ rng::GIBBS_STREAM ^ epoch as u64;
+            self.noise_update(Some(seed)).and_then(|_| {
+                self.stepper.potential.prior.gibbs_step(
+                    &self.model.vars(),
+                    self.stepper.potential.temperature,
+                    seed,
+                )
+            })
         } else if self.model.all_finite()? {
-            Ok(())
+            self.noise_update(None)
         } else {
             Err(Error::NotFinite("a parameter".into()))
         };
@@ -641,6 +691,25 @@ impl<'a, S: ChainSink> Chain<'a, S> {
             });
         }
         gibbs
+    }
+
+    /// A regression's noise precision from the training residuals at the current θ
+    /// (with a sampled σ only): a Gibbs draw seeded `seed` for a sampler, the conditional's
+    /// mode for a point estimate (SGD and momentum fit σ as they fit θ).
+    fn noise_update(&mut self, seed: Option<u64>) -> Result<()> {
+        let Some(noise @ Noise::Gamma { .. }) = self.stepper.potential.likelihood.noise() else {
+            return Ok(());
+        };
+        let sse = task::training_sse(&self.model, &self.ds.train, &self.cfg.device)?;
+        let potential = &mut self.stepper.potential;
+        match seed {
+            // Its own stream: the weights' Gibbs step keeps the draws it had.
+            Some(seed) => potential.noise_gibbs_step(sse, seed ^ rng::NOISE_GIBBS_STREAM),
+            None => {
+                potential.noise_precision = noise.mode(sse, potential.n_data)?;
+                Ok(())
+            }
+        }
     }
 
     /// The line of epoch `epoch` in `metrics.jsonl`, with the ensembles of `kept` (none:
@@ -668,8 +737,17 @@ impl<'a, S: ChainSink> Chain<'a, S> {
             kinetic_energy: (sums.ke_count > 0).then(|| sums.ke_sum / sums.ke_count as f64),
             thermostat: diag.thermostat,
             prior_precisions: self.stepper.potential.prior.precisions.clone(),
-            samples: kept.map_or(0, |k| k.test.samples()),
+            samples: kept.map_or(0, |k| k.samples()),
             test_ensemble: kept.and_then(|k| k.test.metrics()),
+            test_regression: kept.and_then(|k| k.regression.as_ref()?.metrics()),
+            train_rmse: match self.ds.task {
+                Task::Regression { std, .. } => Some((sums.sq_error / sums.seen as f64).sqrt() * std),
+                Task::Classification { .. } => None,
+            },
+            noise_std: match self.ds.task {
+                Task::Regression { std, .. } => Some(std / self.stepper.potential.noise_precision.sqrt()),
+                Task::Classification { .. } => None,
+            },
             test_last_sample: kept.and_then(|k| k.test.last_sample),
             valid_ensemble: kept.and_then(|k| k.valid.as_ref().and_then(|a| a.metrics())),
             seconds: started.elapsed().as_secs_f64(),
@@ -697,6 +775,9 @@ impl<'a, S: ChainSink> Chain<'a, S> {
             prior_precisions: self.stepper.potential.prior.precisions.clone(),
             test: (ts, tsum),
             valid: kept.valid.as_ref().map(|a| a.state()),
+            regression: kept.regression.clone(),
+            noise_precision: (!self.stepper.potential.likelihood.is_categorical())
+                .then_some(self.stepper.potential.noise_precision),
             kinetic_trace: kept.kinetic_trace.clone(),
             rollbacks: self.rollbacks,
         })

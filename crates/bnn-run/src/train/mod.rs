@@ -9,6 +9,7 @@ mod replicas;
 pub mod sink;
 mod spread;
 mod stepper;
+mod task;
 
 pub use replicas::ReplicaReport;
 
@@ -21,7 +22,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, RunManifest};
 use crate::convergence::{self, Convergence};
-use crate::data::{Dataset, NUM_CLASSES};
+use crate::data::Dataset;
+use crate::regression::{RegressionAccumulator, RegressionMetrics};
 use crate::ensemble::Accumulator;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -80,6 +82,15 @@ pub struct EpochRecord {
     pub samples: usize,
     /// The ensemble's test metrics so far.
     pub test_ensemble: Option<Metrics>,
+    /// A regression's: the ensemble's test metrics so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_regression: Option<RegressionMetrics>,
+    /// A regression's RMSE on the epoch's minibatches as they were seen (target units).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_rmse: Option<f64>,
+    /// A regression's noise σ at the epoch's end (target units).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub noise_std: Option<f64>,
     /// The last sample's test metrics.
     pub test_last_sample: Option<Metrics>,
     /// The ensemble's validation metrics so far.
@@ -119,6 +130,14 @@ pub struct Summary {
     pub uncertainty: Option<crate::uncertainty::Uncertainty>,
     /// The last kept sample alone, on the test set.
     pub last_sample: Option<Metrics>,
+    /// A regression's ensemble on the test set (in the target's units): RMSE of the mean,
+    /// NLL of the Gaussian mixture, coverage of the central 50/90/95% intervals and the
+    /// predictive variance split into aleatoric and epistemic parts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regression: Option<RegressionMetrics>,
+    /// A regression's last sample alone, on the test set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regression_last_sample: Option<RegressionMetrics>,
     /// The ensemble's validation metrics.
     pub valid_ensemble: Option<Metrics>,
     /// Test accuracy and NLL of the ensemble of the first k samples, for each k (of the
@@ -168,6 +187,9 @@ pub struct ChainSummary {
     pub last_sample: Option<Metrics>,
     /// Its ensemble's validation metrics.
     pub valid_ensemble: Option<Metrics>,
+    /// A regression's: its ensemble's test metrics.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regression: Option<RegressionMetrics>,
     /// Its updates per second.
     pub steps_per_second: f64,
 }
@@ -192,7 +214,9 @@ pub fn manifest(cfg: &TrainConfig, ds: &Dataset, num_params: usize) -> RunManife
         valid: ds.valid.as_ref().map_or(0, |v| v.len()),
         train_examples: ds.train.len(),
         input_dim: ds.train.dim(),
-        num_classes: NUM_CLASSES,
+        num_classes: ds.task.outputs(),
+        task: ds.task,
+        table: ds.table.clone(),
         num_params,
         settings: cfg.settings.clone(),
         standardization: ds.train.standardization.as_deref().cloned(),
@@ -216,6 +240,12 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
 pub fn train_on(cfg: &TrainConfig, ds: &Dataset, ranks: &Ranks) -> Result<Option<Summary>> {
     cfg.settings.validate(ds.train.len())?;
     cfg.settings.augment.for_dataset(&ds.name)?;
+    task::check(ds, &cfg.settings.likelihood)?;
+    if ds.task.is_regression() && (ranks.size() > 1 || cfg.settings.sampler.kind.is_replica_exchange()) {
+        return Err(Error::Config(
+            "a regression runs its chains in one process, without replica exchange (no MPI ranks, no renhd/reld)".into(),
+        ));
+    }
     // What the ranks share out: chains, or the replicas of a replica exchange.
     let (items, what, flag) = match &cfg.settings.replicas {
         Some(r) if cfg.settings.sampler.kind.is_replica_exchange() => {
@@ -235,7 +265,7 @@ pub fn train_on(cfg: &TrainConfig, ds: &Dataset, ranks: &Ranks) -> Result<Option
     let num_params = Network::new(
         &cfg.settings.model,
         ds.train.dim(),
-        NUM_CLASSES,
+        ds.task.outputs(),
         cfg.settings.seed,
         &Device::Cpu,
     )?
@@ -400,6 +430,12 @@ fn finish(
     let run_dir = &cfg.run_dir;
     let num_params = chains.first().map_or(0, |c| c.num_params);
     let test = Accumulator::pooled(chains.iter().map(|c| &c.test))?;
+    let regression = match chains.first().and_then(|c| c.regression.as_ref()) {
+        Some(_) => Some(RegressionAccumulator::pooled(
+            chains.iter().filter_map(|c| c.regression.as_ref()),
+        )?),
+        None => None,
+    };
     let valid = match chains.first().and_then(|c| c.valid.as_ref()) {
         Some(_) => Some(Accumulator::pooled(
             chains.iter().filter_map(|c| c.valid.as_ref()),
@@ -414,8 +450,9 @@ fn finish(
             .map(|(k, c)| ChainSummary {
                 chain: k,
                 seed: c.seed,
-                samples: c.test.samples(),
+                samples: c.regression.as_ref().map_or(c.test.samples(), |r| r.samples()),
                 ensemble: c.test.metrics(),
+                regression: c.regression.as_ref().and_then(|r| r.metrics()),
                 last_sample: c.test.last_sample,
                 valid_ensemble: c.valid.as_ref().and_then(|a| a.metrics()),
                 steps_per_second: c.steps as f64 / c.step_seconds.max(1e-9),
@@ -428,7 +465,10 @@ fn finish(
         // The test log-likelihood of each sample alone, and the kinetic energy at it.
         let loglik: Vec<Vec<f64>> = chains
             .iter()
-            .map(|c| c.test.sample_nll().iter().map(|n| -n).collect())
+            .map(|c| {
+                let nll = c.regression.as_ref().map_or(c.test.sample_nll(), |r| r.sample_nll());
+                nll.iter().map(|n| -n).collect()
+            })
             .collect();
         let kinetic: Vec<Vec<f64>> = chains.iter().map(|c| c.kinetic_trace.clone()).collect();
         ChainDiagnostics {
@@ -459,10 +499,12 @@ fn finish(
         num_params,
         isa: crate::kernels::isa::current().name().to_string(),
         backward_used: chains.first().map_or(cfg.settings.backward, |c| c.backward),
-        samples: test.samples(),
+        samples: regression.as_ref().map_or(test.samples(), |r| r.samples()),
         ensemble: test.metrics(),
         uncertainty: test.uncertainty(),
         last_sample: test.last_sample,
+        regression: regression.as_ref().and_then(|r| r.metrics()),
+        regression_last_sample: regression.as_ref().and_then(|r| r.last_sample),
         valid_ensemble: valid.as_ref().and_then(|a| a.metrics()),
         progress: test.progress(),
         steps,

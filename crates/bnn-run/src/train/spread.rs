@@ -93,6 +93,8 @@ pub(super) fn gather(
                 num_params: s.num_params,
                 test: restore(s.test, &ds.test.labels)?,
                 valid,
+                // A regression runs on one rank (`train_on` refuses more).
+                regression: None,
                 steps: s.steps,
                 step_seconds: s.step_seconds,
                 train_seconds: s.train_seconds,

@@ -28,6 +28,8 @@ pub struct Stepper {
     pub by_layer: bool,
     xbuf: Vec<f32>,
     ybuf: Vec<u32>,
+    /// The minibatch's regression targets.
+    vbuf: Vec<f32>,
 }
 
 impl Stepper {
@@ -59,6 +61,7 @@ impl Stepper {
             by_layer: true,
             xbuf: Vec::new(),
             ybuf: Vec::new(),
+            vbuf: Vec::new(),
         })
     }
 
@@ -88,8 +91,9 @@ impl Stepper {
     }
 
     /// One update on the examples `idx` of `split`, with `labels` in place of the split's
-    /// where given (label noise), the images augmented with the seed given (`--augment`). Returns the minibatch loss; when it is not finite the
-    /// parameters are left as they were.
+    /// where given (label noise), the images augmented with the seed given (`--augment`).
+    /// A regression reads the split's values as targets. Returns the minibatch loss; when
+    /// it is not finite the parameters are left as they were.
     pub fn step(
         &mut self,
         split: &Split,
@@ -108,22 +112,27 @@ impl Stepper {
                 *y = labels[i] as u32;
             }
         }
+        let regression = !self.potential.likelihood.is_categorical();
+        if regression {
+            split.gather_values(idx, &mut self.vbuf);
+        }
         if let Some(bp) = self.backprop.as_mut() {
+            let targets = self.potential.targets(&self.ybuf, &self.vbuf);
             if self.by_layer {
                 // Each layer is updated as soon as its gradient is ready (while it is in
                 // cache); θ and v bit-identical to the whole-model step below.
                 let step: &mut dyn TensorwiseStep = self.sampler.as_mut();
-                return self.potential.evaluate_fast_then(
+                return self.potential.evaluate_targets_then(
                     bp,
                     &self.model,
                     &self.xbuf,
-                    &self.ybuf,
+                    targets,
                     Some(step),
                 );
             }
-            let loss = self
-                .potential
-                .evaluate_fast(bp, &self.model, &self.xbuf, &self.ybuf)?;
+            let loss =
+                self.potential
+                    .evaluate_targets_then(bp, &self.model, &self.xbuf, targets, None)?;
             if loss.nll.is_finite() {
                 self.sampler.step(&self.vars, bp.grads())?;
             }
@@ -131,16 +140,29 @@ impl Stepper {
         }
         let device = self.vars[0].device();
         let x = Tensor::from_slice(&self.xbuf, (idx.len(), split.dim()), device)?;
-        let y = Tensor::from_slice(&self.ybuf, idx.len(), device)?;
+        let y = match regression {
+            true => Tensor::from_slice(&self.vbuf, idx.len(), device)?,
+            false => Tensor::from_slice(&self.ybuf, idx.len(), device)?,
+        };
         let eval = self.potential.evaluate(&self.model, &x, &y)?;
         if eval.nll.is_finite() {
             self.sampler.step(&self.vars, &eval.grads)?;
+        }
+        if regression {
+            let f = eval.logits.flatten_all()?.to_vec1::<f32>()?;
+            let sq_error = f.iter().zip(&self.vbuf).map(|(f, y)| ((f - y) as f64).powi(2)).sum();
+            return Ok(BatchLoss {
+                nll: eval.nll,
+                correct: 0,
+                sq_error,
+            });
         }
         let pred = eval.logits.argmax(1)?.to_vec1::<u32>()?;
         let correct = pred.iter().zip(&self.ybuf).filter(|(p, y)| p == y).count();
         Ok(BatchLoss {
             nll: eval.nll,
             correct,
+            sq_error: 0.0,
         })
     }
 }

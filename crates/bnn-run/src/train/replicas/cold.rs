@@ -157,6 +157,7 @@ fn decode(bytes: &[u8]) -> Result<Vec<Event>> {
                 kinetic_energy,
             } => Event::Sample(KeptSample {
                 test: take(test)?,
+                gaussians: None,
                 valid: valid.map(&mut take).transpose()?,
                 kinetic_energy,
             }),

@@ -152,7 +152,7 @@ pub(super) fn run_replicas(
     let num_params = first.chain.model.num_params();
     let backward = first.chain.stepper.backward;
     let state_floats = sampler_floats(first) + num_params;
-    let mut cold = Kept::new(ds);
+    let mut cold = Kept::new(ds)?;
     let (mut step, mut report, seconds_before, mut saves) = if cfg.resume {
         restore(&plan, &mut replicas, &mut cold, ranks)?
     } else {
@@ -235,6 +235,7 @@ pub(super) fn run_replicas(
         backward,
         test: cold.test,
         valid: cold.valid,
+        regression: None,
         kinetic_trace: cold.kinetic_trace,
         rollbacks: 0,
     };
@@ -520,6 +521,7 @@ fn advance(
                 epoch,
                 eta,
                 diag,
+                r.chain.stepper.potential.noise_precision,
             )?;
             r.events.push(Event::Sample(sample));
         }
@@ -558,7 +560,7 @@ fn save(
 ) -> Result<()> {
     let run_dir = &plan.cfg.run_dir;
     let slot = saves % 2;
-    let none = Kept::new(plan.ds);
+    let none = Kept::new(plan.ds)?;
     for (j, r) in replicas.iter().enumerate() {
         let Some(r) = r else { continue };
         let progress = Progress {
@@ -641,7 +643,7 @@ fn restore(
     }
     if let Some(r0) = replicas.first_mut().and_then(Option::as_mut) {
         // Rank 0: replica 0's state carries the T₀ ensembles.
-        *cold = std::mem::replace(&mut r0.chain.kept, Kept::new(plan.ds));
+        *cold = std::mem::replace(&mut r0.chain.kept, Kept::new(plan.ds)?);
         super::chain::discard_after(&plan.cold_dir, &r0.sums)?;
         super::chain::trim_diagnostics(&run_dir.join("diagnostics.jsonl"), record.step)?;
         tracing::info!(
