@@ -10,7 +10,7 @@ use bnn::error::{Error, Result};
 use bnn::model::ModelSpec;
 use bnn::potential::PriorSpec;
 use bnn::ranks::Ranks;
-use bnn::settings::{ResumeChanges, Settings, SettingsLayer};
+use bnn::settings::{Preset, ResumeChanges, Settings, SettingsLayer};
 use bnn::train::{self, TrainConfig};
 
 use super::{device_of, json, replica_options};
@@ -19,8 +19,8 @@ use crate::cli::{DeviceKind, GivenFlags, PriorKind, TrainArgs};
 /// Builds the model spec: the preset of `--config` (or the default MLP-100), then
 /// `--hidden` and `--activation` on top.
 fn model_spec(args: &TrainArgs) -> Result<ModelSpec> {
-    let mut spec = match &args.config {
-        Some(path) => ModelSpec::from_toml_file(path)?,
+    let mut spec = match preset_of(args)? {
+        Some(preset) => preset.model,
         None => ModelSpec::default(),
     };
     if let Some(h) = &args.hidden {
@@ -155,12 +155,24 @@ fn show_progress(no_progress: bool, quiet: bool) -> bool {
     !no_progress && !quiet && std::io::IsTerminal::is_terminal(&std::io::stderr())
 }
 
-/// The `[train]` layer of `args`' `--config` preset (empty without one).
-fn preset_layer(args: &TrainArgs) -> Result<SettingsLayer> {
-    match &args.config {
-        Some(path) => Ok(bnn::settings::Preset::from_toml_file(path)?.train),
-        None => Ok(SettingsLayer::default()),
+/// The defaults of `--toy regression-1d`, built in.
+const REGRESSION_1D_PRESET: &str = include_str!("../../models/regression-1d.toml");
+
+/// `args`' preset: `--config`'s, else a toy's built-in one, else none.
+fn preset_of(args: &TrainArgs) -> Result<Option<Preset>> {
+    match (&args.config, &args.table.toy) {
+        (Some(path), _) => Ok(Some(Preset::from_toml_file(path)?)),
+        (None, Some(_)) => Ok(Some(Preset::from_toml_str(
+            REGRESSION_1D_PRESET,
+            "models/regression-1d.toml (built in)",
+        )?)),
+        (None, None) => Ok(None),
     }
+}
+
+/// The `[train]` layer of `args`' preset (empty without one).
+fn preset_layer(args: &TrainArgs) -> Result<SettingsLayer> {
+    Ok(preset_of(args)?.map(|p| p.train).unwrap_or_default())
 }
 
 /// The flags typed, as a layer of settings: a flag left at its default is absent, so that
@@ -274,7 +286,9 @@ fn table_config(args: &TrainArgs, given: &GivenFlags, spec: &TableSpec) -> Resul
     if args.step_size.is_none() && preset_layer(args)?.step_size.is_none() {
         settings.scale_step_size(n, ds.task.is_regression());
     }
-    settings.likelihood = match (ds.task, args.table.noise_std) {
+    // The toy's noise is known: fixed at its truth unless told otherwise.
+    let toy_noise = args.table.toy.as_ref().map(|_| data::toy::REGRESSION_1D_NOISE);
+    settings.likelihood = match (ds.task, args.table.noise_std.or(toy_noise)) {
         (data::Task::Regression { std, .. }, Some(sigma)) => Likelihood::Gaussian {
             noise: Noise::Fixed { std: sigma / std },
         },

@@ -25,6 +25,10 @@ pub enum Mark {
     Bars(f64),
     /// A dashed reference (the diagonal of a reliability diagram, a target level).
     Dashed,
+    /// Dots only (data).
+    Points,
+    /// A shaded region: the points run along its upper edge, then back along its lower.
+    Band,
 }
 
 /// One labelled series of (x, y) points.
@@ -246,6 +250,13 @@ fn draw_panel<DB: DrawingBackend>(
                 chart.draw_series(LineSeries::new(s.points.clone(), colour.stroke_width(2)))?;
                 chart.draw_series(s.points.iter().map(|&p| Circle::new(p, 4, colour.filled())))?
             }
+            Mark::Points => {
+                chart.draw_series(s.points.iter().map(|&p| Circle::new(p, 2, colour.filled())))?
+            }
+            Mark::Band => chart.draw_series(std::iter::once(Polygon::new(
+                s.points.clone(),
+                colour.mix(0.25).filled(),
+            )))?,
             Mark::Bars(w) => chart.draw_series(s.points.iter().map(|&(x, y)| {
                 Rectangle::new(
                     [(x - w / 2.0, 0.0), (x + w / 2.0, y)],

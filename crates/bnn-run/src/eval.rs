@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, RunManifest};
 use crate::data::{self, shift, Dataset, LoadOptions, Split, NUM_CLASSES};
+use crate::regression::{RegressionAccumulator, RegressionMetrics};
 use crate::ensemble::{self, Accumulator, Progress};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -35,6 +36,13 @@ pub struct EvalReport {
     pub uncertainty: Option<Uncertainty>,
     /// The last sample's own test metrics.
     pub last_sample: Option<Metrics>,
+    /// A regression's ensemble on the test rows (RMSE, mixture NLL, coverage, variance
+    /// split).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regression: Option<RegressionMetrics>,
+    /// A regression's last sample alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regression_last_sample: Option<RegressionMetrics>,
     /// The ensemble's validation metrics (with `--valid`).
     pub valid_ensemble: Option<Metrics>,
     /// Test accuracy and NLL of the ensemble of the first k samples, for each k (of the
@@ -227,10 +235,13 @@ pub fn evaluate_run(
     let model = Network::new(
         &manifest.settings.model,
         manifest.input_dim,
-        NUM_CLASSES,
+        manifest.num_classes,
         0,
         &device,
     )?;
+    if ds.task.is_regression() {
+        return evaluate_regression(run_dir, manifest, ds, &model, &device);
+    }
     let rotated: Vec<Split> = extras
         .rotations
         .iter()
@@ -249,8 +260,11 @@ pub fn evaluate_run(
                 checkpoint::samples_dir(&dir).display()
             )));
         }
-        let mut test = Accumulator::new(&ds.test.labels);
-        let mut valid = ds.valid.as_ref().map(|v| Accumulator::new(&v.labels));
+        let mut test = Accumulator::with_classes(&ds.test.labels, manifest.num_classes)?;
+        let mut valid = match ds.valid.as_ref() {
+            Some(v) => Some(Accumulator::with_classes(&v.labels, manifest.num_classes)?),
+            None => None,
+        };
         let mut ood = extras
             .ood
             .as_ref()
@@ -319,10 +333,55 @@ pub fn evaluate_run(
         ensemble: test.metrics(),
         uncertainty: test.uncertainty(),
         last_sample: test.last_sample,
+        regression: None,
+        regression_last_sample: None,
         valid_ensemble: valid.as_ref().and_then(|a| a.metrics()),
         progress: test.progress(),
         ood,
         shift,
+    })
+}
+
+/// [`evaluate_run`] for a regression: every sample's Gaussians (its mean, its recorded
+/// noise σ) on the test rows, chain by chain, pooled.
+fn evaluate_regression(
+    run_dir: &Path,
+    manifest: &RunManifest,
+    ds: &Dataset,
+    model: &Network,
+    device: &Device,
+) -> Result<EvalReport> {
+    let mut chains = Vec::new();
+    for dir in checkpoint::chain_dirs(run_dir) {
+        let mut acc = RegressionAccumulator::new(&crate::train::test_targets(ds));
+        for path in checkpoint::list_samples(&dir)? {
+            let sample = checkpoint::load_sample(&path, device)?;
+            let bad = |e: String| Error::Checkpoint(format!("{}: {e}", path.display()));
+            model.load(&sample.tensors).map_err(|e| bad(e.to_string()))?;
+            let tau = sample
+                .metadata
+                .get(crate::train::NOISE_PRECISION_KEY)
+                .and_then(|t| t.parse::<f64>().ok())
+                .ok_or_else(|| bad("no noise precision in a regression's sample".into()))?;
+            let (mean, var) = crate::train::predict_gaussians(model, &ds.test, ds.task, tau, device)?;
+            acc.add(&mean, &var)?;
+        }
+        chains.push(acc);
+    }
+    let all = RegressionAccumulator::pooled(&chains)?;
+    Ok(EvalReport {
+        run_dir: run_dir.display().to_string(),
+        dataset: manifest.dataset.clone(),
+        samples: all.samples(),
+        ensemble: None,
+        uncertainty: None,
+        last_sample: None,
+        regression: all.metrics(),
+        regression_last_sample: all.last_sample,
+        valid_ensemble: None,
+        progress: Vec::new(),
+        ood: None,
+        shift: None,
     })
 }
 

@@ -14,6 +14,7 @@ use bnn_kernels::{atomic, error, pool, rng, signals};
 
 pub use bnn_kernels::{Error, Result};
 
+pub mod band;
 pub mod checkpoint;
 pub mod eval;
 pub mod progress;

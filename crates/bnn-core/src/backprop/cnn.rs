@@ -66,6 +66,7 @@ fn activate(v: f32, act: Activation) -> f32 {
     match act {
         Activation::Relu => v.max(0.0),
         Activation::Sigmoid => 1.0 / (1.0 + (-v).exp()),
+        Activation::Tanh => v.tanh(),
         // Not monotone, so not after the pool: refused by `CnnBackprop::new`.
         Activation::Swish => unreachable!("the CNN pass refuses swish"),
     }
@@ -239,7 +240,7 @@ impl CnnBackprop {
         }
         if model.spec.activation == Activation::Swish {
             return Err(Error::Config(
-                "a CNN's activation is relu or sigmoid".into(),
+                "a CNN's activation is relu, sigmoid or tanh".into(),
             ));
         }
         let widths = model.fc_widths();

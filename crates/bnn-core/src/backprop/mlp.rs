@@ -277,6 +277,10 @@ pub(super) fn bias_activation(z: &mut [f32], bias: &[f32], act: Option<Activatio
                 .iter_mut()
                 .zip(bias)
                 .for_each(|(v, b)| *v = 1.0 / (1.0 + (-(*v + b)).exp())),
+            Some(Activation::Tanh) => row
+                .iter_mut()
+                .zip(bias)
+                .for_each(|(v, b)| *v = (*v + b).tanh()),
             Some(Activation::Swish) => row.iter_mut().zip(bias).for_each(|(v, b)| {
                 let z = *v + b;
                 *v = z / (1.0 + (-z).exp())
@@ -286,7 +290,7 @@ pub(super) fn bias_activation(z: &mut [f32], bias: &[f32], act: Option<Activatio
 }
 
 /// Multiplies the back-propagated error by the activation's derivative, written in terms
-/// of the activation's output a: relu′ = [a > 0], sigmoid′ = a(1 − a).
+/// of the activation's output a: relu′ = [a > 0], sigmoid′ = a(1 − a), tanh′ = 1 − a².
 pub(super) fn activation_backward(delta: &mut [f32], a: &[f32], act: Activation) {
     match act {
         // A select rather than a branch, so that it vectorises.
@@ -298,6 +302,10 @@ pub(super) fn activation_backward(delta: &mut [f32], a: &[f32], act: Activation)
             .iter_mut()
             .zip(a)
             .for_each(|(d, &a)| *d *= a * (1.0 - a)),
+        Activation::Tanh => delta
+            .iter_mut()
+            .zip(a)
+            .for_each(|(d, &a)| *d *= 1.0 - a * a),
         // swish′ is not a function of swish's output: refused by `MlpBackprop::new`.
         Activation::Swish => unreachable!("the MLP pass refuses swish"),
     }
@@ -355,7 +363,7 @@ impl MlpBackprop {
         }
         if model.spec.activation == Activation::Swish {
             return Err(Error::Config(
-                "an MLP's activation is relu or sigmoid".into(),
+                "an MLP's activation is relu, sigmoid or tanh".into(),
             ));
         }
         let mut widths = vec![model.input_dim];

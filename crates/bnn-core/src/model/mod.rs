@@ -21,6 +21,9 @@ pub enum Activation {
     Relu,
     /// 1/(1 + e^{−x}).
     Sigmoid,
+    /// tanh(x): smooth and odd, the usual choice of the 1-D regression pictures (a ReLU
+    /// network extrapolates linearly and agrees with itself in a gap between data).
+    Tanh,
     /// x·σ(x) (SiLU); ResNets only (the MLP and CNN passes differentiate through the
     /// activation's output, which swish's derivative cannot be written in).
     Swish,
@@ -33,6 +36,7 @@ impl From<Activation> for crate::kernels::conv::Nonlinearity {
             Activation::Relu => Self::Relu,
             Activation::Sigmoid => Self::Sigmoid,
             Activation::Swish => Self::Swish,
+            Activation::Tanh => Self::Tanh,
         }
     }
 }
@@ -307,7 +311,7 @@ impl ModelSpec {
                         .into(),
                 ))
             }
-            ModelKind::Resnet if self.activation == Activation::Sigmoid => Err(Error::Config(
+            ModelKind::Resnet if matches!(self.activation, Activation::Sigmoid | Activation::Tanh) => Err(Error::Config(
                 "a ResNet's activation is relu or swish".into(),
             )),
             _ => Ok(()),
@@ -321,6 +325,7 @@ impl ModelSpec {
             Activation::Relu => "relu",
             Activation::Sigmoid => "sigmoid",
             Activation::Swish => "swish",
+            Activation::Tanh => "tanh",
         };
         let mut parts = Vec::new();
         match self.kind {
@@ -534,6 +539,7 @@ impl Network {
             Activation::Relu => h.relu()?,
             Activation::Sigmoid => candle_nn::ops::sigmoid(h)?,
             Activation::Swish => h.silu()?,
+            Activation::Tanh => h.tanh()?,
         })
     }
 

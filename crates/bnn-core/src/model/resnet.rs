@@ -253,6 +253,7 @@ impl ResnetLayout {
         Ok(match self.activation {
             Activation::Relu => h.relu()?,
             Activation::Swish => h.silu()?,
+            Activation::Tanh => h.tanh()?,
             Activation::Sigmoid => candle_nn::ops::sigmoid(h)?,
         })
     }

@@ -79,4 +79,6 @@ pub enum Nonlinearity {
     Sigmoid,
     /// x·σ(x).
     Swish,
+    /// tanh(x).
+    Tanh,
 }

@@ -456,6 +456,7 @@ pub fn activate(pre: &mut [f32], out: &mut [f32], act: impl Into<Activation>) {
                 .iter_mut()
                 .zip(pre)
                 .for_each(|(o, &mut v)| *o = 1.0 / (1.0 + (-v).exp())),
+            Activation::Tanh => out.iter_mut().zip(pre).for_each(|(o, &mut v)| *o = v.tanh()),
         }
     };
     if work < pool::PARALLEL_MIN_ELEMENTS || pool::threads() < 2 {
@@ -472,7 +473,8 @@ pub fn activate(pre: &mut [f32], out: &mut [f32], act: impl Into<Activation>) {
 }
 
 /// grad ⊙= act′ at the site: relu′ = [pre ≥ 0] (as candle's); swish′ = σ·(1 − out) + out
-/// with σ where [`activate`] left it (in `pre`), as candle's; sigmoid′ = out·(1 − out).
+/// with σ where [`activate`] left it (in `pre`), as candle's; sigmoid′ = out·(1 − out);
+/// tanh′ = 1 − out².
 pub fn activation_backward(grad: &mut [f32], pre: &[f32], out: &[f32], act: impl Into<Activation>) {
     let act = act.into();
     let work = grad.len();
@@ -499,6 +501,7 @@ multiversion! {
                 .iter_mut()
                 .zip(out)
                 .for_each(|(g, &o)| *g *= o * (1.0 - o)),
+            Activation::Tanh => part.iter_mut().zip(out).for_each(|(g, &o)| *g *= 1.0 - o * o),
         }
     }
 }

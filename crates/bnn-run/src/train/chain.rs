@@ -96,6 +96,9 @@ pub fn run_chain_in<S: ChainSink>(
     Ok((outcome, chain.sink))
 }
 
+/// The sample metadata key of a regression's noise precision τ (standardised units).
+pub const NOISE_PRECISION_KEY: &str = "noise_precision";
+
 /// How often `--on-divergence rollback` may roll a chain back.
 pub(super) const MAX_ROLLBACKS: u32 = 3;
 
@@ -304,7 +307,11 @@ pub(super) fn write_sample(
         let what = format!("first in tensor {name}");
         return Err(diverged(step, epoch, ("parameters", f64::NAN), what, eta));
     }
-    let meta = sample_metadata(cfg, ds, step, epoch, eta)?;
+    let mut meta = sample_metadata(cfg, ds, step, epoch, eta)?;
+    if ds.task.is_regression() {
+        // The sample's σ: `bnn eval` predicts with it (Display round-trips an f64).
+        meta.insert(NOISE_PRECISION_KEY.into(), noise_precision.to_string());
+    }
     let params = model
         .params
         .iter()

@@ -10,6 +10,7 @@ pub mod sink;
 mod spread;
 mod stepper;
 mod task;
+pub use task::{predict_gaussians, test_targets};
 
 pub use replicas::ReplicaReport;
 
@@ -32,7 +33,7 @@ use crate::potential::Backward;
 use crate::ranks::Ranks;
 use crate::settings::Settings;
 use chain::run_chain;
-pub use chain::{run_chain_in, ChainOutcome};
+pub use chain::{run_chain_in, ChainOutcome, NOISE_PRECISION_KEY};
 
 /// Everything a training run needs besides the data: its settings and where and how it
 /// runs.

@@ -20,6 +20,11 @@ pub fn targets(split: &Split, task: Task) -> Vec<f64> {
     }
 }
 
+/// The test rows' targets of a regression, in the target's units.
+pub fn test_targets(ds: &Dataset) -> Vec<f64> {
+    targets(&ds.test, ds.task)
+}
+
 /// The empty ensembles of a split: the classes' (over no example for a regression, where
 /// it stays empty) and, for a regression, the mixture's.
 pub fn ensembles(split: &Split, task: Task) -> Result<(Accumulator, Option<RegressionAccumulator>)> {
