@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use bnn::checkpoint::RunManifest;
 use bnn::data::tabular::{self, TableSpec, TaskKind};
 use bnn::data::{self, LoadOptions};
-use bnn::likelihood::{Likelihood, Noise};
 use bnn::error::{Error, Result};
+use bnn::likelihood::{Likelihood, Noise};
 use bnn::model::ModelSpec;
 use bnn::potential::PriorSpec;
 use bnn::ranks::Ranks;
@@ -274,7 +274,11 @@ fn table_spec(args: &TrainArgs, seed: u64) -> Option<TableSpec> {
 /// The settings and data of a table run: the table's defaults under the preset and the
 /// flags, the step size scaled to its size unless one was given, and for a regression
 /// the Gaussian likelihood (σ fixed by `--noise-std`, in the target's units, or sampled).
-fn table_config(args: &TrainArgs, given: &GivenFlags, spec: &TableSpec) -> Result<(Settings, data::Dataset)> {
+fn table_config(
+    args: &TrainArgs,
+    given: &GivenFlags,
+    spec: &TableSpec,
+) -> Result<(Settings, data::Dataset)> {
     if args.valid > 0 || args.standardize || args.augment.is_some() {
         return Err(Error::Config(
             "--valid, --standardize and --augment are for images; a table's features are always standardised and it is scored on its test rows".into(),
@@ -287,7 +291,11 @@ fn table_config(args: &TrainArgs, given: &GivenFlags, spec: &TableSpec) -> Resul
         settings.scale_step_size(n, ds.task.is_regression());
     }
     // The toy's noise is known: fixed at its truth unless told otherwise.
-    let toy_noise = args.table.toy.as_ref().map(|_| data::toy::REGRESSION_1D_NOISE);
+    let toy_noise = args
+        .table
+        .toy
+        .as_ref()
+        .map(|_| data::toy::REGRESSION_1D_NOISE);
     settings.likelihood = match (ds.task, args.table.noise_std.or(toy_noise)) {
         (data::Task::Regression { std, .. }, Some(sigma)) => Likelihood::Gaussian {
             noise: Noise::Fixed { std: sigma / std },

@@ -149,9 +149,14 @@ pub fn plot_run(run_dir: &Path, out: Option<&Path>) -> Result<PlotReport> {
 /// ±2σ band, beside the last sample's mean and ±2σ of its own noise; or why not.
 fn regression_band(run_dir: &Path) -> Result<std::result::Result<Figure, String>> {
     let manifest = crate::checkpoint::RunManifest::read(run_dir)?;
-    let one_feature = manifest.table.as_ref().is_some_and(|t| t.features.len() == 1);
+    let one_feature = manifest
+        .table
+        .as_ref()
+        .is_some_and(|t| t.features.len() == 1);
     if !manifest.task.is_regression() || !one_feature {
-        return Ok(Err("not a regression on one feature (`--toy regression-1d`)".into()));
+        return Ok(Err(
+            "not a regression on one feature (`--toy regression-1d`)".into(),
+        ));
     }
     let ds = crate::eval::load_run_data(&manifest, None, true)?;
     let (crate::data::Task::Regression { mean, std }, Some(origin)) = (ds.task, &ds.table) else {
@@ -165,7 +170,9 @@ fn regression_band(run_dir: &Path) -> Result<std::result::Result<Figure, String>
         .zip(&ds.train.values)
         .map(|(&x, &y)| (x as f64 * s + m, y as f64 * std + mean))
         .collect();
-    let (lo, hi) = data.iter().fold((f64::MAX, f64::MIN), |a, p| (a.0.min(p.0), a.1.max(p.0)));
+    let (lo, hi) = data
+        .iter()
+        .fold((f64::MAX, f64::MIN), |a, p| (a.0.min(p.0), a.1.max(p.0)));
     let reach = (hi - lo) / 2.0;
     let grid = crate::band::grid(lo - reach, hi + reach, 241);
     let band = crate::band::band(run_dir, &manifest, &grid, &candle_core::Device::Cpu)?;
@@ -176,9 +183,19 @@ fn regression_band(run_dir: &Path) -> Result<std::result::Result<Figure, String>
     std::fs::create_dir_all(run_dir.join("eval")).map_err(|e| Error::io(&out, e))?;
     crate::atomic::write_atomic(&out, json.as_bytes())?;
     let panel_of = |title: &str, centre: &[f64], sd: &[f64]| {
-        let upper = grid.iter().zip(centre.iter().zip(sd)).map(|(&x, (c, d))| (x, c + 2.0 * d));
-        let lower = grid.iter().zip(centre.iter().zip(sd)).map(|(&x, (c, d))| (x, c - 2.0 * d));
-        let shade: Vec<(f64, f64)> = upper.collect::<Vec<_>>().into_iter().chain(lower.rev()).collect();
+        let upper = grid
+            .iter()
+            .zip(centre.iter().zip(sd))
+            .map(|(&x, (c, d))| (x, c + 2.0 * d));
+        let lower = grid
+            .iter()
+            .zip(centre.iter().zip(sd))
+            .map(|(&x, (c, d))| (x, c - 2.0 * d));
+        let shade: Vec<(f64, f64)> = upper
+            .collect::<Vec<_>>()
+            .into_iter()
+            .chain(lower.rev())
+            .collect();
         let line: Vec<(f64, f64)> = grid.iter().copied().zip(centre.iter().copied()).collect();
         panel(
             title,
@@ -196,7 +213,11 @@ fn regression_band(run_dir: &Path) -> Result<std::result::Result<Figure, String>
         title: format!("Predictive band ({} samples)", band.samples),
         panels: vec![
             panel_of("ensemble (Bayesian model average)", &band.mean, &band.std),
-            panel_of("last sample alone (its noise σ)", &band.sample_mean, &band.sample_std),
+            panel_of(
+                "last sample alone (its noise σ)",
+                &band.sample_mean,
+                &band.sample_std,
+            ),
         ],
     }))
 }

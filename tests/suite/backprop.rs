@@ -79,6 +79,7 @@ fn custom_backward_equals_autograd() {
         (vec![6], Activation::Sigmoid),
         (vec![], Activation::Relu),
         (vec![16, 3, 8], Activation::Sigmoid),
+        (vec![5, 4], Activation::Tanh),
     ] {
         let m = net(&hidden, act, 3);
         let pot = potential(&m, 1000);
@@ -114,6 +115,44 @@ fn custom_backward_equals_autograd() {
                         "{hidden:?} {act:?} rows {rows}: tensor {k}[{i}]: {a} vs {b}"
                     );
                 }
+            }
+        }
+    }
+}
+
+/// The Gaussian likelihood's pass (one output, Δ = s·τ·(f − y)) against autograd on the
+/// same potential, for a relu and a tanh network, τ ≠ 1 so that a missing τ shows.
+#[test]
+fn gaussian_custom_backward_equals_autograd() {
+    use bnn::likelihood::{Likelihood, Noise};
+    for (hidden, act) in [(vec![7, 5], Activation::Relu), (vec![6], Activation::Tanh)] {
+        let m = mlp(DIM, 1, &hidden, act, 4);
+        let noise = Noise::Fixed { std: 0.4 };
+        let pot = potential(&m, 1000)
+            .with_likelihood(Likelihood::Gaussian { noise })
+            .unwrap();
+        let mut bp = Backprop::new(&m, 13).unwrap();
+        let (x, _) = batch(13, 6);
+        let y: Vec<f32> = (0..13).map(|i| (i as f32 * 0.37).sin()).collect();
+        let fast = pot
+            .evaluate_targets_then(&mut bp, &m, &x, pot.targets(&[], &y), None)
+            .unwrap();
+        let xt = Tensor::from_slice(&x, (13, DIM), &Device::Cpu).unwrap();
+        let yt = Tensor::from_slice(&y, 13, &Device::Cpu).unwrap();
+        let reference = pot.evaluate(&m, &xt, &yt).unwrap();
+        assert!((fast.nll - reference.nll).abs() < 1e-5 * reference.nll.abs().max(1.0));
+        let f = flat(&reference.logits);
+        let sse: f64 = f
+            .iter()
+            .zip(&y)
+            .map(|(f, y)| ((f - y) as f64).powi(2))
+            .sum();
+        assert!((fast.sq_error - sse).abs() < 1e-5 * sse.max(1.0));
+        for (k, (g, r)) in bp.grads().iter().zip(&reference.grads).enumerate() {
+            let (g, r) = (flat(g), flat(r));
+            let tol = 1e-5 * max_abs(&r).max(1e-3);
+            for (i, (a, b)) in g.iter().zip(&r).enumerate() {
+                assert!((a - b).abs() <= tol, "{act:?}: tensor {k}[{i}]: {a} vs {b}");
             }
         }
     }

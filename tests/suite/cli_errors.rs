@@ -33,7 +33,7 @@ fn unknown_sampler_and_bad_numbers_are_usage_errors() {
         &["train", "--sampler", "nuts"][..],
         &["train", "--epochs", "many"],
         &["train", "--hidden", "10,x"],
-        &["train", "--activation", "tanh"],
+        &["train", "--activation", "softplus"],
     ] {
         let out = bnn(d.path(), args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");

@@ -22,6 +22,7 @@ mod potential;
 mod predict;
 mod presets;
 mod properties;
+mod regression;
 mod resnet;
 mod resume;
 mod samplers;

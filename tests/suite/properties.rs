@@ -91,6 +91,8 @@ fn state_file() -> Vec<u8> {
         valid: None,
         kinetic_trace: vec![0.5],
         rollbacks: 0,
+        regression: None,
+        noise_precision: None,
     };
     let dir = tempfile::tempdir().unwrap();
     state.save(dir.path()).unwrap();

@@ -111,7 +111,13 @@ impl Noise {
     /// over `n` examples, at temperature T: Gamma(shape = (a − 1 + n/2)/T + 1, rate =
     /// (b + SSE/2)/T), the usual Gamma(a + n/2, b + SSE/2) at T = 1 (the same tempering as
     /// the weight precisions'). `None` for a fixed σ.
-    pub fn gibbs_draw(&self, sse: f64, n: usize, temperature: f64, seed: u64) -> Result<Option<f64>> {
+    pub fn gibbs_draw(
+        &self,
+        sse: f64,
+        n: usize,
+        temperature: f64,
+        seed: u64,
+    ) -> Result<Option<f64>> {
         let Noise::Gamma { shape, rate } = *self else {
             return Ok(None);
         };
@@ -213,7 +219,11 @@ mod tests {
             gaussian_error(&g, &y, tau, 1.0, &mut [0f32; 3]).unwrap().0
         };
         let slope = (at(f[1] + h) - at(f[1] - h)) / (2.0 * h as f64);
-        assert!((d[1] as f64 - s as f64 * slope).abs() < 1e-3, "{} {slope}", d[1]);
+        assert!(
+            (d[1] as f64 - s as f64 * slope).abs() < 1e-3,
+            "{} {slope}",
+            d[1]
+        );
         assert!(gaussian_error(&f, &y[..2], tau, s, &mut d).is_err());
     }
 
@@ -234,7 +244,12 @@ mod tests {
             / 2000.0;
         let want = (2.0 + 50.0) / (1.0 + 20.0);
         assert!((mean / want - 1.0).abs() < 0.01, "{mean} vs {want}");
-        assert_eq!(Noise::Fixed { std: 0.5 }.gibbs_draw(1.0, 1, 1.0, 0).unwrap(), None);
+        assert_eq!(
+            Noise::Fixed { std: 0.5 }
+                .gibbs_draw(1.0, 1, 1.0, 0)
+                .unwrap(),
+            None
+        );
         assert_eq!(Noise::Fixed { std: 0.5 }.initial_precision().unwrap(), 4.0);
         assert!(Noise::Fixed { std: 0.0 }.initial_precision().is_err());
         assert!(noise.gibbs_draw(f64::NAN, n, 1.0, 0).is_err());

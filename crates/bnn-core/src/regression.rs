@@ -174,12 +174,15 @@ impl RegressionAccumulator {
             .clone();
         for p in parts {
             if p.targets.len() != all.targets.len() {
-                return Err(Error::Config("pooling ensembles of different test sets".into()));
+                return Err(Error::Config(
+                    "pooling ensembles of different test sets".into(),
+                ));
             }
             if p.samples == 0 {
                 continue;
             }
-            let add = |a: &mut Vec<f64>, b: &Vec<f64>| a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+            let add =
+                |a: &mut Vec<f64>, b: &Vec<f64>| a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
             if all.samples == 0 {
                 (all.lse_max, all.lse_sum) = (p.lse_max.clone(), p.lse_sum.clone());
             } else {

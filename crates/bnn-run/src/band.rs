@@ -64,7 +64,9 @@ pub fn band(run_dir: &Path, manifest: &RunManifest, x: &[f64], device: &Device) 
         for path in checkpoint::list_samples(&dir)? {
             let sample = checkpoint::load_sample(&path, device)?;
             let bad = |e: String| Error::Checkpoint(format!("{}: {e}", path.display()));
-            model.load(&sample.tensors).map_err(|e| bad(e.to_string()))?;
+            model
+                .load(&sample.tensors)
+                .map_err(|e| bad(e.to_string()))?;
             let tau = sample
                 .metadata
                 .get(crate::train::NOISE_PRECISION_KEY)
@@ -76,7 +78,10 @@ pub fn band(run_dir: &Path, manifest: &RunManifest, x: &[f64], device: &Device) 
     }
     let predictive = all.predictive();
     if predictive.is_empty() {
-        return Err(Error::Checkpoint(format!("{}: no samples", run_dir.display())));
+        return Err(Error::Checkpoint(format!(
+            "{}: no samples",
+            run_dir.display()
+        )));
     }
     Ok(Band {
         x: x.to_vec(),

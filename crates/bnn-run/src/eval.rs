@@ -13,11 +13,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, RunManifest};
 use crate::data::{self, shift, Dataset, LoadOptions, Split, NUM_CLASSES};
-use crate::regression::{RegressionAccumulator, RegressionMetrics};
 use crate::ensemble::{self, Accumulator, Progress};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::model::Network;
+use crate::regression::{RegressionAccumulator, RegressionMetrics};
 use crate::uncertainty::{self, Detection, Uncertainty};
 
 /// What `bnn eval` prints.
@@ -357,13 +357,16 @@ fn evaluate_regression(
         for path in checkpoint::list_samples(&dir)? {
             let sample = checkpoint::load_sample(&path, device)?;
             let bad = |e: String| Error::Checkpoint(format!("{}: {e}", path.display()));
-            model.load(&sample.tensors).map_err(|e| bad(e.to_string()))?;
+            model
+                .load(&sample.tensors)
+                .map_err(|e| bad(e.to_string()))?;
             let tau = sample
                 .metadata
                 .get(crate::train::NOISE_PRECISION_KEY)
                 .and_then(|t| t.parse::<f64>().ok())
                 .ok_or_else(|| bad("no noise precision in a regression's sample".into()))?;
-            let (mean, var) = crate::train::predict_gaussians(model, &ds.test, ds.task, tau, device)?;
+            let (mean, var) =
+                crate::train::predict_gaussians(model, &ds.test, ds.task, tau, device)?;
             acc.add(&mean, &var)?;
         }
         chains.push(acc);

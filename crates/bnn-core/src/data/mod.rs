@@ -156,7 +156,12 @@ impl Split {
     pub fn gather(&self, indices: &[usize], x: &mut Vec<f32>, y: &mut Vec<u32>) {
         let d = self.dim();
         y.clear();
-        y.extend(indices.iter().filter_map(|&i| self.labels.get(i)).map(|&l| l as u32));
+        y.extend(
+            indices
+                .iter()
+                .filter_map(|&i| self.labels.get(i))
+                .map(|&l| l as u32),
+        );
         x.resize(indices.len() * d, 0.0);
         if self.is_table() {
             for (row, &i) in x.chunks_exact_mut(d).zip(indices) {
@@ -198,7 +203,10 @@ impl Split {
     fn split_off_last(&mut self, n: usize) -> Split {
         let keep = self.len() - n;
         let (features, values) = match self.is_table() {
-            true => (self.features.split_off(keep * self.dim()), self.values.split_off(keep.min(self.values.len()))),
+            true => (
+                self.features.split_off(keep * self.dim()),
+                self.values.split_off(keep.min(self.values.len())),
+            ),
             false => (Vec::new(), Vec::new()),
         };
         Split {
@@ -253,7 +261,9 @@ pub enum Task {
 
 impl Task {
     /// The image data sets' task: ten classes.
-    pub const TEN_CLASSES: Task = Task::Classification { classes: NUM_CLASSES };
+    pub const TEN_CLASSES: Task = Task::Classification {
+        classes: NUM_CLASSES,
+    };
 
     /// The network's outputs: one per class, or one value.
     pub fn outputs(&self) -> usize {

@@ -154,7 +154,12 @@ pub fn build(
     let name = spec
         .csv
         .file_name()
-        .map(|f| f.to_string_lossy().trim_end_matches(".gz").trim_end_matches(".csv").to_string())
+        .map(|f| {
+            f.to_string_lossy()
+                .trim_end_matches(".gz")
+                .trim_end_matches(".csv")
+                .to_string()
+        })
         .unwrap_or_else(|| "table".into());
     Ok(Dataset {
         name,
@@ -190,7 +195,8 @@ fn column_stats(x: &[f64], d: usize) -> (Vec<f64>, Vec<f64>) {
 
 /// Whether every value is an integer label in 0 … 255.
 fn integer_labels(y: &[f64]) -> bool {
-    y.iter().all(|&v| v.fract() == 0.0 && (0.0..256.0).contains(&v))
+    y.iter()
+        .all(|&v| v.fract() == 0.0 && (0.0..256.0).contains(&v))
 }
 
 /// The task `spec` asks for, checked against the targets.
@@ -207,9 +213,7 @@ fn task_of(spec: &TableSpec, train: &Table, test: &Table) -> Result<Task> {
         TaskKind::Classification => {
             let origin = spec.csv.display();
             if !classes_fit {
-                let bad = all()
-                    .find(|&v| !integer_labels(&[v]))
-                    .unwrap_or(f64::NAN);
+                let bad = all().find(|&v| !integer_labels(&[v])).unwrap_or(f64::NAN);
                 return Err(Error::Data(format!(
                     "{origin}: column `{}` holds {bad}, not a class label 0 … 255; use --task regression for a real value",
                     spec.target
@@ -256,7 +260,13 @@ mod tests {
         let test = parse_csv("a,c,y\n5,5,40\n".as_bytes(), "t", "y").unwrap();
         let ds = build(&spec(TaskKind::Auto), train, test, None).unwrap();
         // Integers 10 … 40 above 99: a regression; mean 15, std 5.
-        assert_eq!(ds.task, Task::Regression { mean: 15.0, std: 5.0 });
+        assert_eq!(
+            ds.task,
+            Task::Regression {
+                mean: 15.0,
+                std: 5.0
+            }
+        );
         assert_eq!(ds.train.features, [-1.0, 0.0, 1.0, 0.0]);
         assert_eq!(ds.test.features, [3.0, 0.0]);
         assert_eq!(ds.train.values, [-1.0, 1.0]);

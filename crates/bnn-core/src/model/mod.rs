@@ -311,9 +311,13 @@ impl ModelSpec {
                         .into(),
                 ))
             }
-            ModelKind::Resnet if matches!(self.activation, Activation::Sigmoid | Activation::Tanh) => Err(Error::Config(
-                "a ResNet's activation is relu or swish".into(),
-            )),
+            ModelKind::Resnet
+                if matches!(self.activation, Activation::Sigmoid | Activation::Tanh) =>
+            {
+                Err(Error::Config(
+                    "a ResNet's activation is relu or swish".into(),
+                ))
+            }
             _ => Ok(()),
         }
     }

@@ -456,7 +456,10 @@ pub fn activate(pre: &mut [f32], out: &mut [f32], act: impl Into<Activation>) {
                 .iter_mut()
                 .zip(pre)
                 .for_each(|(o, &mut v)| *o = 1.0 / (1.0 + (-v).exp())),
-            Activation::Tanh => out.iter_mut().zip(pre).for_each(|(o, &mut v)| *o = v.tanh()),
+            Activation::Tanh => out
+                .iter_mut()
+                .zip(pre)
+                .for_each(|(o, &mut v)| *o = v.tanh()),
         }
     };
     if work < pool::PARALLEL_MIN_ELEMENTS || pool::threads() < 2 {

@@ -12,16 +12,16 @@ use rand::SeedableRng;
 use serde::Serialize;
 
 use super::sink::{ChainSink, RunFolder};
+use super::task;
 use super::{manifest, EpochRecord, Stepper, TrainConfig};
 use crate::checkpoint;
-use super::task;
 use crate::data::{Dataset, Task};
-use crate::likelihood::Noise;
-use crate::regression::RegressionAccumulator;
 use crate::ensemble::{self, Accumulator};
 use crate::error::{Error, Result};
+use crate::likelihood::Noise;
 use crate::model::Network;
 use crate::potential::{Backward, Potential, Prior};
+use crate::regression::RegressionAccumulator;
 use crate::rng;
 use crate::run_state::{self, Progress, RunState};
 use crate::sampler;
@@ -345,10 +345,16 @@ impl<'a, S: ChainSink> Chain<'a, S> {
     /// samples yet; `label_seed`: the run's seed, which decides its label noise.
     pub fn new(cfg: &'a TrainConfig, ds: &'a Dataset, sink: S, label_seed: u64) -> Result<Self> {
         let s = &cfg.settings;
-        let model = Network::new(&s.model, ds.train.dim(), ds.task.outputs(), s.seed, &cfg.device)?;
+        let model = Network::new(
+            &s.model,
+            ds.train.dim(),
+            ds.task.outputs(),
+            s.seed,
+            &cfg.device,
+        )?;
         let prior = Prior::new(s.prior, model.params.len())?;
-        let potential = Potential::new(ds.train.len(), s.temperature, prior)?
-            .with_likelihood(s.likelihood)?;
+        let potential =
+            Potential::new(ds.train.len(), s.temperature, prior)?.with_likelihood(s.likelihood)?;
         // Built before a saved state is restored: the sampler's init (splitting moves θ
         // by v/2 there) must not undo it.
         let stepper = Stepper::new(
@@ -748,11 +754,15 @@ impl<'a, S: ChainSink> Chain<'a, S> {
             test_ensemble: kept.and_then(|k| k.test.metrics()),
             test_regression: kept.and_then(|k| k.regression.as_ref()?.metrics()),
             train_rmse: match self.ds.task {
-                Task::Regression { std, .. } => Some((sums.sq_error / sums.seen as f64).sqrt() * std),
+                Task::Regression { std, .. } => {
+                    Some((sums.sq_error / sums.seen as f64).sqrt() * std)
+                }
                 Task::Classification { .. } => None,
             },
             noise_std: match self.ds.task {
-                Task::Regression { std, .. } => Some(std / self.stepper.potential.noise_precision.sqrt()),
+                Task::Regression { std, .. } => {
+                    Some(std / self.stepper.potential.noise_precision.sqrt())
+                }
                 Task::Classification { .. } => None,
             },
             test_last_sample: kept.and_then(|k| k.test.last_sample),

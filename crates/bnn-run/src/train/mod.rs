@@ -24,13 +24,13 @@ use serde::{Deserialize, Serialize};
 use crate::checkpoint::{self, RunManifest};
 use crate::convergence::{self, Convergence};
 use crate::data::Dataset;
-use crate::regression::{RegressionAccumulator, RegressionMetrics};
 use crate::ensemble::Accumulator;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::model::Network;
 use crate::potential::Backward;
 use crate::ranks::Ranks;
+use crate::regression::{RegressionAccumulator, RegressionMetrics};
 use crate::settings::Settings;
 use chain::run_chain;
 pub use chain::{run_chain_in, ChainOutcome, NOISE_PRECISION_KEY};
@@ -242,7 +242,9 @@ pub fn train_on(cfg: &TrainConfig, ds: &Dataset, ranks: &Ranks) -> Result<Option
     cfg.settings.validate(ds.train.len())?;
     cfg.settings.augment.for_dataset(&ds.name)?;
     task::check(ds, &cfg.settings.likelihood)?;
-    if ds.task.is_regression() && (ranks.size() > 1 || cfg.settings.sampler.kind.is_replica_exchange()) {
+    if ds.task.is_regression()
+        && (ranks.size() > 1 || cfg.settings.sampler.kind.is_replica_exchange())
+    {
         return Err(Error::Config(
             "a regression runs its chains in one process, without replica exchange (no MPI ranks, no renhd/reld)".into(),
         ));
@@ -451,7 +453,10 @@ fn finish(
             .map(|(k, c)| ChainSummary {
                 chain: k,
                 seed: c.seed,
-                samples: c.regression.as_ref().map_or(c.test.samples(), |r| r.samples()),
+                samples: c
+                    .regression
+                    .as_ref()
+                    .map_or(c.test.samples(), |r| r.samples()),
                 ensemble: c.test.metrics(),
                 regression: c.regression.as_ref().and_then(|r| r.metrics()),
                 last_sample: c.test.last_sample,
@@ -467,7 +472,10 @@ fn finish(
         let loglik: Vec<Vec<f64>> = chains
             .iter()
             .map(|c| {
-                let nll = c.regression.as_ref().map_or(c.test.sample_nll(), |r| r.sample_nll());
+                let nll = c
+                    .regression
+                    .as_ref()
+                    .map_or(c.test.sample_nll(), |r| r.sample_nll());
                 nll.iter().map(|n| -n).collect()
             })
             .collect();

@@ -150,7 +150,11 @@ impl Stepper {
         }
         if regression {
             let f = eval.logits.flatten_all()?.to_vec1::<f32>()?;
-            let sq_error = f.iter().zip(&self.vbuf).map(|(f, y)| ((f - y) as f64).powi(2)).sum();
+            let sq_error = f
+                .iter()
+                .zip(&self.vbuf)
+                .map(|(f, y)| ((f - y) as f64).powi(2))
+                .sum();
             return Ok(BatchLoss {
                 nll: eval.nll,
                 correct: 0,

@@ -13,9 +13,11 @@ use crate::regression::RegressionAccumulator;
 /// A split's targets in the target's own units (standardisation undone).
 pub fn targets(split: &Split, task: Task) -> Vec<f64> {
     match task {
-        Task::Regression { mean, std } => {
-            split.values.iter().map(|&v| v as f64 * std + mean).collect()
-        }
+        Task::Regression { mean, std } => split
+            .values
+            .iter()
+            .map(|&v| v as f64 * std + mean)
+            .collect(),
         Task::Classification { .. } => Vec::new(),
     }
 }
@@ -27,9 +29,14 @@ pub fn test_targets(ds: &Dataset) -> Vec<f64> {
 
 /// The empty ensembles of a split: the classes' (over no example for a regression, where
 /// it stays empty) and, for a regression, the mixture's.
-pub fn ensembles(split: &Split, task: Task) -> Result<(Accumulator, Option<RegressionAccumulator>)> {
+pub fn ensembles(
+    split: &Split,
+    task: Task,
+) -> Result<(Accumulator, Option<RegressionAccumulator>)> {
     Ok(match task {
-        Task::Classification { classes } => (Accumulator::with_classes(&split.labels, classes)?, None),
+        Task::Classification { classes } => {
+            (Accumulator::with_classes(&split.labels, classes)?, None)
+        }
         Task::Regression { .. } => (
             Accumulator::new(&[]),
             Some(RegressionAccumulator::new(&targets(split, task))),
@@ -47,7 +54,9 @@ pub fn predict_gaussians(
     device: &Device,
 ) -> Result<(Vec<f64>, Vec<f64>)> {
     let Task::Regression { mean, std } = task else {
-        return Err(Error::Config("internal: Gaussian predictions of a classifier".into()));
+        return Err(Error::Config(
+            "internal: Gaussian predictions of a classifier".into(),
+        ));
     };
     let out = ensemble::outputs(model, split, device)?;
     let means = out.iter().map(|&f| f as f64 * std + mean).collect();
