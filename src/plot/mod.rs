@@ -208,16 +208,31 @@ fn regression_band(run_dir: &Path) -> Result<std::result::Result<Figure, String>
             ],
         )
     };
+    // One y range for both, so that the two bands compare by eye.
+    let edges = |m: &[f64], sd: &[f64]| -> Vec<f64> {
+        m.iter()
+            .zip(sd)
+            .flat_map(|(m, s)| [m - 2.0 * s, m + 2.0 * s])
+            .collect()
+    };
+    let mut all = edges(&band.mean, &band.std);
+    all.extend(edges(&band.sample_mean, &band.sample_std));
+    let (y0, y1) = all
+        .iter()
+        .fold((f64::MAX, f64::MIN), |a, &v| (a.0.min(v), a.1.max(v)));
+    let pad = 0.05 * (y1 - y0);
     Ok(Ok(Figure {
         name: "regression_band".into(),
         title: format!("Predictive band ({} samples)", band.samples),
         panels: vec![
-            panel_of("ensemble (Bayesian model average)", &band.mean, &band.std),
+            panel_of("ensemble (Bayesian model average)", &band.mean, &band.std)
+                .y_range(y0 - pad, y1 + pad),
             panel_of(
                 "last sample alone (its noise σ)",
                 &band.sample_mean,
                 &band.sample_std,
-            ),
+            )
+            .y_range(y0 - pad, y1 + pad),
         ],
     }))
 }

@@ -179,6 +179,7 @@ mod tests {
         let sample = |valid| {
             Event::Sample(KeptSample {
                 test: vec![0.1, f32::MIN_POSITIVE / 3.0, 1.0 - f32::EPSILON, 7e-38],
+                gaussians: None,
                 valid,
                 kinetic_energy: Some(0.51),
             })
