@@ -146,8 +146,13 @@ pub fn inspect_run(run_dir: &Path) -> Result<RunInfo> {
         state_bytes,
         total_bytes: bytes_under(run_dir),
         first_sample: first.map(|p| inspect_file(&p)).transpose()?,
-        ensemble: field("ensemble").filter(|v| !v.is_null()),
-        last_sample: field("last_sample").filter(|v| !v.is_null()),
+        // A regression's metrics stand where a classification's do.
+        ensemble: field("ensemble")
+            .filter(|v| !v.is_null())
+            .or_else(|| field("regression")),
+        last_sample: field("last_sample")
+            .filter(|v| !v.is_null())
+            .or_else(|| field("regression_last_sample")),
     })
 }
 
@@ -258,6 +263,12 @@ pub fn run_table(r: &RunInfo) -> String {
         mb(r.total_bytes)
     );
     let metric = |v: &Option<serde_json::Value>| match v {
+        Some(m) if m.get("rmse").is_some() => format!(
+            "RMSE {:.4}  NLL {:.4}  95% coverage {:.4}",
+            m["rmse"].as_f64().unwrap_or(f64::NAN),
+            m["nll"].as_f64().unwrap_or(f64::NAN),
+            m["coverage"][2].as_f64().unwrap_or(f64::NAN)
+        ),
         Some(m) => format!(
             "accuracy {:.4}  NLL {:.4}  ECE {:.4}",
             m["accuracy"].as_f64().unwrap_or(f64::NAN),

@@ -58,6 +58,12 @@ pub struct Prediction {
 
 /// Image side of a run's data (square, one channel).
 fn side(manifest: &RunManifest) -> Result<usize> {
+    if manifest.table.is_some() {
+        return Err(Error::Config(format!(
+            "bnn predict classifies pictures; the run on {} was trained on a table (`bnn eval --run` scores its test rows)",
+            manifest.dataset
+        )));
+    }
     let s = (manifest.input_dim as f64).sqrt().round() as usize;
     match s * s == manifest.input_dim {
         true => Ok(s),
