@@ -258,8 +258,8 @@ mod tests {
     fn features_and_targets_are_standardised_with_the_training_rows() {
         let train = parse_csv("a,c,y\n1,5,10\n3,5,20\n".as_bytes(), "t", "y").unwrap();
         let test = parse_csv("a,c,y\n5,5,40\n".as_bytes(), "t", "y").unwrap();
-        let ds = build(&spec(TaskKind::Auto), train, test, None).unwrap();
-        // Integers 10 … 40 above 99: a regression; mean 15, std 5.
+        let ds = build(&spec(TaskKind::Regression), train, test, None).unwrap();
+        // Training targets 10 and 20: mean 15, std 5.
         assert_eq!(
             ds.task,
             Task::Regression {
