@@ -345,10 +345,30 @@ fn per_epoch(epochs: &[EpochRecord], f: impl Fn(&EpochRecord) -> Option<f64>) ->
 }
 
 fn learning_curves(epochs: &[EpochRecord]) -> Figure {
+    // Dots only where they can be told apart (a table's run has thousands of epochs).
+    let mark = match epochs.len() > 200 {
+        true => Mark::Line,
+        false => Mark::LinePoints,
+    };
     let loss = per_epoch(epochs, |e| Some(e.train_nll));
-    let ens = per_epoch(epochs, |e| e.test_ensemble.map(|m| 100.0 * m.accuracy));
-    let last = per_epoch(epochs, |e| e.test_last_sample.map(|m| 100.0 * m.accuracy));
-    let train = per_epoch(epochs, |e| Some(100.0 * e.train_accuracy));
+    let second = match epochs.iter().any(|e| e.train_rmse.is_some()) {
+        true => regression_curves(epochs, mark),
+        false => {
+            let ens = per_epoch(epochs, |e| e.test_ensemble.map(|m| 100.0 * m.accuracy));
+            let last = per_epoch(epochs, |e| e.test_last_sample.map(|m| 100.0 * m.accuracy));
+            let train = per_epoch(epochs, |e| Some(100.0 * e.train_accuracy));
+            count_panel(
+                "Accuracy",
+                "epoch",
+                "accuracy (%)",
+                vec![
+                    Series::new("test: ensemble so far", ens, mark),
+                    Series::new("test: last sample", last, mark),
+                    Series::new("training minibatches", train, Mark::Line),
+                ],
+            )
+        }
+    };
     Figure {
         name: "learning_curves".into(),
         title: "Learning curves".into(),
@@ -357,21 +377,29 @@ fn learning_curves(epochs: &[EpochRecord]) -> Figure {
                 "Training loss (minibatch NLL per example)",
                 "epoch",
                 "NLL",
-                vec![Series::new("", loss, Mark::LinePoints)],
+                vec![Series::new("", loss, mark)],
             ),
-            count_panel(
-                "Accuracy",
-                "epoch",
-                "accuracy (%)",
-                vec![
-                    Series::new("test: ensemble so far", ens, Mark::LinePoints),
-                    Series::new("test: last sample", last, Mark::LinePoints),
-                    Series::new("training minibatches", train, Mark::Line),
-                ],
-            )
-            .legend_at(Corner::LowerRight),
+            second.legend_at(Corner::UpperRight),
         ],
     }
+}
+
+/// A regression's second panel: the test ensemble's RMSE and 95% coverage so far, the
+/// minibatches' RMSE and the noise σ, in the target's units.
+fn regression_curves(epochs: &[EpochRecord], mark: Mark) -> Panel {
+    let ens = per_epoch(epochs, |e| e.test_regression.map(|m| m.rmse));
+    let train = per_epoch(epochs, |e| e.train_rmse);
+    let sigma = per_epoch(epochs, |e| e.noise_std);
+    count_panel(
+        "RMSE and noise σ (target units)",
+        "epoch",
+        "RMSE, σ",
+        vec![
+            Series::new("test: ensemble RMSE so far", ens, mark),
+            Series::new("training minibatches' RMSE", train, Mark::Line),
+            Series::new("noise σ", sigma, Mark::Dashed),
+        ],
+    )
 }
 
 fn dynamics(
