@@ -13,8 +13,8 @@ from pathlib import Path
 # The floor below, as each library crate names it at its root (`use bnn_kernels as
 # kernels; use bnn_kernels::{error, ...}`): always allowed.
 KERNELS_FLOOR = {"kernels", "error", "rng", "pool", "alloc", "atomic", "signals"}
-CORE_FLOOR = {"backprop", "convergence", "data", "ensemble", "metrics", "model", "potential",
-              "sampler", "schedule", "synthetic", "uncertainty"}
+CORE_FLOOR = {"backprop", "convergence", "data", "ensemble", "likelihood", "metrics", "model",
+              "potential", "regression", "sampler", "schedule", "synthetic", "uncertainty"}
 
 # crate folder -> module -> the modules of its own crate it may import (None: any).
 GROUND = {"error", "rng", "pool", "alloc", "atomic", "signals"}
@@ -28,8 +28,10 @@ RULES = {
         "sampler": KERNELS_FLOOR,
         "data": KERNELS_FLOOR,
         "model": KERNELS_FLOOR,
-        "backprop": KERNELS_FLOOR | {"model"},
-        "potential": KERNELS_FLOOR | {"model", "backprop"},
+        # The likelihood is arithmetic on outputs and targets: below the passes.
+        "likelihood": KERNELS_FLOOR,
+        "backprop": KERNELS_FLOOR | {"model", "likelihood"},
+        "potential": KERNELS_FLOOR | {"model", "backprop", "likelihood"},
     },
     "crates/bnn-run": {
         "ranks": KERNELS_FLOOR,

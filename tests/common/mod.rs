@@ -163,3 +163,10 @@ pub fn short_mnist_run(
         ],
     )
 }
+
+/// `bytes` gzipped.
+pub fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(bytes).unwrap();
+    enc.finish().unwrap()
+}

@@ -2,16 +2,9 @@
 //! line, a k-class table and a regression trained, evaluated again and resumed bit for
 //! bit, and the 1-D toy's band widening away from the data.
 
-use std::io::Write;
 use std::path::Path;
 
-use crate::common::{fails_with, run_ok};
-
-fn gzip(bytes: &[u8]) -> Vec<u8> {
-    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    enc.write_all(bytes).unwrap();
-    enc.finish().unwrap()
-}
+use crate::common::{fails_with, gzip, run_ok};
 
 #[test]
 fn bad_csv_input_gets_one_line_and_exit_1() {

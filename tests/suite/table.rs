@@ -1,10 +1,11 @@
 //! Tables from CSV: the shared tabular sets read with their shapes, gzip read as plain
 //! text is, and a gzip stream whose trailer declares 2 GB of 10 bytes refused in one line.
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use bnn::data::table::{read_csv, Table};
+
+use crate::common::gzip;
 
 /// `$BNN_DATA_DIR/tabular`, or `None` (a failure under `BNN_REQUIRE_DATA=1`).
 fn tabular() -> Option<PathBuf> {
@@ -45,12 +46,6 @@ fn the_shared_tables_read_with_their_shapes() {
     classes.sort_unstable();
     classes.dedup();
     assert_eq!(classes, (0..10).collect::<Vec<_>>());
-}
-
-fn gzip(bytes: &[u8]) -> Vec<u8> {
-    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    enc.write_all(bytes).unwrap();
-    enc.finish().unwrap()
 }
 
 #[test]

@@ -62,17 +62,7 @@ pub fn band(run_dir: &Path, manifest: &RunManifest, x: &[f64], device: &Device) 
     let mut last = (Vec::new(), Vec::new());
     for dir in checkpoint::chain_dirs(run_dir) {
         for path in checkpoint::list_samples(&dir)? {
-            let sample = checkpoint::load_sample(&path, device)?;
-            let bad = |e: String| Error::Checkpoint(format!("{}: {e}", path.display()));
-            model
-                .load(&sample.tensors)
-                .map_err(|e| bad(e.to_string()))?;
-            let tau = sample
-                .metadata
-                .get(crate::train::NOISE_PRECISION_KEY)
-                .and_then(|t| t.parse::<f64>().ok())
-                .ok_or_else(|| bad("no noise precision in a regression's sample".into()))?;
-            last = crate::train::predict_gaussians(&model, &split, manifest.task, tau, device)?;
+            last = crate::eval::sample_gaussians(&model, &path, &split, manifest.task, device)?;
             all.add(&last.0, &last.1)?;
         }
     }

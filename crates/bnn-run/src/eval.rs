@@ -342,6 +342,28 @@ pub fn evaluate_run(
     })
 }
 
+/// The regression sample at `path` loaded into `model`: its predictive Gaussians on
+/// `split` (means, and its recorded noise σ²), in the target's units.
+pub fn sample_gaussians(
+    model: &Network,
+    path: &Path,
+    split: &Split,
+    task: data::Task,
+    device: &Device,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let sample = checkpoint::load_sample(path, device)?;
+    let bad = |e: String| Error::Checkpoint(format!("{}: {e}", path.display()));
+    model
+        .load(&sample.tensors)
+        .map_err(|e| bad(e.to_string()))?;
+    let tau = sample
+        .metadata
+        .get(crate::train::NOISE_PRECISION_KEY)
+        .and_then(|t| t.parse::<f64>().ok())
+        .ok_or_else(|| bad("no noise precision in a regression's sample".into()))?;
+    crate::train::predict_gaussians(model, split, task, tau, device)
+}
+
 /// [`evaluate_run`] for a regression: every sample's Gaussians (its mean, its recorded
 /// noise σ) on the test rows, chain by chain, pooled.
 fn evaluate_regression(
@@ -355,18 +377,7 @@ fn evaluate_regression(
     for dir in checkpoint::chain_dirs(run_dir) {
         let mut acc = RegressionAccumulator::new(&crate::train::test_targets(ds));
         for path in checkpoint::list_samples(&dir)? {
-            let sample = checkpoint::load_sample(&path, device)?;
-            let bad = |e: String| Error::Checkpoint(format!("{}: {e}", path.display()));
-            model
-                .load(&sample.tensors)
-                .map_err(|e| bad(e.to_string()))?;
-            let tau = sample
-                .metadata
-                .get(crate::train::NOISE_PRECISION_KEY)
-                .and_then(|t| t.parse::<f64>().ok())
-                .ok_or_else(|| bad("no noise precision in a regression's sample".into()))?;
-            let (mean, var) =
-                crate::train::predict_gaussians(model, &ds.test, ds.task, tau, device)?;
+            let (mean, var) = sample_gaussians(model, &path, &ds.test, ds.task, device)?;
             acc.add(&mean, &var)?;
         }
         chains.push(acc);
