@@ -279,6 +279,11 @@ fn table_config(
     given: &GivenFlags,
     spec: &TableSpec,
 ) -> Result<(Settings, data::Dataset)> {
+    if given.contains("dataset") || args.data.data_dir.is_some() {
+        return Err(Error::Config(
+            "--csv and --toy replace --dataset and --data-dir; give one or the other".into(),
+        ));
+    }
     if args.valid > 0 || args.standardize || args.augment.is_some() {
         return Err(Error::Config(
             "--valid, --standardize and --augment are for images; a table's features are always standardised and it is scored on its test rows".into(),
@@ -287,9 +292,14 @@ fn table_config(
     let ds = tabular::load(spec)?;
     let n = ds.train.len();
     let (mut settings, _) = settings_on(Settings::for_table(n), args, given)?;
-    if args.step_size.is_none() && preset_layer(args)?.step_size.is_none() {
+    let (preset, flags) = (preset_layer(args)?, flag_layer(args, given));
+    if flags.step_size.is_none() && preset.step_size.is_none() {
         settings.scale_step_size(n, ds.task.is_regression());
     }
+    // Burn-in and thinning follow the epochs asked for, unless given themselves.
+    let burnin_given = flags.burnin.or(preset.burnin).is_some();
+    let thin_given = flags.thin.or(preset.thin).is_some();
+    settings.fit_table_schedule(n, burnin_given, thin_given);
     // The toy's noise is known: fixed at its truth unless told otherwise.
     let toy_noise = args
         .table

@@ -166,6 +166,16 @@ pub fn load_run_data(
         // A table is rebuilt from its record: the same file, split and standardisation.
         let ds = data::tabular::load(&origin.spec)?;
         origin.check_same_split(&ds)?;
+        if ds.train.len() != manifest.train_examples || ds.train.dim() != manifest.input_dim {
+            return Err(Error::Data(format!(
+                "{}: {} training rows of {} features, but the run was trained on {} of {}",
+                origin.spec.csv.display(),
+                ds.train.len(),
+                ds.train.dim(),
+                manifest.train_examples,
+                manifest.input_dim
+            )));
+        }
         return Ok(ds);
     }
     let recorded = PathBuf::from(&manifest.data_source);

@@ -185,21 +185,31 @@ impl Settings {
         let d = Settings::default();
         let batch_size = n_train.clamp(1, 100);
         let batches = (n_train / batch_size).max(1);
-        let epochs = Self::TABLE_UPDATES.div_ceil(batches).max(4);
-        let burnin = epochs / 4;
-        let thin = ((epochs - burnin) * batches / 100).max(1);
-        Settings {
+        let mut s = Settings {
             batch_size,
-            epochs,
+            epochs: Self::TABLE_UPDATES.div_ceil(batches).max(4),
             schedule: Schedule {
                 decay_at: Vec::new(),
-                burnin,
-                thin,
                 ..d.schedule
             },
             checkpoint_every: 2_000,
             log_every: 2_000,
             ..d
+        };
+        s.fit_table_schedule(n_train, false, false);
+        s
+    }
+
+    /// A table's burn-in (the first quarter of the epochs) and thinning (100 samples after
+    /// it) for the epochs and batch size set, each unless given.
+    pub fn fit_table_schedule(&mut self, n_train: usize, burnin_given: bool, thin_given: bool) {
+        let batches = (n_train / self.batch_size.max(1)).max(1);
+        if !burnin_given {
+            self.schedule.burnin = self.epochs / 4;
+        }
+        if !thin_given {
+            let sampling = self.epochs.saturating_sub(self.schedule.burnin) * batches;
+            self.schedule.thin = (sampling / 100).max(1);
         }
     }
 
