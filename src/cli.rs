@@ -300,9 +300,10 @@ pub struct TrainArgs {
     /// another --sampler, its sampler settings are not used).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Hidden layer widths, e.g. 100 or 400,400 (overrides the preset).
-    #[arg(long, value_delimiter = ',')]
-    pub hidden: Option<Vec<usize>>,
+    /// Hidden layer widths, e.g. 100 or 400,400 (overrides the preset); "" for none (a
+    /// linear model: linear or logistic regression).
+    #[arg(long, value_parser = widths)]
+    pub hidden: Option<Widths>,
     /// Activation (overrides the preset).
     #[arg(long, value_enum)]
     pub activation: Option<Activation>,
@@ -543,4 +544,23 @@ pub fn given_train_flags(matches: &clap::ArgMatches) -> GivenFlags {
         })
         .map(|id| id.to_string())
         .collect()
+}
+
+/// The hidden layers' widths of `--hidden` (one value: clap would take a `Vec` as many).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Widths(pub Vec<usize>);
+
+/// `--hidden`'s value: comma-separated positive widths, or nothing at all (no hidden
+/// layer).
+fn widths(text: &str) -> Result<Widths, String> {
+    if text.trim().is_empty() {
+        return Ok(Widths(Vec::new()));
+    }
+    text.split(',')
+        .map(|w| match w.trim().parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("`{w}` is not a positive width (e.g. 100 or 400,400, or \"\")")),
+        })
+        .collect::<Result<_, _>>()
+        .map(Widths)
 }

@@ -24,7 +24,7 @@ fn model_spec(args: &TrainArgs) -> Result<ModelSpec> {
         None => ModelSpec::default(),
     };
     if let Some(h) = &args.hidden {
-        spec.hidden = h.clone();
+        spec.hidden = h.0.clone();
     }
     if let Some(a) = args.activation {
         spec.activation = a;
