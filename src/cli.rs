@@ -57,6 +57,10 @@ pub enum Command {
     /// Classify images with a run's ensemble: PNG/JPEG files (any size, grey or colour) or
     /// an image of an IDX file; class probabilities, entropy and mutual information.
     Predict(PredictArgs),
+    /// Compare a run's predictive distribution with a reference run's on the same test set:
+    /// top-1 agreement and total variation (classification), or the mean 2-Wasserstein
+    /// distance between the predictive mixtures (regression); JSON last, a table on stderr.
+    Compare(CompareArgs),
     /// Download or verify datasets.
     #[command(subcommand)]
     Data(DataCommand),
@@ -431,6 +435,21 @@ pub struct TrainArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// The run to compare.
+    pub run: PathBuf,
+    /// The reference run (e.g. a long HMC run) on the same data, split and standardisation.
+    #[arg(long)]
+    pub reference: PathBuf,
+    /// Read image data from this folder instead of the one recorded in run.json.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Never download.
+    #[arg(long)]
+    pub offline: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct EvalArgs {
     /// The run folder, e.g. checkpoints/mnist-mlp-100-relu-sghmc-seed0.
     #[arg(long)]
@@ -559,7 +578,9 @@ fn widths(text: &str) -> Result<Widths, String> {
     text.split(',')
         .map(|w| match w.trim().parse::<usize>() {
             Ok(n) if n > 0 => Ok(n),
-            _ => Err(format!("`{w}` is not a positive width (e.g. 100 or 400,400, or \"\")")),
+            _ => Err(format!(
+                "`{w}` is not a positive width (e.g. 100 or 400,400, or \"\")"
+            )),
         })
         .collect::<Result<_, _>>()
         .map(Widths)

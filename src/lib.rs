@@ -13,7 +13,7 @@ pub use bnn_kernels::{Error, Result};
 pub use bnn_core::{backprop, convergence, data, ensemble, metrics, model, potential};
 pub use bnn_core::{likelihood, regression, sampler, schedule, synthetic, uncertainty};
 
-pub use bnn_run::{band, checkpoint, eval, progress, ranks, run_state, settings, train};
+pub use bnn_run::{band, checkpoint, compare, eval, progress, ranks, run_state, settings, train};
 
 pub mod bench;
 pub mod http;

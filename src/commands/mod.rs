@@ -4,8 +4,8 @@ mod bench;
 mod train;
 
 use crate::cli::{
-    Command, DataArgs, DataCommand, DeviceKind, EvalArgs, GivenFlags, InspectArgs, PlotArgs,
-    PredictArgs, ReplicaArgs, SampleArgs, ShiftKind,
+    Command, CompareArgs, DataArgs, DataCommand, DeviceKind, EvalArgs, GivenFlags, InspectArgs,
+    PlotArgs, PredictArgs, ReplicaArgs, SampleArgs, ShiftKind,
 };
 use bnn::checkpoint::RunManifest;
 use bnn::data::{self, registry};
@@ -28,6 +28,7 @@ pub fn run(command: Command, given: &GivenFlags, quiet: bool, ranks: &Ranks) -> 
     match command {
         Command::Train(args) => train::train_command(*args, given, quiet, ranks),
         Command::Eval(args) => eval_command(args),
+        Command::Compare(args) => compare_command(args),
         Command::Plot(args) => plot_command(args),
         Command::Predict(args) => predict_command(args),
         Command::Inspect(args) => inspect_command(args),
@@ -36,6 +37,19 @@ pub fn run(command: Command, given: &GivenFlags, quiet: bool, ranks: &Ranks) -> 
         Command::Sample(a) => sample_command(a),
         Command::Bench(b) => bench::bench_command(b),
     }
+}
+
+/// `bnn compare`: a run against a reference on the same test set.
+fn compare_command(args: CompareArgs) -> Result<String> {
+    let (run, reference) = (
+        RunManifest::read(&args.run)?,
+        RunManifest::read(&args.reference)?,
+    );
+    bnn::compare::check_same_data(&run, &reference)?;
+    let ds = bnn::eval::load_run_data(&run, args.data_dir, args.offline)?;
+    let c = bnn::compare::compare(&args.run, &args.reference, &ds, &candle_core::Device::Cpu)?;
+    eprint!("{}", bnn::compare::table(&c));
+    json(&c)
 }
 
 /// `bnn eval`: the run's ensemble again from its sample files, with the extras asked for.

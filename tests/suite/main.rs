@@ -9,6 +9,7 @@ mod common;
 mod backprop;
 mod chain_sink;
 mod cli_errors;
+mod compare;
 mod determinism;
 mod divergence;
 mod eval_memory;

@@ -16,6 +16,7 @@ pub use bnn_kernels::{Error, Result};
 
 pub mod band;
 pub mod checkpoint;
+pub mod compare;
 pub mod eval;
 pub mod progress;
 pub mod ranks;

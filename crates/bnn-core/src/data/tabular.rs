@@ -73,6 +73,19 @@ impl TableOrigin {
             .collect()
     }
 
+    /// Whether two runs' tables give the same training and test rows, standardised alike
+    /// (the split seed of a run with a test file does not matter).
+    pub fn same_rows(&self, other: &TableOrigin) -> bool {
+        let (a, b) = (&self.spec, &other.spec);
+        a.csv == b.csv
+            && a.target == b.target
+            && a.test_csv == b.test_csv
+            && self.test_rows == other.test_rows
+            && self.features == other.features
+            && self.feature_mean == other.feature_mean
+            && self.feature_std == other.feature_std
+    }
+
     /// Checks that `ds` (rebuilt from this origin) has the recorded test rows: the CSV
     /// file changed otherwise, and the run's numbers would be on other rows.
     pub fn check_same_split(&self, ds: &Dataset) -> Result<()> {

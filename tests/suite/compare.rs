@@ -1,0 +1,86 @@
+//! `bnn compare`: a run against a reference on the same test set — itself gives agreement
+//! 1 and distance 0, another chain a small positive distance — and runs on different data
+//! or splits refused in one line.
+
+use crate::common::{fails_with, run_ok};
+
+fn train(dir: &std::path::Path, name: &str, extra: &[&str]) {
+    let base = ["train", "--out", "runs", "--run-name", name];
+    run_ok(dir, &[&base[..], extra].concat());
+}
+
+#[test]
+fn compare_measures_agreement_and_distance_and_refuses_other_data() {
+    let d = tempfile::tempdir().unwrap();
+    let mut text = String::from("a,b,class\n");
+    for i in 0..200 {
+        let (a, b) = ((i * 37 % 101) as f64 / 101.0, (i * 53 % 97) as f64 / 97.0);
+        text.push_str(&format!("{a},{b},{}\n", u8::from(a + b > 1.0)));
+    }
+    std::fs::write(d.path().join("t.csv"), text).unwrap();
+    let table = [
+        "--csv", "t.csv", "--target", "class", "--epochs", "200", "--burnin", "50", "--thin", "30",
+    ];
+    train(
+        d.path(),
+        "a",
+        &[&table[..], &["--split-seed", "1", "--seed", "1"]].concat(),
+    );
+    train(
+        d.path(),
+        "b",
+        &[&table[..], &["--split-seed", "1", "--seed", "2"]].concat(),
+    );
+    train(
+        d.path(),
+        "other",
+        &[&table[..], &["--split-seed", "2"]].concat(),
+    );
+    let cmp = |run: &str, reference: &str| {
+        let (r, f) = (format!("runs/{run}"), format!("runs/{reference}"));
+        run_ok(d.path(), &["compare", &r, "--reference", &f])
+    };
+    let same = cmp("a", "a");
+    assert_eq!(same["agreement"], 1.0);
+    assert_eq!(same["total_variation"], 0.0);
+    let two = cmp("b", "a");
+    let tv = two["total_variation"].as_f64().unwrap();
+    // Two chains of one posterior: close, not identical.
+    assert!(tv > 0.0 && tv < 0.2, "{two}");
+    assert!(two["agreement"].as_f64().unwrap() > 0.8, "{two}");
+    fails_with(
+        d.path(),
+        &["compare", "runs/other", "--reference", "runs/a"],
+        &["not scored on the same test set", "split seeded 2"],
+    );
+
+    // A regression: W₂ between the mixtures, 0 against itself.
+    let toy = [
+        "--toy",
+        "regression-1d",
+        "--epochs",
+        "400",
+        "--burnin",
+        "100",
+        "--thin",
+        "30",
+    ];
+    train(
+        d.path(),
+        "r1",
+        &[&toy[..], &["--seed", "0", "--split-seed", "0"]].concat(),
+    );
+    train(
+        d.path(),
+        "r2",
+        &[&toy[..], &["--seed", "1", "--split-seed", "0"]].concat(),
+    );
+    assert_eq!(cmp("r1", "r1")["wasserstein2"], 0.0);
+    let w = cmp("r2", "r1")["wasserstein2"].as_f64().unwrap();
+    assert!(w > 0.0 && w < 0.5, "{w}");
+    fails_with(
+        d.path(),
+        &["compare", "runs/r1", "--reference", "runs/a"],
+        &["not scored on the same test set"],
+    );
+}
