@@ -19,6 +19,7 @@ mod isa;
 mod kernel_equivalence;
 mod optimizer;
 mod plot;
+mod posterior;
 mod potential;
 mod predict;
 mod presets;
