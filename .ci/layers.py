@@ -13,7 +13,7 @@ from pathlib import Path
 # The floor below, as each library crate names it at its root (`use bnn_kernels as
 # kernels; use bnn_kernels::{error, ...}`): always allowed.
 KERNELS_FLOOR = {"kernels", "error", "rng", "pool", "alloc", "atomic", "signals"}
-CORE_FLOOR = {"backprop", "convergence", "data", "ensemble", "likelihood", "metrics", "model",
+CORE_FLOOR = {"backprop", "convergence", "data", "ensemble", "hmc", "likelihood", "metrics", "model",
               "potential", "regression", "sampler", "schedule", "synthetic", "uncertainty"}
 
 # crate folder -> module -> the modules of its own crate it may import (None: any).
@@ -30,6 +30,8 @@ RULES = {
         "model": KERNELS_FLOOR,
         # The likelihood is arithmetic on outputs and targets: below the passes.
         "likelihood": KERNELS_FLOOR,
+        # HMC sees a flat θ and an energy, as the samplers see parameters and gradients.
+        "hmc": KERNELS_FLOOR,
         "backprop": KERNELS_FLOOR | {"model", "likelihood"},
         "potential": KERNELS_FLOOR | {"model", "backprop", "likelihood"},
     },

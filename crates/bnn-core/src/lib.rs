@@ -73,6 +73,7 @@ pub mod backprop;
 pub mod convergence;
 pub mod data;
 pub mod ensemble;
+pub mod hmc;
 pub mod likelihood;
 pub mod metrics;
 pub mod model;
