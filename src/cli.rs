@@ -341,6 +341,13 @@ pub struct TrainArgs {
     /// η: step size multiplying ∇U (default depends on the sampler).
     #[arg(long)]
     pub step_size: Option<f64>,
+    /// HMC (`--sampler hmc`): the trajectory length τ; each trajectory takes ⌈τ/ε⌉
+    /// leapfrog steps.
+    #[arg(long, default_value_t = 0.5)]
+    pub trajectory_length: f64,
+    /// HMC: the acceptance rate burn-in's dual averaging aims the step size at.
+    #[arg(long, default_value_t = 0.8)]
+    pub target_accept: f64,
     /// α: friction of sghmc and momentum (momentum coefficient = 1 − α).
     #[arg(long)]
     pub friction: Option<f64>,

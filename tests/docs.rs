@@ -390,7 +390,7 @@ fn a_planted_stale_flag_fails_the_check() {
     let inline = "Run `bnn eval --run r --ood fashion-mnist` to score it.";
     assert_eq!(command_problems("x.md", inline, &known).len(), 2);
     // A wrong value of a known flag.
-    let value = "```sh\nbnn train --sampler hmc\n```\n";
+    let value = "```sh\nbnn train --sampler nuts\n```\n";
     assert_eq!(command_problems("x.md", value, &known).len(), 1);
 }
 

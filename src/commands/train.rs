@@ -85,10 +85,12 @@ impl ResumeFields {
     /// The resume fields of `args`; a typed flag outside them is refused, by name.
     fn of(args: &TrainArgs, given: &GivenFlags) -> Result<Self> {
         let global = ["quiet", "verbose"];
-        if let Some(id) = given
-            .iter()
-            .find(|id| !Self::FLAGS.contains(&id.as_str()) && !global.contains(&id.as_str()))
-        {
+        // clap also reports a flattened group (`TableArgs`) whose flag was typed: the flag
+        // itself is reported by its own id.
+        let group = |id: &str| id.starts_with(|c: char| c.is_ascii_uppercase());
+        if let Some(id) = given.iter().find(|id| {
+            !Self::FLAGS.contains(&id.as_str()) && !global.contains(&id.as_str()) && !group(id)
+        }) {
             return Err(Error::Config(format!(
                 "--{} cannot be given with --resume: a resumed run keeps its recorded settings (start a new run to change them); with --resume only {} may be given",
                 id.replace('_', "-"),
@@ -241,9 +243,14 @@ fn settings_on(d: Settings, args: &TrainArgs, given: &GivenFlags) -> Result<(Set
         false => None,
     };
     let standardize = flags.standardize.or(preset.standardize).unwrap_or(false);
+    let hmc = resolved.hmc.map(|_| bnn::settings::HmcOptions {
+        trajectory_length: args.trajectory_length,
+        target_accept: args.target_accept,
+    });
     let settings = Settings {
         model: model_spec(args)?,
         replicas,
+        hmc,
         ..resolved
     };
     Ok((settings, standardize))
@@ -293,7 +300,10 @@ fn table_config(
     let n = ds.train.len();
     let (mut settings, _) = settings_on(Settings::for_table(n), args, given)?;
     let (preset, flags) = (preset_layer(args)?, flag_layer(args, given));
-    if flags.step_size.is_none() && preset.step_size.is_none() {
+    // HMC's ε is a leapfrog step on the full-data potential, adapted in burn-in: not a
+    // minibatch step to scale.
+    let hmc = settings.sampler.kind == bnn::sampler::SamplerKind::Hmc;
+    if flags.step_size.is_none() && preset.step_size.is_none() && !hmc {
         settings.scale_step_size(n, ds.task.is_regression());
     }
     // Burn-in and thinning follow the epochs asked for, unless given themselves.

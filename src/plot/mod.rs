@@ -58,18 +58,27 @@ pub fn plot_run(run_dir: &Path, out: Option<&Path>) -> Result<PlotReport> {
     let eval_dir = run_dir.join("eval");
     let evaluated: Option<EvalReport> = optional_json(&eval_dir.join("in_distribution.json"))?;
     let chains = crate::checkpoint::chain_dirs(run_dir);
-    let epochs = read_epochs(&chains[0].join("metrics.jsonl"))?;
+    let manifest = crate::checkpoint::RunManifest::read(run_dir)?;
+    let hmc = manifest.settings.sampler.kind == crate::sampler::SamplerKind::Hmc;
 
     let mut figures = Vec::new();
     let mut skipped = Vec::new();
-    figures.push(learning_curves(&epochs));
-    let diagnostics_path = chains[0].join("diagnostics.jsonl");
-    let watched: Vec<crate::train::diagnostics::DiagnosticRecord> = match diagnostics_path.is_file()
-    {
-        true => read_jsonl(&diagnostics_path)?,
-        false => Vec::new(),
-    };
-    figures.push(dynamics(&epochs, &watched));
+    if hmc {
+        // Its metrics.jsonl has a line per iteration (acceptance, ε, ΔH), not per epoch.
+        skipped.push(
+            "learning_curves, dynamics: an HMC run (metrics.jsonl: one line per iteration)".into(),
+        );
+    } else {
+        let epochs = read_epochs(&chains[0].join("metrics.jsonl"))?;
+        figures.push(learning_curves(&epochs));
+        let diagnostics_path = chains[0].join("diagnostics.jsonl");
+        let watched: Vec<crate::train::diagnostics::DiagnosticRecord> =
+            match diagnostics_path.is_file() {
+                true => read_jsonl(&diagnostics_path)?,
+                false => Vec::new(),
+            };
+        figures.push(dynamics(&epochs, &watched));
+    }
     let progress = match &evaluated {
         Some(e) if !e.progress.is_empty() => e.progress.clone(),
         _ => summary.progress.clone(),
@@ -90,6 +99,8 @@ pub fn plot_run(run_dir: &Path, out: Option<&Path>) -> Result<PlotReport> {
     if summary.replica_exchange.is_some() {
         // Its chain-0 is the T = 1 samples, not a chain of its own.
         skipped.push("chains: a replica-exchange run (see replicas)".into());
+    } else if hmc {
+        skipped.push("chains: an HMC run (its R-hat is in summary.json)".into());
     } else if chains.len() > 1 {
         let traces = chains
             .iter()

@@ -129,14 +129,20 @@ impl Hmc {
         let n = theta.len();
         let mut grad = vec![0f64; n];
         let u0 = target.energy_grad(theta, &mut grad)?;
-        let mut p: Vec<f64> = (0..n).map(|_| StandardNormal.sample(&mut self.rng)).collect();
+        let mut p: Vec<f64> = (0..n)
+            .map(|_| StandardNormal.sample(&mut self.rng))
+            .collect();
         let h0 = u0 + 0.5 * p.iter().map(|v| v * v).sum::<f64>();
         let mut q = theta.clone();
         let mut u1 = u0;
         // Half step in p, then (full step in θ, full step in p) with the last p step half.
-        p.iter_mut().zip(&grad).for_each(|(p, g)| *p -= 0.5 * eps * g);
+        p.iter_mut()
+            .zip(&grad)
+            .for_each(|(p, g)| *p -= 0.5 * eps * g);
         for l in 0..steps {
-            q.iter_mut().zip(&p).for_each(|(q, p)| *q = (*q as f64 + eps * p) as f32);
+            q.iter_mut()
+                .zip(&p)
+                .for_each(|(q, p)| *q = (*q as f64 + eps * p) as f32);
             u1 = target.energy_grad(&q, &mut grad)?;
             if !u1.is_finite() {
                 break;
@@ -213,7 +219,11 @@ mod tests {
             }
         }
         let rate = acc / k as f64;
-        assert!((0.65..=0.95).contains(&rate), "acceptance {rate}, ε {}", hmc.step_size);
+        assert!(
+            (0.65..=0.95).contains(&rate),
+            "acceptance {rate}, ε {}",
+            hmc.step_size
+        );
         for i in 0..4 {
             let mean = sum[i] / k as f64;
             let var = sq[i] / k as f64 - mean * mean;

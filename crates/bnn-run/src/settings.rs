@@ -55,6 +55,9 @@ pub struct Settings {
     /// Independent chains run side by side (1: one chain, samples in `RUN/samples/`).
     #[serde(default = "one")]
     pub chains: usize,
+    /// HMC's trajectory length and target acceptance (`--sampler hmc` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hmc: Option<HmcOptions>,
     /// The ladder and exchanges of `--sampler renhd|reld` (absent for other samplers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<ReplicaOptions>,
@@ -69,6 +72,24 @@ pub struct Settings {
     /// What a divergence does: stop, or roll back (absent in older runs: stop).
     #[serde(default, skip_serializing_if = "OnDivergence::is_stop")]
     pub on_divergence: OnDivergence,
+}
+
+/// HMC's own settings.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct HmcOptions {
+    /// τ: each trajectory takes ⌈τ/ε⌉ leapfrog steps.
+    pub trajectory_length: f64,
+    /// The acceptance rate the burn-in's dual averaging aims ε at.
+    pub target_accept: f64,
+}
+
+impl Default for HmcOptions {
+    fn default() -> Self {
+        HmcOptions {
+            trajectory_length: 0.5,
+            target_accept: 0.8,
+        }
+    }
 }
 
 /// What a run does when a chain diverges (a loss, kinetic energy or parameter that is no
@@ -162,6 +183,7 @@ impl Default for Settings {
             checkpoint_every: 0,
             log_every: 0,
             chains: 1,
+            hmc: None,
             replicas: None,
             permute_labels: 0.0,
             augment: Augmentation::None,
@@ -571,6 +593,7 @@ impl Settings {
             checkpoint_every: pick!(checkpoint_every, d.checkpoint_every),
             log_every: pick!(log_every, d.log_every),
             chains: pick_with_sampler!(chains, d.chains),
+            hmc: (kind == SamplerKind::Hmc).then(HmcOptions::default),
             replicas: None,
             permute_labels: pick!(permute_labels, d.permute_labels),
             augment: pick!(augment, d.augment),

@@ -61,6 +61,10 @@ pub enum SamplerKind {
     /// Replica-exchange Langevin dynamics: the same ladder and exchanges with Langevin
     /// (SGHMC, constant friction) replicas (Luo et al. §4.2's baseline).
     Reld,
+    /// Full-batch Hamiltonian Monte Carlo with a Metropolis–Hastings correction
+    /// ([`crate::hmc`]): the reference the stochastic-gradient samplers are measured
+    /// against; its step size adapts in burn-in. Not a minibatch update rule.
+    Hmc,
 }
 
 impl SamplerKind {
@@ -75,6 +79,7 @@ impl SamplerKind {
             SamplerKind::Momentum => "momentum",
             SamplerKind::Renhd => "renhd",
             SamplerKind::Reld => "reld",
+            SamplerKind::Hmc => "hmc",
         }
     }
 
@@ -144,6 +149,12 @@ impl SamplerKind {
             SamplerKind::Momentum => SamplerConfig {
                 step_size: 2e-6,
                 friction: 0.1,
+                ..base
+            },
+            // HMC's ε is its first leapfrog step (burn-in adapts it): on the full-data
+            // potential, whose curvature is N times a minibatch mean's.
+            SamplerKind::Hmc => SamplerConfig {
+                step_size: 1e-3,
                 ..base
             },
         }
@@ -231,7 +242,7 @@ impl SamplerConfig {
                     ));
                 }
             }
-            SamplerKind::Sgld | SamplerKind::Sgd => {}
+            SamplerKind::Sgld | SamplerKind::Sgd | SamplerKind::Hmc => {}
         }
         if self.integrator == Integrator::Splitting
             && !matches!(
@@ -348,7 +359,9 @@ pub fn build_with(
         SamplerKind::Sgld | SamplerKind::Sghmc | SamplerKind::Sgnht => true,
         SamplerKind::Msgnht => on_cpu,
         SamplerKind::Sgd | SamplerKind::Momentum => false,
-        SamplerKind::Renhd | SamplerKind::Reld => return Err(not_one_chain(config.kind)),
+        SamplerKind::Renhd | SamplerKind::Reld | SamplerKind::Hmc => {
+            return Err(not_one_chain(config.kind))
+        }
     };
     if kernel == Kernel::Fused && fusable {
         return Ok(Box::new(fused::Fused::init(config, params, seed)?));
@@ -366,12 +379,20 @@ pub fn build(config: SamplerConfig, params: &[Var], seed: u64) -> Result<Box<dyn
         SamplerKind::Sgnht => Box::new(sgnht::Sgnht::init(config, params, seed, false)?),
         SamplerKind::Msgnht => Box::new(msgnht::init(config, params, seed)?),
         SamplerKind::Sgd | SamplerKind::Momentum => Box::new(sgd::Sgd::init(config, params)?),
-        SamplerKind::Renhd | SamplerKind::Reld => return Err(not_one_chain(config.kind)),
+        SamplerKind::Renhd | SamplerKind::Reld | SamplerKind::Hmc => {
+            return Err(not_one_chain(config.kind))
+        }
     })
 }
 
-/// A replica-exchange sampler is a ladder of chains, not one update rule.
+/// A replica-exchange sampler is a ladder of chains, HMC a full-batch trajectory: neither
+/// is one minibatch update rule.
 fn not_one_chain(kind: SamplerKind) -> Error {
+    if kind == SamplerKind::Hmc {
+        return Error::Config(
+            "hmc takes full-batch trajectories, not minibatch updates (see bnn_core::hmc)".into(),
+        );
+    }
     Error::Config(format!(
         "{} runs replicas, each a {} chain: build those (see synthetic::replicas)",
         kind.name(),

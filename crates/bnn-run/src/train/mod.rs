@@ -5,6 +5,8 @@
 mod chain;
 pub mod diagnostics;
 pub mod disk;
+mod hmc;
+pub use hmc::{FullBatch, HmcRecord};
 mod replicas;
 pub mod sink;
 mod spread;
@@ -31,6 +33,7 @@ use crate::model::Network;
 use crate::potential::Backward;
 use crate::ranks::Ranks;
 use crate::regression::{RegressionAccumulator, RegressionMetrics};
+use crate::sampler::SamplerKind;
 use crate::settings::Settings;
 use chain::run_chain;
 pub use chain::{run_chain_in, ChainOutcome, NOISE_PRECISION_KEY};
@@ -311,7 +314,10 @@ fn train_checked(
         return finish(cfg, ds, vec![cold], Some(report)).map(Some);
     }
     if cfg.settings.chains <= 1 {
-        let chain = run_chain(cfg, ds, run_dir, true, cfg.settings.seed)?;
+        let chain = match cfg.settings.sampler.kind {
+            SamplerKind::Hmc => hmc::run_hmc_chain(cfg, ds, run_dir, true)?,
+            _ => run_chain(cfg, ds, run_dir, true, cfg.settings.seed)?,
+        };
         return finish(cfg, ds, vec![chain], None).map(Some);
     }
     if ranks.is_root() {
@@ -345,13 +351,11 @@ fn run_chains(cfg: &TrainConfig, ds: &Dataset, ks: &[usize]) -> Result<Vec<(usiz
         chain_cfg.settings.seed = crate::rng::chain_seed(cfg.settings.seed, k);
         chain_cfg.progress = false;
         let _span = tracing::info_span!("chain", k).entered();
-        let out = run_chain(
-            &chain_cfg,
-            ds,
-            &checkpoint::chain_dir(run_dir, k),
-            false,
-            cfg.settings.seed,
-        );
+        let dir = checkpoint::chain_dir(run_dir, k);
+        let out = match cfg.settings.sampler.kind {
+            SamplerKind::Hmc => hmc::run_hmc_chain(&chain_cfg, ds, &dir, false),
+            _ => run_chain(&chain_cfg, ds, &dir, false, cfg.settings.seed),
+        };
         if let Ok(mut slot) = results[i].lock() {
             *slot = Some(out);
         }
