@@ -576,18 +576,17 @@ pub fn given_train_flags(matches: &clap::ArgMatches) -> GivenFlags {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Widths(pub Vec<usize>);
 
-/// `--hidden`'s value: comma-separated positive widths, or nothing at all (no hidden
-/// layer).
+/// `--hidden`'s value: comma-separated widths, or nothing at all (no hidden layer).
 fn widths(text: &str) -> Result<Widths, String> {
     if text.trim().is_empty() {
         return Ok(Widths(Vec::new()));
     }
     text.split(',')
-        .map(|w| match w.trim().parse::<usize>() {
-            Ok(n) if n > 0 => Ok(n),
-            _ => Err(format!(
-                "`{w}` is not a positive width (e.g. 100 or 400,400, or \"\")"
-            )),
+        // A zero width parses: the model's check refuses it in its own words.
+        .map(|w| {
+            w.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("`{w}` is not a width (e.g. 100 or 400,400, or \"\")"))
         })
         .collect::<Result<_, _>>()
         .map(Widths)
