@@ -340,21 +340,30 @@ pub(super) fn write_sample(
     })
 }
 
+/// A chain's network, initialised from `cfg`'s seed with as many outputs as `ds`'s task
+/// asks, and the potential it moves on (prior at its start, `cfg`'s likelihood): what a
+/// minibatch chain and an HMC chain both start from.
+pub(super) fn model_and_potential(cfg: &TrainConfig, ds: &Dataset) -> Result<(Network, Potential)> {
+    let s = &cfg.settings;
+    let model = Network::new(
+        &s.model,
+        ds.train.dim(),
+        ds.task.outputs(),
+        s.seed,
+        &cfg.device,
+    )?;
+    let prior = Prior::new(s.prior, model.params.len())?;
+    let potential =
+        Potential::new(ds.train.len(), s.temperature, prior)?.with_likelihood(s.likelihood)?;
+    Ok((model, potential))
+}
+
 impl<'a, S: ChainSink> Chain<'a, S> {
     /// A chain at its start: the model initialised from `cfg`'s seed, its sampler, no
     /// samples yet; `label_seed`: the run's seed, which decides its label noise.
     pub fn new(cfg: &'a TrainConfig, ds: &'a Dataset, sink: S, label_seed: u64) -> Result<Self> {
         let s = &cfg.settings;
-        let model = Network::new(
-            &s.model,
-            ds.train.dim(),
-            ds.task.outputs(),
-            s.seed,
-            &cfg.device,
-        )?;
-        let prior = Prior::new(s.prior, model.params.len())?;
-        let potential =
-            Potential::new(ds.train.len(), s.temperature, prior)?.with_likelihood(s.likelihood)?;
+        let (model, potential) = model_and_potential(cfg, ds)?;
         // Built before a saved state is restored: the sampler's init (splitting moves θ
         // by v/2 there) must not undo it.
         let stepper = Stepper::new(

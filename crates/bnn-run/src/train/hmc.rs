@@ -14,7 +14,7 @@ use std::time::Instant;
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
-use super::chain::{append_line, to_json, write_sample, Kept};
+use super::chain::{append_line, model_and_potential, to_json, write_sample, Kept};
 use super::sink::RunFolder;
 use super::{manifest, ChainOutcome, TrainConfig};
 use crate::checkpoint;
@@ -22,7 +22,7 @@ use crate::data::{Dataset, Split};
 use crate::error::{Error, Result};
 use crate::hmc::{DualAveraging, Energy, Hmc};
 use crate::model::Network;
-use crate::potential::{Backward, Potential, Prior, PriorSpec};
+use crate::potential::{Backward, Potential, PriorSpec};
 use crate::sampler::Diagnostics;
 
 /// Rows per chunk of the full-batch gradient (bounds the activations' memory).
@@ -169,19 +169,10 @@ pub(super) fn run_hmc_chain(
     }
     let started = Instant::now();
     std::fs::create_dir_all(checkpoint::samples_dir(run_dir)).map_err(|e| Error::io(run_dir, e))?;
-    let model = Network::new(
-        &s.model,
-        ds.train.dim(),
-        ds.task.outputs(),
-        s.seed,
-        &cfg.device,
-    )?;
+    let (model, potential) = model_and_potential(cfg, ds)?;
     if write_manifest {
         manifest(cfg, ds, model.num_params()).write(run_dir)?;
     }
-    let prior = Prior::new(s.prior, model.params.len())?;
-    let potential =
-        Potential::new(ds.train.len(), s.temperature, prior)?.with_likelihood(s.likelihood)?;
     let opts = s.hmc.unwrap_or_default();
     let mut hmc = Hmc::new(
         s.sampler.step_size,
