@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use bnn::checkpoint::{list_samples, load_sample, RunManifest};
 use bnn::run_state::RunState;
+use bnn::train::hmc_state::HmcState;
 use candle_core::Device;
 use rand::{Rng, SeedableRng};
 
@@ -116,6 +117,10 @@ fn check_folder(run: &Path) -> bool {
                 let chain = f.parent().and_then(Path::parent).unwrap();
                 RunState::load(chain, &names).expect("the state loads");
             }
+            "hmc.safetensors" => {
+                let chain = f.parent().and_then(Path::parent).unwrap();
+                HmcState::load(chain).expect("the HMC state loads");
+            }
             n if n.starts_with("sample-") => {
                 load_sample(f, &Device::Cpu).expect("a sample loads");
             }
@@ -215,7 +220,8 @@ fn stop_and_resume_with(
     stops: usize,
     seed: u64,
 ) -> usize {
-    stop_and_resume_until(out, name, extra, signal, stops, 0, seed)
+    let fresh = train_args_with(out, name, extra);
+    stop_and_resume_until(out, name, &fresh, signal, (stops, 0), seed)
 }
 
 /// As [`stop_and_resume_with`], stopping more often (up to three times `stops`) until
@@ -224,10 +230,9 @@ fn stop_and_resume_with(
 fn stop_and_resume_until(
     out: &Path,
     name: &str,
-    extra: &[&str],
+    fresh: &[String],
     signal: i32,
-    stops: usize,
-    min_in_writes: usize,
+    (stops, min_in_writes): (usize, usize),
     seed: u64,
 ) -> usize {
     let run = out.join(name);
@@ -243,7 +248,7 @@ fn stop_and_resume_until(
                 "--no-progress".into(),
             ]
         } else {
-            train_args_with(out, name, extra)
+            fresh.to_vec()
         };
         let last = done >= stops && (in_writes >= min_in_writes || done >= 3 * stops);
         let pause = if last { 0 } else { 15 };
@@ -294,7 +299,8 @@ fn runs_stopped_and_resumed_are_bit_identical_to_an_uninterrupted_run() {
     let whole = outcome(&out.join("whole"));
     assert!(whole.samples.len() >= 20, "{} samples", whole.samples.len());
 
-    let in_writes = stop_and_resume_until(out, "killed", &[], libc::SIGKILL, 20, 3, 11);
+    let fresh = train_args(out, "killed");
+    let in_writes = stop_and_resume_until(out, "killed", &fresh, libc::SIGKILL, (20, 3), 11);
     eprintln!("SIGKILL: {in_writes} kills inside a write");
     assert!(
         in_writes >= 3,
@@ -322,6 +328,77 @@ fn runs_stopped_and_resumed_are_bit_identical_to_an_uninterrupted_run() {
     );
     assert_eq!(interrupted.metrics, whole.metrics);
     assert_eq!(interrupted.summary, whole.summary);
+}
+
+/// Full-batch HMC, two chains on the toy regression (fixed σ), with a state every 37
+/// iterations: killed at random moments (inside writes too) and resumed, it ends with the
+/// samples, metrics lines and summary of a run never stopped (each iteration draws from
+/// its own stream; the position, ε and the dual averaging are saved).
+#[test]
+fn hmc_runs_killed_and_resumed_are_bit_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    let args = |name: &str| -> Vec<String> {
+        [
+            "train",
+            "--toy",
+            "regression-1d",
+            "--hidden",
+            "10",
+            "--noise-std",
+            "0.1",
+            "--sampler",
+            "hmc",
+            "--trajectory-length",
+            "0.05",
+            "--epochs",
+            "1200",
+            "--burnin",
+            "200",
+            "--thin",
+            "50",
+            "--checkpoint-every",
+            "37",
+            "--chains",
+            "2",
+            "--no-progress",
+            "--out",
+            out.to_str().unwrap(),
+            "--run-name",
+            name,
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let status = Command::new(BIN)
+        .args(args("whole"))
+        .arg("-q")
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let whole = outcome(&out.join("whole"));
+    assert_eq!(whole.samples.len(), 40);
+    let in_writes =
+        stop_and_resume_until(out, "killed", &args("killed"), libc::SIGKILL, (8, 1), 21);
+    eprintln!("HMC, SIGKILL: {in_writes} kills inside a write");
+    assert!(in_writes >= 1, "no kill landed inside a write");
+    let killed = outcome(&out.join("killed"));
+    assert_eq!(killed.samples.len(), whole.samples.len(), "sample count");
+    for (a, b) in whole.samples.iter().zip(&killed.samples) {
+        assert_eq!(a.0, b.0);
+        assert!(a.1 == b.1, "{} differs after kills", a.0.display());
+    }
+    assert_eq!(killed.metrics, whole.metrics, "metrics.jsonl");
+    let strip = |mut v: serde_json::Value| {
+        for c in v["chains"].as_array_mut().unwrap() {
+            let c = c.as_object_mut().unwrap();
+            c.remove("train_seconds");
+            c.remove("steps_per_second");
+        }
+        v
+    };
+    assert_eq!(strip(killed.summary), strip(whole.summary), "summary.json");
 }
 
 #[test]

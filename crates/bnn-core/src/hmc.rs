@@ -28,7 +28,7 @@ pub const MAX_STEPS: usize = 4096;
 /// The potential HMC explores.
 pub trait Energy {
     /// U(θ), and ∇U(θ) written into `grad` (same length as θ).
-    fn energy_grad(&mut self, theta: &[f32], grad: &mut [f64]) -> Result<f64>;
+    fn energy_grad(&mut self, theta: &[f64], grad: &mut [f64]) -> Result<f64>;
 }
 
 /// What one HMC iteration did.
@@ -91,19 +91,20 @@ impl DualAveraging {
     }
 }
 
-/// An HMC chain's sampler: ε, τ and its random stream.
+/// An HMC chain's sampler: ε, τ and the seed of its random streams.
 #[derive(Debug, Clone)]
 pub struct Hmc {
     /// ε.
     pub step_size: f64,
     /// τ: L = ⌈τ/ε⌉ leapfrog steps.
     pub trajectory_length: f64,
-    rng: rand::rngs::StdRng,
+    seed: u64,
 }
 
 impl Hmc {
     /// A sampler with step size ε and trajectory length τ, its momenta and accept draws
-    /// seeded with `seed`.
+    /// seeded with `seed` (a stream per iteration,
+    /// [`bnn_kernels::rng::hmc_iteration_seed`]).
     pub fn new(step_size: f64, trajectory_length: f64, seed: u64) -> Result<Self> {
         let ok = |v: f64| v > 0.0 && v.is_finite();
         if !ok(step_size) || !ok(trajectory_length) {
@@ -114,7 +115,7 @@ impl Hmc {
         Ok(Hmc {
             step_size,
             trajectory_length,
-            rng: rand::rngs::StdRng::seed_from_u64(seed),
+            seed,
         })
     }
 
@@ -123,15 +124,23 @@ impl Hmc {
         ((self.trajectory_length / self.step_size).ceil() as usize).clamp(1, MAX_STEPS)
     }
 
-    /// One iteration from `theta` (moved in place when accepted).
-    pub fn step(&mut self, theta: &mut Vec<f32>, target: &mut impl Energy) -> Result<Transition> {
+    /// One iteration from `theta` (moved in place when accepted). The position is kept in
+    /// f64 so that the leapfrog's updates εp, far smaller than θ late in a trajectory, are
+    /// not rounded away (an f32 position would break the integrator's reversibility).
+    /// `iteration` picks the iteration's random stream.
+    pub fn step(
+        &mut self,
+        iteration: u64,
+        theta: &mut Vec<f64>,
+        target: &mut impl Energy,
+    ) -> Result<Transition> {
         let (eps, steps) = (self.step_size, self.steps());
+        let seed = bnn_kernels::rng::hmc_iteration_seed(self.seed, iteration);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let n = theta.len();
         let mut grad = vec![0f64; n];
         let u0 = target.energy_grad(theta, &mut grad)?;
-        let mut p: Vec<f64> = (0..n)
-            .map(|_| StandardNormal.sample(&mut self.rng))
-            .collect();
+        let mut p: Vec<f64> = (0..n).map(|_| StandardNormal.sample(&mut rng)).collect();
         let h0 = u0 + 0.5 * p.iter().map(|v| v * v).sum::<f64>();
         let mut q = theta.clone();
         let mut u1 = u0;
@@ -140,9 +149,7 @@ impl Hmc {
             .zip(&grad)
             .for_each(|(p, g)| *p -= 0.5 * eps * g);
         for l in 0..steps {
-            q.iter_mut()
-                .zip(&p)
-                .for_each(|(q, p)| *q = (*q as f64 + eps * p) as f32);
+            q.iter_mut().zip(&p).for_each(|(q, p)| *q += eps * p);
             u1 = target.energy_grad(&q, &mut grad)?;
             if !u1.is_finite() {
                 break;
@@ -157,7 +164,7 @@ impl Hmc {
             true => 0.0,
             false => (-delta_h).exp().min(1.0),
         };
-        let accepted = self.rng.random::<f64>() < accept_prob;
+        let accepted = rng.random::<f64>() < accept_prob;
         if accepted {
             *theta = q;
         }
@@ -181,10 +188,9 @@ mod tests {
     struct Gaussian(Vec<f64>);
 
     impl Energy for Gaussian {
-        fn energy_grad(&mut self, theta: &[f32], grad: &mut [f64]) -> Result<f64> {
+        fn energy_grad(&mut self, theta: &[f64], grad: &mut [f64]) -> Result<f64> {
             let mut u = 0.0;
             for ((g, &t), s) in grad.iter_mut().zip(theta).zip(&self.0) {
-                let t = t as f64;
                 *g = t / (s * s);
                 u += 0.5 * t * t / (s * s);
             }
@@ -202,20 +208,20 @@ mod tests {
         let mut target = Gaussian(sd.clone());
         let mut hmc = Hmc::new(0.05, 1.5, 7).unwrap();
         let mut adapt = DualAveraging::new(0.05, 0.8);
-        let mut theta = vec![1.0f32; 4];
-        for _ in 0..500 {
-            let t = hmc.step(&mut theta, &mut target).unwrap();
+        let mut theta = vec![1.0f64; 4];
+        for i in 0..500 {
+            let t = hmc.step(i, &mut theta, &mut target).unwrap();
             hmc.step_size = adapt.update(t.accept_prob);
         }
         hmc.step_size = adapt.final_step_size();
         let (mut sum, mut sq, mut acc) = (vec![0.0; 4], vec![0.0; 4], 0.0);
         let k = 4000;
-        for _ in 0..k {
-            let t = hmc.step(&mut theta, &mut target).unwrap();
+        for it in 0..k {
+            let t = hmc.step(500 + it as u64, &mut theta, &mut target).unwrap();
             acc += t.accept_prob;
             for i in 0..4 {
-                sum[i] += theta[i] as f64;
-                sq[i] += (theta[i] as f64).powi(2);
+                sum[i] += theta[i];
+                sq[i] += theta[i].powi(2);
             }
         }
         let rate = acc / k as f64;
@@ -237,8 +243,8 @@ mod tests {
     fn a_divergent_trajectory_is_rejected_not_fatal() {
         let mut target = Gaussian(vec![0.01]);
         let mut hmc = Hmc::new(10.0, 100.0, 1).unwrap();
-        let mut theta = vec![0.5f32];
-        let t = hmc.step(&mut theta, &mut target).unwrap();
+        let mut theta = vec![0.5f64];
+        let t = hmc.step(0, &mut theta, &mut target).unwrap();
         assert!(t.divergent && !t.accepted && t.accept_prob == 0.0, "{t:?}");
         assert_eq!(theta, vec![0.5]);
         assert!(Hmc::new(0.0, 1.0, 0).is_err());

@@ -137,8 +137,14 @@ pub const SYNTHETIC_NOISE_STREAM: u64 = 0xBA7C;
 pub const SYNTHETIC_GRADIENT_STREAM: u64 = 0x6E01_5E00;
 /// Replica exchange: pair choice, energy noise and the test's draws, `StdRng` from s ^ this.
 pub const EXCHANGE_STREAM: u64 = 0x4558_4348_0000_0000;
-/// HMC's momenta and accept draws: `StdRng` seeded s ^ HMC_STREAM.
-pub const HMC_STREAM: u64 = 0x484d_4300_0000_0000;
+/// Separates HMC's streams (see [`hmc_iteration_seed`]).
+const HMC_STREAM: u64 = 0x484d_4300_0000_0000;
+
+/// The seed of iteration `iteration`'s momentum and accept draws in an HMC chain seeded
+/// `seed`: a stream per iteration, so that a resumed chain draws what it would have.
+pub fn hmc_iteration_seed(seed: u64, iteration: u64) -> u64 {
+    splitmix64(seed ^ HMC_STREAM ^ iteration.rotate_left(32))
+}
 /// Seeds the label noise of `--permute-labels` (see [`label_noise_seed`]).
 const LABEL_NOISE_STREAM: u64 = 0x4c41_4245_4c00_0000;
 

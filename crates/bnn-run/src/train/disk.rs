@@ -99,8 +99,11 @@ pub fn explain(e: Error, run_dir: &Path) -> Error {
                 StorageFull | FileTooLarge | ReadOnlyFilesystem | PermissionDenied | QuotaExceeded
             ) =>
         {
-            let resumable = crate::run_state::state_path(run_dir).exists()
-                || crate::run_state::state_path(&crate::checkpoint::chain_dir(run_dir, 0)).exists();
+            let chain0 = crate::checkpoint::chain_dir(run_dir, 0);
+            let resumable = [run_dir, chain0.as_path()].iter().any(|d| {
+                crate::run_state::state_path(d).exists()
+                    || super::hmc_state::hmc_state_path(d).exists()
+            });
             let advice = if resumable {
                 format!(
                     "make room (or make the folder writable) and continue with `bnn train --resume {}`",

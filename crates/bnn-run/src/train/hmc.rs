@@ -3,10 +3,13 @@
 //! the data), `--epochs` iterations of which the first `--burnin` adapt ε (then frozen)
 //! and keep no sample, a sample every `--thin` iterations after, into the same sink,
 //! ensembles and summary as every sampler's. Each iteration's acceptance, ε, L, ΔH and
-//! energy is a line of `metrics.jsonl`; a divergence is counted there, not fatal.
+//! energy is a line of `metrics.jsonl`; a divergence is counted there, not fatal. The
+//! chain's state is saved every few seconds and at a signal ([`super::hmc_state`]), and
+//! `--resume` continues it bit for bit.
 //!
-//! The prior must be fixed (`--prior gaussian`): the Gamma hyper-prior's Gibbs step would
-//! make it Gibbs-within-HMC, which this reference does not do.
+//! The prior must be fixed (`--prior gaussian`), and so must a regression's noise
+//! (`--noise-std`): the Gibbs steps of the Gamma hyper-priors would make it
+//! Gibbs-within-HMC, which this reference does not do.
 
 use std::path::Path;
 use std::time::Instant;
@@ -14,16 +17,21 @@ use std::time::Instant;
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
-use super::chain::{append_line, model_and_potential, to_json, write_sample, Kept};
+use super::chain::{append_line, interrupted, model_and_potential, to_json, write_sample, Kept};
+use super::hmc_state::{hmc_state_path, HmcState};
 use super::sink::RunFolder;
 use super::{manifest, ChainOutcome, TrainConfig};
 use crate::checkpoint;
 use crate::data::{Dataset, Split};
+use crate::ensemble::Accumulator;
 use crate::error::{Error, Result};
-use crate::hmc::{DualAveraging, Energy, Hmc};
+use crate::hmc::{DualAveraging, Energy, Hmc, Transition};
+use crate::likelihood::Noise;
 use crate::model::Network;
 use crate::potential::{Backward, Potential, PriorSpec};
+use crate::run_state::Progress;
 use crate::sampler::Diagnostics;
+use crate::signals;
 
 /// Rows per chunk of the full-batch gradient (bounds the activations' memory).
 const CHUNK: usize = 1000;
@@ -81,7 +89,7 @@ impl<'a> FullBatch<'a> {
 }
 
 impl Energy for FullBatch<'_> {
-    fn energy_grad(&mut self, theta: &[f32], grad: &mut [f64]) -> Result<f64> {
+    fn energy_grad(&mut self, theta: &[f64], grad: &mut [f64]) -> Result<f64> {
         load_flat(self.model, theta)?;
         grad.iter_mut().for_each(|g| *g = 0.0);
         let no_prior = vec![0.0; self.model.params.len()];
@@ -116,8 +124,8 @@ impl Energy for FullBatch<'_> {
         {
             let n = p.var.elem_count();
             for (g, &t) in grad[at..at + n].iter_mut().zip(&theta[at..at + n]) {
-                u += 0.5 * lambda * (t as f64) * (t as f64);
-                *g += lambda * t as f64;
+                u += 0.5 * lambda * t * t;
+                *g += lambda * t;
             }
             at += n;
         }
@@ -128,28 +136,118 @@ impl Energy for FullBatch<'_> {
 }
 
 /// The model's parameters, flat, in the model's order.
-fn flat(model: &Network) -> Result<Vec<f32>> {
+fn flat(model: &Network) -> Result<Vec<f64>> {
     let mut out = Vec::with_capacity(model.num_params());
     for p in &model.params {
-        out.extend(p.var.as_tensor().flatten_all()?.to_vec1::<f32>()?);
+        let v = p.var.as_tensor().flatten_all()?.to_vec1::<f32>()?;
+        out.extend(v.into_iter().map(f64::from));
     }
     Ok(out)
 }
 
-/// Sets the model's parameters from `theta` (flat, in the model's order).
-fn load_flat(model: &Network, theta: &[f32]) -> Result<()> {
+/// Sets the model's parameters from `theta` (flat, in the model's order), rounded to the
+/// network's f32.
+fn load_flat(model: &Network, theta: &[f64]) -> Result<()> {
     let mut at = 0;
     for p in &model.params {
         let n = p.var.elem_count();
-        let t = Tensor::from_slice(&theta[at..at + n], p.var.shape(), p.var.device())?;
+        let v: Vec<f32> = theta[at..at + n].iter().map(|&t| t as f32).collect();
+        let t = Tensor::from_vec(v, p.var.shape(), p.var.device())?;
         p.var.set(&t)?;
         at += n;
     }
     Ok(())
 }
 
+/// Where an HMC chain stands: θ, the sampler and its adaptation, what it kept.
+struct HmcChain {
+    hmc: Hmc,
+    adapt: DualAveraging,
+    theta: Vec<f64>,
+    kept: Kept,
+    iteration: usize,
+    divergences: usize,
+    gradients: u64,
+    /// Seconds of sampling before this process took the chain over.
+    seconds_before: f64,
+}
+
+impl HmcChain {
+    /// A new chain of `cfg` at `model`'s initial θ.
+    fn new(cfg: &TrainConfig, ds: &Dataset, model: &Network) -> Result<Self> {
+        let s = &cfg.settings;
+        let opts = s.hmc.unwrap_or_default();
+        Ok(HmcChain {
+            hmc: Hmc::new(s.sampler.step_size, opts.trajectory_length, s.seed)?,
+            adapt: DualAveraging::new(s.sampler.step_size, opts.target_accept),
+            theta: flat(model)?,
+            kept: Kept::new(ds)?,
+            iteration: 0,
+            divergences: 0,
+            gradients: 0,
+            seconds_before: 0.0,
+        })
+    }
+
+    /// The chain as `run_dir`'s saved state left it; what was written after that state
+    /// (samples, metrics lines) is dropped, to be written again identically.
+    fn restore(&mut self, cfg: &TrainConfig, ds: &Dataset, run_dir: &Path) -> Result<()> {
+        let state = HmcState::load(run_dir)?;
+        if state.iteration > cfg.settings.epochs || state.theta.len() != self.theta.len() {
+            return Err(Error::Config(format!(
+                "the saved HMC state ({} iterations, {} parameters) does not fit --epochs {} and this model ({} parameters)",
+                state.iteration,
+                state.theta.len(),
+                cfg.settings.epochs,
+                self.theta.len()
+            )));
+        }
+        self.kept.test = Accumulator::restore(&ds.test.labels, state.test.0, state.test.1)?;
+        self.kept.valid = match (ds.valid.as_ref(), state.valid) {
+            (Some(v), Some((s, sums))) => Some(Accumulator::restore(&v.labels, s, sums)?),
+            _ => None,
+        };
+        self.kept.regression = state.regression;
+        (self.theta, self.iteration) = (state.theta, state.iteration);
+        (self.hmc.step_size, self.adapt) = (state.step_size, state.adapt);
+        (self.divergences, self.gradients) = (state.divergences, state.gradients);
+        self.seconds_before = state.seconds;
+        let at = Progress {
+            epoch: self.iteration,
+            step: self.iteration as u64,
+            ..Progress::default()
+        };
+        super::chain::discard_after(run_dir, &at)?;
+        tracing::info!(iteration = self.iteration, "resuming HMC");
+        Ok(())
+    }
+
+    /// Saves the chain's state in `run_dir`.
+    fn save(&self, run_dir: &Path, seconds: f64) -> Result<()> {
+        HmcState {
+            iteration: self.iteration,
+            theta: self.theta.clone(),
+            step_size: self.hmc.step_size,
+            adapt: self.adapt.clone(),
+            divergences: self.divergences,
+            gradients: self.gradients,
+            seconds,
+            test: self.kept.test.state(),
+            valid: self.kept.valid.as_ref().map(|a| a.state()),
+            regression: self.kept.regression.clone(),
+        }
+        .save(run_dir)
+    }
+}
+
+/// The most seconds between two saves of an HMC chain's state, which is saved every
+/// `--checkpoint-every` iterations, at the last and at a signal besides: an iteration of
+/// a large data set takes seconds, and 2,000 of them would be too long to lose.
+const SAVE_EVERY_SECONDS: f64 = 10.0;
+
 /// One HMC chain of `cfg` on `ds` in `run_dir`, as [`super::chain::run_chain`] runs a
-/// minibatch chain (same files, same outcome); `write_manifest` for a single-chain run.
+/// minibatch chain (same files, same outcome, `--resume` from its saved state);
+/// `write_manifest` for a single-chain run.
 pub(super) fn run_hmc_chain(
     cfg: &TrainConfig,
     ds: &Dataset,
@@ -157,90 +255,93 @@ pub(super) fn run_hmc_chain(
     write_manifest: bool,
 ) -> Result<ChainOutcome> {
     let s = &cfg.settings;
-    if cfg.resume {
+    let sampled_noise = matches!(s.likelihood.noise(), Some(Noise::Gamma { .. }));
+    if !matches!(s.prior, PriorSpec::Gaussian { .. }) || sampled_noise || !cfg.device.is_cpu() {
         return Err(Error::Config(
-            "an HMC run cannot be resumed (its chain keeps no state file); start it again".into(),
+            "--sampler hmc needs a fixed prior (--prior gaussian), a regression's fixed noise (--noise-std; no Gibbs step inside HMC) and the CPU".into(),
         ));
     }
-    if !matches!(s.prior, PriorSpec::Gaussian { .. }) || !cfg.device.is_cpu() {
-        return Err(Error::Config(
-            "--sampler hmc needs a fixed prior (--prior gaussian; no Gibbs step inside HMC) and the CPU".into(),
-        ));
-    }
-    let started = Instant::now();
     std::fs::create_dir_all(checkpoint::samples_dir(run_dir)).map_err(|e| Error::io(run_dir, e))?;
     let (model, potential) = model_and_potential(cfg, ds)?;
+    let mut chain = HmcChain::new(cfg, ds, &model)?;
+    let started = Instant::now();
+    if cfg.resume && (write_manifest || hmc_state_path(run_dir).exists()) {
+        chain.restore(cfg, ds, run_dir)?;
+    } else {
+        chain.save(run_dir, 0.0)?;
+    }
     if write_manifest {
         manifest(cfg, ds, model.num_params()).write(run_dir)?;
     }
-    let opts = s.hmc.unwrap_or_default();
-    let mut hmc = Hmc::new(
-        s.sampler.step_size,
-        opts.trajectory_length,
-        s.seed ^ crate::rng::HMC_STREAM,
-    )?;
-    let mut adapt = DualAveraging::new(s.sampler.step_size, opts.target_accept);
+    let elapsed = |c: &HmcChain| c.seconds_before + started.elapsed().as_secs_f64();
     let mut energy = FullBatch::new(&model, &ds.train, &potential)?;
-    let mut theta = flat(&model)?;
     let mut sink = RunFolder::new(run_dir);
-    let mut kept = Kept::new(ds)?;
     let (burnin, thin) = (s.schedule.burnin, s.schedule.thin.max(1));
-    let (mut divergences, mut gradients) = (0usize, 0u64);
     let metrics = run_dir.join("metrics.jsonl");
-    for it in 0..s.epochs {
-        let t = hmc.step(&mut theta, &mut energy)?;
-        gradients += t.steps as u64 + 1;
-        divergences += usize::from(t.divergent);
+    let mut saved = Instant::now();
+    while chain.iteration < s.epochs {
+        let it = chain.iteration;
+        let t = chain.hmc.step(it as u64, &mut chain.theta, &mut energy)?;
+        chain.gradients += t.steps as u64 + 1;
+        chain.divergences += usize::from(t.divergent);
+        chain.iteration += 1;
         if it < burnin {
-            hmc.step_size = adapt.update(t.accept_prob);
+            chain.hmc.step_size = chain.adapt.update(t.accept_prob);
             if it + 1 == burnin {
-                hmc.step_size = adapt.final_step_size();
+                chain.hmc.step_size = chain.adapt.final_step_size();
             }
         } else if (it + 1 - burnin).is_multiple_of(thin) {
-            load_flat(&model, &theta)?;
+            load_flat(&model, &chain.theta)?;
             let tau = potential.noise_precision;
-            let sample = write_sample(
-                cfg,
-                ds,
-                &mut sink,
-                &model,
-                it as u64 + 1,
-                it,
-                t.step_size,
-                Diagnostics::default(),
-                tau,
-            )?;
-            kept.add(sample)?;
+            let (step, eps) = (it as u64 + 1, t.step_size);
+            let d = Diagnostics::default();
+            let sample = write_sample(cfg, ds, &mut sink, &model, step, it, eps, d, tau)?;
+            chain.kept.add(sample)?;
         }
-        let record = HmcRecord {
-            iteration: it + 1,
-            accepted: t.accepted,
-            accept_prob: t.accept_prob,
-            step_size: t.step_size,
-            steps: t.steps,
-            delta_h: t.delta_h,
-            energy: t.energy,
-            divergent: t.divergent,
-            divergences,
-            samples: kept.samples(),
-        };
-        append_line(&metrics, &to_json(&record)?)?;
+        append_line(&metrics, &to_json(&record(&t, &chain))?)?;
+        let signal = signals::pending();
+        let last = chain.iteration == s.epochs;
+        let due = chain.iteration.is_multiple_of(s.checkpoint_every.max(1))
+            || saved.elapsed().as_secs_f64() >= SAVE_EVERY_SECONDS;
+        if signal.is_some() || last || due {
+            chain.save(run_dir, elapsed(&chain))?;
+            saved = Instant::now();
+            if let (Some(signal), false) = (signal, last) {
+                return Err(interrupted(signal, chain.iteration as u64, run_dir));
+            }
+        }
     }
-    if divergences > 0 {
-        tracing::warn!(divergences, "HMC: divergent trajectories (rejected); a smaller --step-size or --target-accept closer to 1 helps");
+    if chain.divergences > 0 {
+        tracing::warn!(divergences = chain.divergences, "HMC: divergent trajectories (rejected); a smaller --step-size or --target-accept closer to 1 helps");
     }
-    let seconds = started.elapsed().as_secs_f64();
+    let seconds = elapsed(&chain);
     Ok(ChainOutcome {
         seed: s.seed,
         num_params: model.num_params(),
-        test: kept.test,
-        valid: kept.valid,
-        regression: kept.regression,
-        steps: gradients,
+        test: chain.kept.test,
+        valid: chain.kept.valid,
+        regression: chain.kept.regression,
+        steps: chain.gradients,
         step_seconds: seconds,
         train_seconds: seconds,
         kinetic_trace: Vec::new(),
         backward: Backward::Custom,
         rollbacks: 0,
     })
+}
+
+/// The metrics line of the iteration that did `t` and left `chain` as it is.
+fn record(t: &Transition, chain: &HmcChain) -> HmcRecord {
+    HmcRecord {
+        iteration: chain.iteration,
+        accepted: t.accepted,
+        accept_prob: t.accept_prob,
+        step_size: t.step_size,
+        steps: t.steps,
+        delta_h: t.delta_h,
+        energy: t.energy,
+        divergent: t.divergent,
+        divergences: chain.divergences,
+        samples: chain.kept.samples(),
+    }
 }

@@ -6,6 +6,7 @@ mod chain;
 pub mod diagnostics;
 pub mod disk;
 mod hmc;
+pub mod hmc_state;
 pub use hmc::{FullBatch, HmcRecord};
 mod replicas;
 pub mod sink;
