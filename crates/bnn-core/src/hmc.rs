@@ -5,7 +5,8 @@
 //! potential U(θ), and accepts the end point with probability min(1, e^{−ΔH}), ΔH the
 //! change of H = U + ½|p|², computed in f64. During burn-in ε adapts by dual averaging
 //! (Hoffman & Gelman 2014, Algorithm 5, §3.2.1) towards a target acceptance rate; then it
-//! is frozen, which keeps the chain exactly reversible. L = ⌈τ/ε⌉ for a trajectory length τ.
+//! is frozen, which keeps the chain exactly reversible. L = ⌈u·τ/ε⌉ for a trajectory length
+//! τ, jittered by u ~ U(0.5, 1.5) each iteration ([`JITTER`]).
 //!
 //! Why an identity mass matrix: a diagonal one estimated in burn-in would speed ill-scaled
 //! posteriors, but every sampler it is compared with moves under the identity too, and the
@@ -24,6 +25,14 @@ pub const DIVERGENCE: f64 = 1000.0;
 
 /// The most leapfrog steps one trajectory may take (a tiny ε would otherwise stall).
 pub const MAX_STEPS: usize = 4096;
+
+/// Each trajectory's length is u·τ with u ~ U(0.5, 1.5) drawn afresh (Neal 2011, §5.4.2.2:
+/// random lengths). A fixed length that is near a multiple of half the period of some
+/// direction of the posterior (π·sd for a Gaussian one) makes consecutive draws
+/// anti-correlated or frozen there: measured on logistic regression of breast-cancer.csv
+/// at τ = 3, lag-1 autocorrelations of −0.6 and two seeds' covariances 0.97 apart in
+/// relative Frobenius norm; the jitter breaks the resonance, and the mean length stays τ.
+pub const JITTER: std::ops::Range<f64> = 0.5..1.5;
 
 /// The potential HMC explores.
 pub trait Energy {
@@ -119,9 +128,9 @@ impl Hmc {
         })
     }
 
-    /// Leapfrog steps per trajectory at the current ε.
-    pub fn steps(&self) -> usize {
-        ((self.trajectory_length / self.step_size).ceil() as usize).clamp(1, MAX_STEPS)
+    /// Leapfrog steps of a trajectory of length u·τ at the current ε.
+    pub fn steps(&self, u: f64) -> usize {
+        ((u * self.trajectory_length / self.step_size).ceil() as usize).clamp(1, MAX_STEPS)
     }
 
     /// One iteration from `theta` (moved in place when accepted). The position is kept in
@@ -134,9 +143,9 @@ impl Hmc {
         theta: &mut Vec<f64>,
         target: &mut impl Energy,
     ) -> Result<Transition> {
-        let (eps, steps) = (self.step_size, self.steps());
         let seed = bnn_kernels::rng::hmc_iteration_seed(self.seed, iteration);
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (eps, steps) = (self.step_size, self.steps(rng.random_range(JITTER)));
         let n = theta.len();
         let mut grad = vec![0f64; n];
         let u0 = target.energy_grad(theta, &mut grad)?;

@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Issue 39's table: every sampler of `bnn` against a full-batch HMC reference.
+
+    python3 bench/posterior.py [--bnn target/release/bnn] [--data $BNN_DATA_DIR/tabular]
+                               [--out /tmp/posterior] [--seeds 1,2,3]
+                               [--only breast-cancer,digits,friedman] [--reuse]
+
+For each data set (one hidden layer of 50 ReLU units, N(0, 1) prior on every weight,
+Friedman's noise fixed at its true σ = 1, one split for all runs):
+
+1. two HMC references of 4 chains each (seeds 1 and 2): the first is the reference,
+   `bnn compare` of the second against it is the noise floor;
+2. SGLD, SGHMC, SGNHT, mSGNHT-S, cyclical SGHMC (4 cycles), RENHD (7 replicas) and an
+   ensemble of 4 SGD chains, each at the tool's defaults for a table (100,000 minibatch
+   gradients of 100 rows, the first quarter burn-in, 100 samples per chain) and at equal
+   gradient evaluations: RENHD and the SGD ensemble get 1/7 and 1/4 of the updates per
+   replica or chain. HMC's cost is given in the same unit, a full-batch gradient counted
+   as N/100 minibatch gradients.
+
+Prints one Markdown table per data set (means ± sd over the seeds) and the raw figures as
+JSON on the last line. `--reuse` keeps runs already in --out (their summary.json).
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import statistics
+import subprocess
+
+COMMON = ["--hidden", "50", "--prior", "gaussian", "--prior-std", "1", "--split-seed", "0"]
+
+SETS = {
+    "breast-cancer": {
+        "data": ["--csv", "{d}/breast-cancer.csv", "--target", "malignant_is_0"],
+        "hmc": ["--epochs", "2500", "--burnin", "500", "--thin", "10"],
+        "n": 455,
+    },
+    "digits": {
+        "data": ["--csv", "{d}/digits-8x8.csv", "--target", "digit"],
+        "hmc": ["--epochs", "1200", "--burnin", "200", "--thin", "5"],
+        "n": 1437,
+    },
+    "friedman": {
+        "data": ["--csv", "{d}/friedman1-train.csv", "--test-csv", "{d}/friedman1-test.csv",
+                 "--target", "y", "--noise-std", "1"],
+        # The posterior of 10,000 rows is narrow: ε ≈ 3e-4, and τ = 0.05 (L ≈ 185) already
+        # spans several posterior sd of most weights.
+        "hmc": ["--epochs", "600", "--burnin", "100", "--thin", "5",
+                "--trajectory-length", "0.05"],
+        "n": 10000,
+    },
+}
+
+# name, flags, divisor of the updates (replicas or chains sharing the budget)
+METHODS = [
+    ("SGLD", ["--sampler", "sgld"], 1),
+    ("SGHMC", ["--sampler", "sghmc"], 1),
+    ("SGNHT", ["--sampler", "sgnht"], 1),
+    ("mSGNHT-S", ["--sampler", "msgnht", "--integrator", "splitting"], 1),
+    ("cyclical SGHMC", ["--sampler", "sghmc", "--cycles", "4"], 1),
+    ("RENHD", ["--sampler", "renhd", "--replicas", "7"], 7),
+    ("SGD ensemble", ["--sampler", "sgd", "--chains", "4"], 4),
+]
+
+
+def run(bnn, out, name, args, reuse):
+    summary = os.path.join(out, name, "summary.json")
+    if reuse and os.path.exists(summary):
+        return json.load(open(summary))
+    cmd = [bnn, "train", "-q", "--out", out, "--run-name", name, "--no-progress"] + args
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        return {"error": res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "failed"}
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def compare(bnn, run_dir, ref_dir):
+    res = subprocess.run([bnn, "compare", run_dir, "--reference", ref_dir],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SystemExit(f"compare {run_dir}: {res.stderr.strip()}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def acceptance(run_dir, burnin):
+    """Mean acceptance probability after burn-in, over the chains, and the frozen ε."""
+    rates, eps = [], []
+    for k in range(64):
+        path = os.path.join(run_dir, f"chain-{k}", "metrics.jsonl")
+        if not os.path.exists(path):
+            break
+        lines = [json.loads(l) for l in open(path)][burnin:]
+        rates.append(statistics.fmean(l["accept_prob"] for l in lines))
+        eps.append(lines[-1]["step_size"])
+    return rates, eps
+
+
+def schedule(summary, divisor):
+    """The default schedule (epochs, burn-in, thin) shared by `divisor` replicas/chains."""
+    e, b, t = summary["epochs"], summary["burnin"], summary["thin"]
+    return ["--epochs", str(max(1, e // divisor)), "--burnin", str(b // divisor),
+            "--thin", str(max(1, t // divisor))]
+
+
+def figures(cmp):
+    """The comparison's figures: distance to the reference and the run's own metrics."""
+    if cmp.get("regression"):
+        own = cmp["regression"][0]
+        return {"w2": cmp["wasserstein2"], "rmse": own["rmse"], "nll": own["nll"],
+                "cov95": own["coverage"][2]}
+    own = cmp["metrics"][0]
+    return {"agreement": cmp["agreement"], "tv": cmp["total_variation"],
+            "accuracy": own["accuracy"], "nll": own["nll"], "ece": own["ece"]}
+
+
+def fmt(values):
+    if len(values) == 1:
+        return f"{values[0]:.4f}"
+    return f"{statistics.fmean(values):.4f} ± {statistics.stdev(values):.4f}"
+
+
+def one_set(a, name, spec):
+    data = [x.format(d=a.data) for x in spec["data"]] + COMMON
+    out = os.path.join(a.out, name)
+    refs = []
+    for seed in (1, 2):
+        args = data + ["--sampler", "hmc", "--chains", "4", "--seed", str(seed)] + spec["hmc"]
+        s = run(a.bnn, out, f"hmc-seed{seed}", args, a.reuse)
+        if "error" in s:
+            raise SystemExit(f"{name} HMC: {s['error']}")
+        burnin = int(spec["hmc"][spec["hmc"].index("--burnin") + 1])
+        rates, eps = acceptance(os.path.join(out, f"hmc-seed{seed}"), burnin)
+        refs.append({"seed": seed, "acceptance": rates, "step_size": eps,
+                     "rhat": s["convergence"]["test_log_likelihood"]["rhat"],
+                     "gradients": s["steps"], "seconds": s["train_seconds"]})
+    ref = os.path.join(out, "hmc-seed1")
+    floor = figures(compare(a.bnn, os.path.join(out, "hmc-seed2"), ref))
+    # SGLD's first run tells the table defaults' schedule (it depends on N).
+    probe = run(a.bnn, out, "sgld-seed1", data + ["--sampler", "sgld", "--seed", "1"], a.reuse)
+    jobs = []
+    for label, flags, div in METHODS:
+        for seed in a.seeds:
+            extra = schedule(probe, div) if div > 1 else []
+            args = data + flags + extra + ["--seed", str(seed)]
+            tag = label.lower().replace(" ", "-")
+            jobs.append((label, seed, f"{tag}-seed{seed}", args))
+    rows = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        reuse = lambda j: a.reuse or j[2] == "sgld-seed1"
+        done = pool.map(lambda j: (j, run(a.bnn, out, j[2], j[3], reuse(j))), jobs)
+        for (label, seed, run_name, _), s in done:
+            if "error" in s:
+                rows.setdefault(label, {"error": s["error"]})
+                continue
+            f = figures(compare(a.bnn, os.path.join(out, run_name), ref))
+            f["seconds"] = s["train_seconds"]
+            rows.setdefault(label, {"runs": []})["runs"].append(f)
+    return {"references": refs, "noise_floor": floor, "methods": rows,
+            "hmc_minibatch_gradients": refs[0]["gradients"] * spec["n"] / 100}
+
+
+def table(name, res):
+    reg = "w2" in res["noise_floor"]
+    keys = ["w2", "rmse", "nll", "cov95"] if reg else ["agreement", "tv", "accuracy", "nll", "ece"]
+    print(f"\n### {name}\n")
+    for r in res["references"]:
+        acc = ", ".join(f"{x:.3f}" for x in r["acceptance"])
+        print(f"HMC seed {r['seed']}: acceptance per chain {acc}; ε {r['step_size'][0]:.3g}; "
+              f"R̂ {r['rhat']:.3f}; {r['gradients']} full-batch gradients, {r['seconds']:.0f} s")
+    print(f"\nHMC's cost: {res['hmc_minibatch_gradients']:.3g} minibatch gradients "
+          "(the samplers below: 1e5)\n")
+    print("| method | " + " | ".join(keys) + " |")
+    print("|" + " --- |" * (len(keys) + 1))
+    print("| HMC seed 2 vs seed 1 (noise floor) | "
+          + " | ".join(f"{res['noise_floor'][k]:.4f}" for k in keys) + " |")
+    for label, row in res["methods"].items():
+        if "error" in row:
+            print(f"| {label} | {row['error']} |")
+            continue
+        cells = [fmt([r[k] for r in row["runs"]]) for k in keys]
+        print(f"| {label} | " + " | ".join(cells) + " |")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--bnn", default="target/release/bnn")
+    p.add_argument("--data", default=os.path.join(os.environ.get("BNN_DATA_DIR", "data"), "tabular"))
+    p.add_argument("--out", default="/tmp/posterior")
+    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--only", default=",".join(SETS))
+    p.add_argument("--reuse", action="store_true")
+    a = p.parse_args()
+    a.seeds = [int(s) for s in a.seeds.split(",")]
+    results = {}
+    for name in a.only.split(","):
+        results[name] = one_set(a, name, SETS[name])
+        table(name, results[name])
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
