@@ -19,6 +19,8 @@ Friedman's noise fixed at its true σ = 1, one split for all runs):
 
 Prints one Markdown table per data set (means ± sd over the seeds) and the raw figures as
 JSON on the last line. `--reuse` keeps runs already in --out (their summary.json).
+`--ablation` data sets (breast-cancer by default) also get SGHMC and SGLD with η × ¼ and
+× 4, thinning × 4 and T = 0.1, to show where SG-MCMC's bias comes from.
 """
 import argparse
 import concurrent.futures
@@ -159,6 +161,36 @@ def one_set(a, name, spec):
             "hmc_minibatch_gradients": refs[0]["gradients"] * spec["n"] / 100}
 
 
+def ablation(a, name, spec):
+    """Where SG-MCMC's bias shows: SGHMC (and SGLD) at the default budget with η × ¼ or ×
+    4, with 4× the thinning (25 samples), and cold (T = 0.1), against the reference."""
+    data = [x.format(d=a.data) for x in spec["data"]] + COMMON
+    out = os.path.join(a.out, name)
+    ref = os.path.join(out, "hmc-seed1")
+    rows = {}
+    for sampler in ("sghmc", "sgld"):
+        probe = json.load(open(os.path.join(out, f"{sampler}-seed1", "summary.json")))
+        eta = probe["sampler"]["step_size"]
+        variants = [
+            ("η × 1/4", ["--step-size", repr(eta / 4)]),
+            ("η × 4", ["--step-size", repr(eta * 4)]),
+            ("thin × 4", ["--thin", str(probe["thin"] * 4)]),
+            ("T = 0.1", ["--temperature", "0.1"]),
+        ]
+        for label, flags in variants:
+            for seed in a.seeds:
+                tag = f"{sampler}-{label}".replace(" ", "").replace("/", "-").replace("×", "x")
+                args = data + ["--sampler", sampler, "--seed", str(seed)] + flags
+                s = run(a.bnn, out, f"{tag}-seed{seed}", args, a.reuse)
+                key = f"{sampler.upper()} {label}"
+                if "error" in s:
+                    rows[key] = {"error": s["error"]}
+                    continue
+                f = figures(compare(a.bnn, os.path.join(out, f"{tag}-seed{seed}"), ref))
+                rows.setdefault(key, {"runs": []})["runs"].append(f)
+    return rows
+
+
 def table(name, res):
     reg = "w2" in res["noise_floor"]
     keys = ["w2", "rmse", "nll", "cov95"] if reg else ["agreement", "tv", "accuracy", "nll", "ece"]
@@ -173,7 +205,7 @@ def table(name, res):
     print("|" + " --- |" * (len(keys) + 1))
     print("| HMC seed 2 vs seed 1 (noise floor) | "
           + " | ".join(f"{res['noise_floor'][k]:.4f}" for k in keys) + " |")
-    for label, row in res["methods"].items():
+    for label, row in list(res["methods"].items()) + list(res.get("ablation", {}).items()):
         if "error" in row:
             print(f"| {label} | {row['error']} |")
             continue
@@ -189,11 +221,15 @@ def main():
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--only", default=",".join(SETS))
     p.add_argument("--reuse", action="store_true")
+    p.add_argument("--ablation", default="breast-cancer",
+                   help="data sets that also get the step-size, thinning and temperature rows")
     a = p.parse_args()
     a.seeds = [int(s) for s in a.seeds.split(",")]
     results = {}
     for name in a.only.split(","):
         results[name] = one_set(a, name, SETS[name])
+        if name in a.ablation.split(","):
+            results[name]["ablation"] = ablation(a, name, SETS[name])
         table(name, results[name])
     print(json.dumps(results))
 

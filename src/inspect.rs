@@ -226,7 +226,23 @@ pub fn run_table(r: &RunInfo) -> String {
         "model        {} ({} parameters)",
         r.model, r.num_params
     );
-    let _ = writeln!(out, "sampler      {}", get("sampler"));
+    // HMC's minibatch-sampler fields (friction, diffusion, …) mean nothing; its own do.
+    let sampler = s.get("sampler");
+    match sampler.and_then(|v| v.get("kind")).and_then(|k| k.as_str()) {
+        Some("hmc") => {
+            let eps = sampler
+                .and_then(|v| v.get("step_size"))
+                .map_or("-".into(), words);
+            let _ = writeln!(
+                out,
+                "sampler      hmc  first step_size {eps} (adapted in burn-in)  {}",
+                get("hmc")
+            );
+        }
+        _ => {
+            let _ = writeln!(out, "sampler      {}", get("sampler"));
+        }
+    }
     let _ = writeln!(
         out,
         "prior        {}   temperature {}",
