@@ -285,18 +285,23 @@ fn stop_and_resume_until(
     }
 }
 
-#[test]
-fn runs_stopped_and_resumed_are_bit_identical_to_an_uninterrupted_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path();
+/// Runs `bnn args` (quiet) to its end, never stopped; what it left in `run`.
+fn run_to_end(args: &[String], run: &Path) -> Outcome {
     let status = Command::new(BIN)
-        .args(train_args(out, "whole"))
+        .args(args)
         .arg("-q")
         .stdout(Stdio::null())
         .status()
         .unwrap();
     assert!(status.success());
-    let whole = outcome(&out.join("whole"));
+    outcome(run)
+}
+
+#[test]
+fn runs_stopped_and_resumed_are_bit_identical_to_an_uninterrupted_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    let whole = run_to_end(&train_args(out, "whole"), &out.join("whole"));
     assert!(whole.samples.len() >= 20, "{} samples", whole.samples.len());
 
     let fresh = train_args(out, "killed");
@@ -370,14 +375,7 @@ fn hmc_runs_killed_and_resumed_are_bit_identical() {
         .map(String::from)
         .to_vec()
     };
-    let status = Command::new(BIN)
-        .args(args("whole"))
-        .arg("-q")
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let whole = outcome(&out.join("whole"));
+    let whole = run_to_end(&args("whole"), &out.join("whole"));
     assert_eq!(whole.samples.len(), 40);
     let in_writes =
         stop_and_resume_until(out, "killed", &args("killed"), libc::SIGKILL, (8, 1), 21);
