@@ -247,12 +247,16 @@ fn settings_on(d: Settings, args: &TrainArgs, given: &GivenFlags) -> Result<(Set
         trajectory_length: args.trajectory_length,
         target_accept: args.target_accept,
     });
-    let settings = Settings {
+    let mut settings = Settings {
         model: model_spec(args)?,
         replicas,
         hmc,
         ..resolved
     };
+    if settings.hmc.is_some() {
+        let (e, b, t) = (flags.epochs, flags.burnin, flags.thin);
+        settings.fit_hmc_schedule(e.is_some(), b.is_some(), t.is_some());
+    }
     Ok((settings, standardize))
 }
 
@@ -309,7 +313,9 @@ fn table_config(
     // Burn-in and thinning follow the epochs asked for, unless given themselves.
     let burnin_given = flags.burnin.or(preset.burnin).is_some();
     let thin_given = flags.thin.or(preset.thin).is_some();
-    settings.fit_table_schedule(n, burnin_given, thin_given);
+    if !hmc {
+        settings.fit_table_schedule(n, burnin_given, thin_given);
+    }
     // The toy's noise is known: fixed at its truth unless told otherwise.
     let toy_noise = args
         .table

@@ -222,6 +222,27 @@ impl Settings {
         s
     }
 
+    /// Iterations of an HMC run by default (`--epochs` counts iterations for `--sampler
+    /// hmc`): 1,000, the first quarter adapting ε, then 100 samples. An iteration costs
+    /// about τ/ε + 1 full-batch gradients, so the minibatch samplers' defaults (MNIST's 50
+    /// epochs with thinning 200, or a table's 100,000 updates) make no sense for it.
+    pub const HMC_ITERATIONS: usize = 1_000;
+
+    /// An HMC run's schedule in iterations, each part unless given by a flag (a preset's
+    /// schedule is its own sampler's, in minibatch updates): [`Settings::HMC_ITERATIONS`],
+    /// the first quarter burn-in, 100 samples evenly thinned after it.
+    pub fn fit_hmc_schedule(&mut self, epochs_given: bool, burnin_given: bool, thin_given: bool) {
+        if !epochs_given {
+            self.epochs = Self::HMC_ITERATIONS;
+        }
+        if !burnin_given {
+            self.schedule.burnin = self.epochs / 4;
+        }
+        if !thin_given {
+            self.schedule.thin = (self.epochs.saturating_sub(self.schedule.burnin) / 100).max(1);
+        }
+    }
+
     /// A table's burn-in (the first quarter of the epochs) and thinning (100 samples after
     /// it) for the epochs and batch size set, each unless given.
     pub fn fit_table_schedule(&mut self, n_train: usize, burnin_given: bool, thin_given: bool) {
@@ -341,6 +362,31 @@ mod tests {
             schedule: crate::schedule::example(),
             ..Settings::default()
         }
+    }
+
+    /// HMC counts iterations: 1,000 by default, a quarter burn-in, 100 samples; what a
+    /// flag gave stays, and the rest follows it.
+    #[test]
+    fn hmc_schedules_iterations() {
+        let mut s = Settings::for_table(455);
+        s.fit_hmc_schedule(false, false, false);
+        assert_eq!(
+            (s.epochs, s.schedule.burnin, s.schedule.thin),
+            (1000, 250, 7)
+        );
+        let mut s = Settings::default();
+        s.epochs = 2500;
+        s.fit_hmc_schedule(true, false, false);
+        assert_eq!(
+            (s.epochs, s.schedule.burnin, s.schedule.thin),
+            (2500, 625, 18)
+        );
+        s.schedule.thin = 1;
+        s.fit_hmc_schedule(true, true, true);
+        assert_eq!(
+            (s.epochs, s.schedule.burnin, s.schedule.thin),
+            (2500, 625, 1)
+        );
     }
 
     /// defaults ← preset ← flags: a flag beats the preset, the preset beats the default,
