@@ -163,7 +163,8 @@ def one_set(a, name, spec):
 
 def ablation(a, name, spec):
     """Where SG-MCMC's bias shows: SGHMC (and SGLD) at the default budget with η × ¼ or ×
-    4, with 4× the thinning (25 samples), and cold (T = 0.1), against the reference."""
+    4, with 4× the thinning (25 samples), and cold (T = 0.1, η/10 so that the tempered
+    gradient's step stays the default's), against the reference."""
     data = [x.format(d=a.data) for x in spec["data"]] + COMMON
     out = os.path.join(a.out, name)
     ref = os.path.join(out, "hmc-seed1")
@@ -175,11 +176,14 @@ def ablation(a, name, spec):
             ("η × 1/4", ["--step-size", repr(eta / 4)]),
             ("η × 4", ["--step-size", repr(eta * 4)]),
             ("thin × 4", ["--thin", str(probe["thin"] * 4)]),
-            ("T = 0.1", ["--temperature", "0.1"]),
+            # U/T's gradient is 10× larger: the default η diverges (measured), so η/10.
+            ("T = 0.1, η × 1/10", ["--temperature", "0.1", "--step-size", repr(eta / 10)]),
         ]
         for label, flags in variants:
             for seed in a.seeds:
-                tag = f"{sampler}-{label}".replace(" ", "").replace("/", "-").replace("×", "x")
+                tag = f"{sampler}-{label}"
+                for a_, b_ in ((" ", ""), ("/", "-"), ("×", "x"), (",", "")):
+                    tag = tag.replace(a_, b_)
                 args = data + ["--sampler", sampler, "--seed", str(seed)] + flags
                 s = run(a.bnn, out, f"{tag}-seed{seed}", args, a.reuse)
                 key = f"{sampler.upper()} {label}"
