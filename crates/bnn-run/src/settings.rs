@@ -374,8 +374,10 @@ mod tests {
             (s.epochs, s.schedule.burnin, s.schedule.thin),
             (1000, 250, 7)
         );
-        let mut s = Settings::default();
-        s.epochs = 2500;
+        let mut s = Settings {
+            epochs: 2500,
+            ..Settings::default()
+        };
         s.fit_hmc_schedule(true, false, false);
         assert_eq!(
             (s.epochs, s.schedule.burnin, s.schedule.thin),
