@@ -16,7 +16,7 @@ use super::task;
 use super::{manifest, EpochRecord, Stepper, TrainConfig};
 use crate::checkpoint;
 use crate::data::{Dataset, Task};
-use crate::ensemble::{self, Accumulator};
+use crate::ensemble::{self, Accumulator, AccumulatorState, Sums};
 use crate::error::{Error, Result};
 use crate::likelihood::Noise;
 use crate::model::Network;
@@ -250,6 +250,29 @@ impl Kept {
             regression,
             kinetic_trace: Vec::new(),
         })
+    }
+
+    /// The ensembles as a saved state left them (a minibatch chain's or an HMC chain's);
+    /// refused where the state and the data disagree on a validation set.
+    pub fn restore(
+        &mut self,
+        ds: &Dataset,
+        test: (AccumulatorState, Sums),
+        valid: Option<(AccumulatorState, Sums)>,
+        regression: Option<RegressionAccumulator>,
+    ) -> Result<()> {
+        self.test = Accumulator::restore(&ds.test.labels, test.0, test.1)?;
+        self.valid = match (ds.valid.as_ref(), valid) {
+            (Some(v), Some((s, sum))) => Some(Accumulator::restore(&v.labels, s, sum)?),
+            (None, None) => None,
+            _ => {
+                return Err(Error::Checkpoint(
+                    "the saved state and the data disagree on a validation set".into(),
+                ))
+            }
+        };
+        self.regression = regression;
+        Ok(())
     }
 
     /// Samples in the test ensemble.
@@ -547,20 +570,11 @@ impl<'a, S: ChainSink> Chain<'a, S> {
         }
         self.stepper.sampler.restore(&state.sampler)?;
         self.stepper.potential.prior.precisions = state.prior_precisions;
-        self.kept.test = Accumulator::restore(&self.ds.test.labels, state.test.0, state.test.1)?;
-        self.kept.regression = state.regression;
+        self.kept
+            .restore(self.ds, state.test, state.valid, state.regression)?;
         if let Some(tau) = state.noise_precision {
             self.stepper.potential.noise_precision = tau;
         }
-        self.kept.valid = match (self.ds.valid.as_ref(), state.valid) {
-            (Some(v), Some((s, sum))) => Some(Accumulator::restore(&v.labels, s, sum)?),
-            (None, None) => None,
-            _ => {
-                return Err(Error::Checkpoint(
-                    "the saved state and the data disagree on a validation set".into(),
-                ))
-            }
-        };
         self.kept.kinetic_trace = state.kinetic_trace;
         self.rollbacks = state.rollbacks;
         Ok(state.progress)

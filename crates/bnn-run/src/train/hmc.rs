@@ -23,7 +23,6 @@ use super::sink::RunFolder;
 use super::{manifest, ChainOutcome, TrainConfig};
 use crate::checkpoint;
 use crate::data::{Dataset, Split};
-use crate::ensemble::Accumulator;
 use crate::error::{Error, Result};
 use crate::hmc::{DualAveraging, Energy, Hmc, Transition};
 use crate::likelihood::Noise;
@@ -202,12 +201,8 @@ impl HmcChain {
                 self.theta.len()
             )));
         }
-        self.kept.test = Accumulator::restore(&ds.test.labels, state.test.0, state.test.1)?;
-        self.kept.valid = match (ds.valid.as_ref(), state.valid) {
-            (Some(v), Some((s, sums))) => Some(Accumulator::restore(&v.labels, s, sums)?),
-            _ => None,
-        };
-        self.kept.regression = state.regression;
+        self.kept
+            .restore(ds, state.test, state.valid, state.regression)?;
         (self.theta, self.iteration) = (state.theta, state.iteration);
         (self.hmc.step_size, self.adapt) = (state.step_size, state.adapt);
         (self.divergences, self.gradients) = (state.divergences, state.gradients);
