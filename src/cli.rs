@@ -288,6 +288,10 @@ pub struct TrainArgs {
     /// Hold out the last N training images as a validation set (the papers use 10000).
     #[arg(long, default_value_t = 0)]
     pub valid: usize,
+    /// Train on the first N training images only (after --valid's hold-out), e.g. a
+    /// subset small enough for a full-batch HMC reference; the test set is unchanged.
+    #[arg(long, value_name = "N")]
+    pub train_limit: Option<usize>,
     /// Standardise each pixel with the training set's mean and standard deviation
     /// (floored at 0.1) instead of scaling to [0, 1]; recorded in run.json for `bnn eval`.
     #[arg(long)]
@@ -348,6 +352,12 @@ pub struct TrainArgs {
     /// HMC: the acceptance rate burn-in's dual averaging aims the step size at.
     #[arg(long, default_value_t = 0.8)]
     pub target_accept: f64,
+    /// HMC: start the chains from a finished run's samples (chain k of K takes the
+    /// ⌈(k+1)·n/K⌉-th of its n samples, chains pooled in order) instead of the prior's
+    /// draw, e.g. from an SG-MCMC run of the same model and data, so that the burn-in
+    /// only adapts ε.
+    #[arg(long, value_name = "RUN")]
+    pub init_from: Option<std::path::PathBuf>,
     /// α: friction of sghmc and momentum (momentum coefficient = 1 − α).
     #[arg(long)]
     pub friction: Option<f64>,

@@ -243,9 +243,15 @@ fn settings_on(d: Settings, args: &TrainArgs, given: &GivenFlags) -> Result<(Set
         false => None,
     };
     let standardize = flags.standardize.or(preset.standardize).unwrap_or(false);
+    if args.init_from.is_some() && resolved.hmc.is_none() {
+        return Err(Error::Config(
+            "--init-from starts the chains of --sampler hmc only".into(),
+        ));
+    }
     let hmc = resolved.hmc.map(|_| bnn::settings::HmcOptions {
         trajectory_length: args.trajectory_length,
         target_accept: args.target_accept,
+        init_from: args.init_from.clone(),
     });
     let mut settings = Settings {
         model: model_spec(args)?,
@@ -295,9 +301,9 @@ fn table_config(
             "--csv and --toy replace --dataset and --data-dir; give one or the other".into(),
         ));
     }
-    if args.valid > 0 || args.standardize || args.augment.is_some() {
+    if args.valid > 0 || args.standardize || args.augment.is_some() || args.train_limit.is_some() {
         return Err(Error::Config(
-            "--valid, --standardize and --augment are for images; a table's features are always standardised and it is scored on its test rows".into(),
+            "--valid, --train-limit, --standardize and --augment are for images; a table's features are always standardised and it is scored on its test rows".into(),
         ));
     }
     let ds = tabular::load(spec)?;
@@ -379,6 +385,7 @@ fn image_config(args: &TrainArgs, given: &GivenFlags) -> Result<(Settings, data:
         offline: args.offline,
         mirror: args.mirror.clone(),
         valid: args.valid,
+        train_limit: args.train_limit,
         builtin_fallback: true,
     };
     let mut ds = data::load(&args.data.dataset, &opts)?;

@@ -51,7 +51,7 @@ fn compare_measures_agreement_and_distance_and_refuses_other_data() {
     fails_with(
         d.path(),
         &["compare", "runs/other", "--reference", "runs/a"],
-        &["not scored on the same test set", "split seeded 2"],
+        &["not trained and scored on the same data", "split seeded 2"],
     );
 
     // A regression: W₂ between the mixtures, 0 against itself.
@@ -81,6 +81,60 @@ fn compare_measures_agreement_and_distance_and_refuses_other_data() {
     fails_with(
         d.path(),
         &["compare", "runs/r1", "--reference", "runs/a"],
-        &["not scored on the same test set"],
+        &["not trained and scored on the same data"],
+    );
+}
+
+/// `--train-limit N` trains on the first N training images: run.json records N as the
+/// run's training examples, `bnn eval` rereads that subset, and `bnn compare` refuses a
+/// reference trained on another subset (another posterior); 0 is refused, as are more
+/// images than there are, and the flag on a table.
+#[test]
+fn train_limit_keeps_the_first_images_and_compare_refuses_another_subset() {
+    let d = tempfile::tempdir().unwrap();
+    let images = [
+        "--dataset",
+        "mnist-mini",
+        "--epochs",
+        "2",
+        "--burnin",
+        "1",
+        "--thin",
+        "1",
+        "--no-progress",
+    ];
+    train(
+        d.path(),
+        "small",
+        &[&images[..], &["--train-limit", "500"]].concat(),
+    );
+    let manifest = std::fs::read_to_string(d.path().join("runs/small/run.json")).unwrap();
+    let manifest: serde_json::Value = serde_json::from_str(&manifest).unwrap();
+    assert_eq!(manifest["train_examples"], 500);
+    let summary = std::fs::read_to_string(d.path().join("runs/small/summary.json")).unwrap();
+    let summary: serde_json::Value = serde_json::from_str(&summary).unwrap();
+    // 500 images in minibatches of 100: 5 updates per epoch.
+    assert_eq!(summary["steps"], 10);
+    run_ok(d.path(), &["eval", "--run", "runs/small"]);
+    train(d.path(), "full", &images);
+    fails_with(
+        d.path(),
+        &["compare", "runs/small", "--reference", "runs/full"],
+        &[
+            "not trained and scored on the same data",
+            "500 training images",
+        ],
+    );
+    for n in ["0", "1000000"] {
+        fails_with(
+            d.path(),
+            &[&["train"][..], &images, &["--train-limit", n]].concat(),
+            &[&format!("--train-limit {n}"), "training examples"],
+        );
+    }
+    fails_with(
+        d.path(),
+        &["train", "--toy", "regression-1d", "--train-limit", "10"],
+        &["--train-limit", "images"],
     );
 }

@@ -392,3 +392,99 @@ fn hmc_logistic_regression_agrees_with_a_longer_chain_of_itself() {
         runs.display()
     );
 }
+
+/// All tensors of every sample of a run, flat, in the pooled order of `--init-from`
+/// (chains in order, each chain's samples by step).
+fn pooled_samples(run: &Path) -> Vec<Vec<f32>> {
+    let dev = candle_core::Device::Cpu;
+    checkpoint::run_sample_paths(run)
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let s = checkpoint::load_sample(p, &dev).unwrap();
+            let mut names: Vec<_> = s.tensors.keys().cloned().collect();
+            names.sort();
+            names
+                .iter()
+                .flat_map(|n| {
+                    s.tensors[n]
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1::<f32>()
+                        .unwrap()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// `--init-from`: chain k of K starts at the init run's sample ⌈(k+1)·n/K⌉ of n. Three
+/// HMC chains from a two-chain SGLD run of 3 samples each (n = 6) start at samples 2, 4
+/// and 6 (chain 0's second, chain 1's first and last); each makes one leapfrog step of
+/// ε = 1e-12 (θ moves by about 1e-12, far below f32's resolution of these weights), so
+/// its one sample is its start. A run of another shape, or another sampler, is refused.
+#[test]
+fn hmc_chains_start_from_the_samples_of_init_from() {
+    let d = tempfile::tempdir().unwrap();
+    let toy = |hidden: &'static str| {
+        [
+            "train",
+            "--toy",
+            "regression-1d",
+            "--hidden",
+            hidden,
+            "--noise-std",
+            "0.1",
+            "--out",
+            "runs",
+            "--no-progress",
+        ]
+    };
+    let sgld = ["--sampler", "sgld", "--chains", "2", "--epochs", "6"];
+    let init = ["--burnin", "3", "--thin", "1", "--run-name", "init"];
+    run_ok(d.path(), &[&toy("10")[..], &sgld, &init].concat());
+    let from = pooled_samples(&d.path().join("runs/init"));
+    assert_eq!(from.len(), 6);
+    let hmc = [
+        "--sampler",
+        "hmc",
+        "--init-from",
+        "runs/init",
+        "--epochs",
+        "1",
+        "--burnin",
+        "0",
+        "--thin",
+        "1",
+        "--step-size",
+        "1e-12",
+        "--trajectory-length",
+        "1e-12",
+    ];
+    let three = ["--chains", "3", "--run-name", "hmc"];
+    run_ok(d.path(), &[&toy("10")[..], &hmc, &three].concat());
+    let started = pooled_samples(&d.path().join("runs/hmc"));
+    assert_eq!(started.len(), 3);
+    for (k, at) in [(0, 1), (1, 3), (2, 5)] {
+        let gap = started[k]
+            .iter()
+            .zip(&from[at])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            gap <= 1e-6,
+            "chain {k}: {gap} from the init run's sample {at}"
+        );
+    }
+    let other = ["--run-name", "other"];
+    crate::common::fails_with(
+        d.path(),
+        &[&toy("5")[..], &hmc, &other].concat(),
+        &["--init-from", "shape"],
+    );
+    crate::common::fails_with(
+        d.path(),
+        &[&toy("10")[..], &sgld, &["--init-from", "runs/init"]].concat(),
+        &["--init-from", "hmc"],
+    );
+}

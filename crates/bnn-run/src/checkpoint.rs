@@ -100,6 +100,22 @@ pub fn chain_dirs(run_dir: &Path) -> Vec<PathBuf> {
     dirs
 }
 
+/// Every sample of a run, its chains' in chain order, each chain's in step order; an error
+/// if there is none.
+pub fn run_sample_paths(run_dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut all = Vec::new();
+    for chain in chain_dirs(run_dir) {
+        all.extend(list_samples(&chain)?);
+    }
+    if all.is_empty() {
+        return Err(Error::Checkpoint(format!(
+            "{}: no samples",
+            run_dir.display()
+        )));
+    }
+    Ok(all)
+}
+
 /// The folder holding the samples of a run.
 pub fn samples_dir(run_dir: &Path) -> PathBuf {
     run_dir.join("samples")

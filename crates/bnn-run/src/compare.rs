@@ -74,11 +74,12 @@ pub struct Comparison {
     pub regression: Option<(RegressionMetrics, RegressionMetrics)>,
 }
 
-/// Refuses two runs whose test sets differ: another data set, task, table, split or
-/// standardisation.
+/// Refuses two runs whose data differ: another data set, task, table, split, training
+/// subset (`--valid`, `--train-limit`: another posterior) or standardisation.
 pub fn check_same_data(run: &RunManifest, reference: &RunManifest) -> Result<()> {
     let same = run.dataset == reference.dataset
         && run.task == reference.task
+        && (run.train_examples, run.valid) == (reference.train_examples, reference.valid)
         && run.input_dim == reference.input_dim
         && match (&run.table, &reference.table) {
             (Some(a), Some(b)) => a.same_rows(b),
@@ -88,7 +89,7 @@ pub fn check_same_data(run: &RunManifest, reference: &RunManifest) -> Result<()>
     match same {
         true => Ok(()),
         false => Err(Error::Config(format!(
-            "the runs were not scored on the same test set: {} ({}) against a reference on {} ({}); compare runs of the same data, split and standardisation",
+            "the runs were not trained and scored on the same data: {} ({}) against a reference on {} ({}); compare runs of the same data, training subset, split and standardisation",
             run.dataset,
             describe(run),
             reference.dataset,
@@ -107,7 +108,7 @@ fn describe(m: &RunManifest) -> String {
                 t.spec.test_fraction, t.spec.split_seed
             ),
         },
-        None => "its test set".into(),
+        None => format!("{} training images", m.train_examples),
     }
 }
 
@@ -175,7 +176,7 @@ fn network(m: &RunManifest, device: &Device) -> Result<Network> {
 fn classes(dir: &Path, m: &RunManifest, ds: &Dataset, device: &Device) -> Result<Accumulator> {
     let model = network(m, device)?;
     let mut acc = Accumulator::with_classes(&ds.test.labels, m.num_classes)?;
-    for path in sample_paths(dir)? {
+    for path in checkpoint::run_sample_paths(dir)? {
         let sample = checkpoint::load_sample(&path, device)?;
         model
             .load(&sample.tensors)
@@ -198,23 +199,12 @@ fn mixtures(
     let model = network(m, device)?;
     let mut acc = RegressionAccumulator::new(&crate::train::test_targets(ds));
     let mut parts = Vec::new();
-    for path in sample_paths(dir)? {
+    for path in checkpoint::run_sample_paths(dir)? {
         let g = crate::eval::sample_gaussians(&model, &path, &ds.test, ds.task, device)?;
         acc.add(&g.0, &g.1)?;
         parts.push(g);
     }
     Ok((acc, parts))
-}
-
-fn sample_paths(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
-    let mut all = Vec::new();
-    for chain in checkpoint::chain_dirs(dir) {
-        all.extend(checkpoint::list_samples(&chain)?);
-    }
-    if all.is_empty() {
-        return Err(Error::Checkpoint(format!("{}: no samples", dir.display())));
-    }
-    Ok(all)
 }
 
 /// Mean over the points of W₂ between the two mixtures: each mixture's quantile function

@@ -186,6 +186,7 @@ pub fn load_run_data(
         offline,
         mirror: None,
         valid: manifest.valid,
+        train_limit: Some(manifest.train_examples),
         builtin_fallback: false,
     };
     let mut ds = data::load(&manifest.dataset, &opts)?;
@@ -215,6 +216,7 @@ pub fn load_ood_data(
         offline,
         mirror: None,
         valid: 0,
+        train_limit: None,
         builtin_fallback: false,
     };
     let mut ds = data::load(name, &opts)?;

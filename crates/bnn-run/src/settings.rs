@@ -75,12 +75,18 @@ pub struct Settings {
 }
 
 /// HMC's own settings.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HmcOptions {
     /// τ: each trajectory takes ⌈τ/ε⌉ leapfrog steps.
     pub trajectory_length: f64,
     /// The acceptance rate the burn-in's dual averaging aims ε at.
     pub target_accept: f64,
+    /// A finished run whose samples start the chains (`--init-from`), instead of the
+    /// prior's draw: chain k of K takes sample ⌈(k+1)·n/K⌉ of its n (chains pooled in
+    /// order), so that the burn-in adapts ε near the typical set instead of descending
+    /// to it (Izmailov et al. 2021 start their HMC chains from SGD solutions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<std::path::PathBuf>,
 }
 
 impl Default for HmcOptions {
@@ -88,6 +94,7 @@ impl Default for HmcOptions {
         HmcOptions {
             trajectory_length: 0.5,
             target_accept: 0.8,
+            init_from: None,
         }
     }
 }

@@ -438,6 +438,8 @@ pub struct LoadOptions {
     pub mirror: Option<String>,
     /// Hold out the last `valid` training examples as a validation set.
     pub valid: usize,
+    /// Keep only the first N training examples (after the validation hold-out).
+    pub train_limit: Option<usize>,
     /// For `mnist` without `--data-dir`: use the built-in subset when the full set can be
     /// neither found nor fetched.
     pub builtin_fallback: bool,
@@ -487,6 +489,16 @@ pub fn load(name: &str, opts: &LoadOptions) -> Result<Dataset> {
             )));
         }
         ds.valid = Some(ds.train.split_off_last(opts.valid));
+    }
+    if let Some(n) = opts.train_limit {
+        let have = ds.train.len();
+        if n == 0 || n > have {
+            return Err(Error::Config(format!(
+                "--train-limit {n}: there are {have} training examples; give 1 to {have}"
+            )));
+        }
+        // The rest is dropped: split_off_last hands it back as a split of its own.
+        let _ = ds.train.split_off_last(have - n);
     }
     Ok(ds)
 }

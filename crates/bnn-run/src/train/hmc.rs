@@ -175,7 +175,7 @@ impl HmcChain {
     /// A new chain of `cfg` at `model`'s initial θ.
     fn new(cfg: &TrainConfig, ds: &Dataset, model: &Network) -> Result<Self> {
         let s = &cfg.settings;
-        let opts = s.hmc.unwrap_or_default();
+        let opts = s.hmc.clone().unwrap_or_default();
         Ok(HmcChain {
             hmc: Hmc::new(s.sampler.step_size, opts.trajectory_length, s.seed)?,
             adapt: DualAveraging::new(s.sampler.step_size, opts.target_accept),
@@ -235,6 +235,22 @@ impl HmcChain {
     }
 }
 
+/// θ of chain k of K from `--init-from`'s run: its sample ⌈(k+1)·n/K⌉ of n (its chains'
+/// pooled in order, so that K chains from a run of K take each chain's last sample),
+/// loaded into `model` with every name and shape checked.
+fn start_from(from: &Path, model: &Network, (k, of): (usize, usize)) -> Result<Vec<f64>> {
+    let paths = checkpoint::run_sample_paths(from)?;
+    let at = ((k + 1) * paths.len())
+        .div_ceil(of.max(1))
+        .clamp(1, paths.len())
+        - 1;
+    let refuse = |e: Error| Error::Config(format!("--init-from {}: {e}", paths[at].display()));
+    let sample = checkpoint::load_sample(&paths[at], &candle_core::Device::Cpu).map_err(refuse)?;
+    model.load(&sample.tensors).map_err(refuse)?;
+    tracing::info!(sample = %paths[at].display(), "HMC chain {k} starts at");
+    flat(model)
+}
+
 /// The most seconds between two saves of an HMC chain's state, which is saved every
 /// `--checkpoint-every` iterations, at the last and at a signal besides: an iteration of
 /// a large data set takes seconds, and 2,000 of them would be too long to lose.
@@ -242,12 +258,14 @@ const SAVE_EVERY_SECONDS: f64 = 10.0;
 
 /// One HMC chain of `cfg` on `ds` in `run_dir`, as [`super::chain::run_chain`] runs a
 /// minibatch chain (same files, same outcome, `--resume` from its saved state);
-/// `write_manifest` for a single-chain run.
+/// `write_manifest` for a single-chain run; `k`: the chain's index and the run's number of
+/// chains.
 pub(super) fn run_hmc_chain(
     cfg: &TrainConfig,
     ds: &Dataset,
     run_dir: &Path,
     write_manifest: bool,
+    k: (usize, usize),
 ) -> Result<ChainOutcome> {
     let s = &cfg.settings;
     let sampled_noise = matches!(s.likelihood.noise(), Some(Noise::Gamma { .. }));
@@ -263,6 +281,9 @@ pub(super) fn run_hmc_chain(
     if cfg.resume && (write_manifest || hmc_state_path(run_dir).exists()) {
         chain.restore(cfg, ds, run_dir)?;
     } else {
+        if let Some(from) = s.hmc.as_ref().and_then(|o| o.init_from.as_deref()) {
+            chain.theta = start_from(from, &model, k)?;
+        }
         chain.save(run_dir, 0.0)?;
     }
     if write_manifest {

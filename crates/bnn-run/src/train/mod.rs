@@ -316,7 +316,7 @@ fn train_checked(
     }
     if cfg.settings.chains <= 1 {
         let chain = match cfg.settings.sampler.kind {
-            SamplerKind::Hmc => hmc::run_hmc_chain(cfg, ds, run_dir, true)?,
+            SamplerKind::Hmc => hmc::run_hmc_chain(cfg, ds, run_dir, true, (0, 1))?,
             _ => run_chain(cfg, ds, run_dir, true, cfg.settings.seed)?,
         };
         return finish(cfg, ds, vec![chain], None).map(Some);
@@ -354,7 +354,9 @@ fn run_chains(cfg: &TrainConfig, ds: &Dataset, ks: &[usize]) -> Result<Vec<(usiz
         let _span = tracing::info_span!("chain", k).entered();
         let dir = checkpoint::chain_dir(run_dir, k);
         let out = match cfg.settings.sampler.kind {
-            SamplerKind::Hmc => hmc::run_hmc_chain(&chain_cfg, ds, &dir, false),
+            SamplerKind::Hmc => {
+                hmc::run_hmc_chain(&chain_cfg, ds, &dir, false, (k, cfg.settings.chains))
+            }
             _ => run_chain(&chain_cfg, ds, &dir, false, cfg.settings.seed),
         };
         if let Ok(mut slot) = results[i].lock() {
