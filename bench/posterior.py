@@ -2,14 +2,18 @@
 """Issue 39's table: every sampler of `bnn` against a full-batch HMC reference.
 
     python3 bench/posterior.py [--bnn target/release/bnn] [--data $BNN_DATA_DIR/tabular]
-                               [--out /tmp/posterior] [--seeds 1,2,3]
-                               [--only breast-cancer,digits,friedman] [--reuse]
+                               [--mnist $BNN_DATA_DIR/mnist] [--out /tmp/posterior]
+                               [--seeds 1,2,3] [--reuse]
+                               [--only breast-cancer,digits,friedman,mnist-2k]
 
-For each data set (one hidden layer of 50 ReLU units, N(0, 1) prior on every weight,
-Friedman's noise fixed at its true σ = 1, one split for all runs):
+For each data set (one hidden layer of 50 ReLU units, 20 on Friedman #1; N(0, 1) prior on
+every weight; Friedman's noise fixed at its true σ = 1; one split for all runs; MNIST-2k is
+the first 2,000 training images, `--train-limit 2000`, scored on the 10,000 test images):
 
 1. two HMC references of 4 chains each (seeds 1 and 2): the first is the reference,
-   `bnn compare` of the second against it is the noise floor;
+   `bnn compare` of the second against it is the noise floor. On Friedman #1 and MNIST-2k
+   each reference's chains start (`--init-from`) from a run of 4 SG-MCMC chains of its own
+   (seed 10 + the reference's), so that burn-in adapts ε instead of descending;
 2. SGLD, SGHMC, SGNHT, mSGNHT-S, cyclical SGHMC (4 cycles), RENHD (7 replicas) and an
    ensemble of 4 SGD chains, each at the tool's defaults for a table (100,000 minibatch
    gradients of 100 rows, the first quarter burn-in, 100 samples per chain) and at equal
@@ -29,27 +33,42 @@ import os
 import statistics
 import subprocess
 
-COMMON = ["--hidden", "50", "--prior", "gaussian", "--prior-std", "1", "--split-seed", "0"]
+COMMON = ["--prior", "gaussian", "--prior-std", "1", "--split-seed", "0"]
 
 SETS = {
     "breast-cancer": {
-        "data": ["--csv", "{d}/breast-cancer.csv", "--target", "malignant_is_0"],
+        "data": ["--csv", "{d}/breast-cancer.csv", "--target", "malignant_is_0", "--hidden", "50"],
         "hmc": ["--epochs", "2500", "--burnin", "500", "--thin", "10"],
         "n": 455,
     },
     "digits": {
-        "data": ["--csv", "{d}/digits-8x8.csv", "--target", "digit"],
+        "data": ["--csv", "{d}/digits-8x8.csv", "--target", "digit", "--hidden", "50"],
         "hmc": ["--epochs", "1200", "--burnin", "200", "--thin", "5"],
         "n": 1437,
     },
     "friedman": {
         "data": ["--csv", "{d}/friedman1-train.csv", "--test-csv", "{d}/friedman1-test.csv",
-                 "--target", "y", "--noise-std", "1"],
-        # The posterior of 10,000 rows is narrow: ε ≈ 3e-4, and τ = 0.05 (L ≈ 185) already
-        # spans several posterior sd of most weights.
+                 "--target", "y", "--noise-std", "1", "--hidden", "20"],
+        # The posterior of 10,000 rows is narrow (ε ≈ 4e-4, L ≈ 750). From a random start
+        # a 10-50-1 network's chains still drifted after 300 iterations (R̂ 1.38–1.51 at
+        # τ = 0.05); 20 units and SGLD starts fit two references in about 1.5 h. A target
+        # of 0.8 ended these 100 burn-in iterations at an ε̄ that accepted 0.91–0.92.
         "hmc": ["--epochs", "600", "--burnin", "100", "--thin", "5",
-                "--trajectory-length", "0.05"],
+                "--trajectory-length", "0.3", "--target-accept", "0.75"],
+        "init": ["--sampler", "sgld", "--chains", "4"],
         "n": 10000,
+    },
+    "mnist-2k": {
+        "data": ["--dataset", "mnist", "--data-dir", "{mnist}", "--train-limit", "2000",
+                 "--hidden", "50"],
+        # ε ≈ 5.5e-3 from SGHMC starts: τ = 0.5 is about 90 gradients of 13 ms.
+        "hmc": ["--epochs", "600", "--burnin", "100", "--thin", "5",
+                "--trajectory-length", "0.5", "--target-accept", "0.75"],
+        "init": ["--sampler", "sghmc", "--chains", "4", "--epochs", "200", "--burnin", "100",
+                 "--thin", "4"],
+        # The image defaults are for 60,000 images; here 20,000 updates, 100 samples.
+        "sg": ["--epochs", "1000", "--burnin", "250", "--thin", "150"],
+        "n": 2000,
     },
 }
 
@@ -66,10 +85,14 @@ METHODS = [
 
 
 def run(bnn, out, name, args, reuse):
+    """`bnn train` as run `name` in `out`: with `reuse`, a finished run is read back and
+    a stopped one (run.json, no summary) resumed."""
     summary = os.path.join(out, name, "summary.json")
     if reuse and os.path.exists(summary):
         return json.load(open(summary))
     cmd = [bnn, "train", "-q", "--out", out, "--run-name", name, "--no-progress"] + args
+    if reuse and os.path.exists(os.path.join(out, name, "run.json")):
+        cmd = [bnn, "train", "-q", "--no-progress", "--resume", os.path.join(out, name)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         return {"error": res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "failed"}
@@ -122,11 +145,17 @@ def fmt(values):
 
 
 def one_set(a, name, spec):
-    data = [x.format(d=a.data) for x in spec["data"]] + COMMON
+    data = [x.format(d=a.data, mnist=a.mnist) for x in spec["data"]] + COMMON
     out = os.path.join(a.out, name)
     refs = []
     for seed in (1, 2):
         args = data + ["--sampler", "hmc", "--chains", "4", "--seed", str(seed)] + spec["hmc"]
+        if "init" in spec:
+            init = data + spec["init"] + ["--seed", str(10 + seed)]
+            s = run(a.bnn, out, f"hmc-init-seed{seed}", init, a.reuse)
+            if "error" in s:
+                raise SystemExit(f"{name} HMC start: {s['error']}")
+            args += ["--init-from", os.path.join(out, f"hmc-init-seed{seed}")]
         s = run(a.bnn, out, f"hmc-seed{seed}", args, a.reuse)
         if "error" in s:
             raise SystemExit(f"{name} HMC: {s['error']}")
@@ -138,11 +167,15 @@ def one_set(a, name, spec):
     ref = os.path.join(out, "hmc-seed1")
     floor = figures(compare(a.bnn, os.path.join(out, "hmc-seed2"), ref))
     # SGLD's first run tells the table defaults' schedule (it depends on N).
-    probe = run(a.bnn, out, "sgld-seed1", data + ["--sampler", "sgld", "--seed", "1"], a.reuse)
+    sg = spec.get("sg", [])
+    probe = run(a.bnn, out, "sgld-seed1", data + sg + ["--sampler", "sgld", "--seed", "1"],
+                a.reuse)
+    if "error" in probe:
+        raise SystemExit(f"{name} SGLD: {probe['error']}")
     jobs = []
     for label, flags, div in METHODS:
         for seed in a.seeds:
-            extra = schedule(probe, div) if div > 1 else []
+            extra = schedule(probe, div) if div > 1 else sg
             args = data + flags + extra + ["--seed", str(seed)]
             tag = label.lower().replace(" ", "-")
             jobs.append((label, seed, f"{tag}-seed{seed}", args))
@@ -158,14 +191,15 @@ def one_set(a, name, spec):
             f["seconds"] = s["train_seconds"]
             rows.setdefault(label, {"runs": []})["runs"].append(f)
     return {"references": refs, "noise_floor": floor, "methods": rows,
-            "hmc_minibatch_gradients": refs[0]["gradients"] * spec["n"] / 100}
+            "hmc_minibatch_gradients": refs[0]["gradients"] * spec["n"] / 100,
+            "sampler_gradients": probe["steps"]}
 
 
 def ablation(a, name, spec):
     """Where SG-MCMC's bias shows: SGHMC (and SGLD) at the default budget with η × ¼ or ×
     4, with 4× the thinning (25 samples), and cold (T = 0.1, η/10 so that the tempered
     gradient's step stays the default's), against the reference."""
-    data = [x.format(d=a.data) for x in spec["data"]] + COMMON
+    data = [x.format(d=a.data, mnist=a.mnist) for x in spec["data"]] + COMMON
     out = os.path.join(a.out, name)
     ref = os.path.join(out, "hmc-seed1")
     rows = {}
@@ -204,7 +238,7 @@ def table(name, res):
         print(f"HMC seed {r['seed']}: acceptance per chain {acc}; ε {r['step_size'][0]:.3g}; "
               f"R̂ {r['rhat']:.3f}; {r['gradients']} full-batch gradients, {r['seconds']:.0f} s")
     print(f"\nHMC's cost: {res['hmc_minibatch_gradients']:.3g} minibatch gradients "
-          "(the samplers below: 1e5)\n")
+          f"(the samplers below: {res['sampler_gradients']:.3g})\n")
     print("| method | " + " | ".join(keys) + " |")
     print("|" + " --- |" * (len(keys) + 1))
     print("| HMC seed 2 vs seed 1 (noise floor) | "
@@ -221,6 +255,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--bnn", default="target/release/bnn")
     p.add_argument("--data", default=os.path.join(os.environ.get("BNN_DATA_DIR", "data"), "tabular"))
+    p.add_argument("--mnist", default=os.path.join(os.environ.get("BNN_DATA_DIR", "data"), "mnist"))
     p.add_argument("--out", default="/tmp/posterior")
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--only", default=",".join(SETS))

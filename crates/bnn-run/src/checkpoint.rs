@@ -208,6 +208,86 @@ fn tensors_digest<'a>(
     hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A state file read back (`RUN/state/*.safetensors`: a chain's state between two
+/// updates): checked as [`open_safetensors`] says, the JSON of its `state` metadata at the
+/// format version its reader expects, and its tensors decoded on the CPU by name.
+pub struct StateFile<S> {
+    /// The `state` JSON.
+    pub scalars: S,
+    tensors: HashMap<String, Option<Tensor>>,
+    path: PathBuf,
+    what: &'static str,
+}
+
+impl<S: serde::de::DeserializeOwned> StateFile<S> {
+    /// Reads the `what` (e.g. "run state") at `path`, whose JSON must say `"version":
+    /// version`; `hint` follows the reason when the file cannot be read at all.
+    pub fn read(path: &Path, what: &'static str, version: u32, hint: &str) -> Result<Self> {
+        let bytes = std::fs::read(path).map_err(|e| {
+            Error::Checkpoint(format!(
+                "{}: cannot read the {what} ({e}); {hint}",
+                path.display()
+            ))
+        })?;
+        let corrupt =
+            |e: String| Error::Checkpoint(format!("{}: corrupt {what}: {e}", path.display()));
+        let checked = open_safetensors(&bytes).map_err(corrupt)?;
+        let json = checked
+            .metadata
+            .get("state")
+            .ok_or_else(|| corrupt("no `state` metadata".into()))?;
+        let value: serde_json::Value =
+            serde_json::from_str(json).map_err(|e| corrupt(e.to_string()))?;
+        let found = value.get("version").and_then(serde_json::Value::as_u64);
+        if found != Some(u64::from(version)) {
+            let found = found.map_or("none".to_string(), |v| v.to_string());
+            return Err(corrupt(format!(
+                "format version {found}, this bnn reads {version}"
+            )));
+        }
+        let scalars = serde_json::from_value(value).map_err(|e| corrupt(e.to_string()))?;
+        let mut tensors = HashMap::new();
+        for (name, view) in checked.tensors.tensors() {
+            tensors.insert(name, decode_tensor(&view, &Device::Cpu)?);
+        }
+        Ok(StateFile {
+            scalars,
+            tensors,
+            path: path.to_path_buf(),
+            what,
+        })
+    }
+}
+
+impl<S> StateFile<S> {
+    /// The error for a file whose content is not what it should be.
+    pub fn corrupt(&self, why: &str) -> Error {
+        Error::Checkpoint(format!(
+            "{}: corrupt {}: {why}",
+            self.path.display(),
+            self.what
+        ))
+    }
+
+    /// The tensor `name` (F32 or F64).
+    pub fn tensor(&self, name: &str) -> Result<Tensor> {
+        match self.tensors.get(name) {
+            Some(Some(t)) => Ok(t.clone()),
+            Some(None) => Err(self.corrupt(&format!("tensor `{name}` is neither F32 nor F64"))),
+            None => Err(self.corrupt(&format!("no tensor `{name}`"))),
+        }
+    }
+
+    /// The tensor `name`, flat, in f64.
+    pub fn vector(&self, name: &str) -> Result<Vec<f64>> {
+        Ok(self
+            .tensor(name)?
+            .flatten_all()?
+            .to_dtype(DType::F64)?
+            .to_vec1::<f64>()?)
+    }
+}
+
 /// A safetensors file parsed and checked: the header is well-formed, the tensor data
 /// matches the recorded checksum (files written before checksums were recorded have none
 /// and are read as they are), and every F32/F64 value is finite. `Err` carries the

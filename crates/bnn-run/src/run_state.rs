@@ -12,11 +12,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::atomic::write_atomic;
-use crate::checkpoint::{decode_tensor, encode_safetensors, open_safetensors};
+use crate::checkpoint::{encode_safetensors, StateFile};
 use crate::ensemble::{AccumulatorState, Sums};
 use crate::error::{Error, Result};
 use crate::regression::RegressionAccumulator;
@@ -144,13 +144,9 @@ impl RunState {
             .map(|(n, t)| (format!("param/{n}"), t.clone()))
             .collect();
         tensors.extend(self.sampler.tensors());
-        let sums = |v: &[f64]| Tensor::from_slice(v, v.len(), &Device::Cpu);
-        let (test_sums, valid) = (&self.test.1, &self.valid);
-        tensors.push(("ensemble/test".into(), sums(&test_sums.probability)?));
-        tensors.push(("ensemble/test_entropy".into(), sums(&test_sums.entropy)?));
-        if let Some((_, v)) = valid {
-            tensors.push(("ensemble/valid".into(), sums(&v.probability)?));
-            tensors.push(("ensemble/valid_entropy".into(), sums(&v.entropy)?));
+        tensors.extend(ensemble_tensors("test", &self.test.1)?);
+        if let Some((_, v)) = &self.valid {
+            tensors.extend(ensemble_tensors("valid", v)?);
         }
         let json = serde_json::to_string(&scalars)
             .map_err(|e| Error::Checkpoint(format!("serialising the run state: {e}")))?;
@@ -160,65 +156,52 @@ impl RunState {
 
     /// Reads the state file of `run_dir`; `params` names the model's parameters in order.
     pub fn load(run_dir: &Path, params: &[String]) -> Result<Self> {
-        let path = state_path(run_dir);
-        let bytes = std::fs::read(&path).map_err(|e| {
-            Error::Checkpoint(format!(
-                "{}: cannot read the run state ({e}); was {} made by `bnn train` of this version?",
-                path.display(),
-                run_dir.display()
-            ))
-        })?;
-        let corrupt =
-            |e: String| Error::Checkpoint(format!("{}: corrupt run state: {e}", path.display()));
-        let checked = open_safetensors(&bytes).map_err(corrupt)?;
-        let st = &checked.tensors;
-        let json = checked
-            .metadata
-            .get("state")
-            .ok_or_else(|| corrupt("no `state` metadata".into()))?;
-        let scalars: Scalars = serde_json::from_str(json).map_err(|e| corrupt(e.to_string()))?;
-        if scalars.version != VERSION {
-            return Err(corrupt(format!(
-                "format version {}, this bnn reads {VERSION}",
-                scalars.version
-            )));
-        }
-        let tensor = |name: &str| -> Result<Tensor> {
-            let view = st
-                .tensor(name)
-                .map_err(|_| corrupt(format!("no tensor `{name}`")))?;
-            decode_tensor(&view, &Device::Cpu)?
-                .ok_or_else(|| corrupt(format!("tensor `{name}` is {:?}", view.dtype())))
-        };
-        let vector = |name: &str| -> Result<Vec<f64>> {
-            Ok(tensor(name)?.to_dtype(DType::F64)?.to_vec1::<f64>()?)
-        };
-        let sums = |set: &str| -> Result<Sums> {
-            Ok(Sums {
-                probability: vector(&format!("ensemble/{set}"))?,
-                entropy: vector(&format!("ensemble/{set}_entropy"))?,
-            })
-        };
+        let hint = format!(
+            "was {} made by `bnn train` of this version?",
+            run_dir.display()
+        );
+        let file: StateFile<Scalars> =
+            StateFile::read(&state_path(run_dir), "run state", VERSION, &hint)?;
+        let tensor = |name: &str| file.tensor(name);
         let params = params
             .iter()
             .map(|n| Ok((n.clone(), tensor(&format!("param/{n}"))?)))
             .collect::<Result<Vec<_>>>()?;
-        let sampler = SamplerState::from_parts(&scalars.sampler, tensor)?;
-        let valid = match scalars.valid {
-            Some(v) => Some((v, sums("valid")?)),
-            None => None,
+        let sampler = SamplerState::from_parts(&file.scalars.sampler, tensor)?;
+        let test = ensemble_sums(&file, "test")?;
+        let valid = match file.scalars.valid.is_some() {
+            true => Some(ensemble_sums(&file, "valid")?),
+            false => None,
         };
+        let scalars = file.scalars;
         Ok(RunState {
             progress: scalars.progress,
             params,
             sampler,
             prior_precisions: scalars.prior_precisions,
-            test: (scalars.test, sums("test")?),
-            valid,
+            test: (scalars.test, test),
+            valid: scalars.valid.zip(valid),
             kinetic_trace: scalars.kinetic_trace,
             rollbacks: scalars.rollbacks,
             regression: scalars.regression,
             noise_precision: scalars.noise_precision,
         })
     }
+}
+
+/// The tensors that hold the ensemble sums of `set` ("test", "valid") in a state file.
+pub(crate) fn ensemble_tensors(set: &str, sums: &Sums) -> Result<[(String, Tensor); 2]> {
+    let vector = |v: &[f64]| Tensor::from_slice(v, v.len(), &Device::Cpu);
+    Ok([
+        (format!("ensemble/{set}"), vector(&sums.probability)?),
+        (format!("ensemble/{set}_entropy"), vector(&sums.entropy)?),
+    ])
+}
+
+/// The ensemble sums of `set` read back from a state file ([`ensemble_tensors`]).
+pub(crate) fn ensemble_sums<S>(file: &StateFile<S>, set: &str) -> Result<Sums> {
+    Ok(Sums {
+        probability: file.vector(&format!("ensemble/{set}"))?,
+        entropy: file.vector(&format!("ensemble/{set}_entropy"))?,
+    })
 }

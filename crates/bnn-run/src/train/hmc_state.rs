@@ -10,15 +10,16 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::atomic::write_atomic;
-use crate::checkpoint::{decode_tensor, encode_safetensors, open_safetensors};
+use crate::checkpoint::{encode_safetensors, StateFile};
 use crate::ensemble::{AccumulatorState, Sums};
 use crate::error::{Error, Result};
 use crate::hmc::DualAveraging;
 use crate::regression::RegressionAccumulator;
+use crate::run_state::{ensemble_sums, ensemble_tensors};
 
 /// Format version of the file.
 const VERSION: u32 = 1;
@@ -83,13 +84,11 @@ impl HmcState {
             valid: self.valid.as_ref().map(|v| v.0.clone()),
             regression: self.regression.clone(),
         };
-        let vector = |v: &[f64]| Tensor::from_slice(v, v.len(), &Device::Cpu);
-        let mut tensors = vec![("theta".to_string(), vector(&self.theta)?)];
-        for (set, sums) in [("test", Some(&self.test.1)), ("valid", self.valid_sums())] {
-            if let Some(sums) = sums {
-                tensors.push((format!("ensemble/{set}"), vector(&sums.probability)?));
-                tensors.push((format!("ensemble/{set}_entropy"), vector(&sums.entropy)?));
-            }
+        let theta = Tensor::from_slice(&self.theta, self.theta.len(), &Device::Cpu)?;
+        let mut tensors = vec![("theta".to_string(), theta)];
+        tensors.extend(ensemble_tensors("test", &self.test.1)?);
+        if let Some((_, v)) = &self.valid {
+            tensors.extend(ensemble_tensors("valid", v)?);
         }
         let json = serde_json::to_string(&scalars)
             .map_err(|e| Error::Checkpoint(format!("serialising the HMC state: {e}")))?;
@@ -100,63 +99,31 @@ impl HmcState {
         )
     }
 
-    fn valid_sums(&self) -> Option<&Sums> {
-        self.valid.as_ref().map(|v| &v.1)
-    }
-
     /// Reads the state file of `run_dir`.
     pub fn load(run_dir: &Path) -> Result<Self> {
-        let path = hmc_state_path(run_dir);
-        let bytes = std::fs::read(&path).map_err(|e| {
-            Error::Checkpoint(format!(
-                "{}: cannot read the HMC state ({e}); was {} made by `bnn train --sampler hmc`?",
-                path.display(),
-                run_dir.display()
-            ))
-        })?;
-        let corrupt =
-            |e: String| Error::Checkpoint(format!("{}: corrupt HMC state: {e}", path.display()));
-        let checked = open_safetensors(&bytes).map_err(corrupt)?;
-        let json = checked
-            .metadata
-            .get("state")
-            .ok_or_else(|| corrupt("no `state` metadata".into()))?;
-        let s: Scalars = serde_json::from_str(json).map_err(|e| corrupt(e.to_string()))?;
-        if s.version != VERSION {
-            return Err(corrupt(format!(
-                "format version {}, this bnn reads {VERSION}",
-                s.version
-            )));
-        }
-        let vector = |name: &str| -> Result<Vec<f64>> {
-            let view = checked
-                .tensors
-                .tensor(name)
-                .map_err(|_| corrupt(format!("no tensor `{name}`")))?;
-            let t = decode_tensor(&view, &Device::Cpu)?
-                .ok_or_else(|| corrupt(format!("tensor `{name}` is {:?}", view.dtype())))?;
-            Ok(t.to_dtype(DType::F64)?.to_vec1::<f64>()?)
+        let hint = format!(
+            "was {} made by `bnn train --sampler hmc`?",
+            run_dir.display()
+        );
+        let file: StateFile<Scalars> =
+            StateFile::read(&hmc_state_path(run_dir), "HMC state", VERSION, &hint)?;
+        let theta = file.vector("theta")?;
+        let test = ensemble_sums(&file, "test")?;
+        let valid = match file.scalars.valid.is_some() {
+            true => Some(ensemble_sums(&file, "valid")?),
+            false => None,
         };
-        let sums = |set: &str| -> Result<Sums> {
-            Ok(Sums {
-                probability: vector(&format!("ensemble/{set}"))?,
-                entropy: vector(&format!("ensemble/{set}_entropy"))?,
-            })
-        };
-        let valid = match s.valid {
-            Some(v) => Some((v, sums("valid")?)),
-            None => None,
-        };
+        let s = file.scalars;
         Ok(HmcState {
             iteration: s.iteration,
-            theta: vector("theta")?,
+            theta,
             step_size: s.step_size,
             adapt: s.adapt,
             divergences: s.divergences,
             gradients: s.gradients,
             seconds: s.seconds,
-            test: (s.test, sums("test")?),
-            valid,
+            test: (s.test, test),
+            valid: s.valid.zip(valid),
             regression: s.regression,
         })
     }
