@@ -108,22 +108,32 @@ fn exact_posterior(run: &Path) -> (Vec<f64>, Vec<Vec<f64>>) {
 
 /// Each sample's (w, b), in order.
 fn samples(run: &Path) -> Vec<Vec<f64>> {
+    flat_samples(
+        &checkpoint::list_samples(run).unwrap(),
+        Some(&["fc1.weight", "fc1.bias"]),
+    )
+}
+
+/// The sample files' tensors `names` (all of them, by name, if None), flat, one vector
+/// per file.
+fn flat_samples(paths: &[PathBuf], names: Option<&[&str]>) -> Vec<Vec<f64>> {
     let dev = candle_core::Device::Cpu;
-    checkpoint::list_samples(run)
-        .unwrap()
+    paths
         .iter()
         .map(|p| {
             let s = checkpoint::load_sample(p, &dev).unwrap();
-            let flat = |n: &str| {
-                s.tensors[n]
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap()
-            };
-            flat("fc1.weight")
-                .into_iter()
-                .chain(flat("fc1.bias"))
+            let mut all: Vec<&str> = s.tensors.keys().map(String::as_str).collect();
+            all.sort_unstable();
+            names
+                .unwrap_or(&all)
+                .iter()
+                .flat_map(|n| {
+                    s.tensors[*n]
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1::<f32>()
+                        .unwrap()
+                })
                 .map(f64::from)
                 .collect()
         })
@@ -395,27 +405,8 @@ fn hmc_logistic_regression_agrees_with_a_longer_chain_of_itself() {
 
 /// All tensors of every sample of a run, flat, in the pooled order of `--init-from`
 /// (chains in order, each chain's samples by step).
-fn pooled_samples(run: &Path) -> Vec<Vec<f32>> {
-    let dev = candle_core::Device::Cpu;
-    checkpoint::run_sample_paths(run)
-        .unwrap()
-        .iter()
-        .map(|p| {
-            let s = checkpoint::load_sample(p, &dev).unwrap();
-            let mut names: Vec<_> = s.tensors.keys().cloned().collect();
-            names.sort();
-            names
-                .iter()
-                .flat_map(|n| {
-                    s.tensors[n]
-                        .flatten_all()
-                        .unwrap()
-                        .to_vec1::<f32>()
-                        .unwrap()
-                })
-                .collect()
-        })
-        .collect()
+fn pooled_samples(run: &Path) -> Vec<Vec<f64>> {
+    flat_samples(&checkpoint::run_sample_paths(run).unwrap(), None)
 }
 
 /// `--init-from`: chain k of K starts at the init run's sample ⌈(k+1)·n/K⌉ of n. Three
@@ -470,7 +461,7 @@ fn hmc_chains_start_from_the_samples_of_init_from() {
             .iter()
             .zip(&from[at])
             .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
+            .fold(0.0, f64::max);
         assert!(
             gap <= 1e-6,
             "chain {k}: {gap} from the init run's sample {at}"
