@@ -63,7 +63,8 @@ SETS = {
     "mnist-2k": {
         "data": ["--dataset", "mnist", "--data-dir", "{mnist}", "--train-limit", "2000",
                  "--hidden", "50"],
-        # ε ≈ 5.5e-3 from SGHMC starts: τ = 0.5 is about 90 gradients of 13 ms.
+        # ε ≈ 0.009 from SGHMC starts at target 0.65: τ = 0.5 is about 59 gradients of
+        # 10–13 ms, a reference 12 min.
         "hmc": ["--epochs", "600", "--burnin", "100", "--thin", "5",
                 "--trajectory-length", "0.5", "--target-accept", "0.65"],
         "init": ["--sampler", "sghmc", "--chains", "4", "--epochs", "200", "--burnin", "100",
