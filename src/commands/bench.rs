@@ -21,6 +21,10 @@ pub(super) fn bench_command(command: BenchCommand) -> Result<String> {
             json(&bnn::bench::step(sampler, &sizes, repeats)?)
         }
         BenchCommand::Gemm { repeats } => {
+            // The ceiling each product is measured against, per thread count it runs on.
+            let peaks: Vec<_> = (1..=bnn::kernels::pool::threads())
+                .map(bnn::kernels::gemm::peak)
+                .collect();
             let mut rows = Vec::new();
             // (m, n, k): forward (X·Wᵀ, W read in place), weight gradient and input error
             // of the MNIST MLPs.
@@ -34,16 +38,31 @@ pub(super) fn bench_command(command: BenchCommand) -> Result<String> {
                     (400, 400, batch, false, "weight grad 400×400"),
                     (batch, 400, 400, false, "input error 400×400"),
                 ] {
-                    let (ours, crate_gemm) =
+                    let (ours, crate_gemm, threads) =
                         bnn::kernels::gemm::bench(m, n, k, transposed, repeats.max(1));
+                    let peak = &peaks[threads.clamp(1, peaks.len()) - 1];
                     rows.push(serde_json::json!({
                         "product": what, "batch": batch, "m": m, "n": n, "k": k,
+                        "threads": threads,
                         "bnn_gflop_per_s": ours, "gemm_crate_gflop_per_s": crate_gemm,
+                        "fraction_of_measured_peak": ours / peak.measured_gflop_per_s,
                     }));
                 }
             }
             let skipping = bnn::bench::zero_skipping(repeats.max(1))?;
-            json(&serde_json::json!({ "products": rows, "first_layer_zero_skipping": skipping }))
+            let peaks: Vec<_> = peaks
+                .iter()
+                .map(|p| {
+                    serde_json::json!({
+                        "isa": p.isa, "threads": p.threads, "lanes": p.lanes, "fused": p.fused,
+                        "measured_gflop_per_s": p.measured_gflop_per_s, "ghz": p.ghz,
+                        "computed_gflop_per_s": p.computed_gflop_per_s,
+                    })
+                })
+                .collect();
+            json(&serde_json::json!({
+                "peak": peaks, "products": rows, "first_layer_zero_skipping": skipping,
+            }))
         }
         BenchCommand::Train {
             hidden,

@@ -22,10 +22,12 @@
 //! multiply-adds.
 
 mod nn;
+mod peak;
 mod simd;
 #[cfg(test)]
 mod tests;
 
+pub use peak::{peak, Peak};
 pub use simd::PORTABLE_FUSED;
 
 use super::isa::{self, Isa};
@@ -479,8 +481,14 @@ fn balanced(len: usize, max: usize) -> impl Iterator<Item = usize> {
 /// GFLOP/s of [`matmul`] (on the current path) and of the `gemm` crate (candle's CPU
 /// matmul, on its own rayon threads) on one product A·B (m × k times k × n; B row-major,
 /// or with `rhs_transposed` the transpose of a row-major n × k matrix, as the forward
-/// reads W), median of `repeats` (for `bnn bench gemm`).
-pub fn bench(m: usize, n: usize, k: usize, rhs_transposed: bool, repeats: usize) -> (f64, f64) {
+/// reads W), median of `repeats` (for `bnn bench gemm`), and the threads ours ran on.
+pub fn bench(
+    m: usize,
+    n: usize,
+    k: usize,
+    rhs_transposed: bool,
+    repeats: usize,
+) -> (f64, f64, usize) {
     let a: Vec<f32> = (0..m * k)
         .map(|i| ((i * 7919) % 1000) as f32 * 1e-3)
         .collect();
@@ -509,7 +517,7 @@ pub fn bench(m: usize, n: usize, k: usize, rhs_transposed: bool, repeats: usize)
     };
     let ours = time(&mut |c| matmul(m, n, k, c, false, lhs, rhs));
     let crate_gemm = time(&mut |c| crate_gemm(m, n, k, c, lhs, rhs, threads));
-    (ours, crate_gemm)
+    (ours, crate_gemm, threads)
 }
 
 /// The `gemm` crate's product, for [`bench`] only.

@@ -107,6 +107,8 @@ pub(super) trait Simd: Copy + 'static {
     );
     /// Bit i of `words[i / 64]` set where `row[i]` is not zero (or NaN).
     unsafe fn nonzero_words(row: &[f32], words: &mut [u64]);
+    /// [`super::peak::CHAINS`] register-only chains of `iters` multiply-adds (the peak).
+    unsafe fn fma_chains(iters: usize) -> f32;
 }
 
 /// The row dispatch of [`Simd::tile`] and the entry of [`Simd::update`] for one path:
@@ -139,6 +141,15 @@ macro_rules! entries {
                 super::nn::update_body::<$isa, R, V>(acc, u)
             }}
             go::<R, V>(acc, u)
+        }}
+
+        unsafe fn fma_chains(iters: usize) -> f32 { unsafe {
+            $(#[target_feature(enable = $feature)])?
+            #[inline(never)]
+            unsafe fn go(iters: usize) -> f32 { unsafe {
+                super::peak::fma_body::<$isa>(iters)
+            }}
+            go(iters)
         }}
 
         #[inline(always)]

@@ -646,3 +646,37 @@ fn transpose_matches_the_scalar_one_on_every_path() {
         }
     });
 }
+
+#[test]
+fn the_peak_loop_runs_every_multiply_add_it_counts() {
+    // Each lane follows x ← x·a + b from 0 for `iters` steps: the loop's sum is that
+    // recurrence's value times the lanes it ran on, so a loop the compiler shortened or
+    // dropped would give another number.
+    let iters = 1000;
+    on_every_path(|isa| {
+        let (a, b) = (0.999_999f32, 1e-7f32);
+        let fused = isa != Isa::Portable || PORTABLE_FUSED;
+        let x = (0..iters).fold(0f32, |x, _| if fused { x.mul_add(a, b) } else { x * a + b });
+        let lanes = match isa {
+            Isa::Avx512 => 16,
+            _ => 8,
+        };
+        let total = peak::fma_chains(isa, iters);
+        let expected = x * (peak::CHAINS * lanes) as f32;
+        assert!(
+            (total - expected).abs() <= 1e-5 * expected,
+            "{isa}: {total} vs {expected}"
+        );
+    });
+}
+
+#[test]
+fn the_peak_is_positive_and_computed_as_documented() {
+    let p = peak(1);
+    assert_eq!(p.threads, 1);
+    assert!(p.measured_gflop_per_s > 0.0 && p.measured_gflop_per_s.is_finite());
+    if let (Some(ghz), Some(computed)) = (p.ghz, p.computed_gflop_per_s) {
+        let flops = if p.fused { 2.0 } else { 1.0 };
+        assert!(ghz > 0.0 && (computed - ghz * p.lanes as f64 * flops * 2.0).abs() < 1e-9);
+    }
+}
