@@ -288,8 +288,9 @@ pub struct TrainArgs {
     /// Hold out the last N training images as a validation set (the papers use 10000).
     #[arg(long, default_value_t = 0)]
     pub valid: usize,
-    /// Train on the first N training images only (after --valid's hold-out), e.g. a
-    /// subset small enough for a full-batch HMC reference; the test set is unchanged.
+    /// Train on the first N training images (after --valid's hold-out) or table rows
+    /// (in file order, after the split; standardised by their own statistics) only, e.g.
+    /// a subset small enough for a full-batch HMC reference; the test set is unchanged.
     #[arg(long, value_name = "N")]
     pub train_limit: Option<usize>,
     /// Standardise each pixel with the training set's mean and standard deviation

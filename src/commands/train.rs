@@ -285,6 +285,7 @@ fn table_spec(args: &TrainArgs, seed: u64) -> Option<TableSpec> {
         test_csv: t.test_csv.clone(),
         test_fraction: t.test_fraction,
         split_seed: t.split_seed.unwrap_or(seed),
+        train_limit: args.train_limit,
     })
 }
 
@@ -301,9 +302,9 @@ fn table_config(
             "--csv and --toy replace --dataset and --data-dir; give one or the other".into(),
         ));
     }
-    if args.valid > 0 || args.standardize || args.augment.is_some() || args.train_limit.is_some() {
+    if args.valid > 0 || args.standardize || args.augment.is_some() {
         return Err(Error::Config(
-            "--valid, --train-limit, --standardize and --augment are for images; a table's features are always standardised and it is scored on its test rows".into(),
+            "--valid, --standardize and --augment are for images; a table's features are always standardised and it is scored on its test rows".into(),
         ));
     }
     let ds = tabular::load(spec)?;

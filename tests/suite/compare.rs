@@ -88,7 +88,7 @@ fn compare_measures_agreement_and_distance_and_refuses_other_data() {
 /// `--train-limit N` trains on the first N training images: run.json records N as the
 /// run's training examples, `bnn eval` rereads that subset, and `bnn compare` refuses a
 /// reference trained on another subset (another posterior); 0 is refused, as are more
-/// images than there are, and the flag on a table.
+/// images than there are. On a table it keeps the first rows after the split, likewise.
 #[test]
 fn train_limit_keeps_the_first_images_and_compare_refuses_another_subset() {
     let d = tempfile::tempdir().unwrap();
@@ -132,9 +132,36 @@ fn train_limit_keeps_the_first_images_and_compare_refuses_another_subset() {
             &[&format!("--train-limit {n}"), "training examples"],
         );
     }
+    let toy = [
+        "--toy",
+        "regression-1d",
+        "--epochs",
+        "2",
+        "--burnin",
+        "1",
+        "--thin",
+        "1",
+        "--no-progress",
+    ];
+    let limited = [&toy[..], &["--train-limit", "10", "--batch-size", "10"]].concat();
+    train(d.path(), "toy-10", &limited);
+    let manifest = std::fs::read_to_string(d.path().join("runs/toy-10/run.json")).unwrap();
+    let manifest: serde_json::Value = serde_json::from_str(&manifest).unwrap();
+    assert_eq!(manifest["train_examples"], 10);
+    assert_eq!(manifest["table"]["train_limit"], 10);
+    run_ok(d.path(), &["eval", "--run", "runs/toy-10"]);
+    train(d.path(), "toy", &toy);
     fails_with(
         d.path(),
-        &["train", "--toy", "regression-1d", "--train-limit", "10"],
-        &["--train-limit", "images"],
+        &["compare", "runs/toy-10", "--reference", "runs/toy"],
+        &[
+            "not trained and scored on the same data",
+            "10 training rows",
+        ],
+    );
+    fails_with(
+        d.path(),
+        &[&["train"][..], &toy, &["--train-limit", "1"]].concat(),
+        &["--train-limit 1", "training rows; give 2 to"],
     );
 }

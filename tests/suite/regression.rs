@@ -72,7 +72,7 @@ fn bad_csv_input_gets_one_line_and_exit_1() {
     fails_with(
         d.path(),
         &["train", "--csv", &classes, "--target", "y", "--valid", "1"],
-        &["--valid, --train-limit, --standardize and --augment are for images"],
+        &["--valid, --standardize and --augment are for images"],
     );
 }
 

@@ -102,10 +102,14 @@ pub fn check_same_data(run: &RunManifest, reference: &RunManifest) -> Result<()>
 fn describe(m: &RunManifest) -> String {
     match &m.table {
         Some(t) => match &t.spec.test_csv {
-            Some(f) => format!("test rows of {}", f.display()),
+            Some(f) => format!(
+                "{} training rows, test rows of {}",
+                m.train_examples,
+                f.display()
+            ),
             None => format!(
-                "a {} split seeded {}",
-                t.spec.test_fraction, t.spec.split_seed
+                "{} training rows, a {} split seeded {}",
+                m.train_examples, t.spec.test_fraction, t.spec.split_seed
             ),
         },
         None => format!("{} training images", m.train_examples),

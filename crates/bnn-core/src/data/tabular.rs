@@ -40,6 +40,10 @@ pub struct TableSpec {
     pub test_fraction: f64,
     /// The split's seed.
     pub split_seed: u64,
+    /// Train on the first N training rows only (in file order, after the split); the
+    /// standardisation is that of those rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_limit: Option<usize>,
 }
 
 /// Where a table came from and how it became a dataset, as `run.json` records it.
@@ -108,7 +112,7 @@ pub const TOY_PREFIX: &str = "toy:";
 pub fn load(spec: &TableSpec) -> Result<Dataset> {
     if let Some(name) = spec.csv.to_str().and_then(|p| p.strip_prefix(TOY_PREFIX)) {
         let (train, test) = super::toy::make(name, spec.split_seed)?;
-        let mut ds = build(spec, train, test, None)?;
+        let mut ds = build(spec, first_rows(spec, train)?, test, None)?;
         ds.name = name.to_string();
         ds.source = "built-in".into();
         return Ok(ds);
@@ -131,7 +135,21 @@ pub fn load(spec: &TableSpec) -> Result<Dataset> {
             (train, test, Some(rows))
         }
     };
-    build(spec, train, test, test_rows)
+    build(spec, first_rows(spec, train)?, test, test_rows)
+}
+
+/// The first `spec.train_limit` rows of `train` (all without a limit).
+fn first_rows(spec: &TableSpec, train: Table) -> Result<Table> {
+    match spec.train_limit {
+        None => Ok(train),
+        // Two rows at least: a standard deviation needs them.
+        Some(n) if n >= 2 && n <= train.rows() => Ok(train.select(&(0..n).collect::<Vec<_>>())),
+        Some(n) => Err(Error::Config(format!(
+            "--train-limit {n}: there are {} training rows; give 2 to {}",
+            train.rows(),
+            train.rows()
+        ))),
+    }
 }
 
 /// The dataset of `train` and `test` as `spec` asks.
@@ -264,6 +282,7 @@ mod tests {
             test_csv: None,
             test_fraction: 0.5,
             split_seed: 1,
+            train_limit: None,
         }
     }
 
