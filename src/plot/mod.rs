@@ -561,13 +561,12 @@ fn chain_traces(traces: &[Vec<EpochRecord>], summary: &SummaryView) -> Figure {
             .map(|(k, t)| Series::new(&format!("chain {k}"), per_epoch(t, f), Mark::LinePoints))
             .collect()
     };
-    let show = |c: Option<crate::convergence::Convergence>| {
+    let show = |c: Option<&crate::convergence::Convergence>| {
         c.map_or("n/a".to_string(), |c| format!("{:.3}", c.rhat))
     };
-    let (ll, ke) = summary
-        .convergence
-        .as_ref()
-        .map_or((None, None), |d| (d.test_log_likelihood, d.kinetic_energy));
+    let (ll, ke) = summary.convergence.as_ref().map_or((None, None), |d| {
+        (d.test_log_likelihood.as_ref(), d.kinetic_energy.as_ref())
+    });
     Figure {
         name: "chains".into(),
         title: format!(

@@ -490,6 +490,7 @@ fn chains_pool_resume_and_evaluate() {
             c["rhat"].as_f64().unwrap() > 0.5 && c["ess"].as_f64().unwrap() > 0.0,
             "{c}"
         );
+        assert_eq!(c["chain_means"].as_array().unwrap().len(), 2, "{c}");
     }
     let report = eval_report(&out.join("two"));
     assert_eq!(

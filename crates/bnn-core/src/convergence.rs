@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 /// R̂ and ESS of one traced quantity.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Convergence {
     /// Split-R̂: near 1 when the chains agree; above ~1.01–1.1 they have not mixed.
     pub rhat: f64,
@@ -16,6 +16,10 @@ pub struct Convergence {
     pub draws_per_chain: usize,
     /// Chains the statistic is over.
     pub chains: usize,
+    /// Each chain's mean over its draws used: where R̂ is high, which chains stand apart
+    /// (e.g. a chain held in a mode of lower likelihood). Absent in older summaries.
+    #[serde(default)]
+    pub chain_means: Vec<f64>,
 }
 
 /// Split-R̂ and ESS of `chains` (one trace each, in draw order). `None` with fewer than
@@ -73,6 +77,10 @@ pub fn diagnose(chains: &[Vec<f64>]) -> Option<Convergence> {
         ess,
         draws_per_chain: n,
         chains: chains.len(),
+        chain_means: chains
+            .iter()
+            .map(|c| c[..n].iter().sum::<f64>() / n as f64)
+            .collect(),
     })
 }
 
@@ -122,6 +130,8 @@ mod tests {
         let chains = vec![ar1(&mut rng, 0.5, 500, 0.0), ar1(&mut rng, 0.5, 500, 3.0)];
         let c = diagnose(&chains).unwrap();
         assert!(c.rhat > 1.5, "{c:?}");
+        // AR(1) means over 500 draws of φ = 0.5: sd √3/√500 ≈ 0.08, so 0.4 is 5 sd.
+        assert!(c.chain_means[0].abs() < 0.4 && (c.chain_means[1] - 3.0).abs() < 0.4);
         assert!(diagnose(&chains[..1]).is_none());
         assert!(diagnose(&[vec![1.0, 2.0], vec![1.0, 2.0]]).is_none());
     }

@@ -493,16 +493,22 @@ fn finish(
         }
     });
     if let Some(d) = &convergence {
-        let show = |c: Option<Convergence>| {
-            c.map_or("n/a (too few samples)".to_string(), |c| {
-                format!("R-hat {:.3}, ESS {:.0}", c.rhat, c.ess)
+        let show = |c: &Option<Convergence>| {
+            c.as_ref().map_or("n/a (too few samples)".to_string(), |c| {
+                let means: Vec<String> = c.chain_means.iter().map(|m| format!("{m:.4}")).collect();
+                format!(
+                    "R-hat {:.3}, ESS {:.0}, chain means {}",
+                    c.rhat,
+                    c.ess,
+                    means.join(", ")
+                )
             })
         };
         tracing::info!(
             "{} chains: test log-likelihood per sample: {}; kinetic energy: {}",
             chains.len(),
-            show(d.test_log_likelihood),
-            show(d.kinetic_energy)
+            show(&d.test_log_likelihood),
+            show(&d.kinetic_energy)
         );
     }
     let steps: u64 = chains.iter().map(|c| c.steps).sum();
