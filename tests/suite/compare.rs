@@ -3,6 +3,7 @@
 //! or splits refused in one line.
 
 use crate::common::{fails_with, run_ok};
+use std::path::Path;
 
 fn train(dir: &std::path::Path, name: &str, extra: &[&str]) {
     let base = ["train", "--out", "runs", "--run-name", name];
@@ -108,23 +109,11 @@ fn train_limit_keeps_the_first_images_and_compare_refuses_another_subset() {
         "small",
         &[&images[..], &["--train-limit", "500"]].concat(),
     );
-    let manifest = std::fs::read_to_string(d.path().join("runs/small/run.json")).unwrap();
-    let manifest: serde_json::Value = serde_json::from_str(&manifest).unwrap();
-    assert_eq!(manifest["train_examples"], 500);
-    let summary = std::fs::read_to_string(d.path().join("runs/small/summary.json")).unwrap();
-    let summary: serde_json::Value = serde_json::from_str(&summary).unwrap();
+    train(d.path(), "full", &images);
+    check_subset(d.path(), ("small", "full"), 500, "500 training images");
+    let summary = read_json(&d.path().join("runs/small/summary.json"));
     // 500 images in minibatches of 100: 5 updates per epoch.
     assert_eq!(summary["steps"], 10);
-    run_ok(d.path(), &["eval", "--run", "runs/small"]);
-    train(d.path(), "full", &images);
-    fails_with(
-        d.path(),
-        &["compare", "runs/small", "--reference", "runs/full"],
-        &[
-            "not trained and scored on the same data",
-            "500 training images",
-        ],
-    );
     for n in ["0", "1000000"] {
         fails_with(
             d.path(),
@@ -145,23 +134,31 @@ fn train_limit_keeps_the_first_images_and_compare_refuses_another_subset() {
     ];
     let limited = [&toy[..], &["--train-limit", "10", "--batch-size", "10"]].concat();
     train(d.path(), "toy-10", &limited);
-    let manifest = std::fs::read_to_string(d.path().join("runs/toy-10/run.json")).unwrap();
-    let manifest: serde_json::Value = serde_json::from_str(&manifest).unwrap();
-    assert_eq!(manifest["train_examples"], 10);
-    assert_eq!(manifest["table"]["train_limit"], 10);
-    run_ok(d.path(), &["eval", "--run", "runs/toy-10"]);
     train(d.path(), "toy", &toy);
-    fails_with(
-        d.path(),
-        &["compare", "runs/toy-10", "--reference", "runs/toy"],
-        &[
-            "not trained and scored on the same data",
-            "10 training rows",
-        ],
-    );
+    let manifest = check_subset(d.path(), ("toy-10", "toy"), 10, "10 training rows");
+    assert_eq!(manifest["table"]["train_limit"], 10);
     fails_with(
         d.path(),
         &[&["train"][..], &toy, &["--train-limit", "1"]].concat(),
         &["--train-limit 1", "training rows; give 2 to"],
     );
+}
+
+fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Run `small` of a training subset: run.json records its `n` examples, `bnn eval`
+/// rereads them, and `bnn compare` against `full` refuses, naming the subset (`words`).
+fn check_subset(dir: &Path, (small, full): (&str, &str), n: u64, words: &str) -> serde_json::Value {
+    let manifest = read_json(&dir.join(format!("runs/{small}/run.json")));
+    assert_eq!(manifest["train_examples"], n);
+    run_ok(dir, &["eval", "--run", &format!("runs/{small}")]);
+    let (run, reference) = (format!("runs/{small}"), format!("runs/{full}"));
+    fails_with(
+        dir,
+        &["compare", &run, "--reference", &reference],
+        &["not trained and scored on the same data", words],
+    );
+    manifest
 }
