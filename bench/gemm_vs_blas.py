@@ -85,10 +85,10 @@ def main():
             secs = mm(row["m"], row["n"], row["k"], transposed)
             theirs.setdefault(key, []).append(2 * row["m"] * row["n"] * row["k"] / secs / 1e9)
         print(f"round {r + 1}/{a.rounds} done", file=sys.stderr, flush=True)
-    peak = {p["threads"]: statistics.median(x["measured_gflop_per_s"] for x in
-                                            [q for round_ in peaks for q in round_
-                                             if q["threads"] == p["threads"]])
-            for p in peaks[0]}
+    # Each thread count's measured peak, median over the rounds.
+    peak = {t: statistics.median(p["measured_gflop_per_s"] for rnd in peaks for p in rnd
+                                 if p["threads"] == t)
+            for t in sorted({p["threads"] for p in peaks[0]})}
     print(f"BLAS: {name}; bnn path {peaks[0][0]['isa']}; measured peak (GFLOP/s, median of "
           f"rounds) {', '.join(f'{t} thread(s) {g:.0f}' for t, g in peak.items())}")
     print("| product | batch | m×k×n | threads | bnn GFLOP/s | BLAS GFLOP/s | bnn ÷ BLAS "

@@ -73,8 +73,8 @@ pub fn peak(threads: usize) -> Peak {
 
 /// The fastest of [`ROUNDS`] timed runs of `f` on `threads` threads of the pool at once,
 /// in seconds (after one untimed run). A round in which one thread took two parts (a
-/// helper slow to wake, or descheduled on a shared machine) measures half the rate, so it
-/// counts only if no round ran on distinct threads.
+/// helper slow to wake, or descheduled on a shared machine) measures half the rate: such
+/// rounds count only when no round ran its parts on distinct threads.
 fn fastest_parallel(threads: usize, f: &(dyn Fn() + Sync)) -> f64 {
     let round = || {
         let ids = std::sync::Mutex::new(Vec::with_capacity(threads));
