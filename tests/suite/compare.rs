@@ -93,9 +93,8 @@ fn compare_measures_agreement_and_distance_and_refuses_other_data() {
 #[test]
 fn train_limit_keeps_the_first_images_and_compare_refuses_another_subset() {
     let d = tempfile::tempdir().unwrap();
-    let images = [
-        "--dataset",
-        "mnist-mini",
+    // Two epochs, one of burn-in, every sample kept.
+    let short = [
         "--epochs",
         "2",
         "--burnin",
@@ -104,6 +103,7 @@ fn train_limit_keeps_the_first_images_and_compare_refuses_another_subset() {
         "1",
         "--no-progress",
     ];
+    let images = [&["--dataset", "mnist-mini"][..], &short].concat();
     train(
         d.path(),
         "small",
@@ -121,17 +121,7 @@ fn train_limit_keeps_the_first_images_and_compare_refuses_another_subset() {
             &[&format!("--train-limit {n}"), "training examples"],
         );
     }
-    let toy = [
-        "--toy",
-        "regression-1d",
-        "--epochs",
-        "2",
-        "--burnin",
-        "1",
-        "--thin",
-        "1",
-        "--no-progress",
-    ];
+    let toy = [&["--toy", "regression-1d"][..], &short].concat();
     let limited = [&toy[..], &["--train-limit", "10", "--batch-size", "10"]].concat();
     train(d.path(), "toy-10", &limited);
     train(d.path(), "toy", &toy);
