@@ -21,10 +21,6 @@ pub(super) fn bench_command(command: BenchCommand) -> Result<String> {
             json(&bnn::bench::step(sampler, &sizes, repeats)?)
         }
         BenchCommand::Gemm { repeats } => {
-            // The ceiling each product is measured against, per thread count it runs on.
-            let peaks: Vec<_> = (1..=bnn::kernels::pool::threads())
-                .map(bnn::kernels::gemm::peak)
-                .collect();
             let mut rows = Vec::new();
             // (m, n, k): forward (X·Wᵀ, W read in place), weight gradient and input error
             // of the MNIST MLPs.
@@ -40,16 +36,32 @@ pub(super) fn bench_command(command: BenchCommand) -> Result<String> {
                 ] {
                     let (ours, crate_gemm, threads) =
                         bnn::kernels::gemm::bench(m, n, k, transposed, repeats.max(1));
-                    let peak = &peaks[threads.clamp(1, peaks.len()) - 1];
                     rows.push(serde_json::json!({
                         "product": what, "batch": batch, "m": m, "n": n, "k": k,
                         "threads": threads,
                         "bnn_gflop_per_s": ours, "gemm_crate_gflop_per_s": crate_gemm,
-                        "fraction_of_measured_peak": ours / peak.measured_gflop_per_s,
                     }));
                 }
             }
             let skipping = bnn::bench::zero_skipping(repeats.max(1))?;
+            // The ceiling of each thread count the products ran on (measured after them,
+            // only for those counts: a large machine would otherwise time every count).
+            let mut counts: Vec<usize> = rows
+                .iter()
+                .filter_map(|r| r["threads"].as_u64())
+                .map(|t| t as usize)
+                .collect();
+            counts.sort_unstable();
+            counts.dedup();
+            let peaks: Vec<_> = counts.into_iter().map(bnn::kernels::gemm::peak).collect();
+            for row in &mut rows {
+                let peak = peaks
+                    .iter()
+                    .find(|p| Some(p.threads as u64) == row["threads"].as_u64());
+                if let (Some(p), Some(ours)) = (peak, row["bnn_gflop_per_s"].as_f64()) {
+                    row["fraction_of_measured_peak"] = (ours / p.measured_gflop_per_s).into();
+                }
+            }
             let peaks: Vec<_> = peaks
                 .iter()
                 .map(|p| {
