@@ -220,7 +220,6 @@ def ablation(a, name, spec):
     gradient's step stays the default's), against the reference."""
     data = [x.format(d=a.data, mnist=a.mnist) for x in spec["data"]] + COMMON
     out = os.path.join(a.out, name)
-    ref = os.path.join(out, "hmc-seed1")
     rows = {}
     for sampler in ("sghmc", "sgld"):
         probe = json.load(open(os.path.join(out, f"{sampler}-seed1", "summary.json")))
@@ -238,14 +237,19 @@ def ablation(a, name, spec):
                 for a_, b_ in ((" ", ""), ("/", "-"), ("×", "x"), (",", "")):
                     tag = tag.replace(a_, b_)
                 args = data + ["--sampler", sampler, "--seed", str(seed)] + flags
-                s = run(a.bnn, out, f"{tag}-seed{seed}", args, a.reuse)
-                key = f"{sampler.upper()} {label}"
-                if "error" in s:
-                    rows[key] = {"error": s["error"]}
-                    continue
-                f = figures(compare(a.bnn, os.path.join(out, f"{tag}-seed{seed}"), ref))
-                rows.setdefault(key, {"runs": []})["runs"].append(f)
+                add_run(a, out, rows, f"{sampler.upper()} {label}", f"{tag}-seed{seed}", args)
     return rows
+
+
+def add_run(a, out, rows, label, run_name, args):
+    """Runs (or with --reuse reads back) `run_name` and adds its figures against the
+    reference (hmc-seed1) to row `label` of `rows`; an error replaces the row."""
+    s = run(a.bnn, out, run_name, args, a.reuse)
+    if "error" in s:
+        rows[label] = {"error": s["error"]}
+        return
+    f = figures(compare(a.bnn, os.path.join(out, run_name), os.path.join(out, "hmc-seed1")))
+    rows.setdefault(label, {"runs": []})["runs"].append(f)
 
 
 def extra(a, name, spec):
@@ -257,13 +261,7 @@ def extra(a, name, spec):
     for label, tag, flags, seeds in spec.get("extra", []):
         for seed in seeds or a.seeds:
             args = data + flags + ["--seed", str(seed)]
-            s = run(a.bnn, out, f"{tag}-seed{seed}", args, a.reuse)
-            if "error" in s:
-                rows[label] = {"error": s["error"]}
-                continue
-            f = figures(compare(a.bnn, os.path.join(out, f"{tag}-seed{seed}"),
-                                os.path.join(out, "hmc-seed1")))
-            rows.setdefault(label, {"runs": []})["runs"].append(f)
+            add_run(a, out, rows, label, f"{tag}-seed{seed}", args)
     return rows
 
 
