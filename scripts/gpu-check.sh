@@ -28,8 +28,10 @@ export BNN_DATA_DIR="${BNN_DATA_DIR:-$(cd .. && pwd)/shared/data}"
 export BNN_REQUIRE_DATA=1 BNN_TEST_CUDA=1
 
 log=$(mktemp)
-cargo test --release --features cuda --test gpu --test kernel_equivalence \
-    -- --nocapture --test-threads 1 2>&1 | tee "$log"
+{
+    cargo test --release --features cuda --test gpu -- --nocapture --test-threads 1 &&
+        cargo test --release --features cuda --test suite kernel_equivalence::
+} 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 echo
 echo "== gpu-check summary: $gpu (sm_$CUDA_COMPUTE_CAP), $(git rev-parse --short HEAD 2>/dev/null)"
