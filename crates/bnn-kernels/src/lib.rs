@@ -57,7 +57,7 @@ pub enum Update {
     Momentum,
     /// mSGNHT, one thermostat αᵢ per element (Li et al. 2016 eq. 2 in v-form):
     /// v ← (1 − αᵢ)v − ηg + σz (Euler) or v ← dᵢ(dᵢv − ηg + σz) with dᵢ = e^{−αᵢ/2}
-    /// (splitting B–O–B); then θ ← θ + v and αᵢ ← αᵢ + vᵢ² − η. CPU only.
+    /// (splitting B–O–B); then θ ← θ + v and αᵢ ← αᵢ + vᵢ² − η. On the CPU and on CUDA.
     Thermostat {
         /// The splitting integrator's B–O–B form (else Euler).
         splitting: bool,

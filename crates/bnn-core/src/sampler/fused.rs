@@ -1,8 +1,8 @@
 //! SGLD, SGHMC, SGNHT and mSGNHT through the fused kernels of [`crate::kernels`]: the
 //! same updates as `sgld.rs`, `sghmc.rs` and `sgnht.rs` (which stay as the composed
 //! reference), Euler or splitting integrator, in one pass per parameter tensor, noise
-//! generated inside the pass. mSGNHT's per-element thermostats are a second state buffer
-//! (CPU only).
+//! generated inside the pass. mSGNHT's per-element thermostats are a second state buffer,
+//! on the parameters' device like the momenta.
 
 use std::cell::{Cell, RefCell};
 

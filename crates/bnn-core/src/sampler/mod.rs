@@ -338,7 +338,7 @@ pub trait Sampler: TensorwiseStep + Send {
 #[serde(rename_all = "lowercase")]
 pub enum Kernel {
     /// One fused pass per parameter tensor ([`crate::kernels`]); SGD and momentum, which
-    /// have no fused kernel, and mSGNHT off the CPU, fall back to the composed version.
+    /// have no fused kernel, fall back to the composed version.
     Fused,
     /// Ordinary candle tensor ops: the reference implementation.
     Composed,
@@ -352,12 +352,10 @@ pub fn build_with(
     kernel: Kernel,
 ) -> Result<Box<dyn Sampler>> {
     config.validate()?;
-    // The fused kernels cover SGLD, and SGHMC, SGNHT and mSGNHT with either integrator
-    // (mSGNHT on the CPU only).
-    let on_cpu = params.first().is_none_or(|p| p.device().is_cpu());
+    // The fused kernels cover SGLD, and SGHMC, SGNHT and mSGNHT with either integrator,
+    // on the CPU and on CUDA.
     let fusable = match config.kind {
-        SamplerKind::Sgld | SamplerKind::Sghmc | SamplerKind::Sgnht => true,
-        SamplerKind::Msgnht => on_cpu,
+        SamplerKind::Sgld | SamplerKind::Sghmc | SamplerKind::Sgnht | SamplerKind::Msgnht => true,
         SamplerKind::Sgd | SamplerKind::Momentum => false,
         SamplerKind::Renhd | SamplerKind::Reld | SamplerKind::Hmc => {
             return Err(not_one_chain(config.kind))
