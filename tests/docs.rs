@@ -174,8 +174,8 @@ fn parse_error(args: &[String]) -> Option<String> {
     (!out.status.success()).then(|| String::from_utf8_lossy(&out.stderr).trim().to_string())
 }
 
-/// Every long flag the binary knows, over all its subcommands, and those of the Python
-/// scripts in `bench/` and `scripts/`.
+/// Every long flag the binary knows, over all its subcommands, and those of the Python and
+/// shell scripts in `bench/` and `scripts/`.
 fn known_flags() -> BTreeSet<String> {
     let mut flags: BTreeSet<String> = OTHER_TOOLS_FLAGS.iter().map(|s| s.to_string()).collect();
     let mut todo = vec![Vec::<String>::new()];
@@ -204,7 +204,7 @@ fn known_flags() -> BTreeSet<String> {
     for dir in ["bench", "scripts"] {
         for entry in std::fs::read_dir(Path::new(ROOT).join(dir)).unwrap() {
             let path = entry.unwrap().path();
-            if path.extension().is_some_and(|e| e == "py") {
+            if path.extension().is_some_and(|e| e == "py" || e == "sh") {
                 flags.extend(flag_tokens(&std::fs::read_to_string(path).unwrap()));
             }
         }
