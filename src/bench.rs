@@ -1,6 +1,7 @@
 //! `bnn bench step`: time one sampler update (gradients given) for the fused kernel and
 //! the composed candle-op reference, against a plain parallel copy of the same bytes.
-//! `bnn bench train`: steps per second of the whole training step.
+//! `bnn bench train`: steps per second of the whole training step. `bnn bench gemm`: the
+//! matrix products of the MLP steps against their FMA ceiling.
 
 use std::time::Instant;
 
@@ -313,6 +314,105 @@ pub fn step_flop(model: &Network, batch: usize) -> f64 {
         2.0 * batch as f64 * 3.0 * all
     };
     conv + fc
+}
+
+/// One product of `bnn bench gemm`: ours and the `gemm` crate's, GFLOP/s.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProductBench {
+    pub product: &'static str,
+    pub batch: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// Threads the product ran on (the pool's, or fewer for a small product).
+    pub threads: usize,
+    pub bnn_gflop_per_s: f64,
+    pub gemm_crate_gflop_per_s: f64,
+    /// `bnn_gflop_per_s` over the measured peak of the same thread count.
+    pub fraction_of_measured_peak: f64,
+}
+
+/// The measured FMA ceiling of one thread count ([`crate::kernels::gemm::peak`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct PeakBench {
+    pub isa: &'static str,
+    pub threads: usize,
+    pub lanes: usize,
+    pub fused: bool,
+    pub measured_gflop_per_s: f64,
+    pub ghz: Option<f64>,
+    pub computed_gflop_per_s: Option<f64>,
+}
+
+/// `bnn bench gemm`'s report.
+#[derive(Debug, Clone, Serialize)]
+pub struct GemmBench {
+    pub peak: Vec<PeakBench>,
+    pub products: Vec<ProductBench>,
+    pub first_layer_zero_skipping: Vec<ZeroSkipBench>,
+}
+
+/// Times the products of the MNIST MLPs' steps at batch 100 and 1000 (forward X·Wᵀ with W
+/// read in place, weight gradient, input error; the median of `repeats`), then the FMA
+/// peak of each thread count they ran on (after them, and only those counts: a large
+/// machine would otherwise time every count), and the first layer's zero skipping.
+pub fn gemm(repeats: usize) -> Result<GemmBench> {
+    use crate::kernels::gemm;
+    let repeats = repeats.max(1);
+    let mut timed = Vec::new();
+    for batch in [100, 1000] {
+        for (m, n, k, transposed, what) in [
+            (batch, 100, 784, true, "forward 784→100"),
+            (batch, 400, 784, true, "forward 784→400"),
+            (batch, 400, 400, true, "forward 400→400"),
+            (100, 784, batch, false, "weight grad 100×784"),
+            (400, 784, batch, false, "weight grad 400×784"),
+            (400, 400, batch, false, "weight grad 400×400"),
+            (batch, 400, 400, false, "input error 400×400"),
+        ] {
+            let (ours, crate_gemm, threads) = gemm::bench(m, n, k, transposed, repeats);
+            timed.push((what, batch, m, n, k, threads, ours, crate_gemm));
+        }
+    }
+    let first_layer_zero_skipping = zero_skipping(repeats)?;
+    let mut counts: Vec<usize> = timed.iter().map(|t| t.5).collect();
+    counts.sort_unstable();
+    counts.dedup();
+    let peaks: Vec<gemm::Peak> = counts.into_iter().map(gemm::peak).collect();
+    let products = timed
+        .into_iter()
+        .map(|(product, batch, m, n, k, threads, ours, crate_gemm)| {
+            let peak = peaks.iter().find(|p| p.threads == threads);
+            ProductBench {
+                product,
+                batch,
+                m,
+                n,
+                k,
+                threads,
+                bnn_gflop_per_s: ours,
+                gemm_crate_gflop_per_s: crate_gemm,
+                fraction_of_measured_peak: peak.map_or(f64::NAN, |p| ours / p.measured_gflop_per_s),
+            }
+        })
+        .collect();
+    let peak = peaks
+        .into_iter()
+        .map(|p| PeakBench {
+            isa: p.isa,
+            threads: p.threads,
+            lanes: p.lanes,
+            fused: p.fused,
+            measured_gflop_per_s: p.measured_gflop_per_s,
+            ghz: p.ghz,
+            computed_gflop_per_s: p.computed_gflop_per_s,
+        })
+        .collect();
+    Ok(GemmBench {
+        peak,
+        products,
+        first_layer_zero_skipping,
+    })
 }
 
 /// One first-layer product on real MNIST pixels, dense and skipping the zero pixels.

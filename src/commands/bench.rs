@@ -20,62 +20,7 @@ pub(super) fn bench_command(command: BenchCommand) -> Result<String> {
             }
             json(&bnn::bench::step(sampler, &sizes, repeats)?)
         }
-        BenchCommand::Gemm { repeats } => {
-            let mut rows = Vec::new();
-            // (m, n, k): forward (X·Wᵀ, W read in place), weight gradient and input error
-            // of the MNIST MLPs.
-            for batch in [100, 1000] {
-                for (m, n, k, transposed, what) in [
-                    (batch, 100, 784, true, "forward 784→100"),
-                    (batch, 400, 784, true, "forward 784→400"),
-                    (batch, 400, 400, true, "forward 400→400"),
-                    (100, 784, batch, false, "weight grad 100×784"),
-                    (400, 784, batch, false, "weight grad 400×784"),
-                    (400, 400, batch, false, "weight grad 400×400"),
-                    (batch, 400, 400, false, "input error 400×400"),
-                ] {
-                    let (ours, crate_gemm, threads) =
-                        bnn::kernels::gemm::bench(m, n, k, transposed, repeats.max(1));
-                    rows.push(serde_json::json!({
-                        "product": what, "batch": batch, "m": m, "n": n, "k": k,
-                        "threads": threads,
-                        "bnn_gflop_per_s": ours, "gemm_crate_gflop_per_s": crate_gemm,
-                    }));
-                }
-            }
-            let skipping = bnn::bench::zero_skipping(repeats.max(1))?;
-            // The ceiling of each thread count the products ran on (measured after them,
-            // only for those counts: a large machine would otherwise time every count).
-            let mut counts: Vec<usize> = rows
-                .iter()
-                .filter_map(|r| r["threads"].as_u64())
-                .map(|t| t as usize)
-                .collect();
-            counts.sort_unstable();
-            counts.dedup();
-            let peaks: Vec<_> = counts.into_iter().map(bnn::kernels::gemm::peak).collect();
-            for row in &mut rows {
-                let peak = peaks
-                    .iter()
-                    .find(|p| Some(p.threads as u64) == row["threads"].as_u64());
-                if let (Some(p), Some(ours)) = (peak, row["bnn_gflop_per_s"].as_f64()) {
-                    row["fraction_of_measured_peak"] = (ours / p.measured_gflop_per_s).into();
-                }
-            }
-            let peaks: Vec<_> = peaks
-                .iter()
-                .map(|p| {
-                    serde_json::json!({
-                        "isa": p.isa, "threads": p.threads, "lanes": p.lanes, "fused": p.fused,
-                        "measured_gflop_per_s": p.measured_gflop_per_s, "ghz": p.ghz,
-                        "computed_gflop_per_s": p.computed_gflop_per_s,
-                    })
-                })
-                .collect();
-            json(&serde_json::json!({
-                "peak": peaks, "products": rows, "first_layer_zero_skipping": skipping,
-            }))
-        }
+        BenchCommand::Gemm { repeats } => json(&bnn::bench::gemm(repeats)?),
         BenchCommand::Train {
             hidden,
             batch,

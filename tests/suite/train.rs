@@ -373,6 +373,39 @@ fn bench_train_runs_the_cnn() {
     }
 }
 
+/// `bnn bench gemm`: the 14 products of the MLP steps, each with the measured FMA peak of
+/// the thread count it ran on and its fraction of it, and the zero-skipping rows. (No
+/// bound on the fraction: the suite's other tests share the cores, and a peak timed while
+/// they run can read below a product timed while they did not.)
+#[test]
+fn bench_gemm_reports_each_product_against_its_peak() {
+    let d = tempfile::tempdir().unwrap();
+    let out = bnn(d.path(), &["bench", "gemm", "--repeats", "1"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report = last_json(&out);
+    let peaks = report["peak"].as_array().unwrap();
+    let products = report["products"].as_array().unwrap();
+    assert_eq!(products.len(), 14);
+    for row in products {
+        let peak = peaks
+            .iter()
+            .find(|p| p["threads"] == row["threads"])
+            .unwrap_or_else(|| panic!("no peak for {row}"));
+        let fraction = row["fraction_of_measured_peak"].as_f64().unwrap();
+        let ours = row["bnn_gflop_per_s"].as_f64().unwrap();
+        let measured = peak["measured_gflop_per_s"].as_f64().unwrap();
+        assert!(
+            (fraction - ours / measured).abs() <= 1e-12 * fraction,
+            "{row}"
+        );
+        assert!(fraction.is_finite() && fraction > 0.0, "{row}");
+    }
+    assert!(!report["first_layer_zero_skipping"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+}
+
 /// metrics.jsonl records the step size actually used: under `--cycles` (η changes every
 /// update) the epoch's first, last and mean; under the default step decay one value per
 /// epoch, halved from `--decay-at` on, and no range.

@@ -77,19 +77,17 @@ pub fn peak(threads: usize) -> Peak {
 /// rounds count only when no round ran its parts on distinct threads.
 fn fastest_parallel(threads: usize, f: &(dyn Fn() + Sync)) -> f64 {
     let round = || {
-        let ids = std::sync::Mutex::new(Vec::with_capacity(threads));
+        let ids = std::sync::Mutex::new(std::collections::HashSet::with_capacity(threads));
         let start = Instant::now();
         crate::pool::run(threads, &|_| {
             f();
             if let Ok(mut ids) = ids.lock() {
-                ids.push(std::thread::current().id());
+                ids.insert(std::thread::current().id());
             }
         });
         let seconds = start.elapsed().as_secs_f64();
-        let mut ids = ids.into_inner().unwrap_or_default();
-        ids.sort_by_key(|id| format!("{id:?}"));
-        ids.dedup();
-        (ids.len() == threads, seconds)
+        let distinct = ids.into_inner().map_or(0, |ids| ids.len());
+        (distinct == threads, seconds)
     };
     round();
     let rounds: Vec<(bool, f64)> = (0..ROUNDS).map(|_| round()).collect();
@@ -106,30 +104,27 @@ fn fastest_parallel(threads: usize, f: &(dyn Fn() + Sync)) -> f64 {
     }
 }
 
-/// Lanes of the path's vector type (the portable one is 8 lanes of two registers).
-fn lanes_of(isa: Isa) -> usize {
+/// Lanes of the path's vector type (the portable one is 8 lanes of two registers) and its
+/// register-only loop, [`Simd::fma_chains`].
+fn path_of(isa: Isa) -> (usize, unsafe fn(usize) -> f32) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => simd::Avx512::LANES,
+        Isa::Avx512 => (simd::Avx512::LANES, simd::Avx512::fma_chains),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => simd::Avx2::LANES,
-        _ => simd::Portable::LANES,
+        Isa::Avx2 => (simd::Avx2::LANES, simd::Avx2::fma_chains),
+        _ => (simd::Portable::LANES, simd::Portable::fma_chains),
     }
+}
+
+fn lanes_of(isa: Isa) -> usize {
+    path_of(isa).0
 }
 
 /// [`CHAINS`] × `iters` multiply-adds on path `isa`; returns their sum so that nothing
 /// is left out.
 pub(super) fn fma_chains(isa: Isa, iters: usize) -> f32 {
     // SAFETY: isa::current never selects a path the CPU lacks.
-    unsafe {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => simd::Avx512::fma_chains(iters),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => simd::Avx2::fma_chains(iters),
-            _ => simd::Portable::fma_chains(iters),
-        }
-    }
+    unsafe { path_of(isa).1(iters) }
 }
 
 /// The body of [`Simd::fma_chains`], compiled with the path's features.
