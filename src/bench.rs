@@ -332,22 +332,11 @@ pub struct ProductBench {
     pub fraction_of_measured_peak: f64,
 }
 
-/// The measured FMA ceiling of one thread count ([`crate::kernels::gemm::peak`]).
-#[derive(Debug, Clone, Serialize)]
-pub struct PeakBench {
-    pub isa: &'static str,
-    pub threads: usize,
-    pub lanes: usize,
-    pub fused: bool,
-    pub measured_gflop_per_s: f64,
-    pub ghz: Option<f64>,
-    pub computed_gflop_per_s: Option<f64>,
-}
-
 /// `bnn bench gemm`'s report.
 #[derive(Debug, Clone, Serialize)]
 pub struct GemmBench {
-    pub peak: Vec<PeakBench>,
+    /// The measured FMA ceiling of each thread count the products ran on.
+    pub peak: Vec<crate::kernels::gemm::Peak>,
     pub products: Vec<ProductBench>,
     pub first_layer_zero_skipping: Vec<ZeroSkipBench>,
 }
@@ -396,20 +385,8 @@ pub fn gemm(repeats: usize) -> Result<GemmBench> {
             }
         })
         .collect();
-    let peak = peaks
-        .into_iter()
-        .map(|p| PeakBench {
-            isa: p.isa,
-            threads: p.threads,
-            lanes: p.lanes,
-            fused: p.fused,
-            measured_gflop_per_s: p.measured_gflop_per_s,
-            ghz: p.ghz,
-            computed_gflop_per_s: p.computed_gflop_per_s,
-        })
-        .collect();
     Ok(GemmBench {
-        peak,
+        peak: peaks,
         products,
         first_layer_zero_skipping,
     })

@@ -26,7 +26,7 @@ const ITERS: usize = 100_000;
 const ROUNDS: usize = 31;
 
 /// The peak of the current path on `threads` threads.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct Peak {
     /// The kernel path (`avx512`, `avx2`, `portable`).
     pub isa: &'static str,
