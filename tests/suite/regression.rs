@@ -260,3 +260,78 @@ fn a_regression_resumes_bit_for_bit() {
     assert_eq!(samples("whole").len(), 10);
     assert_eq!(samples("whole"), samples("part"));
 }
+
+/// Replica exchange on a regression (σ sampled, so each replica's τ is part of the state
+/// the exchange compares): the T₀ chain's mixture is the run's, `bnn eval` gives it bit
+/// for bit, and a run stopped at 60 epochs and resumed to 120 gives the samples and
+/// ensemble of the run done in one go.
+#[test]
+fn a_regression_runs_replica_exchange_and_resumes() {
+    let d = tempfile::tempdir().unwrap();
+    let args = |name: &str, epochs: &str| {
+        let v = [
+            "train",
+            "--toy",
+            "regression-1d",
+            "--sampler",
+            "renhd",
+            "--replicas",
+            "3",
+            // Rounds end at every 20th update (one batch per epoch here), so that the run
+            // stopped at 60 ends a round where the whole run does.
+            "--exchange-every",
+            "20",
+            "--epochs",
+            epochs,
+            "--burnin",
+            "20",
+            "--thin",
+            "10",
+            "--out",
+            "runs",
+            "--run-name",
+            name,
+        ];
+        v.map(String::from).to_vec()
+    };
+    let strs = |v: &[String]| v.iter().map(String::clone).collect::<Vec<_>>();
+    let run = |v: Vec<String>| {
+        let v: Vec<&str> = v.iter().map(String::as_str).collect();
+        run_ok(d.path(), &v)
+    };
+    let whole = run(strs(&args("whole", "120")));
+    let rmse = whole["regression"]["rmse"].as_f64().unwrap();
+    assert!(rmse.is_finite() && rmse > 0.0, "{whole}");
+    assert!(whole["samples"].as_u64().unwrap() > 0, "{whole}");
+    let dir = d.path().join("runs/whole");
+    let eval = run_ok(d.path(), &["eval", "--run", dir.to_str().unwrap()]);
+    assert_eq!(eval["regression"], whole["regression"]);
+
+    run(strs(&args("part", "60")));
+    let part = d.path().join("runs/part");
+    let resumed = run_ok(
+        d.path(),
+        &[
+            "train",
+            "--resume",
+            part.to_str().unwrap(),
+            "--epochs",
+            "120",
+        ],
+    );
+    assert_eq!(resumed["regression"], whole["regression"]);
+    let samples = |run: &str| {
+        let dir = d.path().join("runs").join(run).join("chain-0/samples");
+        let mut names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        names.sort();
+        names
+            .iter()
+            .map(|p| std::fs::read(p).unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert!(!samples("whole").is_empty());
+    assert_eq!(samples("whole"), samples("part"));
+}

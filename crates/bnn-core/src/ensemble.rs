@@ -100,6 +100,47 @@ pub fn example_nll(
     device: &Device,
 ) -> Result<Vec<f64>> {
     let mut out = Vec::with_capacity(idx.len());
+    forward_rows(model, split, idx, device, |chunk, logits, y| {
+        for ((row, &label), &i) in logits.chunks_exact(model.num_classes).zip(y).zip(chunk) {
+            let label = labels.map_or(label, |l| l[i] as u32);
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let sum: f64 = row.iter().map(|&v| (v as f64 - max).exp()).sum();
+            out.push(max + sum.ln() - row[label as usize] as f64);
+        }
+    })?;
+    Ok(out)
+}
+
+/// −log N(yᵢ | f(xᵢ), 1/τ) = ½τ(f(xᵢ) − yᵢ)² − ½ ln τ + ½ ln 2π of a regression `model` on
+/// the examples `idx` of `split` (standardised units), each alone, in f64: the
+/// regression's [`example_nll`], for an exchange of replicas.
+pub fn example_gaussian_nll(
+    model: &Network,
+    split: &Split,
+    idx: &[usize],
+    tau: f64,
+    device: &Device,
+) -> Result<Vec<f64>> {
+    let constant = 0.5 * (std::f64::consts::TAU.ln() - tau.ln());
+    let mut out = Vec::with_capacity(idx.len());
+    forward_rows(model, split, idx, device, |chunk, outputs, _| {
+        for (&f, &i) in outputs.iter().zip(chunk) {
+            let r = f as f64 - split.values[i] as f64;
+            out.push(0.5 * tau * r * r + constant);
+        }
+    })?;
+    Ok(out)
+}
+
+/// The outputs of `model` on the examples `idx` of `split`, chunk by chunk: `f(chunk,
+/// outputs row-major, the chunk's labels)`.
+fn forward_rows(
+    model: &Network,
+    split: &Split,
+    idx: &[usize],
+    device: &Device,
+    mut f: impl FnMut(&[usize], &[f32], &[u32]),
+) -> Result<()> {
     let (mut x, mut y) = (Vec::new(), Vec::new());
     let batch = CNN_EVAL_BATCH;
     let mut forward = if device.is_cpu() {
@@ -109,27 +150,19 @@ pub fn example_nll(
     };
     for chunk in idx.chunks(batch) {
         split.gather(chunk, &mut x, &mut y);
-        if let Some(labels) = labels {
-            for (y, &i) in y.iter_mut().zip(chunk) {
-                *y = labels[i] as u32;
-            }
-        }
-        let device_logits;
-        let logits: &[f32] = match forward.as_mut() {
-            Some(f) => f.forward(model, &x, chunk.len())?,
+        match forward.as_mut() {
+            Some(fw) => f(chunk, fw.forward(model, &x, chunk.len())?, &y),
             None => {
                 let xt = Tensor::from_slice(&x, (chunk.len(), split.dim()), device)?;
-                device_logits = model.forward(&xt)?.flatten_all()?.to_vec1::<f32>()?;
-                &device_logits
+                f(
+                    chunk,
+                    &model.forward(&xt)?.flatten_all()?.to_vec1::<f32>()?,
+                    &y,
+                );
             }
-        };
-        for (row, &label) in logits.chunks_exact(model.num_classes).zip(&y) {
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-            let sum: f64 = row.iter().map(|&v| (v as f64 - max).exp()).sum();
-            out.push(max + sum.ln() - row[label as usize] as f64);
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Running sums of predictive probabilities over posterior samples: the Bayesian model
@@ -481,6 +514,25 @@ mod tests {
     /// Each example's −log p(y|x, θ) from the hand-written forward (CPU) averages to the
     /// minibatch NLL of candle's cross-entropy on the same examples, and a relabelled
     /// example is scored against its new label.
+    #[test]
+    fn example_gaussian_nll_is_the_gaussian_density_row_by_row() {
+        // 7 rows of 3 features, targets chosen apart from the untrained net's outputs.
+        let features: Vec<f32> = (0..21).map(|i| (i as f32 * 0.37).sin()).collect();
+        let values: Vec<f32> = (0..7).map(|i| i as f32 * 0.5 - 1.0).collect();
+        let split = Split::of_table(features, 3, vec![0; 7], values.clone());
+        let spec = crate::model::ModelSpec::default();
+        let model = Network::new(&spec, 3, 1, 5, &Device::Cpu).unwrap();
+        let f = outputs(&model, &split, &Device::Cpu).unwrap();
+        let (tau, idx) = (2.5, [6, 0, 3]);
+        let nll = example_gaussian_nll(&model, &split, &idx, tau, &Device::Cpu).unwrap();
+        for (&i, got) in idx.iter().zip(&nll) {
+            let r = f[i] as f64 - values[i] as f64;
+            // −ln of the normal density with variance 1/τ, written out.
+            let want = -((tau / std::f64::consts::TAU).sqrt() * (-0.5 * tau * r * r).exp()).ln();
+            assert!((got - want).abs() < 1e-12, "row {i}: {got} vs {want}");
+        }
+    }
+
     #[test]
     fn example_nll_agrees_with_the_minibatch_loss() {
         let ds = crate::data::load_builtin().unwrap();

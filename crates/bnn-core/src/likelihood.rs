@@ -107,6 +107,16 @@ impl Noise {
         }
     }
 
+    /// −log p(τ) up to a constant: (1 − a) ln τ + bτ for τ ~ Gamma(a, b), 0 for a fixed σ.
+    /// With the data's ½τ(f − y)² − ½ ln τ per example it is the τ part of the energy whose
+    /// tempered density [`Noise::gibbs_draw`] samples (what a replica exchange compares).
+    pub fn prior_energy(&self, tau: f64) -> f64 {
+        match *self {
+            Noise::Fixed { .. } => 0.0,
+            Noise::Gamma { shape, rate } => (1.0 - shape) * tau.ln() + rate * tau,
+        }
+    }
+
     /// A draw of τ from its conditional given the training residuals' sum of squares `sse`
     /// over `n` examples, at temperature T: Gamma(shape = (a − 1 + n/2)/T + 1, rate =
     /// (b + SSE/2)/T), the usual Gamma(a + n/2, b + SSE/2) at T = 1 (the same tempering as
@@ -194,6 +204,22 @@ pub fn gaussian_error(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn noise_prior_energy_is_minus_the_gamma_log_density() {
+        // Gamma(3, 2): ln p(τ) = 3 ln 2 − ln Γ(3) + 2 ln τ − 2τ, Γ(3) = 2.
+        let gamma = Noise::Gamma {
+            shape: 3.0,
+            rate: 2.0,
+        };
+        let log_density = |t: f64| 3.0 * 2f64.ln() - 2f64.ln() + 2.0 * t.ln() - 2.0 * t;
+        for (a, b) in [(0.5, 1.5), (2.0, 0.1)] {
+            let energy = gamma.prior_energy(a) - gamma.prior_energy(b);
+            let want = log_density(b) - log_density(a);
+            assert!((energy - want).abs() < 1e-12, "{energy} vs {want}");
+        }
+        assert_eq!(Noise::Fixed { std: 0.3 }.prior_energy(11.1), 0.0);
+    }
 
     #[test]
     fn gaussian_error_is_the_derivative_of_its_nll() {

@@ -246,11 +246,10 @@ pub fn train_on(cfg: &TrainConfig, ds: &Dataset, ranks: &Ranks) -> Result<Option
     cfg.settings.validate(ds.train.len())?;
     cfg.settings.augment.for_dataset(&ds.name)?;
     task::check(ds, &cfg.settings.likelihood)?;
-    if ds.task.is_regression()
-        && (ranks.size() > 1 || cfg.settings.sampler.kind.is_replica_exchange())
-    {
+    // The T₀ chain's events cross ranks as class probabilities only (replicas::cold).
+    if ds.task.is_regression() && ranks.size() > 1 {
         return Err(Error::Config(
-            "a regression runs its chains in one process, without replica exchange (no MPI ranks, no renhd/reld)".into(),
+            "a regression runs its chains and replicas in one process (no MPI ranks)".into(),
         ));
     }
     // What the ranks share out: chains, or the replicas of a replica exchange.

@@ -73,8 +73,9 @@ fn replay(events: Vec<Event>, cold: &mut Kept, cold_dir: &std::path::Path) -> Re
             Event::Sample(sample) => cold.add(sample)?,
             Event::Epoch(mut line) => {
                 let r = &mut line.record;
-                r.samples = cold.test.samples();
+                r.samples = cold.samples();
                 r.test_ensemble = cold.test.metrics();
+                r.test_regression = cold.regression.as_ref().and_then(|a| a.metrics());
                 r.test_last_sample = cold.test.last_sample;
                 r.valid_ensemble = cold.valid.as_ref().and_then(|a| a.metrics());
                 append_line(&cold_dir.join("metrics.jsonl"), &to_json(&line)?)?;

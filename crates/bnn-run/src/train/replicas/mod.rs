@@ -191,7 +191,7 @@ pub(super) fn run_replicas(
         bar.set_position(step);
         bar.set_message(format!(
             "T0 samples {} swap rates {}",
-            cold.test.samples(),
+            cold.samples(),
             rates(&report.swap_rates)
         ));
         // Every rank stops at the same round when any of them was signalled.
@@ -235,7 +235,7 @@ pub(super) fn run_replicas(
         backward,
         test: cold.test,
         valid: cold.valid,
-        regression: None,
+        regression: cold.regression,
         kinetic_trace: cold.kinetic_trace,
         rollbacks: 0,
     };

@@ -6,7 +6,8 @@
 //! and the test itself. The only inputs a rank cannot compute are the energies of replicas
 //! held elsewhere, so a round goes in stages: at each stage every rank evaluates, for the
 //! pairs still estimating, the per-example energies −log p(y|x, θ) of the replicas it holds
-//! (and their prior energies at the first stage), and one all-gather gives every rank all of
+//! (and their prior energies at the first stage; a regression's include its noise
+//! precision τ, part of its state), and one all-gather gives every rank all of
 //! them. Each rank then forms the same estimates and takes the same decisions: temperatures
 //! move, parameters never do. In one process nothing is sent and the numbers are the same,
 //! so the decisions do not depend on the number of ranks.
@@ -216,7 +217,7 @@ fn answer(
         .map(|r| {
             r.as_ref().map(|r| View {
                 model: &r.chain.model,
-                prior: &r.chain.stepper.potential.prior,
+                potential: &r.chain.stepper.potential,
                 labels: r.chain.labels(),
             })
         })
@@ -269,7 +270,7 @@ fn answer(
 /// A replica as an exchange sees it.
 struct View<'r> {
     model: &'r crate::model::Network,
-    prior: &'r crate::potential::Prior,
+    potential: &'r crate::potential::Potential,
     labels: Option<&'r [u8]>,
 }
 
@@ -283,12 +284,25 @@ fn compute(
     let v = views[request.replica()]
         .as_ref()
         .ok_or_else(|| Error::Config("an exchange asked a replica of another rank".into()))?;
+    // A regression's state is (θ, τ): its energy adds τ's prior and the data's ½ ln τ
+    // terms, the density that τ's tempered Gibbs step samples.
+    let tau = v.potential.noise_precision;
     match request {
-        Request::Prior { .. } => Ok(vec![v.prior.energy(&v.model.vars())?]),
+        Request::Prior { .. } => {
+            let noise = v
+                .potential
+                .likelihood
+                .noise()
+                .map_or(0.0, |n| n.prior_energy(tau));
+            Ok(vec![v.potential.prior.energy(&v.model.vars())? + noise])
+        }
         Request::Energies { e, from, to, .. } => {
             let idx = &estimates[e].order[from..to];
             let (ds, device) = (plan.ds, &plan.cfg.device);
-            ensemble::example_nll(v.model, &ds.train, v.labels, idx, device)
+            match ds.task.is_regression() {
+                true => ensemble::example_gaussian_nll(v.model, &ds.train, idx, tau, device),
+                false => ensemble::example_nll(v.model, &ds.train, v.labels, idx, device),
+            }
         }
     }
 }
