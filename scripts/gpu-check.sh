@@ -74,7 +74,7 @@ else
 fi
 echo
 echo "== gpu-check summary: $gpu (kernels for sm_$cap), $commit"
-grep '^gpu-check:' "$log"
+grep -o 'gpu-check: .*' "$log"
 grep -E '^test result' "$log"
 [ "$status" -eq 0 ] || fail "the tests exited with $status (the failing test is above)"
 grep -q '^gpu-check: throughput' "$log" || fail "the GPU tests did not run (no throughput line)"
