@@ -830,7 +830,12 @@ pub(super) fn log_epoch(record: &EpochRecord, temperature: Option<f64>) {
         epoch = record.epoch,
         temperature,
         nll = format!("{:.4}", record.train_nll),
-        acc = format!("{:.4}", record.train_accuracy),
+        // A regression has no accuracy: its training RMSE (target units) instead.
+        acc = record
+            .train_rmse
+            .is_none()
+            .then(|| format!("{:.4}", record.train_accuracy)),
+        rmse = record.train_rmse.map(|r| format!("{r:.4}")),
         ke = record.kinetic_energy.map(|k| format!("{k:.3}")),
         thermostat = record.thermostat.map(|t| format!("{t:.3e}")),
         samples = record.samples,
