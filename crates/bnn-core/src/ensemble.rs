@@ -121,7 +121,7 @@ pub fn example_gaussian_nll(
     tau: f64,
     device: &Device,
 ) -> Result<Vec<f64>> {
-    let constant = 0.5 * (std::f64::consts::TAU.ln() - tau.ln());
+    let constant = crate::likelihood::HALF_LOG_2PI - 0.5 * tau.ln();
     let mut out = Vec::with_capacity(idx.len());
     forward_rows(model, split, idx, device, |chunk, outputs, _| {
         for (&f, &i) in outputs.iter().zip(chunk) {
