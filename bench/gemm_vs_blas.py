@@ -4,11 +4,14 @@
     python3 bench/gemm_vs_blas.py [--bnn target/release/bnn] [--rounds 5] [--threads 2]
 
 Each round runs `bnn bench gemm` (its medians of --repeats, and the measured FMA peak),
-then the same products through the BLAS: PyTorch's `torch.mm` (MKL on x86-64) when torch
-imports, else NumPy's `matmul` (OpenBLAS in the pip wheels). Both are capped to
---threads. The forward products read W transposed in place (`x @ w.T`), as bnn does; the
-weight gradient and input error are row-major products. For MKL capped to AVX2, set
-`MKL_ENABLE_INSTRUCTIONS=AVX2` before running.
+then the same products through the BLAS: with `--blas mkl`, MKL's `cblas_sgemm` called
+through ctypes (`pip install mkl` puts `libmkl_rt.so` beside the interpreter); otherwise
+PyTorch's `torch.mm` (MKL on x86-64) when torch imports, else NumPy's `matmul` (OpenBLAS
+in the pip wheels). Both are capped to --threads. The products are the census of the
+models' steps that `bnn bench gemm` takes, with the operand layouts the passes use (an
+operand marked transposed is read in place, as bnn reads it); a direct convolution is
+set against the BLAS on its im2col product, without the im2col. For MKL capped to AVX2,
+set `MKL_ENABLE_INSTRUCTIONS=AVX2` before running.
 
 Prints per product the median GFLOP/s of each, bnn ÷ BLAS (median and min–max over
 the rounds) and bnn's fraction of the measured peak; JSON on the last line.
@@ -22,39 +25,56 @@ import sys
 import time
 
 
-def blas(threads):
-    """(name, mm(m, n, k, transposed) -> seconds per product, median of 7)."""
+def mkl_operands(threads):
+    """(name, operands) for MKL's cblas_sgemm through ctypes."""
+    import ctypes
+    import ctypes.util
+    import numpy as np
+    here = os.path.join(sys.prefix, "lib", "libmkl_rt.so.3")
+    lib = ctypes.CDLL(here if os.path.exists(here) else ctypes.util.find_library("mkl_rt"))
+    lib.MKL_Set_Num_Threads(ctypes.c_int(threads))
+    buf = ctypes.create_string_buffer(256)
+    lib.MKL_Get_Version_String(buf, ctypes.c_int(256))
+    isa = os.environ.get("MKL_ENABLE_INSTRUCTIONS", "unrestricted")
+    name = f"{buf.value.decode().strip()} (cblas_sgemm, instructions {isa})"
+    f32p = ctypes.POINTER(ctypes.c_float)
+    lib.cblas_sgemm.restype = None
+    lib.cblas_sgemm.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, f32p, ctypes.c_int,
+                                                     f32p, ctypes.c_int, ctypes.c_float,
+                                                     f32p, ctypes.c_int]
+
+    def operands(m, n, k, lhs_t, rhs_t):
+        rng = np.random.default_rng(0)
+        # An operand marked transposed is the transpose of a row-major matrix, read in
+        # place, as bnn reads it (the forward's W, the weight gradient's Δ).
+        a = rng.random((k, m) if lhs_t else (m, k), dtype=np.float32)
+        b = rng.random((n, k) if rhs_t else (k, n), dtype=np.float32)
+        out = np.empty((m, n), dtype=np.float32)
+        ptr = lambda x: x.ctypes.data_as(f32p)
+        args = (101, 112 if lhs_t else 111, 112 if rhs_t else 111, m, n, k, 1.0, ptr(a),
+                m if lhs_t else k, ptr(b), k if rhs_t else n, 0.0, ptr(out), n)
+        return lambda: lib.cblas_sgemm(*args)
+    return name, operands
+
+
+def blas(threads, which):
+    """(name, mm(m, n, k, lhs_t, rhs_t) -> seconds per product, median of 7)."""
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)
-    try:
-        import torch
-        torch.set_num_threads(threads)
-        name = f"torch {torch.__version__} ({'MKL' if torch.backends.mkl.is_available() else 'no MKL'})"
+    if which == "mkl":
+        name, operands = mkl_operands(threads)
+    else:
+        name, operands = torch_or_numpy(threads)
 
-        def operands(m, n, k, transposed):
-            a = torch.rand(m, k)
-            b = torch.rand(n, k).t() if transposed else torch.rand(k, n)
-            out = torch.empty(m, n)
-            return lambda: torch.mm(a, b, out=out)
-    except ImportError:
-        import numpy as np
-        cfg = np.__config__.CONFIG["Build Dependencies"]["blas"]
-        name = f"numpy {np.__version__} ({cfg['name']} {cfg['version']})"
-
-        def operands(m, n, k, transposed):
-            rng = np.random.default_rng(0)
-            a = rng.random((m, k), dtype=np.float32)
-            b = rng.random((n, k), dtype=np.float32).T if transposed else \
-                rng.random((k, n), dtype=np.float32)
-            out = np.empty((m, n), dtype=np.float32)
-            return lambda: np.matmul(a, b, out=out)
-
-    def mm(m, n, k, transposed):
-        f = operands(m, n, k, transposed)
-        f()
+    def mm(m, n, k, lhs_t, rhs_t):
+        f = operands(m, n, k, lhs_t, rhs_t)
+        # A warm-up of 0.1 s: MKL's first calls of a shape ran at a third of its rate.
+        start = time.perf_counter()
+        while time.perf_counter() - start < 0.1:
+            f()
         times = []
         for _ in range(7):
-            reps = max(1, int(2e7 / (m * n * k)))
+            reps = max(1, int(1e8 / (m * n * k)))
             start = time.perf_counter()
             for _ in range(reps):
                 f()
@@ -63,27 +83,71 @@ def blas(threads):
     return name, mm
 
 
+def torch_or_numpy(threads):
+    """(name, operands) for torch.mm where torch imports, else numpy.matmul."""
+    try:
+        import torch
+        torch.set_num_threads(threads)
+        name = f"torch {torch.__version__} ({'MKL' if torch.backends.mkl.is_available() else 'no MKL'})"
+
+        def operands(m, n, k, lhs_t, rhs_t):
+            a = torch.rand(k, m).t() if lhs_t else torch.rand(m, k)
+            b = torch.rand(n, k).t() if rhs_t else torch.rand(k, n)
+            out = torch.empty(m, n)
+            return lambda: torch.mm(a, b, out=out)
+    except ImportError:
+        import numpy as np
+        cfg = np.__config__.CONFIG["Build Dependencies"]["blas"]
+        name = f"numpy {np.__version__} ({cfg['name']} {cfg['version']})"
+
+        def operands(m, n, k, lhs_t, rhs_t):
+            rng = np.random.default_rng(0)
+            a = rng.random((k, m), dtype=np.float32).T if lhs_t else \
+                rng.random((m, k), dtype=np.float32)
+            b = rng.random((n, k), dtype=np.float32).T if rhs_t else \
+                rng.random((k, n), dtype=np.float32)
+            out = np.empty((m, n), dtype=np.float32)
+            return lambda: np.matmul(a, b, out=out)
+    return name, operands
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bnn", default="target/release/bnn")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--models", default="",
+                    help="bnn bench gemm --models (default: all)")
+    ap.add_argument("--min-macs", type=int, default=10**6,
+                    help="leave out products of fewer multiply-adds (the 10-class heads)")
+    ap.add_argument("--blas", choices=["auto", "mkl"], default="auto",
+                    help="mkl: MKL's cblas_sgemm through ctypes; auto: torch, else numpy")
     a = ap.parse_args()
-    name, mm = blas(a.threads)
+    name, mm = blas(a.threads, a.blas)
     env = dict(os.environ, RAYON_NUM_THREADS=str(a.threads))
     ours, theirs, peaks = {}, {}, []
     for r in range(a.rounds):
-        out = subprocess.run([a.bnn, "bench", "gemm", "--repeats", str(a.repeats)], env=env,
-                             check=True, capture_output=True, text=True).stdout
+        cmd = [a.bnn, "bench", "gemm", "--repeats", str(a.repeats)]
+        if a.models:
+            cmd += ["--models", a.models]
+        out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
         report = json.loads(out)
         peaks.append(report["peak"])
+        blas_round = {}
         for row in report["products"]:
-            key = (row["product"], row["batch"], row["m"], row["n"], row["k"], row["threads"])
+            if row["m"] * row["n"] * row["k"] < a.min_macs:
+                continue
+            key = (row["model"], row["batch"], row["product"], row["m"], row["n"], row["k"],
+                   row["threads"])
             ours.setdefault(key, []).append(row["bnn_gflop_per_s"])
-            transposed = row["product"].startswith("forward")
-            secs = mm(row["m"], row["n"], row["k"], transposed)
-            theirs.setdefault(key, []).append(2 * row["m"] * row["n"] * row["k"] / secs / 1e9)
+            # A direct convolution against the BLAS on its im2col product (im2col itself
+            # not timed).
+            dense = (row["m"], row["n"], row["k"], row["lhs"] == "transposed",
+                     row["rhs"] == "transposed")
+            if dense not in blas_round:
+                blas_round[dense] = 2 * row["m"] * row["n"] * row["k"] / mm(*dense) / 1e9
+            theirs.setdefault(key, []).append(blas_round[dense])
         print(f"round {r + 1}/{a.rounds} done", file=sys.stderr, flush=True)
     # Each thread count's measured peak, median over the rounds.
     peak = {t: statistics.median(p["measured_gflop_per_s"] for rnd in peaks for p in rnd
@@ -91,19 +155,19 @@ def main():
             for t in sorted({p["threads"] for p in peaks[0]})}
     print(f"BLAS: {name}; bnn path {peaks[0][0]['isa']}; measured peak (GFLOP/s, median of "
           f"rounds) {', '.join(f'{t} thread(s) {g:.0f}' for t, g in peak.items())}")
-    print("| product | batch | m×k×n | threads | bnn GFLOP/s | BLAS GFLOP/s | bnn ÷ BLAS "
-          "(min–max) | bnn ÷ peak |")
-    print("| --- | ---: | --- | ---: | ---: | ---: | --- | ---: |")
+    print("| model | batch | product | m×k×n | threads | bnn GFLOP/s | BLAS GFLOP/s | "
+          "bnn ÷ BLAS (min–max) | bnn ÷ peak |")
+    print("| --- | ---: | --- | --- | ---: | ---: | ---: | --- | ---: |")
     rows = []
     for key in ours:
-        what, batch, m, n, k, threads = key
+        model, batch, what, m, n, k, threads = key
         ratios = [o / t for o, t in zip(ours[key], theirs[key])]
         o, t = statistics.median(ours[key]), statistics.median(theirs[key])
         frac = o / peak.get(threads, float("nan"))
-        print(f"| {what} | {batch} | {m}×{k}×{n} | {threads} | {o:.0f} | {t:.0f} | "
+        print(f"| {model} | {batch} | {what} | {m}×{k}×{n} | {threads} | {o:.0f} | {t:.0f} | "
               f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | "
               f"{frac:.2f} |")
-        rows.append({"product": what, "batch": batch, "m": m, "n": n, "k": k,
+        rows.append({"model": model, "product": what, "batch": batch, "m": m, "n": n, "k": k,
                      "threads": threads, "bnn_gflop_per_s": o, "blas_gflop_per_s": t,
                      "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
                      "ratio_max": max(ratios), "fraction_of_peak": frac})

@@ -164,12 +164,17 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 15)]
         repeats: usize,
     },
-    /// GFLOP/s of the matrix products of an MLP step: bnn's kernels against the `gemm`
-    /// crate (what candle's CPU matmul uses).
+    /// GFLOP/s of every matrix product and direct convolution of the MLP, LeNet and
+    /// ResNet steps against the measured FMA peak (and the `gemm` crate, what candle's CPU
+    /// matmul uses).
     Gemm {
         /// Timed repetitions per product (the median is reported).
         #[arg(long, default_value_t = 51)]
         repeats: usize,
+        /// Models whose steps to take apart, comma-separated: mlp-100, mlp-400-400 (batch
+        /// 100 and 1000), lenet (64), resnet8, resnet20 (128). Default: all.
+        #[arg(long, value_delimiter = ',')]
+        models: Vec<String>,
     },
     /// Steps per second of the full training step (gather, forward, backward, update).
     Train {

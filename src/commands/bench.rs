@@ -20,7 +20,7 @@ pub(super) fn bench_command(command: BenchCommand) -> Result<String> {
             }
             json(&bnn::bench::step(sampler, &sizes, repeats)?)
         }
-        BenchCommand::Gemm { repeats } => json(&bnn::bench::gemm(repeats)?),
+        BenchCommand::Gemm { repeats, models } => json(&bnn::bench::gemm(repeats, &models)?),
         BenchCommand::Train {
             hidden,
             batch,

@@ -373,19 +373,32 @@ fn bench_train_runs_the_cnn() {
     }
 }
 
-/// `bnn bench gemm`: the 14 products of the MLP steps, each with the measured FMA peak of
-/// the thread count it ran on and its fraction of it, and the zero-skipping rows. (No
+/// `bnn bench gemm`: a census of the kernels of real steps. For the MLP 784-100-10 at
+/// batch 100 and 1000 and LeNet at 64, each product of the step once per step, with
+/// the layouts the passes use (the forward reads W transposed and skips the first
+/// layer's zero pixels; the weight gradients read Δ transposed), the measured FMA peak
+/// of the thread count it ran on and its fraction of it, and the zero-skipping rows. (No
 /// bound on the fraction: the suite's other tests share the cores, and a peak timed while
-/// they run can read below a product timed while they did not.)
+/// they run can read below a product timed while they did not.) An unknown model is
+/// refused in one line.
 #[test]
-fn bench_gemm_reports_each_product_against_its_peak() {
+fn bench_gemm_reports_each_product_of_the_steps_against_its_peak() {
     let d = tempfile::tempdir().unwrap();
-    let out = bnn(d.path(), &["bench", "gemm", "--repeats", "1"]);
+    let out = bnn(
+        d.path(),
+        &[
+            "bench",
+            "gemm",
+            "--repeats",
+            "1",
+            "--models",
+            "mlp-100,lenet",
+        ],
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     let report = last_json(&out);
     let peaks = report["peak"].as_array().unwrap();
     let products = report["products"].as_array().unwrap();
-    assert_eq!(products.len(), 14);
     for row in products {
         let peak = peaks
             .iter()
@@ -399,11 +412,62 @@ fn bench_gemm_reports_each_product_against_its_peak() {
             "{row}"
         );
         assert!(fraction.is_finite() && fraction > 0.0, "{row}");
+        assert!(row["in_step_gflop_per_s"].as_f64().unwrap() > 0.0, "{row}");
+        assert_eq!(row["calls_per_step"], 1.0, "{row}");
     }
+    let shapes = |model: &str, batch: u64| -> Vec<(String, u64, u64, u64)> {
+        products
+            .iter()
+            .filter(|r| r["model"] == model && r["batch"] == batch)
+            .map(|r| {
+                let n = |f: &str| r[f].as_u64().unwrap();
+                (
+                    r["product"].as_str().unwrap().to_string(),
+                    n("m"),
+                    n("k"),
+                    n("n"),
+                )
+            })
+            .collect()
+    };
+    for batch in [100, 1000] {
+        let mlp = shapes("mlp-100", batch);
+        // Forward of each layer, then the backward: ∇W₂ = Δ₂ᵀ·H, the input error Δ₂·W₂,
+        // ∇W₁ = Δ₁ᵀ·X (skipping zeros).
+        let want = [
+            ("A·Bᵀ, skipping zeros", batch, 784, 100),
+            ("A·Bᵀ", batch, 100, 10),
+            ("Aᵀ·B", 10, batch, 100),
+            ("A·B", batch, 10, 100),
+            ("Aᵀ·B, skipping zeros", 100, batch, 784),
+        ];
+        let want: Vec<_> = want
+            .iter()
+            .map(|&(p, m, k, n)| (p.to_string(), m, k, n))
+            .collect();
+        assert_eq!(mlp, want, "batch {batch}");
+    }
+    // LeNet's two convolutions are products with their im2col matrices (k = C_in·5²).
+    let lenet = shapes("lenet", 64);
+    assert!(
+        lenet.contains(&("A·B".into(), 6, 25, 64 * 28 * 28)),
+        "{lenet:?}"
+    );
+    assert!(
+        lenet.contains(&("A·B".into(), 16, 150, 64 * 14 * 14)),
+        "{lenet:?}"
+    );
     assert!(!report["first_layer_zero_skipping"]
         .as_array()
         .unwrap()
         .is_empty());
+    let bad = bnn(d.path(), &["bench", "gemm", "--models", "vgg"]);
+    assert!(!bad.status.success());
+    let err = stderr(&bad);
+    assert!(
+        err.contains("no model `vgg`") && err.trim().lines().count() == 1,
+        "{err}"
+    );
 }
 
 /// metrics.jsonl records the step size actually used: under `--cycles` (η changes every

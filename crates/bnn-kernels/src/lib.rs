@@ -33,6 +33,7 @@ pub mod rng;
 pub mod signals;
 
 pub mod buffer;
+pub mod census;
 pub mod conv;
 pub mod cpu;
 #[cfg(feature = "cuda")]

@@ -218,13 +218,13 @@ impl ModelSpec {
     /// Reads a preset (`[model]` table with `kind`, `hidden`, `activation`).
     pub fn from_toml_file(path: &std::path::Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let preset: PresetFile = toml::from_str(&text).map_err(|e| {
-            Error::Config(format!(
-                "{}: not a model preset: {}",
-                path.display(),
-                e.message()
-            ))
-        })?;
+        Self::from_toml_str(&text, &path.display().to_string())
+    }
+
+    /// The `[model]` table of preset text `text`, validated; `origin` names it in errors.
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Self> {
+        let preset: PresetFile = toml::from_str(text)
+            .map_err(|e| Error::Config(format!("{origin}: not a model preset: {}", e.message())))?;
         preset.model.validate()?;
         Ok(preset.model)
     }

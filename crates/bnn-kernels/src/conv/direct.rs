@@ -22,6 +22,7 @@
 
 use super::ops::copy_short;
 use super::ConvGeometry;
+use crate::census;
 use crate::isa::{self, Isa};
 use crate::pool::{self, Disjoint};
 
@@ -90,6 +91,38 @@ pub fn packed_len(g: &ConvGeometry) -> usize {
 /// `direction`. `padded` and `packed` are scratch of [`padded_len`] and [`packed_len`].
 #[allow(clippy::too_many_arguments)]
 pub fn conv(
+    input: &[f32],
+    g: &ConvGeometry,
+    direction: Direction,
+    rows: usize,
+    w: &[f32],
+    padded: &mut [f32],
+    packed: &mut [f32],
+    out: &mut [f32],
+    accumulate: bool,
+) {
+    let (c_in, c_out) = channels(g, direction);
+    let shape = || census::Shape {
+        kernel: match direction {
+            Direction::Forward => census::Kernel::DirectForward,
+            Direction::Adjoint => census::Kernel::DirectAdjoint,
+        },
+        m: c_out,
+        n: rows * g.out_plane(),
+        k: c_in * 9,
+        lhs: census::Layout::Rows,
+        rhs: census::Layout::Rows,
+        skips_zeros: false,
+    };
+    census::timed(shape, || {
+        conv_body(
+            input, g, direction, rows, w, padded, packed, out, accumulate,
+        )
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn conv_body(
     input: &[f32],
     g: &ConvGeometry,
     direction: Direction,
@@ -465,6 +498,32 @@ pub fn wide_len(g: &ConvGeometry) -> usize {
 /// (the next padded row, or the buffer's slack) are finite.
 #[allow(clippy::too_many_arguments)]
 pub fn weight_grad(
+    input: &[f32],
+    dz: &[f32],
+    g: &ConvGeometry,
+    rows: usize,
+    padded: &mut [f32],
+    partial: &mut [f32],
+    wide: &mut [f32],
+    wg: &mut [f32],
+) {
+    // ∇W = ∂Z (C_out × B·H·W) times the transposed im2col matrix (B·H·W × C_in·9).
+    let shape = || census::Shape {
+        kernel: census::Kernel::DirectWeightGrad,
+        m: g.out_channels,
+        n: g.in_channels * 9,
+        k: rows * g.out_plane(),
+        lhs: census::Layout::Rows,
+        rhs: census::Layout::Transposed,
+        skips_zeros: false,
+    };
+    census::timed(shape, || {
+        weight_grad_body(input, dz, g, rows, padded, partial, wide, wg)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn weight_grad_body(
     input: &[f32],
     dz: &[f32],
     g: &ConvGeometry,

@@ -291,7 +291,20 @@ unsafe fn product_on_current_path(
     opts: Options<'_>,
     fuse: Option<&nn::Fuse>,
 ) {
-    unsafe {
+    let shape = || crate::census::Shape {
+        kernel: if fuse.is_some() {
+            crate::census::Kernel::ProductThenUpdate
+        } else {
+            crate::census::Kernel::Product
+        },
+        m,
+        n,
+        k,
+        lhs: crate::census::Layout::of(lhs.rs, lhs.cs),
+        rhs: crate::census::Layout::of(rhs.rs, rhs.cs),
+        skips_zeros: !matches!(opts.zeros, Zeros::Unknown),
+    };
+    crate::census::timed(shape, || unsafe {
         let threads = threads_for(m, n, k);
         match isa::current() {
             #[cfg(target_arch = "x86_64")]
@@ -300,7 +313,7 @@ unsafe fn product_on_current_path(
             Isa::Avx2 => nn::product::<simd::Avx2>(m, n, k, dst, lhs, rhs, threads, opts, fuse),
             _ => nn::product::<simd::Portable>(m, n, k, dst, lhs, rhs, threads, opts, fuse),
         }
-    }
+    })
 }
 
 /// dst (cols × rows, row-major, rows `ld` apart) ← the transpose of src (rows × cols,
@@ -479,16 +492,18 @@ fn balanced(len: usize, max: usize) -> impl Iterator<Item = usize> {
 }
 
 /// GFLOP/s of [`matmul`] (on the current path) and of the `gemm` crate (candle's CPU
-/// matmul, on its own rayon threads) on one product A·B (m × k times k × n; B row-major,
-/// or with `rhs_transposed` the transpose of a row-major n × k matrix, as the forward
-/// reads W), median of `repeats` (for `bnn bench gemm`), and the threads ours ran on.
+/// matmul, on its own rayon threads) on one product A·B (m × k times k × n, each operand
+/// row-major or the transpose of a row-major matrix, as `lhs` and `rhs` say; the forward
+/// reads W as Bᵀ), median of `repeats` (for `bnn bench gemm`), and the threads ours ran on.
 pub fn bench(
     m: usize,
     n: usize,
     k: usize,
-    rhs_transposed: bool,
+    lhs: crate::census::Layout,
+    rhs: crate::census::Layout,
     repeats: usize,
 ) -> (f64, f64, usize) {
+    use crate::census::Layout;
     let a: Vec<f32> = (0..m * k)
         .map(|i| ((i * 7919) % 1000) as f32 * 1e-3)
         .collect();
@@ -496,12 +511,14 @@ pub fn bench(
         .map(|i| ((i * 104_729) % 1000) as f32 * 1e-3)
         .collect();
     let mut c = vec![0f32; m * n];
-    let rhs = if rhs_transposed {
-        Mat::transposed(&b, k)
-    } else {
-        Mat::rows(&b, n)
+    let rhs = match rhs {
+        Layout::Transposed => Mat::transposed(&b, k),
+        Layout::Rows | Layout::Strided => Mat::rows(&b, n),
     };
-    let lhs = Mat::rows(&a, k);
+    let lhs = match lhs {
+        Layout::Transposed => Mat::transposed(&a, m),
+        Layout::Rows | Layout::Strided => Mat::rows(&a, k),
+    };
     let threads = threads_for(m, n, k);
     let mut time = |f: &mut dyn FnMut(&mut [f32])| {
         f(&mut c);

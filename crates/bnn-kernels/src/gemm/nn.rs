@@ -123,7 +123,9 @@ pub(super) unsafe fn tile_body<S: Simd, const R: usize, const V: usize, const FU
                     ahead(f.momentum.wrapping_add(at));
                 }
             }
-            Store::Overwrite | Store::Accumulate => {}
+            // C itself, read (or written) once the k loop ends: a tile of a large product
+            // is out of L2 by then, and its rows are `ldc` apart.
+            Store::Overwrite | Store::Accumulate => ahead(t.c),
         }
         let mut acc = [[S::zero(); V]; R];
         // One step of k: V vectors of B (row `pb`), R broadcasts of A (packed entry `pa`),

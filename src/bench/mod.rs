@@ -17,6 +17,9 @@ use crate::potential::{Backward, Potential, Prior, PriorSpec};
 use crate::sampler::{self, Integrator, Kernel, SamplerKind};
 use crate::train::Stepper;
 
+mod gemm;
+pub use gemm::{gemm, GemmBench, GemmModel, ProductBench};
+
 /// One row of the benchmark.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StepBench {
@@ -192,27 +195,10 @@ pub fn train(opts: &TrainBenchOptions) -> Result<Vec<TrainBench>> {
             let mut flop = 0.0;
             for k in 0..chains {
                 let seed = crate::rng::chain_seed(0, k);
-                let model = Network::new(&spec, ds.train.dim(), NUM_CLASSES, seed, &Device::Cpu)?;
+                let (stepper, step) = bench_stepper(&spec, &ds, config, opts, seed, batch)?;
                 if k == 0 {
-                    flop = step_flop(&model, batch);
+                    flop = step;
                 }
-                let prior = Prior::new(
-                    PriorSpec::Gamma {
-                        shape: 1.0,
-                        rate: 1.0,
-                    },
-                    model.params.len(),
-                )?;
-                let potential = Potential::new(n, 1.0, prior)?;
-                let stepper = Stepper::new(
-                    &model,
-                    potential,
-                    config,
-                    opts.kernel,
-                    opts.backward,
-                    seed,
-                    batch,
-                )?;
                 steppers.push(std::sync::Mutex::new((stepper, 0usize)));
             }
             let mut rng = rand::rngs::StdRng::seed_from_u64(1);
@@ -277,6 +263,38 @@ pub fn train(opts: &TrainBenchOptions) -> Result<Vec<TrainBench>> {
     Ok(rows)
 }
 
+/// The stepper of one benchmark chain of `spec` at `batch` on `ds`'s training images
+/// (a Gamma(1, 1) hyper-prior), and the FLOP of its step.
+fn bench_stepper(
+    spec: &ModelSpec,
+    ds: &crate::data::Dataset,
+    config: crate::sampler::SamplerConfig,
+    opts: &TrainBenchOptions,
+    seed: u64,
+    batch: usize,
+) -> Result<(Stepper, f64)> {
+    let model = Network::new(spec, ds.train.dim(), NUM_CLASSES, seed, &Device::Cpu)?;
+    let flop = step_flop(&model, batch);
+    let prior = Prior::new(
+        PriorSpec::Gamma {
+            shape: 1.0,
+            rate: 1.0,
+        },
+        model.params.len(),
+    )?;
+    let potential = Potential::new(ds.train.len(), 1.0, prior)?;
+    let stepper = Stepper::new(
+        &model,
+        potential,
+        config,
+        opts.kernel,
+        opts.backward,
+        seed,
+        batch,
+    )?;
+    Ok((stepper, flop))
+}
+
 /// FLOP of one training step of `model` at `batch`: the products of the forward, of the
 /// weight gradients and of the input errors of every layer but the first.
 pub fn step_flop(model: &Network, batch: usize) -> f64 {
@@ -314,82 +332,6 @@ pub fn step_flop(model: &Network, batch: usize) -> f64 {
         2.0 * batch as f64 * 3.0 * all
     };
     conv + fc
-}
-
-/// One product of `bnn bench gemm`: ours and the `gemm` crate's, GFLOP/s.
-#[derive(Debug, Clone, Serialize)]
-pub struct ProductBench {
-    pub product: &'static str,
-    pub batch: usize,
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
-    /// Threads the product ran on (the pool's, or fewer for a small product).
-    pub threads: usize,
-    pub bnn_gflop_per_s: f64,
-    pub gemm_crate_gflop_per_s: f64,
-    /// `bnn_gflop_per_s` over the measured peak of the same thread count.
-    pub fraction_of_measured_peak: f64,
-}
-
-/// `bnn bench gemm`'s report.
-#[derive(Debug, Clone, Serialize)]
-pub struct GemmBench {
-    /// The measured FMA ceiling of each thread count the products ran on.
-    pub peak: Vec<crate::kernels::gemm::Peak>,
-    pub products: Vec<ProductBench>,
-    pub first_layer_zero_skipping: Vec<ZeroSkipBench>,
-}
-
-/// Times the products of the MNIST MLPs' steps at batch 100 and 1000 (forward X·Wᵀ with W
-/// read in place, weight gradient, input error; the median of `repeats`), then the FMA
-/// peak of each thread count they ran on (after them, and only those counts: a large
-/// machine would otherwise time every count), and the first layer's zero skipping.
-pub fn gemm(repeats: usize) -> Result<GemmBench> {
-    use crate::kernels::gemm;
-    let repeats = repeats.max(1);
-    let mut timed = Vec::new();
-    for batch in [100, 1000] {
-        for (m, n, k, transposed, what) in [
-            (batch, 100, 784, true, "forward 784→100"),
-            (batch, 400, 784, true, "forward 784→400"),
-            (batch, 400, 400, true, "forward 400→400"),
-            (100, 784, batch, false, "weight grad 100×784"),
-            (400, 784, batch, false, "weight grad 400×784"),
-            (400, 400, batch, false, "weight grad 400×400"),
-            (batch, 400, 400, false, "input error 400×400"),
-        ] {
-            let (ours, crate_gemm, threads) = gemm::bench(m, n, k, transposed, repeats);
-            timed.push((what, batch, m, n, k, threads, ours, crate_gemm));
-        }
-    }
-    let first_layer_zero_skipping = zero_skipping(repeats)?;
-    let mut counts: Vec<usize> = timed.iter().map(|t| t.5).collect();
-    counts.sort_unstable();
-    counts.dedup();
-    let peaks: Vec<gemm::Peak> = counts.into_iter().map(gemm::peak).collect();
-    let products = timed
-        .into_iter()
-        .map(|(product, batch, m, n, k, threads, ours, crate_gemm)| {
-            let peak = peaks.iter().find(|p| p.threads == threads);
-            ProductBench {
-                product,
-                batch,
-                m,
-                n,
-                k,
-                threads,
-                bnn_gflop_per_s: ours,
-                gemm_crate_gflop_per_s: crate_gemm,
-                fraction_of_measured_peak: peak.map_or(f64::NAN, |p| ours / p.measured_gflop_per_s),
-            }
-        })
-        .collect();
-    Ok(GemmBench {
-        peak: peaks,
-        products,
-        first_layer_zero_skipping,
-    })
 }
 
 /// One first-layer product on real MNIST pixels, dense and skipping the zero pixels.
