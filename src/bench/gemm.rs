@@ -85,10 +85,11 @@ pub struct ProductBench {
     /// GFLOP/s inside the step (median call; with the zero skipping or the fused update
     /// the step uses, counted as the dense product's FLOP).
     pub in_step_gflop_per_s: f64,
-    /// Threads the kernel ran on (the pool's, or fewer for a small product).
+    /// Threads the kernel ran on in the step: the pool's, fewer for a small product, one
+    /// inside the ResNet's halves of the minibatch (each half runs on its own thread).
     pub threads: usize,
-    /// The dense product alone, same shape and layouts, median of `--repeats` (what a BLAS
-    /// is compared with); for a direct convolution, its in-step rate.
+    /// The dense product alone, same shape, layouts and threads, median of `--repeats`
+    /// (what a BLAS is compared with); for a direct convolution, its in-step rate.
     pub bnn_gflop_per_s: f64,
     /// The `gemm` crate (candle's CPU matmul) on the dense product; none for a direct
     /// convolution.
@@ -123,28 +124,36 @@ pub fn gemm(repeats: usize, models: &[String]) -> Result<GemmBench> {
         )));
     }
     let mut rows = Vec::new();
-    let mut alone: BTreeMap<Shape, (f64, f64, usize)> = BTreeMap::new();
+    let mut alone: BTreeMap<(Shape, usize), (f64, f64)> = BTreeMap::new();
     for model in all
         .iter()
         .filter(|g| models.is_empty() || models.iter().any(|m| m == g.name))
     {
-        for (shape, calls, seconds) in step_census(model)? {
-            let (ours, crate_gemm, threads) = match shape.kernel {
+        for (shape, threads, calls, seconds) in step_census(model)? {
+            let (ours, crate_gemm) = match shape.kernel {
                 Kernel::Product | Kernel::ProductThenUpdate => {
                     let dense = Shape {
                         kernel: Kernel::Product,
                         skips_zeros: false,
                         ..shape
                     };
-                    *alone.entry(dense).or_insert_with(|| {
-                        gemm::bench(shape.m, shape.n, shape.k, shape.lhs, shape.rhs, repeats)
+                    *alone.entry((dense, threads)).or_insert_with(|| {
+                        let time = || {
+                            let (m, n, k) = (shape.m, shape.n, shape.k);
+                            let (ours, crate_gemm, _) =
+                                gemm::bench(m, n, k, shape.lhs, shape.rhs, repeats);
+                            (ours, crate_gemm)
+                        };
+                        // On one thread where the step ran it on one (inside the ResNet's
+                        // halves of the minibatch). The `gemm` crate keeps its own threads.
+                        if threads == 1 {
+                            crate::pool::serially(time)
+                        } else {
+                            time()
+                        }
                     })
                 }
-                _ => (
-                    shape.flop() / seconds / 1e9,
-                    f64::NAN,
-                    crate::pool::threads(),
-                ),
+                _ => (shape.flop() / seconds / 1e9, f64::NAN),
             };
             rows.push(ProductBench {
                 model: model.name,
@@ -177,9 +186,9 @@ pub fn gemm(repeats: usize, models: &[String]) -> Result<GemmBench> {
     })
 }
 
-/// The kernel shapes of `model`'s step, in order of first call: (shape, calls per step,
-/// median seconds of a call).
-fn step_census(model: &GemmModel) -> Result<Vec<(Shape, f64, f64)>> {
+/// The kernel shapes of `model`'s step, in order of first call: (shape, threads, calls per
+/// step, median seconds of a call).
+fn step_census(model: &GemmModel) -> Result<Vec<(Shape, usize, f64, f64)>> {
     let ds = crate::data::load_builtin()?;
     let config = SamplerKind::Sghmc.defaults();
     let opts = TrainBenchOptions {
@@ -212,21 +221,22 @@ fn step_census(model: &GemmModel) -> Result<Vec<(Shape, f64, f64)>> {
         Ok(())
     });
     done?;
-    let mut order: Vec<Shape> = Vec::new();
-    let mut times: BTreeMap<Shape, Vec<f64>> = BTreeMap::new();
+    let mut order: Vec<(Shape, usize)> = Vec::new();
+    let mut times: BTreeMap<(Shape, usize), Vec<f64>> = BTreeMap::new();
     for call in calls {
-        let t = times.entry(call.shape).or_default();
+        let key = (call.shape, call.threads);
+        let t = times.entry(key).or_default();
         if t.is_empty() {
-            order.push(call.shape);
+            order.push(key);
         }
         t.push(call.seconds);
     }
     Ok(order
         .into_iter()
-        .map(|s| {
-            let t = times.remove(&s).unwrap_or_default();
+        .map(|key| {
+            let t = times.remove(&key).unwrap_or_default();
             let calls = t.len() as f64 / CENSUS_STEPS as f64;
-            (s, calls, median(t))
+            (key.0, key.1, calls, median(t))
         })
         .collect())
 }

@@ -84,6 +84,9 @@ impl Shape {
 pub struct Call {
     /// What was called.
     pub shape: Shape,
+    /// Threads it ran on: 1 inside a part of a parallel job (the ResNet's halves of the
+    /// minibatch), where the pool is taken.
+    pub threads: usize,
     /// Its wall time.
     pub seconds: f64,
 }
@@ -108,17 +111,20 @@ fn take_calls() -> Vec<Call> {
     std::mem::take(&mut *CALLS.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
-/// Runs the kernel call `f`; while a census is taken, records it under `shape`.
+/// Runs the kernel call `f`; while a census is taken, records it under the shape and the
+/// threads `shape` gives (asked before the call: the call itself takes the pool).
 #[inline]
-pub(crate) fn timed<R>(shape: impl FnOnce() -> Shape, f: impl FnOnce() -> R) -> R {
+pub(crate) fn timed<R>(shape: impl FnOnce() -> (Shape, usize), f: impl FnOnce() -> R) -> R {
     if !ON.load(Ordering::Relaxed) {
         return f();
     }
+    let (shape, threads) = shape();
     let start = Instant::now();
     let out = f();
     let seconds = start.elapsed().as_secs_f64();
     let call = Call {
-        shape: shape(),
+        shape,
+        threads,
         seconds,
     };
     CALLS.lock().unwrap_or_else(|e| e.into_inner()).push(call);
@@ -168,5 +174,25 @@ mod tests {
         assert_eq!(shapes, [product(Layout::Rows), product(Layout::Transposed)]);
         assert!(calls.iter().all(|c| c.seconds >= 0.0));
         assert_eq!(product(Layout::Rows).flop(), (2 * m * n * k) as f64);
+        // A product run while the pool is held (as inside a part of a job) is on one
+        // thread; a large one outside it on the threads the product takes, unless a test
+        // on another thread holds the pool at that moment (so that one only bounded).
+        let (m, n, k) = (5, 700, 300);
+        let (a, b) = (vec![1f32; m * k], vec![2f32; k * n]);
+        let mut c = vec![0f32; m * n];
+        let mut run = || matmul(m, n, k, &mut c, false, Mat::rows(&a, k), Mat::rows(&b, n));
+        let ((), calls) = record(|| {
+            crate::pool::serially(&mut run);
+            run();
+        });
+        let threads: Vec<usize> = calls
+            .iter()
+            .filter(|c| (c.shape.m, c.shape.n, c.shape.k) == (m, n, k))
+            .map(|c| c.threads)
+            .collect();
+        let outside = crate::pool::threads().min(m * n * k / crate::gemm::PARALLEL_MIN_MACS);
+        assert_eq!(threads.len(), 2);
+        assert_eq!(threads[0], 1);
+        assert!((1..=outside.max(1)).contains(&threads[1]), "{threads:?}");
     }
 }

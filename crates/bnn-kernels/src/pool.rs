@@ -155,6 +155,21 @@ pub fn threads() -> usize {
     pool().helpers.len() + 1
 }
 
+/// Whether a [`run`] from this point would go parallel: the pool has helpers and no job
+/// holds it (a kernel called inside a part of a job runs on its own thread). For
+/// reports: another thread may take the pool the moment after.
+pub fn free() -> bool {
+    let p = pool();
+    !p.helpers.is_empty() && p.busy.try_lock().is_ok()
+}
+
+/// Runs `f` with the pool held, so that every [`run`] inside it runs its parts on this
+/// thread, one after another: how a kernel runs inside a part of a job, timed alone.
+pub fn serially<R>(f: impl FnOnce() -> R) -> R {
+    let _held = pool().busy.lock().unwrap_or_else(|e| e.into_inner());
+    f()
+}
+
 /// Runs `f(0)`, …, `f(parts − 1)`, in parallel when the pool is free.
 pub fn run(parts: usize, f: &(dyn Fn(usize) + Sync)) {
     let p = pool();

@@ -102,17 +102,20 @@ pub fn conv(
     accumulate: bool,
 ) {
     let (c_in, c_out) = channels(g, direction);
-    let shape = || census::Shape {
-        kernel: match direction {
-            Direction::Forward => census::Kernel::DirectForward,
-            Direction::Adjoint => census::Kernel::DirectAdjoint,
-        },
-        m: c_out,
-        n: rows * g.out_plane(),
-        k: c_in * 9,
-        lhs: census::Layout::Rows,
-        rhs: census::Layout::Rows,
-        skips_zeros: false,
+    let shape = || {
+        let shape = census::Shape {
+            kernel: match direction {
+                Direction::Forward => census::Kernel::DirectForward,
+                Direction::Adjoint => census::Kernel::DirectAdjoint,
+            },
+            m: c_out,
+            n: rows * g.out_plane(),
+            k: c_in * 9,
+            lhs: census::Layout::Rows,
+            rhs: census::Layout::Rows,
+            skips_zeros: false,
+        };
+        (shape, census_threads(shape.flop()))
     };
     census::timed(shape, || {
         conv_body(
@@ -204,6 +207,18 @@ fn padded_chunks(
         let padded = &mut padded[..c_in * images * pplane + LANES];
         pad(input, rows, g.in_h, g.in_w, b0, images, padded);
         f(padded, b0, images);
+    }
+}
+
+/// The threads a direct convolution of `flop` runs on, for the census: two where the
+/// pool is free and the work is large enough to split (as [`split_blocks`] decides per
+/// chunk of images), one inside a part of a job.
+fn census_threads(flop: f64) -> usize {
+    let large = flop / 2.0 >= (pool::PARALLEL_MIN_ELEMENTS * 16) as f64;
+    if large && pool::free() {
+        pool::threads().min(2)
+    } else {
+        1
     }
 }
 
@@ -508,14 +523,17 @@ pub fn weight_grad(
     wg: &mut [f32],
 ) {
     // ∇W = ∂Z (C_out × B·H·W) times the transposed im2col matrix (B·H·W × C_in·9).
-    let shape = || census::Shape {
-        kernel: census::Kernel::DirectWeightGrad,
-        m: g.out_channels,
-        n: g.in_channels * 9,
-        k: rows * g.out_plane(),
-        lhs: census::Layout::Rows,
-        rhs: census::Layout::Transposed,
-        skips_zeros: false,
+    let shape = || {
+        let shape = census::Shape {
+            kernel: census::Kernel::DirectWeightGrad,
+            m: g.out_channels,
+            n: g.in_channels * 9,
+            k: rows * g.out_plane(),
+            lhs: census::Layout::Rows,
+            rhs: census::Layout::Transposed,
+            skips_zeros: false,
+        };
+        (shape, census_threads(shape.flop()))
     };
     census::timed(shape, || {
         weight_grad_body(input, dz, g, rows, padded, partial, wide, wg)

@@ -291,18 +291,16 @@ unsafe fn product_on_current_path(
     opts: Options<'_>,
     fuse: Option<&nn::Fuse>,
 ) {
-    let shape = || crate::census::Shape {
-        kernel: if fuse.is_some() {
-            crate::census::Kernel::ProductThenUpdate
+    let shape = || {
+        let threads = if crate::pool::free() {
+            threads_for(m, n, k)
         } else {
-            crate::census::Kernel::Product
-        },
-        m,
-        n,
-        k,
-        lhs: crate::census::Layout::of(lhs.rs, lhs.cs),
-        rhs: crate::census::Layout::of(rhs.rs, rhs.cs),
-        skips_zeros: !matches!(opts.zeros, Zeros::Unknown),
+            1
+        };
+        (
+            census_shape(m, n, k, lhs, rhs, &opts, fuse.is_some()),
+            threads,
+        )
     };
     crate::census::timed(shape, || unsafe {
         let threads = threads_for(m, n, k);
@@ -314,6 +312,31 @@ unsafe fn product_on_current_path(
             _ => nn::product::<simd::Portable>(m, n, k, dst, lhs, rhs, threads, opts, fuse),
         }
     })
+}
+
+/// The census entry of a product.
+fn census_shape(
+    m: usize,
+    n: usize,
+    k: usize,
+    lhs: Mat<'_>,
+    rhs: Mat<'_>,
+    opts: &Options<'_>,
+    fused: bool,
+) -> crate::census::Shape {
+    crate::census::Shape {
+        kernel: if fused {
+            crate::census::Kernel::ProductThenUpdate
+        } else {
+            crate::census::Kernel::Product
+        },
+        m,
+        n,
+        k,
+        lhs: crate::census::Layout::of(lhs.rs, lhs.cs),
+        rhs: crate::census::Layout::of(rhs.rs, rhs.cs),
+        skips_zeros: !matches!(opts.zeros, Zeros::Unknown),
+    }
 }
 
 /// dst (cols × rows, row-major, rows `ld` apart) ← the transpose of src (rows × cols,
