@@ -7,7 +7,9 @@ Each round runs `bnn bench gemm` (its medians of --repeats, and the measured FMA
 then the same products through the BLAS: with `--blas mkl`, MKL's `cblas_sgemm` called
 through ctypes (`pip install mkl` puts `libmkl_rt.so` beside the interpreter); otherwise
 PyTorch's `torch.mm` (MKL on x86-64) when torch imports, else NumPy's `matmul` (OpenBLAS
-in the pip wheels). Both are capped to --threads. The products are the census of the
+in the pip wheels). Both run on the threads bnn's product had in the step (--threads,
+or one for the ResNet's, whose halves of the minibatch run on a thread each; NumPy's
+BLAS keeps --threads). The products are the census of the
 models' steps that `bnn bench gemm` takes, with the operand layouts the passes use (an
 operand marked transposed is read in place, as bnn reads it); a direct convolution is
 set against the BLAS on its im2col product, without the im2col. For MKL capped to AVX2,
@@ -43,7 +45,8 @@ def mkl_operands(threads):
                                                      f32p, ctypes.c_int, ctypes.c_float,
                                                      f32p, ctypes.c_int]
 
-    def operands(m, n, k, lhs_t, rhs_t):
+    def operands(m, n, k, lhs_t, rhs_t, threads):
+        lib.MKL_Set_Num_Threads(ctypes.c_int(threads))
         rng = np.random.default_rng(0)
         # An operand marked transposed is the transpose of a row-major matrix, read in
         # place, as bnn reads it (the forward's W, the weight gradient's Δ).
@@ -66,8 +69,8 @@ def blas(threads, which):
     else:
         name, operands = torch_or_numpy(threads)
 
-    def mm(m, n, k, lhs_t, rhs_t):
-        f = operands(m, n, k, lhs_t, rhs_t)
+    def mm(m, n, k, lhs_t, rhs_t, threads):
+        f = operands(m, n, k, lhs_t, rhs_t, threads)
         # A warm-up of 0.1 s: MKL's first calls of a shape ran at a third of its rate.
         start = time.perf_counter()
         while time.perf_counter() - start < 0.1:
@@ -90,7 +93,8 @@ def torch_or_numpy(threads):
         torch.set_num_threads(threads)
         name = f"torch {torch.__version__} ({'MKL' if torch.backends.mkl.is_available() else 'no MKL'})"
 
-        def operands(m, n, k, lhs_t, rhs_t):
+        def operands(m, n, k, lhs_t, rhs_t, threads):
+            torch.set_num_threads(threads)
             a = torch.rand(k, m).t() if lhs_t else torch.rand(m, k)
             b = torch.rand(n, k).t() if rhs_t else torch.rand(k, n)
             out = torch.empty(m, n)
@@ -100,7 +104,8 @@ def torch_or_numpy(threads):
         cfg = np.__config__.CONFIG["Build Dependencies"]["blas"]
         name = f"numpy {np.__version__} ({cfg['name']} {cfg['version']})"
 
-        def operands(m, n, k, lhs_t, rhs_t):
+        def operands(m, n, k, lhs_t, rhs_t, threads):
+            # (NumPy's BLAS keeps the thread count it started with.)
             rng = np.random.default_rng(0)
             a = rng.random((k, m), dtype=np.float32).T if lhs_t else \
                 rng.random((m, k), dtype=np.float32)
@@ -143,8 +148,10 @@ def main():
             ours.setdefault(key, []).append(row["bnn_gflop_per_s"])
             # A direct convolution against the BLAS on its im2col product (im2col itself
             # not timed).
+            # On the threads bnn's product had in the step: one for the ResNet's, whose
+            # halves of the minibatch run on a thread each.
             dense = (row["m"], row["n"], row["k"], row["lhs"] == "transposed",
-                     row["rhs"] == "transposed")
+                     row["rhs"] == "transposed", row["threads"])
             if dense not in blas_round:
                 blas_round[dense] = 2 * row["m"] * row["n"] * row["k"] / mm(*dense) / 1e9
             theirs.setdefault(key, []).append(blas_round[dense])
