@@ -179,7 +179,7 @@ impl ResnetBackprop {
                 }
                 widest_packed = widest_packed.max(direct::packed_len(&g));
                 widest_partial = widest_partial.max(direct::partial_len(&g));
-                widest_wide = widest_wide.max(direct::wide_len(&g));
+                widest_wide = widest_wide.max(direct::wide_len(&g, rows));
             }
             let out = g.out_channels * rows * g.out_plane();
             let images = chunk_images(&g, rows);
