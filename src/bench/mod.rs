@@ -18,7 +18,7 @@ use crate::sampler::{self, Integrator, Kernel, SamplerKind};
 use crate::train::Stepper;
 
 mod gemm;
-pub use gemm::{gemm, GemmBench, GemmModel, ProductBench};
+pub use gemm::{gemm, gemm_models, GemmBench, GemmModel, ProductBench};
 
 /// One row of the benchmark.
 #[derive(Debug, Clone, Serialize, Deserialize)]
