@@ -27,14 +27,13 @@ import sys
 import time
 
 
-def mkl_operands(threads):
+def mkl_operands():
     """(name, operands) for MKL's cblas_sgemm through ctypes."""
     import ctypes
     import ctypes.util
     import numpy as np
     here = os.path.join(sys.prefix, "lib", "libmkl_rt.so.3")
     lib = ctypes.CDLL(here if os.path.exists(here) else ctypes.util.find_library("mkl_rt"))
-    lib.MKL_Set_Num_Threads(ctypes.c_int(threads))
     buf = ctypes.create_string_buffer(256)
     lib.MKL_Get_Version_String(buf, ctypes.c_int(256))
     isa = os.environ.get("MKL_ENABLE_INSTRUCTIONS", "unrestricted")
@@ -61,13 +60,10 @@ def mkl_operands(threads):
 
 
 def blas(threads, which):
-    """(name, mm(m, n, k, lhs_t, rhs_t) -> seconds per product, median of 7)."""
+    """(name, mm(m, n, k, lhs_t, rhs_t, threads) -> seconds per product, median of 7)."""
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)
-    if which == "mkl":
-        name, operands = mkl_operands(threads)
-    else:
-        name, operands = torch_or_numpy(threads)
+    name, operands = mkl_operands() if which == "mkl" else torch_or_numpy()
 
     def mm(m, n, k, lhs_t, rhs_t, threads):
         f = operands(m, n, k, lhs_t, rhs_t, threads)
@@ -86,11 +82,10 @@ def blas(threads, which):
     return name, mm
 
 
-def torch_or_numpy(threads):
+def torch_or_numpy():
     """(name, operands) for torch.mm where torch imports, else numpy.matmul."""
     try:
         import torch
-        torch.set_num_threads(threads)
         name = f"torch {torch.__version__} ({'MKL' if torch.backends.mkl.is_available() else 'no MKL'})"
 
         def operands(m, n, k, lhs_t, rhs_t, threads):

@@ -6,12 +6,12 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{bench_stepper, median, TrainBenchOptions};
+use super::{bench_stepper, median};
 use crate::error::{Error, Result};
 use crate::kernels::census::{self, Kernel, Layout, Shape};
 use crate::kernels::gemm;
 use crate::model::ModelSpec;
-use crate::sampler::{Integrator, SamplerKind};
+use crate::sampler::SamplerKind;
 
 /// A model and batch size whose step `bnn bench gemm` takes apart.
 #[derive(Debug, Clone)]
@@ -123,13 +123,15 @@ pub fn gemm(repeats: usize, models: &[String]) -> Result<GemmBench> {
             names.join(", ")
         )));
     }
+    let ds = crate::data::load_builtin()?;
     let mut rows = Vec::new();
     let mut alone: BTreeMap<(Shape, usize), (f64, f64)> = BTreeMap::new();
     for model in all
         .iter()
         .filter(|g| models.is_empty() || models.iter().any(|m| m == g.name))
     {
-        for (shape, threads, calls, seconds) in step_census(model)? {
+        for (shape, threads, calls, seconds) in step_census(model, &ds)? {
+            let in_step = shape.flop() / seconds / 1e9;
             let (ours, crate_gemm) = match shape.kernel {
                 Kernel::Product | Kernel::ProductThenUpdate => {
                     let dense = Shape {
@@ -138,12 +140,8 @@ pub fn gemm(repeats: usize, models: &[String]) -> Result<GemmBench> {
                         ..shape
                     };
                     *alone.entry((dense, threads)).or_insert_with(|| {
-                        let time = || {
-                            let (m, n, k) = (shape.m, shape.n, shape.k);
-                            let (ours, crate_gemm, _) =
-                                gemm::bench(m, n, k, shape.lhs, shape.rhs, repeats);
-                            (ours, crate_gemm)
-                        };
+                        let (m, n, k) = (shape.m, shape.n, shape.k);
+                        let time = || gemm::bench(m, n, k, shape.lhs, shape.rhs, repeats);
                         // On one thread where the step ran it on one (inside the ResNet's
                         // halves of the minibatch). The `gemm` crate keeps its own threads.
                         if threads == 1 {
@@ -153,7 +151,7 @@ pub fn gemm(repeats: usize, models: &[String]) -> Result<GemmBench> {
                         }
                     })
                 }
-                _ => (shape.flop() / seconds / 1e9, f64::NAN),
+                _ => (in_step, f64::NAN),
             };
             rows.push(ProductBench {
                 model: model.name,
@@ -161,7 +159,7 @@ pub fn gemm(repeats: usize, models: &[String]) -> Result<GemmBench> {
                 product: describe(&shape),
                 shape,
                 calls_per_step: calls,
-                in_step_gflop_per_s: shape.flop() / seconds / 1e9,
+                in_step_gflop_per_s: in_step,
                 threads,
                 bnn_gflop_per_s: ours,
                 gemm_crate_gflop_per_s: Some(crate_gemm).filter(|g| g.is_finite()),
@@ -188,23 +186,16 @@ pub fn gemm(repeats: usize, models: &[String]) -> Result<GemmBench> {
 
 /// The kernel shapes of `model`'s step, in order of first call: (shape, threads, calls per
 /// step, median seconds of a call).
-fn step_census(model: &GemmModel) -> Result<Vec<(Shape, usize, f64, f64)>> {
-    let ds = crate::data::load_builtin()?;
+fn step_census(
+    model: &GemmModel,
+    ds: &crate::data::Dataset,
+) -> Result<Vec<(Shape, usize, f64, f64)>> {
     let config = SamplerKind::Sghmc.defaults();
-    let opts = TrainBenchOptions {
-        hidden: Vec::new(),
-        batches: Vec::new(),
-        cnn_batches: Vec::new(),
-        presets: Vec::new(),
-        samplers: vec![SamplerKind::Sghmc],
-        integrator: Integrator::Euler,
-        backward: crate::potential::Backward::Auto,
-        kernel: crate::sampler::Kernel::Fused,
-        repeats: 1,
-        steps: 1,
-        chains: 1,
-    };
-    let (mut stepper, _) = bench_stepper(&model.spec, &ds, config, &opts, 0, model.batch)?;
+    let how = (
+        crate::sampler::Kernel::Fused,
+        crate::potential::Backward::Auto,
+    );
+    let (mut stepper, _) = bench_stepper(&model.spec, ds, config, how, 0, model.batch)?;
     let n = ds.train.len();
     let batches: Vec<Vec<usize>> = (0..=CENSUS_STEPS)
         .map(|s| {

@@ -1,7 +1,8 @@
 //! `bnn bench step`: time one sampler update (gradients given) for the fused kernel and
 //! the composed candle-op reference, against a plain parallel copy of the same bytes.
-//! `bnn bench train`: steps per second of the whole training step. `bnn bench gemm`: the
-//! matrix products of the MLP steps against their FMA ceiling.
+//! `bnn bench train`: steps per second of the whole training step. `bnn bench gemm`:
+//! every matrix product and direct convolution of the models' steps against the FMA
+//! ceiling (`gemm`).
 
 use std::time::Instant;
 
@@ -195,7 +196,14 @@ pub fn train(opts: &TrainBenchOptions) -> Result<Vec<TrainBench>> {
             let mut flop = 0.0;
             for k in 0..chains {
                 let seed = crate::rng::chain_seed(0, k);
-                let (stepper, step) = bench_stepper(&spec, &ds, config, opts, seed, batch)?;
+                let (stepper, step) = bench_stepper(
+                    &spec,
+                    &ds,
+                    config,
+                    (opts.kernel, opts.backward),
+                    seed,
+                    batch,
+                )?;
                 if k == 0 {
                     flop = step;
                 }
@@ -264,12 +272,13 @@ pub fn train(opts: &TrainBenchOptions) -> Result<Vec<TrainBench>> {
 }
 
 /// The stepper of one benchmark chain of `spec` at `batch` on `ds`'s training images
-/// (a Gamma(1, 1) hyper-prior), and the FLOP of its step.
+/// (a Gamma(1, 1) hyper-prior), with its update kernel and backward pass, and the FLOP
+/// of its step.
 fn bench_stepper(
     spec: &ModelSpec,
     ds: &crate::data::Dataset,
     config: crate::sampler::SamplerConfig,
-    opts: &TrainBenchOptions,
+    (kernel, backward): (Kernel, Backward),
     seed: u64,
     batch: usize,
 ) -> Result<(Stepper, f64)> {
@@ -283,15 +292,7 @@ fn bench_stepper(
         model.params.len(),
     )?;
     let potential = Potential::new(ds.train.len(), 1.0, prior)?;
-    let stepper = Stepper::new(
-        &model,
-        potential,
-        config,
-        opts.kernel,
-        opts.backward,
-        seed,
-        batch,
-    )?;
+    let stepper = Stepper::new(&model, potential, config, kernel, backward, seed, batch)?;
     Ok((stepper, flop))
 }
 

@@ -111,24 +111,39 @@ fn take_calls() -> Vec<Call> {
     std::mem::take(&mut *CALLS.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
-/// Runs the kernel call `f`; while a census is taken, records it under the shape and the
-/// threads `shape` gives (asked before the call: the call itself takes the pool).
+/// A kernel call being timed for the census: records itself when dropped, at the end
+/// of the call it was started in.
+pub(crate) struct Timing {
+    shape: Shape,
+    threads: usize,
+    start: Instant,
+}
+
+/// Starts timing a kernel call while a census is taken, under the shape and threads
+/// `entry` gives (asked before the call: the call itself takes the pool); `None`, and
+/// nothing asked, otherwise.
 #[inline]
-pub(crate) fn timed<R>(shape: impl FnOnce() -> (Shape, usize), f: impl FnOnce() -> R) -> R {
+pub(crate) fn start(entry: impl FnOnce() -> (Shape, usize)) -> Option<Timing> {
     if !ON.load(Ordering::Relaxed) {
-        return f();
+        return None;
     }
-    let (shape, threads) = shape();
-    let start = Instant::now();
-    let out = f();
-    let seconds = start.elapsed().as_secs_f64();
-    let call = Call {
+    let (shape, threads) = entry();
+    Some(Timing {
         shape,
         threads,
-        seconds,
-    };
-    CALLS.lock().unwrap_or_else(|e| e.into_inner()).push(call);
-    out
+        start: Instant::now(),
+    })
+}
+
+impl Drop for Timing {
+    fn drop(&mut self) {
+        let call = Call {
+            shape: self.shape,
+            threads: self.threads,
+            seconds: self.start.elapsed().as_secs_f64(),
+        };
+        CALLS.lock().unwrap_or_else(|e| e.into_inner()).push(call);
+    }
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@
 
 use super::ops::copy_short;
 use super::ConvGeometry;
-use crate::census;
+use crate::census::{self, Layout};
 use crate::isa::{self, Isa};
 use crate::pool::{self, Disjoint};
 
@@ -102,74 +102,61 @@ pub fn conv(
     accumulate: bool,
 ) {
     let (c_in, c_out) = channels(g, direction);
-    let shape = || {
-        let shape = census::Shape {
-            kernel: match direction {
-                Direction::Forward => census::Kernel::DirectForward,
-                Direction::Adjoint => census::Kernel::DirectAdjoint,
-            },
-            m: c_out,
-            n: rows * g.out_plane(),
-            k: c_in * 9,
-            lhs: census::Layout::Rows,
-            rhs: census::Layout::Rows,
-            skips_zeros: false,
-        };
-        (shape, census_threads(shape.flop()))
+    let kernel = match direction {
+        Direction::Forward => census::Kernel::DirectForward,
+        Direction::Adjoint => census::Kernel::DirectAdjoint,
     };
-    census::timed(shape, || {
-        debug_assert!(applies(g));
-        let (h, wd) = (g.in_h, g.in_w);
-        let plane = h * wd;
-        assert!(
-            input.len() >= c_in * rows * plane
-                && out.len() >= c_out * rows * plane
-                && w.len() >= g.in_channels * g.out_channels * 9,
-            "direct convolution: buffers too small"
-        );
-        let blocks = c_out.div_ceil(R);
-        let packed = &mut packed[..blocks * R * c_in * 9];
-        pack(w, g, direction, packed);
-        let packed = &*packed;
-        let pplane = padded_plane(g);
-        let op = Disjoint::new(out);
-        padded_chunks(input, g, direction, rows, padded, |padded, b0, images| {
-            let work = c_out * images * plane * c_in * 9;
-            let run_blocks = |range: std::ops::Range<usize>| {
-                for block in range {
-                    let o0 = block * R;
-                    let valid = R.min(c_out - o0);
-                    let weights = &packed[block * R * c_in * 9..][..R * c_in * 9];
-                    for b in 0..images {
-                        let starts: [usize; R] = std::array::from_fn(|r| {
-                            ((o0 + r.min(valid - 1)) * rows + b0 + b) * plane
-                        });
-                        // SAFETY: the planes of output channels o0..o0 + valid of these
-                        // images belong to this block alone (blocks are split between the
-                        // parts, whole), inside `out` (checked above).
-                        let mut planes: [&mut [f32]; R] = std::array::from_fn(|r| {
-                            if r < valid {
-                                unsafe { op.slice(starts[r], starts[r] + plane) }
-                            } else {
-                                &mut []
-                            }
-                        });
-                        image_tiles(
-                            &padded[b * pplane..],
-                            images * pplane,
-                            c_in,
-                            h,
-                            wd,
-                            weights,
-                            &mut planes,
-                            accumulate,
-                        );
-                    }
+    let _timing = census_entry(kernel, c_out, rows * g.out_plane(), c_in * 9, Layout::Rows);
+    debug_assert!(applies(g));
+    let (h, wd) = (g.in_h, g.in_w);
+    let plane = h * wd;
+    assert!(
+        input.len() >= c_in * rows * plane
+            && out.len() >= c_out * rows * plane
+            && w.len() >= g.in_channels * g.out_channels * 9,
+        "direct convolution: buffers too small"
+    );
+    let blocks = c_out.div_ceil(R);
+    let packed = &mut packed[..blocks * R * c_in * 9];
+    pack(w, g, direction, packed);
+    let packed = &*packed;
+    let pplane = padded_plane(g);
+    let op = Disjoint::new(out);
+    padded_chunks(input, g, direction, rows, padded, |padded, b0, images| {
+        let work = c_out * images * plane * c_in * 9;
+        let run_blocks = |range: std::ops::Range<usize>| {
+            for block in range {
+                let o0 = block * R;
+                let valid = R.min(c_out - o0);
+                let weights = &packed[block * R * c_in * 9..][..R * c_in * 9];
+                for b in 0..images {
+                    let starts: [usize; R] =
+                        std::array::from_fn(|r| ((o0 + r.min(valid - 1)) * rows + b0 + b) * plane);
+                    // SAFETY: the planes of output channels o0..o0 + valid of these
+                    // images belong to this block alone (blocks are split between the
+                    // parts, whole), inside `out` (checked above).
+                    let mut planes: [&mut [f32]; R] = std::array::from_fn(|r| {
+                        if r < valid {
+                            unsafe { op.slice(starts[r], starts[r] + plane) }
+                        } else {
+                            &mut []
+                        }
+                    });
+                    image_tiles(
+                        &padded[b * pplane..],
+                        images * pplane,
+                        c_in,
+                        h,
+                        wd,
+                        weights,
+                        &mut planes,
+                        accumulate,
+                    );
                 }
-            };
-            split_blocks(blocks, work, &run_blocks);
-        });
-    })
+            }
+        };
+        split_blocks(blocks, work, &run_blocks);
+    });
 }
 
 /// Calls `f(padded, b₀, images)` for each chunk of images (see [`PADDED_BYTES`]) of the
@@ -193,16 +180,35 @@ fn padded_chunks(
     }
 }
 
-/// The threads a direct convolution of `flop` runs on, for the census: two where the
+/// Times a direct convolution for the census as its im2col product C (m × n) = A (m × k,
+/// the weights, row-major)·B (k × n, `rhs`), on the threads it runs on: two where the
 /// pool is free and the work is large enough to split (as [`split_blocks`] decides per
 /// chunk of images), one inside a part of a job.
-fn census_threads(flop: f64) -> usize {
-    let large = flop / 2.0 >= (pool::PARALLEL_MIN_ELEMENTS * 16) as f64;
-    if large && pool::free() {
-        pool::threads().min(2)
-    } else {
-        1
-    }
+fn census_entry(
+    kernel: census::Kernel,
+    m: usize,
+    n: usize,
+    k: usize,
+    rhs: Layout,
+) -> Option<census::Timing> {
+    census::start(|| {
+        let shape = census::Shape {
+            kernel,
+            m,
+            n,
+            k,
+            lhs: Layout::Rows,
+            rhs,
+            skips_zeros: false,
+        };
+        let large = m * n * k >= pool::PARALLEL_MIN_ELEMENTS * 16;
+        let threads = if large && pool::free() {
+            pool::threads().min(2)
+        } else {
+            1
+        };
+        (shape, threads)
+    })
 }
 
 /// Runs `f` on two halves of `blocks` output-channel blocks on the pool (on this thread
@@ -507,82 +513,75 @@ pub fn weight_grad(
     wg: &mut [f32],
 ) {
     // ∇W = ∂Z (C_out × B·H·W) times the transposed im2col matrix (B·H·W × C_in·9).
-    let shape = || {
-        let shape = census::Shape {
-            kernel: census::Kernel::DirectWeightGrad,
-            m: g.out_channels,
-            n: g.in_channels * 9,
-            k: rows * g.out_plane(),
-            lhs: census::Layout::Rows,
-            rhs: census::Layout::Transposed,
-            skips_zeros: false,
-        };
-        (shape, census_threads(shape.flop()))
-    };
-    census::timed(shape, || {
-        debug_assert!(applies(g));
-        let (c_in, c_out) = (g.in_channels, g.out_channels);
-        let (h, w) = (g.in_h, g.in_w);
-        let (plane, wr) = (h * w, w.div_ceil(LANES) * LANES);
-        let blocks = c_out.div_ceil(R);
-        let stride = c_in * 9 * LANES;
-        assert!(
-            input.len() >= c_in * rows * plane
-                && dz.len() >= c_out * rows * plane
-                && wg.len() >= c_out * c_in * 9
-                && partial.len() >= blocks * R * stride
-                && wide.len() >= 2 * R * chunk_images(g, Direction::Forward, rows) * h * wr,
-            "direct weight gradient: buffers too small"
-        );
-        let partial = &mut partial[..blocks * R * stride];
-        partial.fill(0.0);
-        let pplane = padded_plane(g);
-        let (pp, wp) = (Disjoint::new(partial), Disjoint::new(wide));
-        padded_chunks(
-            input,
-            g,
-            Direction::Forward,
-            rows,
-            padded,
-            |padded, b0, images| {
-                let work = c_out * images * plane * c_in * 9;
-                let run_blocks = |range: std::ops::Range<usize>| {
-                    let part = usize::from(range.start > 0);
-                    let wide = R * images * h * wr;
-                    // SAFETY: each part of the split has its own half of `wide` (the first part
-                    // starts at block 0, the second after it), inside it (checked above).
-                    let dw = unsafe { wp.slice(part * wide, (part + 1) * wide) };
-                    for block in range {
-                        let o0 = block * R;
-                        // SAFETY: the partial sums of output channels o0..o0 + R belong to this
-                        // block alone (blocks are split between the parts, whole).
-                        let sums = unsafe { pp.slice(o0 * stride, (o0 + R) * stride) };
-                        // Rows of whole vectors, channel r's images one after another; channels
-                        // past the last are zero.
-                        for (r, rows_r) in dw.chunks_exact_mut(images * h * wr).enumerate() {
-                            rows_r.fill(0.0);
-                            if o0 + r < c_out {
-                                let from = &dz[((o0 + r) * rows + b0) * plane..][..images * plane];
-                                for (dst, src) in
-                                    rows_r.chunks_exact_mut(wr).zip(from.chunks_exact(w))
-                                {
-                                    copy_short(&mut dst[..w], src);
-                                }
+    let (m, n, k) = (g.out_channels, g.in_channels * 9, rows * g.out_plane());
+    let _timing = census_entry(
+        census::Kernel::DirectWeightGrad,
+        m,
+        n,
+        k,
+        Layout::Transposed,
+    );
+    debug_assert!(applies(g));
+    let (c_in, c_out) = (g.in_channels, g.out_channels);
+    let (h, w) = (g.in_h, g.in_w);
+    let (plane, wr) = (h * w, w.div_ceil(LANES) * LANES);
+    let blocks = c_out.div_ceil(R);
+    let stride = c_in * 9 * LANES;
+    assert!(
+        input.len() >= c_in * rows * plane
+            && dz.len() >= c_out * rows * plane
+            && wg.len() >= c_out * c_in * 9
+            && partial.len() >= blocks * R * stride
+            && wide.len() >= wide_len(g, rows),
+        "direct weight gradient: buffers too small"
+    );
+    let partial = &mut partial[..blocks * R * stride];
+    partial.fill(0.0);
+    let pplane = padded_plane(g);
+    let (pp, wp) = (Disjoint::new(partial), Disjoint::new(wide));
+    padded_chunks(
+        input,
+        g,
+        Direction::Forward,
+        rows,
+        padded,
+        |padded, b0, images| {
+            let work = c_out * images * plane * c_in * 9;
+            let run_blocks = |range: std::ops::Range<usize>| {
+                let part = usize::from(range.start > 0);
+                let wide = R * images * h * wr;
+                // SAFETY: each part of the split has its own half of `wide` (the first part
+                // starts at block 0, the second after it), inside it (checked above).
+                let dw = unsafe { wp.slice(part * wide, (part + 1) * wide) };
+                for block in range {
+                    let o0 = block * R;
+                    // SAFETY: the partial sums of output channels o0..o0 + R belong to this
+                    // block alone (blocks are split between the parts, whole).
+                    let sums = unsafe { pp.slice(o0 * stride, (o0 + R) * stride) };
+                    // Rows of whole vectors, channel r's images one after another; channels
+                    // past the last are zero.
+                    for (r, rows_r) in dw.chunks_exact_mut(images * h * wr).enumerate() {
+                        rows_r.fill(0.0);
+                        if o0 + r < c_out {
+                            let from = &dz[((o0 + r) * rows + b0) * plane..][..images * plane];
+                            for (dst, src) in rows_r.chunks_exact_mut(wr).zip(from.chunks_exact(w))
+                            {
+                                copy_short(&mut dst[..w], src);
                             }
                         }
-                        images_weight_sums(padded, pplane, images, c_in, h, w, dw, sums);
                     }
-                };
-                split_blocks(blocks, work, &run_blocks);
-            },
-        );
-        for (g, lanes) in wg[..c_out * c_in * 9]
-            .iter_mut()
-            .zip(partial.chunks_exact(LANES))
-        {
-            *g = lanes.iter().sum();
-        }
-    })
+                    images_weight_sums(padded, pplane, images, c_in, h, w, dw, sums);
+                }
+            };
+            split_blocks(blocks, work, &run_blocks);
+        },
+    );
+    for (g, lanes) in wg[..c_out * c_in * 9]
+        .iter_mut()
+        .zip(partial.chunks_exact(LANES))
+    {
+        *g = lanes.iter().sum();
+    }
 }
 
 /// Adds the terms of `images` images to the partial sums `sums` (R output channels ×

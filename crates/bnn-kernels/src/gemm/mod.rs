@@ -291,19 +291,13 @@ unsafe fn product_on_current_path(
     opts: Options<'_>,
     fuse: Option<&nn::Fuse>,
 ) {
-    let shape = || {
-        let threads = if crate::pool::free() {
-            threads_for(m, n, k)
-        } else {
-            1
-        };
-        (
-            census_shape(m, n, k, lhs, rhs, &opts, fuse.is_some()),
-            threads,
-        )
-    };
-    crate::census::timed(shape, || unsafe {
-        let threads = threads_for(m, n, k);
+    let threads = threads_for(m, n, k);
+    let _timing = crate::census::start(|| {
+        let census_threads = if crate::pool::free() { threads } else { 1 };
+        let shape = census_shape(m, n, k, lhs, rhs, &opts, fuse.is_some());
+        (shape, census_threads)
+    });
+    unsafe {
         match isa::current() {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => nn::product::<simd::Avx512>(m, n, k, dst, lhs, rhs, threads, opts, fuse),
@@ -311,7 +305,7 @@ unsafe fn product_on_current_path(
             Isa::Avx2 => nn::product::<simd::Avx2>(m, n, k, dst, lhs, rhs, threads, opts, fuse),
             _ => nn::product::<simd::Portable>(m, n, k, dst, lhs, rhs, threads, opts, fuse),
         }
-    })
+    }
 }
 
 /// The census entry of a product.
@@ -517,7 +511,7 @@ fn balanced(len: usize, max: usize) -> impl Iterator<Item = usize> {
 /// GFLOP/s of [`matmul`] (on the current path) and of the `gemm` crate (candle's CPU
 /// matmul, on its own rayon threads) on one product A·B (m × k times k × n, each operand
 /// row-major or the transpose of a row-major matrix, as `lhs` and `rhs` say; the forward
-/// reads W as Bᵀ), median of `repeats` (for `bnn bench gemm`), and the threads ours ran on.
+/// reads W as Bᵀ), median of `repeats` (for `bnn bench gemm`).
 pub fn bench(
     m: usize,
     n: usize,
@@ -525,7 +519,7 @@ pub fn bench(
     lhs: crate::census::Layout,
     rhs: crate::census::Layout,
     repeats: usize,
-) -> (f64, f64, usize) {
+) -> (f64, f64) {
     use crate::census::Layout;
     let a: Vec<f32> = (0..m * k)
         .map(|i| ((i * 7919) % 1000) as f32 * 1e-3)
@@ -557,7 +551,7 @@ pub fn bench(
     };
     let ours = time(&mut |c| matmul(m, n, k, c, false, lhs, rhs));
     let crate_gemm = time(&mut |c| crate_gemm(m, n, k, c, lhs, rhs, threads));
-    (ours, crate_gemm, threads)
+    (ours, crate_gemm)
 }
 
 /// The `gemm` crate's product, for [`bench`] only.
