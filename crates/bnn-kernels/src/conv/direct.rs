@@ -7,10 +7,16 @@
 //! error's product Wᵀ·∂Z has k = C_out (16) and writes a nine-times-larger matrix that
 //! col2im then folds back. Measured with `perf` on a ResNet-8 step (AMD EPYC Zen 3, one
 //! thread): im2col 13%, the forward product 18%, the input error's product 21% and col2im
-//! 11%. Here a tile of R output channels × V vectors of 8 output pixels keeps its sums in
-//! registers over all C_in·9 terms and reads the input in place from a zero-padded copy
-//! (one copy of the input, not nine): vector v of tap (i, j) is 8 consecutive floats of
-//! padded row y + i from column x₀ + j.
+//! 11%. Here a tile keeps its sums in registers over all C_in·9 terms and reads the
+//! input in place from a zero-padded copy (one copy of the input, not nine).
+//!
+//! A tile is P pixels × 16 output channels: each step of (c, i, j) loads two vectors of
+//! 8 channels' weights and broadcasts the P pixels' inputs. So any P pixels of a chunk
+//! of images make a tile, with no lanes past a row's end (planes of 7, 14 and 28 are no
+//! multiple of 8: vectors of 8 pixels computed 64 outputs for 49 on a 7 × 7 plane), and
+//! no load straddles a cache line. The sums of a run of tiles are then transposed into
+//! the channels' planes. Against tiles of 4 channels × 2 vectors of 8 pixels: 1.3–1.5×
+//! on 32 and 64 channels (docs/BENCHMARKS.md).
 //!
 //! The input error of a stride-1 "same" convolution is the same operation on ∂Z with the
 //! weights flipped and transposed: `∂a[c][y][x] = Σ_{o,i,j} W[o][c][2−i][2−j]·∂Zₚ[o][y+i][x+j]`
@@ -26,14 +32,20 @@ use crate::census::{self, Layout};
 use crate::isa::{self, Isa};
 use crate::pool::{self, Disjoint};
 
-/// Floats per vector of output pixels.
+/// Floats per vector (the weight gradient's lanes of output pixels; the convolutions'
+/// vectors of output channels).
 const LANES: usize = 8;
-/// Output channels per tile.
+/// Output channels per block of the weight gradient.
 const R: usize = 4;
-/// Vectors per tile: R·V = 8 sums, as many as keep both FMA pipes busy through their
-/// latency, beside V inputs and a broadcast weight. Three vectors (12 sums, 16 registers
-/// in all) made the compiler spill the inputs to the stack.
-const V: usize = 2;
+/// Output channels per block of a convolution: two vectors.
+const OC: usize = 2 * LANES;
+/// Pixels per convolution tile: P·2 = 12 sums keep both FMA pipes busy through their
+/// latency (8, as 4 channels × 2 vectors of pixels were, left them idle a quarter of the
+/// time), beside 2 weight vectors and a broadcast: 15 of the 16 registers.
+const P: usize = 6;
+/// Pixels per run: the tiles of a run stage their sums (RUN × OC, 3 KiB), which one
+/// transpose then writes into the channels' planes.
+const RUN: usize = 8 * P;
 /// Bytes of padded input a chunk of images holds, to stay in L2 while every block of
 /// output channels reads it (512 KiB per core on Zen 3).
 const PADDED_BYTES: usize = 256 << 10;
@@ -83,7 +95,7 @@ pub fn packed_len(g: &ConvGeometry) -> usize {
     // Both directions: blocks of the wider side's channels × the other side's, bounded
     // by the wider side squared.
     let widest = g.in_channels.max(g.out_channels);
-    widest.div_ceil(R) * R * widest * 9
+    widest.div_ceil(OC) * OC * widest * 9
 }
 
 /// `out` (=, or += with `accumulate`) the convolution of `input` (C × B planes of H × W,
@@ -116,46 +128,47 @@ pub fn conv(
             && w.len() >= g.in_channels * g.out_channels * 9,
         "direct convolution: buffers too small"
     );
-    let blocks = c_out.div_ceil(R);
-    let packed = &mut packed[..blocks * R * c_in * 9];
+    let blocks = c_out.div_ceil(OC);
+    let packed = &mut packed[..blocks * OC * c_in * 9];
     pack(w, g, direction, packed);
     let packed = &*packed;
-    let pplane = padded_plane(g);
     let op = Disjoint::new(out);
     padded_chunks(input, g, direction, rows, padded, |padded, b0, images| {
-        let work = c_out * images * plane * c_in * 9;
-        let run_blocks = |range: std::ops::Range<usize>| {
-            for block in range {
-                let o0 = block * R;
-                let valid = R.min(c_out - o0);
-                let weights = &packed[block * R * c_in * 9..][..R * c_in * 9];
-                for b in 0..images {
-                    let starts: [usize; R] =
-                        std::array::from_fn(|r| ((o0 + r.min(valid - 1)) * rows + b0 + b) * plane);
-                    // SAFETY: the planes of output channels o0..o0 + valid of these
-                    // images belong to this block alone (blocks are split between the
-                    // parts, whole), inside `out` (checked above).
-                    let mut planes: [&mut [f32]; R] = std::array::from_fn(|r| {
-                        if r < valid {
-                            unsafe { op.slice(starts[r], starts[r] + plane) }
-                        } else {
-                            &mut []
-                        }
-                    });
-                    image_tiles(
-                        &padded[b * pplane..],
-                        images * pplane,
-                        c_in,
-                        h,
-                        wd,
-                        weights,
-                        &mut planes,
-                        accumulate,
-                    );
+        // The chunk's pixels (image, y, x) in order: channel o's outputs for them are one
+        // run of `pixels` floats from (o·B + b₀)·H·W.
+        let pixels = images * plane;
+        let runs = pixels.div_ceil(RUN);
+        let work = c_out * pixels * c_in * 9;
+        let run_items = |range: std::ops::Range<usize>| {
+            for item in range {
+                let (block, run) = (item / runs, item % runs);
+                let (o0, q0) = (block * OC, run * RUN);
+                let len = RUN.min(pixels - q0);
+                let weights = &packed[block * OC * c_in * 9..][..OC * c_in * 9];
+                let mut stage = [0f32; RUN * OC];
+                run_tiles(padded, images, c_in, h, wd, weights, q0, len, &mut stage);
+                // stage[p][o] → channels[o][p]
+                let mut channels = [0f32; OC * RUN];
+                crate::gemm::transpose(len, OC, &stage, OC, &mut channels, RUN);
+                for (o, sums) in channels
+                    .chunks_exact(RUN)
+                    .take(OC.min(c_out - o0))
+                    .enumerate()
+                {
+                    let start = ((o0 + o) * rows + b0) * plane + q0;
+                    // SAFETY: pixels q0..q0 + len of this chunk in channel o0 + o belong to
+                    // this item alone (items are split between the parts, whole), inside
+                    // `out` (checked above).
+                    let dst = unsafe { op.slice(start, start + len) };
+                    if accumulate {
+                        dst.iter_mut().zip(sums).for_each(|(d, s)| *d += s);
+                    } else {
+                        dst.copy_from_slice(&sums[..len]);
+                    }
                 }
             }
         };
-        split_blocks(blocks, work, &run_blocks);
+        split_blocks(blocks * runs, work, &run_items);
     });
 }
 
@@ -211,8 +224,9 @@ fn census_entry(
     })
 }
 
-/// Runs `f` on two halves of `blocks` output-channel blocks on the pool (on this thread
-/// when the work is small): each part writes only its blocks' outputs.
+/// Runs `f` on two halves of `blocks` items (output-channel blocks, or blocks × runs of
+/// pixels) on the pool (on this thread when the work is small): each part writes only
+/// its items' outputs.
 fn split_blocks(blocks: usize, work: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
     if work < pool::PARALLEL_MIN_ELEMENTS * 16 || blocks < 2 || pool::threads() < 2 {
         f(0..blocks);
@@ -222,15 +236,15 @@ fn split_blocks(blocks: usize, work: usize, f: &(dyn Fn(std::ops::Range<usize>) 
     }
 }
 
-/// packed[((block·C_in' + c)·9 + t)·R + r] = the weight from input channel c to output
-/// channel block·R + r at tap t = 3i + j in `direction` (0 past the last channel).
+/// packed[((block·C_in' + c)·9 + t)·OC + r] = the weight from input channel c to output
+/// channel block·OC + r at tap t = 3i + j in `direction` (0 past the last channel).
 fn pack(w: &[f32], g: &ConvGeometry, direction: Direction, packed: &mut [f32]) {
     let (c_in, c_out) = channels(g, direction);
     for (q, p) in packed.iter_mut().enumerate() {
-        let r = q % R;
-        let t = q / R % 9;
-        let c = q / (R * 9) % c_in;
-        let o = q / (R * 9 * c_in) * R + r;
+        let r = q % OC;
+        let t = q / OC % 9;
+        let c = q / (OC * 9) % c_in;
+        let o = q / (OC * 9 * c_in) * OC + r;
         *p = if o >= c_out {
             0.0
         } else {
@@ -272,50 +286,61 @@ fn pad(
     }
 }
 
-/// Every tile of one image for one block of R output channels: `src` its padded planes
-/// (channel c at c·`c_stride`), `weights` the block's packed weights (C_in·9·R), `planes`
-/// the block's output planes (empty past the last channel).
+/// The sums of pixels `q0..q0 + len` of a chunk (in the order image, y, x) for one block
+/// of OC output channels into `stage` (pixel-major, OC per pixel): `src` the chunk's
+/// padded planes (channel c of image b at (c·images + b)·(H+2)·(W+2)), `weights` the
+/// block's packed weights (C_in·9·OC). A last tile of fewer than P pixels repeats its
+/// last pixel; rows of `stage` past `len` are left undefined.
 #[allow(clippy::too_many_arguments)]
-fn image_tiles(
+fn run_tiles(
     src: &[f32],
-    c_stride: usize,
+    images: usize,
     c_in: usize,
     h: usize,
     w: usize,
     weights: &[f32],
-    planes: &mut [&mut [f32]; R],
-    accumulate: bool,
+    q0: usize,
+    len: usize,
+    stage: &mut [f32; RUN * OC],
 ) {
-    let pw = w + 2;
-    let (per_row, at) = vectors(w, pw);
-    let total = h * per_row;
+    let (pw, plane) = (w + 2, h * w);
+    let pplane = (h + 2) * pw;
+    let c_stride = images * pplane;
+    // The last pixel's tap (2, 2) of the last channel.
+    let reach = (c_in - 1) * c_stride + (images - 1) * pplane + (h + 1) * pw + w + 1;
     assert!(
-        src.len() >= reach(c_in, c_stride, h, w) && weights.len() >= c_in * 9 * R,
+        src.len() > reach
+            && weights.len() >= c_in * 9 * OC
+            && len <= RUN
+            && q0 + len <= images * plane,
         "direct convolution: operands too small"
     );
     let fast = cfg!(target_arch = "x86_64") && isa::current() >= Isa::Avx2;
-    // Row and vector within the row of the next vector (no division per tile).
-    let (mut y, mut k) = (0, 0);
-    let mut q = 0;
-    while q < total {
-        let count = V.min(total - q);
-        let mut pos = [at(0, 0); V];
-        for p in pos.iter_mut().take(count) {
-            *p = at(y, k);
-            k += 1;
-            if k == per_row {
-                (y, k) = (y + 1, 0);
+    // Pixel q0 as (image, y, x), then stepped along without division.
+    let (mut b, mut y, mut x) = (q0 / plane, q0 % plane / w, q0 % w);
+    for t0 in (0..len).step_by(P) {
+        let count = P.min(len - t0);
+        // Each pixel's input at tap (0, 0) of channel 0.
+        let mut at = [0usize; P];
+        for a in at.iter_mut().take(count) {
+            *a = b * pplane + y * pw + x;
+            x += 1;
+            if x == w {
+                (x, y) = (0, y + 1);
+                if y == h {
+                    (y, b) = (0, b + 1);
+                }
             }
         }
-        for v in count..V {
-            pos[v] = pos[count - 1];
+        for p in count..P {
+            at[p] = at[count - 1];
         }
-        let from = pos.map(|p| p.input);
-        let mut sums = [[[0f32; LANES]; V]; R];
+        let out = &mut stage[t0 * OC..][..P * OC];
         if fast {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: the path is at most what the CPU has (`isa::current`); every read
-            // is below `reach` ≤ src.len() and C_in·9·R ≤ weights.len() (asserted).
+            // SAFETY: the path is at most what the CPU has (`isa::current`); every pixel
+            // lies in the chunk, so every read is at most `reach` < src.len(), and
+            // C_in·9·OC ≤ weights.len() (asserted); `out` holds P·OC floats.
             unsafe {
                 tile_avx2(
                     src.as_ptr(),
@@ -323,82 +348,23 @@ fn image_tiles(
                     c_in,
                     pw,
                     weights.as_ptr(),
-                    from,
-                    &mut sums,
+                    at,
+                    out.as_mut_ptr(),
                 )
             };
         } else {
-            tile_portable(src, c_stride, c_in, pw, weights, from, &mut sums);
+            tile_portable(src, c_stride, c_in, pw, weights, at, out);
         }
-        for (r, plane) in planes.iter_mut().enumerate() {
-            if plane.is_empty() {
-                continue;
-            }
-            for (v, p) in pos.iter().enumerate().take(count) {
-                let sum = &sums[r][v];
-                if let (0, LANES) = (p.first, p.end) {
-                    let dst = &mut plane[p.output..p.output + LANES];
-                    if let Ok(dst) = <&mut [f32; LANES]>::try_from(dst) {
-                        if accumulate {
-                            (0..LANES).for_each(|l| dst[l] += sum[l]);
-                        } else {
-                            *dst = *sum;
-                        }
-                    }
-                    continue;
-                }
-                let dst = &mut plane[p.output + p.first..p.output + p.end];
-                let sum = &sum[p.first..p.end];
-                if accumulate {
-                    dst.iter_mut().zip(sum).for_each(|(d, s)| *d += s);
-                } else {
-                    dst.copy_from_slice(sum);
-                }
-            }
-        }
-        q += count;
     }
 }
 
-/// A vector of 8 output pixels of a plane: its first element in the output plane and in
-/// the padded input plane (tap (0, 0)), and the lanes `first..end` it stores: the last
-/// vector of a row overlaps the one before it when W is no multiple of 8 and stores
-/// only its new lanes; a row narrower than 8 keeps its W lanes.
-#[derive(Clone, Copy)]
-struct Vector {
-    output: usize,
-    input: usize,
-    first: usize,
-    end: usize,
-}
-
-/// Vectors per output row, and vector k of output row y.
-fn vectors(w: usize, pw: usize) -> (usize, impl Fn(usize, usize) -> Vector) {
-    let per_row = w.div_ceil(LANES);
-    (per_row, move |y: usize, k: usize| {
-        let x0 = (k * LANES).min(w.saturating_sub(LANES));
-        Vector {
-            output: y * w + x0,
-            input: y * pw + x0,
-            first: k * LANES - x0,
-            end: LANES.min(w - x0),
-        }
-    })
-}
-
-/// Elements of the padded planes (channel c at c·`c_stride`) below which every read of
-/// a plane of H × W outputs lies: the last row's last vector at tap (2, 2), 8 floats
-/// from column max(W, 8) − 8 + 2.
-fn reach(c_in: usize, c_stride: usize, h: usize, w: usize) -> usize {
-    (c_in - 1) * c_stride + (h + 1) * (w + 2) + w.max(LANES) + 2
-}
-
-/// One tile's sums: Σ over c, then taps (i, j), of weight × input vector, one fused
-/// multiply-add each (the avx512 path runs this too: the same bits as avx2).
+/// One tile's sums: for each of P pixels and OC output channels, Σ over c, then taps
+/// (i, j), of input × weight, one fused multiply-add each (the avx512 path runs this
+/// too: the same bits as avx2); written to `out` as P rows of OC.
 ///
 /// # Safety
-/// AVX2 and FMA present; reads of `src` up to (C_in − 1)·`c_stride` + max(`from`) +
-/// 2·`pw` + 2 + 8 and of `weights` up to C_in·9·R inside their buffers.
+/// AVX2 and FMA present; reads of `src` up to (C_in − 1)·`c_stride` + max(`at`) +
+/// 2·`pw` + 2 and of `weights` up to C_in·9·OC inside their buffers; `out` holds P·OC.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile_avx2(
@@ -407,33 +373,36 @@ unsafe fn tile_avx2(
     c_in: usize,
     pw: usize,
     weights: *const f32,
-    from: [usize; V],
-    sums: &mut [[[f32; LANES]; V]; R],
+    at: [usize; P],
+    out: *mut f32,
 ) {
     unsafe {
         use std::arch::x86_64::*;
-        let mut acc = [[_mm256_setzero_ps(); V]; R];
-        for c in 0..c_in {
-            let base = src.add(c * c_stride);
-            let wc = weights.add(c * 9 * R);
+        let mut acc = [[_mm256_setzero_ps(); 2]; P];
+        let mut from: [*const f32; P] = std::array::from_fn(|p| src.add(at[p]));
+        let mut wc = weights;
+        for _ in 0..c_in {
             for i in 0..3 {
                 for j in 0..3 {
                     let off = i * pw + j;
-                    let b: [__m256; V] =
-                        std::array::from_fn(|v| _mm256_loadu_ps(base.add(from[v] + off)));
-                    let wt = wc.add((i * 3 + j) * R);
-                    for (r, acc) in acc.iter_mut().enumerate() {
-                        let a = _mm256_broadcast_ss(&*wt.add(r));
-                        for (s, &b) in acc.iter_mut().zip(&b) {
-                            *s = _mm256_fmadd_ps(a, b, *s);
+                    let wt = wc.add((i * 3 + j) * OC);
+                    let wv = [_mm256_loadu_ps(wt), _mm256_loadu_ps(wt.add(LANES))];
+                    for (acc, from) in acc.iter_mut().zip(&from) {
+                        let a = _mm256_broadcast_ss(&*from.add(off));
+                        for (s, &wv) in acc.iter_mut().zip(&wv) {
+                            *s = _mm256_fmadd_ps(a, wv, *s);
                         }
                     }
                 }
             }
+            for f in from.iter_mut() {
+                *f = f.add(c_stride);
+            }
+            wc = wc.add(9 * OC);
         }
-        for (dst, acc) in sums.iter_mut().zip(&acc) {
-            for (d, &a) in dst.iter_mut().zip(acc) {
-                _mm256_storeu_ps(d.as_mut_ptr(), a);
+        for (p, acc) in acc.iter().enumerate() {
+            for (v, &a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(out.add(p * OC + v * LANES), a);
             }
         }
     }
@@ -441,31 +410,31 @@ unsafe fn tile_avx2(
 
 /// [`tile_avx2`] in plain Rust for the portable path (a·b + c rounded twice where the
 /// target has no FMA, as the portable products do).
-#[allow(clippy::too_many_arguments)]
 fn tile_portable(
     src: &[f32],
     c_stride: usize,
     c_in: usize,
     pw: usize,
     weights: &[f32],
-    from: [usize; V],
-    sums: &mut [[[f32; LANES]; V]; R],
+    at: [usize; P],
+    out: &mut [f32],
 ) {
+    let mut acc = [[0f32; OC]; P];
     for c in 0..c_in {
         let s = &src[c * c_stride..];
-        for i in 0..3 {
-            for j in 0..3 {
-                let a = &weights[(c * 9 + i * 3 + j) * R..][..R];
-                for (v, &f) in from.iter().enumerate() {
-                    let b = &s[f + i * pw + j..][..LANES];
-                    for (r, &a) in a.iter().enumerate() {
-                        for (l, &b) in b.iter().enumerate() {
-                            sums[r][v][l] = fma(a, b, sums[r][v][l]);
-                        }
-                    }
+        for t in 0..9 {
+            let off = t / 3 * pw + t % 3;
+            let wt = &weights[(c * 9 + t) * OC..][..OC];
+            for (acc, &at) in acc.iter_mut().zip(&at) {
+                let a = s[at + off];
+                for (s, &wt) in acc.iter_mut().zip(wt) {
+                    *s = fma(a, wt, *s);
                 }
             }
         }
+    }
+    for (dst, acc) in out.chunks_exact_mut(OC).zip(&acc) {
+        dst.copy_from_slice(acc);
     }
 }
 
@@ -784,6 +753,46 @@ mod tests {
             })
         });
         [z, err, wg]
+    }
+
+    /// A convolution split between two threads (by blocks of channels and runs of
+    /// pixels) writes the bits it writes on one: each output is one tile's sum. 40
+    /// channels (two whole blocks and a part), 14 × 14, 24 images (two chunks), onto
+    /// what `out` holds.
+    #[test]
+    fn a_split_convolution_gives_the_bits_of_one_thread() {
+        let g = ConvGeometry::new(40, 40, 3, 1, [14, 14]);
+        let rows = 24;
+        let plane = g.out_plane();
+        assert!(40 * rows * plane * 40 * 9 >= pool::PARALLEL_MIN_ELEMENTS * 16);
+        let (x, w) = (values(40 * rows * plane, 1), values(40 * 40 * 9, 3));
+        let run = |serial: bool| {
+            let mut padded = vec![0f32; padded_len(&g, Direction::Adjoint, rows)];
+            let mut packed = vec![0f32; packed_len(&g)];
+            let mut out = vec![1f32; 40 * rows * plane];
+            let mut go = || {
+                for d in [Direction::Forward, Direction::Adjoint] {
+                    conv(
+                        &x,
+                        &g,
+                        d,
+                        rows,
+                        &w,
+                        &mut padded,
+                        &mut packed,
+                        &mut out,
+                        true,
+                    );
+                }
+            };
+            if serial {
+                pool::serially(go)
+            } else {
+                go()
+            }
+            out
+        };
+        assert!(run(true) == run(false));
     }
 
     /// The same passes in f64, straight from the definitions.
