@@ -35,8 +35,6 @@ use crate::pool::{self, Disjoint};
 /// Floats per vector (the weight gradient's lanes of output pixels; the convolutions'
 /// vectors of output channels).
 const LANES: usize = 8;
-/// Output channels per block of the weight gradient.
-const R: usize = 4;
 /// Output channels per block of a convolution: two vectors.
 const OC: usize = 2 * LANES;
 /// Pixels per convolution tile: P·2 = 12 sums keep both FMA pipes busy through their
@@ -450,26 +448,29 @@ fn fma(a: f32, b: f32, c: f32) -> f32 {
 
 /// Floats of the per-lane partial sums [`weight_grad`] needs for `g`.
 pub fn partial_len(g: &ConvGeometry) -> usize {
-    g.out_channels.div_ceil(R) * R * g.in_channels * 9 * LANES
+    g.out_channels.div_ceil(OC) * OC * g.in_channels * 9 * LANES
 }
 
-/// Floats of the ∂Z rows widened to whole vectors that [`weight_grad`] needs for `g` at
-/// `rows` images (one block of R channels of a chunk of images per thread).
+/// Floats of ∂Z transposed to pixel-major (OC channels a block, and one block more)
+/// that [`weight_grad`] needs for `g` at `rows` images: one chunk of images.
 pub fn wide_len(g: &ConvGeometry, rows: usize) -> usize {
     let images = chunk_images(g, Direction::Forward, rows);
-    2 * R * images * g.out_h * g.out_w.div_ceil(LANES) * LANES
+    (g.out_channels.div_ceil(OC) + 1) * OC * images * g.out_plane()
 }
+
+/// (c, tap) terms per weight-gradient tile: 6 terms × 2 vectors of channels = 12 sums.
+const TERMS: usize = 6;
 
 /// ∇W of convolution `g` into `wg` (C_out × C_in × 3 × 3, W's order): `∇W[o][c][i][j] =
 /// Σ_{b,y,x} ∂Z[o][b][y][x]·aₚ[c][b][y+i][x+j]`, from its input `input` (C_in × B planes)
 /// and `dz` (C_out × B planes). `padded`, `partial` and `wide` are scratch of
 /// [`padded_len`] (forward), [`partial_len`] and [`wide_len`].
 ///
-/// Each weight sums its terms in 8 lanes (pixel x into lane x mod 8, in the order
-/// images, rows, vectors), then the lanes in order: the same bits whatever the thread
-/// split (by blocks of output channels). ∂Z's rows are copied into rows of whole
-/// vectors, zero past W, so that no vector needs a mask; the inputs those zeros meet
-/// (the next padded row, or the buffer's slack) are finite.
+/// Each weight sums its terms in 8 lanes: pixel x into lane x mod 8, in the order
+/// images, rows, x; then the lanes in order, the same bits whatever the thread split.
+/// A tile holds 16 output channels (two vectors, ∂Z transposed to pixel-major) × 6 of
+/// the (c, i, j) terms for one lane, and broadcasts each pixel's 6 inputs: no lanes past
+/// a row's end, and no load straddles a cache line.
 #[allow(clippy::too_many_arguments)]
 pub fn weight_grad(
     input: &[f32],
@@ -493,21 +494,22 @@ pub fn weight_grad(
     debug_assert!(applies(g));
     let (c_in, c_out) = (g.in_channels, g.out_channels);
     let (h, w) = (g.in_h, g.in_w);
-    let (plane, wr) = (h * w, w.div_ceil(LANES) * LANES);
-    let blocks = c_out.div_ceil(R);
-    let stride = c_in * 9 * LANES;
+    let plane = h * w;
+    let blocks = c_out.div_ceil(OC);
+    let terms = c_in * 9;
+    let stride = terms * LANES * OC;
     assert!(
         input.len() >= c_in * rows * plane
             && dz.len() >= c_out * rows * plane
-            && wg.len() >= c_out * c_in * 9
-            && partial.len() >= blocks * R * stride
+            && wg.len() >= c_out * terms
+            && partial.len() >= blocks * stride
             && wide.len() >= wide_len(g, rows),
         "direct weight gradient: buffers too small"
     );
-    let partial = &mut partial[..blocks * R * stride];
+    let partial = &mut partial[..blocks * stride];
     partial.fill(0.0);
-    let pplane = padded_plane(g);
-    let (pp, wp) = (Disjoint::new(partial), Disjoint::new(wide));
+    let (pw, pplane) = (w + 2, padded_plane(g));
+    let pp = Disjoint::new(partial);
     padded_chunks(
         input,
         g,
@@ -515,168 +517,187 @@ pub fn weight_grad(
         rows,
         padded,
         |padded, b0, images| {
-            let work = c_out * images * plane * c_in * 9;
-            let run_blocks = |range: std::ops::Range<usize>| {
-                let part = usize::from(range.start > 0);
-                let wide = R * images * h * wr;
-                // SAFETY: each part of the split has its own half of `wide` (the first part
-                // starts at block 0, the second after it), inside it (checked above).
-                let dw = unsafe { wp.slice(part * wide, (part + 1) * wide) };
-                for block in range {
-                    let o0 = block * R;
-                    // SAFETY: the partial sums of output channels o0..o0 + R belong to this
-                    // block alone (blocks are split between the parts, whole).
-                    let sums = unsafe { pp.slice(o0 * stride, (o0 + R) * stride) };
-                    // Rows of whole vectors, channel r's images one after another; channels
-                    // past the last are zero.
-                    for (r, rows_r) in dw.chunks_exact_mut(images * h * wr).enumerate() {
-                        rows_r.fill(0.0);
-                        if o0 + r < c_out {
-                            let from = &dz[((o0 + r) * rows + b0) * plane..][..images * plane];
-                            for (dst, src) in rows_r.chunks_exact_mut(wr).zip(from.chunks_exact(w))
-                            {
-                                copy_short(&mut dst[..w], src);
-                            }
-                        }
+            let pixels = images * plane;
+            // Each lane's pixels in order: `order` lists the chunk's pixels q lane by lane
+            // (lane l from starts[l]), `inputs` the input of each one's tap (0, 0) of
+            // channel 0. (Every entry is a pixel of the chunk, as lane_weight_sums requires.)
+            let mut starts = [0usize; LANES + 1];
+            for x in 0..w {
+                starts[x % LANES + 1] += images * h;
+            }
+            for l in 0..LANES {
+                starts[l + 1] += starts[l];
+            }
+            let (mut order, mut inputs) = (vec![0u32; pixels], vec![0u32; pixels]);
+            let mut next = starts;
+            for b in 0..images {
+                for y in 0..h {
+                    for x in 0..w {
+                        let at = &mut next[x % LANES];
+                        order[*at] = (b * plane + y * w + x) as u32;
+                        inputs[*at] = (b * pplane + y * pw + x) as u32;
+                        *at += 1;
                     }
-                    images_weight_sums(padded, pplane, images, c_in, h, w, dw, sums);
+                }
+            }
+            // ∂Z of the chunk, pixel-major in lane order: wide[(block·pixels + n)·OC + o']
+            // for the n-th pixel of `order` (0 past C_out). The slot after the last block
+            // first holds each block in the pixels' own order.
+            let wide = &mut wide[..(blocks + 1) * pixels * OC];
+            let (lane_major, natural) = wide.split_at_mut(blocks * pixels * OC);
+            for block in 0..blocks {
+                let valid = OC.min(c_out - block * OC);
+                if valid < OC {
+                    natural.fill(0.0);
+                }
+                let src = &dz[(block * OC * rows + b0) * plane..];
+                crate::gemm::transpose(valid, pixels, src, rows * plane, natural, OC);
+                let dst = &mut lane_major[block * pixels * OC..][..pixels * OC];
+                for (d, &q) in dst.chunks_exact_mut(OC).zip(&order) {
+                    d.copy_from_slice(&natural[q as usize * OC..][..OC]);
+                }
+            }
+            let lane_major = &*lane_major;
+            let work = c_out * pixels * terms;
+            let run_items = |range: std::ops::Range<usize>| {
+                for item in range {
+                    let (block, lane) = (item / LANES, item % LANES);
+                    let (first, end) = (starts[lane], starts[lane + 1]);
+                    let dz = &lane_major[(block * pixels + first) * OC..][..(end - first) * OC];
+                    // SAFETY: the sums of (block, lane) belong to this item alone (items
+                    // are split between the parts, whole), inside `partial`.
+                    let at = (block * LANES + lane) * terms * OC;
+                    let sums = unsafe { pp.slice(at, at + terms * OC) };
+                    for t0 in (0..terms).step_by(TERMS) {
+                        let count = TERMS.min(terms - t0);
+                        let tap = |t: usize| {
+                            let (c, t) = (t / 9, t % 9);
+                            c * images * pplane + t / 3 * pw + t % 3
+                        };
+                        let offsets: [usize; TERMS] =
+                            std::array::from_fn(|k| tap(t0 + k.min(count - 1)));
+                        lane_weight_sums(
+                            padded,
+                            images,
+                            h,
+                            w,
+                            c_in,
+                            &inputs[first..end],
+                            dz,
+                            offsets,
+                            count,
+                            &mut sums[t0 * OC..][..count * OC],
+                        );
+                    }
                 }
             };
-            split_blocks(blocks, work, &run_blocks);
+            split_blocks(blocks * LANES, work, &run_items);
         },
     );
-    for (g, lanes) in wg[..c_out * c_in * 9]
-        .iter_mut()
-        .zip(partial.chunks_exact(LANES))
-    {
-        *g = lanes.iter().sum();
-    }
-}
-
-/// Adds the terms of `images` images to the partial sums `sums` (R output channels ×
-/// C_in × 9 × 8 lanes) of one block: `src` the chunk's padded planes (channel c of image
-/// b at (c·images + b)·`pplane`), `dz` the block's ∂Z as R channels × `images` planes of
-/// H rows of whole vectors. Each lane sums in the order images, rows, vectors.
-#[allow(clippy::too_many_arguments)]
-fn images_weight_sums(
-    src: &[f32],
-    pplane: usize,
-    images: usize,
-    c_in: usize,
-    h: usize,
-    w: usize,
-    dz: &[f32],
-    sums: &mut [f32],
-) {
-    let (pw, wr) = (w + 2, w.div_ceil(LANES) * LANES);
-    let c_stride = images * pplane;
-    // The last vector of the last row of the last image reads to column W_r + 2 of padded
-    // row H + 1.
-    let reach = (c_in - 1) * c_stride + (images - 1) * pplane + (h + 1) * pw + wr + 2;
-    assert!(
-        src.len() >= reach && dz.len() >= R * images * h * wr && sums.len() >= R * c_in * 9 * LANES,
-        "direct weight gradient: operands too small"
-    );
-    if cfg!(target_arch = "x86_64") && isa::current() >= Isa::Avx2 {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the path is at most what the CPU has (`isa::current`); every read lies
-        // inside the operands (asserted above).
-        unsafe {
-            weight_images_avx2(
-                src.as_ptr(),
-                pplane,
-                images,
-                c_in,
-                h,
-                w,
-                dz.as_ptr(),
-                sums.as_mut_ptr(),
-            )
-        };
-        return;
-    }
-    let plane = h * wr;
-    for c in 0..c_in {
-        for i in 0..3 {
-            for b in 0..images {
-                let s = &src[c * c_stride + b * pplane..];
-                for y in 0..h {
-                    for x0 in (0..wr).step_by(LANES) {
-                        let from = (y + i) * pw + x0;
-                        for r in 0..R {
-                            let d = &dz[(r * images + b) * plane + y * wr + x0..][..LANES];
-                            let base = ((r * c_in + c) * 9 + i * 3) * LANES;
-                            for j in 0..3 {
-                                for (l, &d) in d.iter().enumerate() {
-                                    let a = &mut sums[base + j * LANES + l];
-                                    *a = fma(d, s[from + j + l], *a);
-                                }
-                            }
-                        }
-                    }
-                }
+    // wg[o][t] = Σ over the lanes in order.
+    for (block, lanes) in partial.chunks_exact(stride).enumerate() {
+        for o in 0..OC.min(c_out - block * OC) {
+            for t in 0..terms {
+                wg[(block * OC + o) * terms + t] =
+                    (0..LANES).map(|l| lanes[(l * terms + t) * OC + o]).sum();
             }
         }
     }
 }
 
-/// [`images_weight_sums`] on AVX2: for each input channel and tap row, the block's 12
-/// sums of 8 lanes in registers over every vector of every image of the chunk (their
-/// loads and stores, once per image, were half the work of a 7×7 plane).
-///
-/// # Safety
-/// AVX2 and FMA present; `src`, `dz` and `sums` as [`images_weight_sums`] checks them.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+/// Adds to `sums` (term k at k·OC, OC channels) the terms of one lane's pixels for
+/// `count` (c, i, j) terms at input offsets `offsets`: pixel n (input offset
+/// `inputs[n]`, ∂Z row `dz[n·OC..]`) adds ∂Z[n][o]·src[offset + inputs[n]], one fused
+/// multiply-add each, in the pixels' order.
 #[allow(clippy::too_many_arguments)]
-unsafe fn weight_images_avx2(
-    src: *const f32,
-    pplane: usize,
+fn lane_weight_sums(
+    src: &[f32],
     images: usize,
-    c_in: usize,
     h: usize,
     w: usize,
+    c_in: usize,
+    inputs: &[u32],
+    dz: &[f32],
+    offsets: [usize; TERMS],
+    count: usize,
+    sums: &mut [f32],
+) {
+    let (pw, pplane) = (w + 2, (h + 2) * (w + 2));
+    // The last term's reach: tap (2, 2) of the last channel from the last pixel.
+    let reach = (c_in - 1) * images * pplane + (images - 1) * pplane + (h + 1) * pw + w + 1;
+    // Every input is a pixel's of the chunk (at most the last pixel's), as the lists are
+    // built: checked there, not once per tile.
+    let last = (images - 1) * pplane + (h - 1) * pw + w - 1;
+    assert!(
+        src.len() > reach
+            && offsets.iter().all(|&o| o + last <= reach)
+            && dz.len() >= inputs.len() * OC
+            && (1..=TERMS).contains(&count)
+            && sums.len() >= count * OC,
+        "direct weight gradient: operands too small"
+    );
+    debug_assert!(inputs.iter().all(|&at| at as usize <= last));
+    if cfg!(target_arch = "x86_64") && isa::current() >= Isa::Avx2 {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the path is at most what the CPU has (`isa::current`); every read lies
+        // inside the operands: the extents asserted above, and each input a pixel's of
+        // the chunk, as `weight_grad` builds the lists.
+        unsafe {
+            let (s, d, out) = (src.as_ptr(), dz.as_ptr(), sums.as_mut_ptr());
+            match count {
+                TERMS => lane_sums_avx2::<TERMS>(s, inputs, d, offsets, out),
+                _ => lane_sums_avx2::<3>(s, inputs, d, offsets, out),
+            }
+        };
+        return;
+    }
+    for (k, &off) in offsets.iter().enumerate().take(count) {
+        let sums = &mut sums[k * OC..][..OC];
+        for (&at, d) in inputs.iter().zip(dz.chunks_exact(OC)) {
+            let x = src[off + at as usize];
+            for (s, &d) in sums.iter_mut().zip(d) {
+                *s = fma(x, d, *s);
+            }
+        }
+    }
+}
+
+/// [`lane_weight_sums`] on AVX2 for T terms (T·2 sums in registers over the lane's
+/// pixels).
+///
+/// # Safety
+/// AVX2 and FMA present; operands as [`lane_weight_sums`] checks them, T its count.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn lane_sums_avx2<const T: usize>(
+    src: *const f32,
+    inputs: &[u32],
     dz: *const f32,
+    offsets: [usize; TERMS],
     sums: *mut f32,
 ) {
     unsafe {
         use std::arch::x86_64::*;
-        let (pw, wr) = (w + 2, w.div_ceil(LANES) * LANES);
-        let plane = h * wr;
-        for c in 0..c_in {
-            for i in 0..3 {
-                let base: [*mut f32; R] =
-                    std::array::from_fn(|r| sums.add(((r * c_in + c) * 9 + i * 3) * LANES));
-                let mut acc: [[__m256; 3]; R] = std::array::from_fn(|r| {
-                    std::array::from_fn(|j| _mm256_loadu_ps(base[r].add(j * LANES)))
-                });
-                for b in 0..images {
-                    let s = src.add((c * images + b) * pplane);
-                    let dz: [*const f32; R] =
-                        std::array::from_fn(|r| dz.add((r * images + b) * plane));
-                    for y in 0..h {
-                        let (out, input) = (y * wr, (y + i) * pw);
-                        for x0 in (0..wr).step_by(LANES) {
-                            // The inputs first, in registers (3 + 12 sums); each ∂Z vector is
-                            // loaded where it is used (4 more would spill the sums).
-                            let from = s.add(input + x0);
-                            let x: [__m256; 3] =
-                                std::array::from_fn(|j| _mm256_loadu_ps(from.add(j)));
-                            for (acc, dz) in acc.iter_mut().zip(&dz) {
-                                let d = _mm256_loadu_ps(dz.add(out + x0));
-                                for (a, &x) in acc.iter_mut().zip(&x) {
-                                    *a = _mm256_fmadd_ps(d, x, *a);
-                                }
-                            }
-                        }
-                    }
-                }
-                for (acc, base) in acc.iter().zip(base) {
-                    for (j, &a) in acc.iter().enumerate() {
-                        _mm256_storeu_ps(base.add(j * LANES), a);
-                    }
+        let mut acc: [[__m256; 2]; T] = std::array::from_fn(|k| {
+            let at = sums.add(k * OC);
+            [_mm256_loadu_ps(at), _mm256_loadu_ps(at.add(LANES))]
+        });
+        let from: [*const f32; T] = std::array::from_fn(|k| src.add(offsets[k]));
+        let mut d = dz;
+        for &off in inputs {
+            let dv = [_mm256_loadu_ps(d), _mm256_loadu_ps(d.add(LANES))];
+            for (acc, from) in acc.iter_mut().zip(&from) {
+                let x = _mm256_broadcast_ss(&*from.add(off as usize));
+                for (s, &dv) in acc.iter_mut().zip(&dv) {
+                    *s = _mm256_fmadd_ps(x, dv, *s);
                 }
             }
+            d = d.add(OC);
+        }
+        for (k, acc) in acc.iter().enumerate() {
+            let at = sums.add(k * OC);
+            _mm256_storeu_ps(at, acc[0]);
+            _mm256_storeu_ps(at.add(LANES), acc[1]);
         }
     }
 }
