@@ -138,15 +138,15 @@ pub fn conv(
         let runs = pixels.div_ceil(RUN);
         let work = c_out * pixels * c_in * 9;
         let run_items = |range: std::ops::Range<usize>| {
+            // A run's sums, pixel-major, then channel-major (reused across the items).
+            let (mut stage, mut channels) = ([0f32; RUN * OC], [0f32; OC * RUN]);
             for item in range {
                 let (block, run) = (item / runs, item % runs);
                 let (o0, q0) = (block * OC, run * RUN);
                 let len = RUN.min(pixels - q0);
                 let weights = &packed[block * OC * c_in * 9..][..OC * c_in * 9];
-                let mut stage = [0f32; RUN * OC];
                 run_tiles(padded, images, c_in, h, wd, weights, q0, len, &mut stage);
                 // stage[p][o] → channels[o][p]
-                let mut channels = [0f32; OC * RUN];
                 crate::gemm::transpose(len, OC, &stage, OC, &mut channels, RUN);
                 for (o, sums) in channels
                     .chunks_exact(RUN)
