@@ -15,8 +15,8 @@
 //! of images make a tile, with no lanes past a row's end (planes of 7, 14 and 28 are no
 //! multiple of 8: vectors of 8 pixels computed 64 outputs for 49 on a 7 × 7 plane), and
 //! no load straddles a cache line. The sums of a run of tiles are then transposed into
-//! the channels' planes. Against tiles of 4 channels × 2 vectors of 8 pixels: 1.3–1.5×
-//! on 32 and 64 channels (docs/BENCHMARKS.md).
+//! the channels' planes. Against tiles of 4 channels × 2 vectors of 8 pixels: 1.2–1.6×
+//! on 32 and 64 channels, 1.1× on 16 (docs/BENCHMARKS.md).
 //!
 //! The input error of a stride-1 "same" convolution is the same operation on ∂Z with the
 //! weights flipped and transposed: `∂a[c][y][x] = Σ_{o,i,j} W[o][c][2−i][2−j]·∂Zₚ[o][y+i][x+j]`
@@ -37,9 +37,9 @@ use crate::pool::{self, Disjoint};
 const LANES: usize = 8;
 /// Output channels per block of a convolution: two vectors.
 const OC: usize = 2 * LANES;
-/// Pixels per convolution tile: P·2 = 12 sums keep both FMA pipes busy through their
-/// latency (8, as 4 channels × 2 vectors of pixels were, left them idle a quarter of the
-/// time), beside 2 weight vectors and a broadcast: 15 of the 16 registers.
+/// Pixels per convolution tile: P·2 = 12 sums, beside 2 weight vectors and a broadcast
+/// (15 of the 16 registers), give the FMA pipes' latency some slack. Alone on data in L1
+/// (Zen 3), the old tile's 8 sums ran at 0.73–0.80 of the peak, these 12 at 0.81–0.87.
 const P: usize = 6;
 /// Pixels per run: the tiles of a run stage their sums (RUN × OC, 3 KiB), which one
 /// transpose then writes into the channels' planes.
@@ -82,10 +82,9 @@ fn chunk_images(g: &ConvGeometry, direction: Direction, rows: usize) -> usize {
 }
 
 /// Floats of the padded buffer [`conv`] needs for `g` at `rows` images: the chunk's
-/// planes, and one vector of slack that a row narrower than a vector reads past its end
-/// (lanes that no output keeps).
+/// planes (the tiles read single pixels, none past the last plane's end).
 pub fn padded_len(g: &ConvGeometry, direction: Direction, rows: usize) -> usize {
-    channels(g, direction).0 * chunk_images(g, direction, rows) * padded_plane(g) + LANES
+    channels(g, direction).0 * chunk_images(g, direction, rows) * padded_plane(g)
 }
 
 /// Floats of the packed weights [`conv`] needs for `g`.
@@ -171,7 +170,7 @@ pub fn conv(
 }
 
 /// Calls `f(padded, b₀, images)` for each chunk of images (see [`PADDED_BYTES`]) of the
-/// input of `g` in `direction`, with `padded` that chunk zero-padded (and the slack).
+/// input of `g` in `direction`, with `padded` that chunk zero-padded.
 fn padded_chunks(
     input: &[f32],
     g: &ConvGeometry,
@@ -185,7 +184,7 @@ fn padded_chunks(
     let per = chunk_images(g, direction, rows);
     for b0 in (0..rows).step_by(per) {
         let images = per.min(rows - b0);
-        let padded = &mut padded[..c_in * images * pplane + LANES];
+        let padded = &mut padded[..c_in * images * pplane];
         pad(input, rows, g.in_h, g.in_w, b0, images, padded);
         f(padded, b0, images);
     }
@@ -393,8 +392,9 @@ unsafe fn tile_avx2(
                     }
                 }
             }
+            // (Wrapping: past the last channel the pointers leave the buffer unread.)
             for f in from.iter_mut() {
-                *f = f.add(c_stride);
+                *f = f.wrapping_add(c_stride);
             }
             wc = wc.add(9 * OC);
         }
