@@ -165,7 +165,7 @@ pub fn conv(
                 }
             }
         };
-        split_blocks(blocks * runs, work, &run_items);
+        split_items(blocks * runs, work, &run_items);
     });
 }
 
@@ -192,7 +192,7 @@ fn padded_chunks(
 
 /// Times a direct convolution for the census as its im2col product C (m × n) = A (m × k,
 /// the weights, row-major)·B (k × n, `rhs`), on the threads it runs on: two where the
-/// pool is free and the work is large enough to split (as [`split_blocks`] decides per
+/// pool is free and the work is large enough to split (as [`split_items`] decides per
 /// chunk of images), one inside a part of a job.
 fn census_entry(
     kernel: census::Kernel,
@@ -221,15 +221,15 @@ fn census_entry(
     })
 }
 
-/// Runs `f` on two halves of `blocks` items (output-channel blocks, or blocks × runs of
-/// pixels) on the pool (on this thread when the work is small): each part writes only
+/// Runs `f` on two halves of `items` (blocks of output channels × runs of pixels, or ×
+/// lanes) on the pool (on this thread when the work is small): each part writes only
 /// its items' outputs.
-fn split_blocks(blocks: usize, work: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
-    if work < pool::PARALLEL_MIN_ELEMENTS * 16 || blocks < 2 || pool::threads() < 2 {
-        f(0..blocks);
+fn split_items(items: usize, work: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
+    if work < pool::PARALLEL_MIN_ELEMENTS * 16 || items < 2 || pool::threads() < 2 {
+        f(0..items);
     } else {
-        let cut = blocks.div_ceil(2);
-        pool::run(2, &|p| f(if p == 0 { 0..cut } else { cut..blocks }));
+        let cut = items.div_ceil(2);
+        pool::run(2, &|p| f(if p == 0 { 0..cut } else { cut..items }));
     }
 }
 
@@ -267,9 +267,7 @@ fn pad(
 ) {
     let (pw, pplane) = (w + 2, (h + 2) * (w + 2));
     let plane = h * w;
-    let planes = padded.len() / pplane * pplane;
-    padded[planes..].fill(0.0);
-    for (q, dst) in padded[..planes].chunks_exact_mut(pplane).enumerate() {
+    for (q, dst) in padded.chunks_exact_mut(pplane).enumerate() {
         let (c, b) = (q / images, q % images);
         let src = &input[(c * rows + b0 + b) * plane..][..plane];
         dst[..pw].fill(0.0);
@@ -591,7 +589,7 @@ pub fn weight_grad(
                     }
                 }
             };
-            split_blocks(blocks * LANES, work, &run_items);
+            split_items(blocks * LANES, work, &run_items);
         },
     );
     // wg[o][t] = Σ over the lanes in order.
