@@ -24,6 +24,7 @@
 mod nn;
 mod peak;
 mod simd;
+mod sparse;
 #[cfg(test)]
 mod tests;
 

@@ -364,6 +364,10 @@ pub(super) unsafe fn product<S: Simd>(
     fuse: Option<&Fuse>,
 ) {
     unsafe {
+        if let (Zeros::Lhs(z), None, 1) = (opts.zeros, fuse, lhs.cs) {
+            // Rows of A in place, each over its own non-zero k (see `sparse`).
+            return super::sparse::product::<S>(m, n, k, dst, lhs, rhs, z, threads, opts);
+        }
         let (a, a_rs, a_cs) = (lhs.data.as_ptr() as usize, lhs.rs, lhs.cs);
         let (w, scale) = match fuse {
             Some(f) => (f.theta as usize, f.prior_scale),
@@ -567,7 +571,7 @@ pub(super) unsafe fn product<S: Simd>(
 /// Writes into `list` the k in `0..kc` (a block starting on a whole 64-bit word of the
 /// zero map) whose bit is set in `word(w)`, the block's w-th word; returns how many.
 #[inline]
-fn block_ks(kc: usize, list: &mut [u32], word: impl Fn(usize) -> u64) -> usize {
+pub(super) fn block_ks(kc: usize, list: &mut [u32], word: impl Fn(usize) -> u64) -> usize {
     let mut len = 0;
     for w in 0..kc.div_ceil(64) {
         let valid = if 64 * (w + 1) <= kc {

@@ -14,6 +14,7 @@
 use std::arch::x86_64::*;
 
 use super::nn::{Tile, UpdateTile};
+use super::sparse::Rows;
 use crate::noise::{self, Normals};
 use crate::rng::NoiseKey;
 
@@ -91,6 +92,9 @@ pub(super) trait Simd: Copy + 'static {
     /// One product tile of `rows` (≤ TILE_R) rows and V vectors; `full` when every
     /// column of the V vectors is inside the matrix.
     unsafe fn tile<const V: usize>(rows: usize, full: bool, t: &Tile<'_>);
+    /// The rows of one (k block, column tile) of the sparse-lhs product
+    /// ([`super::sparse::rows_body`]), V = ⌈cols / LANES⌉ vectors.
+    unsafe fn sparse_rows(t: &Rows<'_>);
     /// The sampler update of a finished tile ([`super::nn::update_body`]).
     unsafe fn update<const R: usize, const V: usize>(acc: &[[Self::V; V]; R], u: &UpdateTile);
     /// Source rows `row_range`, columns `first..end` of `src` (row stride `cols`):
@@ -126,6 +130,31 @@ macro_rules! entries {
                     ($r, false) => go::<$r, V, false>(t),
                 )*
                 _ => unreachable!("a tile of {rows} rows"),
+            }
+        }}
+
+        unsafe fn sparse_rows(t: &Rows<'_>) { unsafe {
+            $(#[target_feature(enable = $feature)])?
+            unsafe fn go<const V: usize, const FULL: bool>(t: &Rows<'_>) { unsafe {
+                super::sparse::rows_body::<$isa, V, FULL>(t)
+            }}
+            const MAX_V: usize = super::sparse::TILE_COLS / <$isa as Simd>::LANES;
+            let v = t.cols.div_ceil(Self::LANES);
+            let full = t.cols == v * Self::LANES;
+            match (v.min(MAX_V), full) {
+                (6, true) => go::<6, true>(t),
+                (6, false) => go::<6, false>(t),
+                (5, true) => go::<5, true>(t),
+                (5, false) => go::<5, false>(t),
+                (4, true) => go::<4, true>(t),
+                (4, false) => go::<4, false>(t),
+                (3, true) => go::<3, true>(t),
+                (3, false) => go::<3, false>(t),
+                (2, true) => go::<2, true>(t),
+                (2, false) => go::<2, false>(t),
+                (1, true) => go::<1, true>(t),
+                (1, false) => go::<1, false>(t),
+                _ => unreachable!("a sparse tile of {} columns", t.cols),
             }
         }}
 

@@ -120,13 +120,24 @@ fn skipping_zeros_is_bit_identical_to_the_dense_product() {
                 let (mut za, mut zb) = (NonZero::default(), NonZero::default());
                 za.record(&a, m, k);
                 zb.record(&b, k, n);
-                let (lhs, rhs) = (Mat::rows(&a, k), Mat::rows(&b, n));
-                for (split_columns, accumulate, addend) in [
-                    (false, false, None),
-                    (true, false, None),
-                    (false, true, None),
-                    (false, false, Some((&w[..], 0.25f32))),
-                ] {
+                // B also as the transpose of a row-major matrix (the forward's Wᵀ).
+                let mut bt = vec![0f32; n * k];
+                transpose_scalar(&b, k, n, &mut bt);
+                let lhs = Mat::rows(&a, k);
+                for (rhs, (split_columns, accumulate, addend)) in
+                    [Mat::rows(&b, n), Mat::transposed(&bt, k)]
+                        .into_iter()
+                        .flat_map(|rhs| {
+                            [
+                                (false, false, None),
+                                (true, false, None),
+                                (false, true, None),
+                                (false, false, Some((&w[..], 0.25f32))),
+                                (true, false, Some((&w[..], 0.25f32))),
+                            ]
+                            .map(|o| (rhs, o))
+                        })
+                {
                     let opts = Options {
                         accumulate,
                         split_columns,
