@@ -316,6 +316,69 @@ pub(super) unsafe fn update_body<S: Simd, const R: usize, const V: usize>(
     }
 }
 
+/// θ (and v) updated from a completed gradient in C (m × n, row-major), as the last k
+/// block of [`product`] updates them from its sums and C: in the product's tiles (the
+/// noise is drawn a tile's Philox blocks at a time), each row by one thread and from the
+/// left (the order of Σv², see [`update_body`]).
+///
+/// # Safety
+/// The path's features present; C and `fuse`'s θ, v and row sums of m·n (m) elements;
+/// n a multiple of 4.
+pub(super) unsafe fn update_from_dst<S: Simd>(
+    m: usize,
+    n: usize,
+    dst: &mut [f32],
+    fuse: &Fuse,
+    threads: usize,
+) {
+    unsafe {
+        let (c, fuse) = (dst.as_mut_ptr() as usize, fuse as *const Fuse as usize);
+        let width = S::TILE_V * S::LANES;
+        split(m, threads, S::TILE_R, |r0, r1| {
+            for i in (r0..r1).step_by(S::TILE_R) {
+                for c0 in (0..n).step_by(width) {
+                    let u = UpdateTile {
+                        fuse: fuse as *const Fuse,
+                        c: c as *mut f32,
+                        n,
+                        at: i * n + c0,
+                        cols: width.min(n - c0),
+                        from_dst: true,
+                    };
+                    match S::TILE_V {
+                        3 => update_rows::<S, 3>(S::TILE_R.min(r1 - i), &u),
+                        2 => update_rows::<S, 2>(S::TILE_R.min(r1 - i), &u),
+                        _ => update_rows::<S, 1>(S::TILE_R.min(r1 - i), &u),
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// [`Simd::update`] of `rows` rows with sums of −0 (−0 + g = g for every g; +0 would turn
+/// a −0 gradient into +0).
+#[inline(always)]
+unsafe fn update_rows<S: Simd, const V: usize>(rows: usize, u: &UpdateTile) {
+    unsafe {
+        macro_rules! go {
+            ($r:literal) => {
+                S::update::<$r, V>(&[[S::splat(-0.0); V]; $r], u)
+            };
+        }
+        match rows {
+            1 => go!(1),
+            2 => go!(2),
+            3 => go!(3),
+            4 => go!(4),
+            5 => go!(5),
+            6 => go!(6),
+            7 => go!(7),
+            _ => go!(8),
+        }
+    }
+}
+
 /// Rows of A per block: the column tiles of a k block sweep the rows in blocks of about
 /// this many, so that A's (MC × KC) block (96 KiB) stays in L2 while they do. Without it a
 /// k block of a batch-1000 product swept all 1000 rows (500 KiB) per column tile.
@@ -364,9 +427,18 @@ pub(super) unsafe fn product<S: Simd>(
     fuse: Option<&Fuse>,
 ) {
     unsafe {
-        if let (Zeros::Lhs(z), None, 1) = (opts.zeros, fuse, lhs.cs) {
+        match (opts.zeros, fuse) {
             // Rows of A in place, each over its own non-zero k (see `sparse`).
-            return super::sparse::product::<S>(m, n, k, dst, lhs, rhs, z, threads, opts);
+            (Zeros::Lhs(z), None) if lhs.cs == 1 => {
+                return super::sparse::product::<S>(m, n, k, dst, lhs, rhs, z, threads, opts);
+            }
+            // Columns of B (pixels of a weight gradient), each over its own non-zero k.
+            (Zeros::Rhs(z), _) if lhs.rs == 1 && (fuse.is_none() || opts.dst_stride.is_none()) => {
+                return super::sparse::product_by_columns::<S>(
+                    m, n, k, dst, lhs, rhs, z, threads, opts, fuse,
+                );
+            }
+            _ => {}
         }
         let (a, a_rs, a_cs) = (lhs.data.as_ptr() as usize, lhs.rs, lhs.cs);
         let (w, scale) = match fuse {

@@ -12,9 +12,9 @@
 //! order from zero, one fused multiply-add per term; blocks added in order; a skipped
 //! term is an exact zero), so the bits are those of the dense product.
 
-use super::nn::KC;
+use super::nn::{Fuse, KC};
 use super::simd::Simd;
-use super::{split, Mat, NonZero, Options};
+use super::{balanced, split, Mat, NonZero, Options};
 use crate::pool::Disjoint;
 use std::cell::RefCell;
 
@@ -23,7 +23,7 @@ use std::cell::RefCell;
 pub(super) const TILE_COLS: usize = 48;
 
 /// One k block of a run of rows over one column tile: row `r` of C (at `c + r·ldc`) sums
-/// `a[r·lda + p]·b[p·ldb + ·]` over the p in `lists[starts[r]..starts[r + 1]]`.
+/// `a[r·lda + p·a_k]·b[p·ldb + ·]` over the p in `lists[starts[r]..starts[r + 1]]`.
 #[derive(Clone, Copy)]
 pub(super) struct Rows<'a> {
     pub rows: usize,
@@ -31,6 +31,7 @@ pub(super) struct Rows<'a> {
     pub starts: &'a [usize],
     pub a: *const f32,
     pub lda: usize,
+    pub a_k: usize,
     pub b: *const f32,
     pub ldb: usize,
     pub c: *mut f32,
@@ -64,7 +65,7 @@ pub(super) unsafe fn rows_body<S: Simd, const V: usize, const FULL: bool>(t: &Ro
             let a = t.a.add(r * t.lda);
             let mut acc = [S::zero(); V];
             for &p in &t.lists[t.starts[r]..t.starts[r + 1]] {
-                let x = S::splat(*a.add(p as usize));
+                let x = S::splat(*a.add(p as usize * t.a_k));
                 let bp = t.b.add(p as usize * t.ldb);
                 for v in 0..V {
                     let b = S::load_part(FULL, masks[v], bp.wrapping_add(S::LANES * v));
@@ -89,6 +90,11 @@ pub(super) unsafe fn rows_body<S: Simd, const V: usize, const FULL: bool>(t: &Ro
     }
 }
 
+// SAFETY: AddScaled's pointer is a read-only view of an addend that outlives the product,
+// shared by its threads as `nn`'s tiles share theirs.
+unsafe impl Send for RowStore {}
+unsafe impl Sync for RowStore {}
+
 /// Per-thread buffers, reused across calls.
 #[derive(Default)]
 struct Scratch {
@@ -99,6 +105,78 @@ struct Scratch {
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    /// Cᵀ of [`product_by_columns`], on the calling thread.
+    static TRANSPOSED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Where the rows' non-zero k come from.
+#[derive(Clone, Copy)]
+enum Lists<'a> {
+    /// A's own map (m × k).
+    OfRows(&'a NonZero),
+    /// The map of Aᵀ (k × m): row r of A is column r of it.
+    OfColumns(&'a NonZero),
+}
+
+impl Lists<'_> {
+    /// Each row's non-zero k in `p0..p0 + kc`, relative to p0, rows r0..r1 one after the
+    /// other (`starts`, r1 − r0 + 1 entries).
+    fn build(
+        self,
+        (r0, r1): (usize, usize),
+        p0: usize,
+        kc: usize,
+        lists: &mut Vec<u32>,
+        starts: &mut Vec<usize>,
+    ) {
+        lists.resize((r1 - r0) * KC, 0);
+        starts.clear();
+        starts.push(0);
+        match self {
+            Lists::OfRows(z) => {
+                let mut len = 0;
+                for i in r0..r1 {
+                    let row = z.row(i);
+                    len += super::nn::block_ks(kc, &mut lists[len..], |word| row[p0 / 64 + word]);
+                    starts.push(len);
+                }
+            }
+            Lists::OfColumns(z) => {
+                // A counting sort of the block's (k, column) bits by column: k stays in order.
+                starts.resize(r1 - r0 + 1, 0);
+                let columns = |p: usize, f: &mut dyn FnMut(usize)| {
+                    let row = z.row(p0 + p);
+                    let words = row.iter().enumerate().take(r1.div_ceil(64));
+                    for (w, &word) in words.skip(r0 / 64) {
+                        let mut bits = word;
+                        if 64 * w < r0 {
+                            bits &= u64::MAX << (r0 - 64 * w);
+                        }
+                        if 64 * (w + 1) > r1 {
+                            bits &= u64::MAX >> (64 * (w + 1) - r1);
+                        }
+                        while bits != 0 {
+                            f(64 * w + bits.trailing_zeros() as usize - r0);
+                            bits &= bits - 1;
+                        }
+                    }
+                };
+                for p in 0..kc {
+                    columns(p, &mut |r| starts[r + 1] += 1);
+                }
+                for r in 0..r1 - r0 {
+                    starts[r + 1] += starts[r];
+                }
+                let mut next = starts[..r1 - r0].to_vec();
+                for p in 0..kc {
+                    columns(p, &mut |r| {
+                        lists[next[r]] = p as u32;
+                        next[r] += 1;
+                    });
+                }
+            }
+        }
+    }
 }
 
 /// C (m × n) = A·B (+ C, or + scale·addend) as `opts` says, every row of A over its own
@@ -121,91 +199,195 @@ pub(super) unsafe fn product<S: Simd>(
     opts: Options<'_>,
 ) {
     unsafe {
-        debug_assert!(lhs.cs == 1);
-        let a = lhs.data.as_ptr() as usize;
-        let (w, scale) = opts
-            .addend
-            .map_or((0usize, 0f32), |(w, s)| (w.as_ptr() as usize, s));
-        let packed = rhs.cs != 1;
         let ldc = opts.dst_stride.unwrap_or(n);
+        let first = match opts.addend {
+            _ if opts.accumulate => RowStore::Accumulate,
+            Some((w, scale)) => RowStore::AddScaled(w.as_ptr(), scale),
+            None => RowStore::Overwrite,
+        };
         let c = Disjoint::new(dst);
-        let block = |r0: usize, r1: usize, c0: usize, c1: usize| {
-            SCRATCH.with_borrow_mut(|s| {
-                let Scratch {
-                    panel,
-                    lists,
-                    starts,
-                } = s;
-                if packed && panel.len() < KC * TILE_COLS {
-                    panel.resize(KC * TILE_COLS, 0.0);
-                }
-                let rows = r1 - r0;
-                lists.resize(rows * KC, 0);
-                for p0 in (0..k).step_by(KC) {
-                    let kc = KC.min(k - p0);
-                    // Each row's non-zero k of this block, one after the other.
-                    starts.clear();
-                    starts.push(0);
-                    let mut len = 0;
-                    for i in r0..r1 {
-                        let row = z.row(i);
-                        len +=
-                            super::nn::block_ks(kc, &mut lists[len..], |word| row[p0 / 64 + word]);
-                        starts.push(len);
-                    }
-                    let store = if opts.accumulate || p0 > 0 {
-                        RowStore::Accumulate
-                    } else if w != 0 {
-                        RowStore::AddScaled((w as *const f32).wrapping_add(r0 * n + c0), scale)
-                    } else {
-                        RowStore::Overwrite
-                    };
-                    let mut j = c0;
-                    while j < c1 {
-                        let cols = TILE_COLS.min(c1 - j);
-                        let (b, ldb) = if packed {
-                            // SAFETY: rows j..j+cols of S (B = Sᵀ), columns p0..p0+kc:
-                            // inside rhs's checked extent; into this thread's panel.
-                            S::transpose(
-                                rhs.data.as_ptr(),
-                                rhs.cs,
-                                (j, j + cols),
-                                p0,
-                                p0 + kc,
-                                panel.as_mut_ptr(),
-                                TILE_COLS,
-                            );
-                            (panel.as_ptr(), TILE_COLS)
-                        } else {
-                            (rhs.data.as_ptr().add(p0 * rhs.rs + j), rhs.rs)
-                        };
-                        let store = match store {
-                            RowStore::AddScaled(w, s) => RowStore::AddScaled(w.add(j - c0), s),
-                            other => other,
-                        };
-                        let t = Rows {
-                            rows,
-                            lists,
-                            starts,
-                            a: (a as *const f32).add(r0 * lhs.rs + p0),
-                            lda: lhs.rs,
-                            b,
-                            ldb,
-                            c: c.at(r0 * ldc + j),
-                            ldc,
-                            cols,
-                            store,
-                        };
-                        S::sparse_rows(&t);
-                        j += cols;
-                    }
-                }
-            })
+        let go = |r0, r1, c0, c1| {
+            rows::<S>(
+                (m, n, k),
+                (r0, r1, c0, c1),
+                lhs,
+                rhs,
+                Lists::OfRows(z),
+                &c,
+                ldc,
+                first,
+            )
         };
         if opts.split_columns {
-            split(n, threads, 16, |c0, c1| block(0, m, c0, c1));
+            split(n, threads, 16, |c0, c1| go(0, m, c0, c1));
         } else {
-            split(m, threads, 1, |r0, r1| block(r0, r1, 0, n));
+            split(m, threads, 1, |r0, r1| go(r0, r1, 0, n));
         }
+    }
+}
+
+/// C = A·B as [`product`] where B's zeros are known (`z`, k × n): Cᵀ = Bᵀ·Aᵀ, each row of
+/// Bᵀ (a pixel of the first layer's weight gradient Δᵀ·X) over its own non-zero k (the
+/// images where it is not zero), into a transposed copy that is then transposed into C;
+/// with `fuse`, θ (and v) are updated from it as `nn` would from its last k block.
+///
+/// # Safety
+/// As [`product`], with A contiguous along m (`lhs.rs == 1`) instead; with `fuse`, n a
+/// multiple of 4 and C not strided.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn product_by_columns<S: Simd>(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    lhs: Mat<'_>,
+    rhs: Mat<'_>,
+    z: &NonZero,
+    threads: usize,
+    opts: Options<'_>,
+    fuse: Option<&Fuse>,
+) {
+    unsafe {
+        let ldc = opts.dst_stride.unwrap_or(n);
+        TRANSPOSED.with_borrow_mut(|t| {
+            t.resize(n * m, 0.0);
+            // Cᵀ starts as what the first k block adds its sums to, transposed: C itself
+            // (accumulating), the addend (or θ), or nothing.
+            let addend = fuse
+                .map(|f| (f.theta as *const f32, f.prior_scale))
+                .or(opts.addend.map(|(w, s)| (w.as_ptr(), s)));
+            if opts.accumulate {
+                transpose::<S>((m, n), (dst.as_ptr(), ldc), (t.as_mut_ptr(), m), threads);
+            } else if let Some((w, _)) = addend {
+                transpose::<S>((m, n), (w, n), (t.as_mut_ptr(), m), threads);
+            }
+            let ct = Disjoint::new(&mut t[..]);
+            let first = match addend {
+                _ if opts.accumulate => RowStore::Accumulate,
+                // Cᵀ is its own addend: each element is read just before it is written.
+                Some((_, scale)) => RowStore::AddScaled(ct.at(0), scale),
+                None => RowStore::Overwrite,
+            };
+            let (a, b) = (
+                Mat {
+                    data: rhs.data,
+                    rs: rhs.cs,
+                    cs: rhs.rs,
+                },
+                Mat {
+                    data: lhs.data,
+                    rs: lhs.cs,
+                    cs: lhs.rs,
+                },
+            );
+            split(n, threads, 1, |r0, r1| {
+                rows::<S>(
+                    (n, m, k),
+                    (r0, r1, 0, m),
+                    a,
+                    b,
+                    Lists::OfColumns(z),
+                    &ct,
+                    m,
+                    first,
+                )
+            });
+            transpose::<S>((n, m), (t.as_ptr(), m), (dst.as_mut_ptr(), ldc), threads);
+        });
+        if let Some(f) = fuse {
+            super::nn::update_from_dst::<S>(m, n, dst, f, threads);
+        }
+    }
+}
+
+/// dst (cols × rows, rows `ld` apart) ← the transpose of src (rows × cols, rows `stride`
+/// apart), the rows split between threads.
+///
+/// # Safety
+/// The path's features present; both extents inside their operands.
+unsafe fn transpose<S: Simd>(
+    (rows, cols): (usize, usize),
+    (src, stride): (*const f32, usize),
+    (dst, ld): (*mut f32, usize),
+    threads: usize,
+) {
+    let (src, dst) = (src as usize, dst as usize);
+    split(rows, threads, 8, |r0, r1| unsafe {
+        let d = (dst as *mut f32).add(r0);
+        S::transpose(src as *const f32, stride, (r0, r1), 0, cols, d, ld)
+    });
+}
+
+/// Rows r0..r1, columns c0..c1 of C (m × n × k as `shape`) on this thread: k blocks, then
+/// column tiles (B's panel packed once for all the rows), then rows.
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows<S: Simd>(
+    (_m, n, k): (usize, usize, usize),
+    (r0, r1, c0, c1): (usize, usize, usize, usize),
+    lhs: Mat<'_>,
+    rhs: Mat<'_>,
+    lists_of: Lists<'_>,
+    c: &Disjoint<f32>,
+    ldc: usize,
+    first: RowStore,
+) {
+    unsafe {
+        let packed = rhs.cs != 1;
+        SCRATCH.with_borrow_mut(|s| {
+            let Scratch {
+                panel,
+                lists,
+                starts,
+            } = s;
+            if packed && panel.len() < KC * TILE_COLS {
+                panel.resize(KC * TILE_COLS, 0.0);
+            }
+            for p0 in (0..k).step_by(KC) {
+                let kc = KC.min(k - p0);
+                lists_of.build((r0, r1), p0, kc, lists, starts);
+                let mut j = c0;
+                // Tiles of whole vectors, balanced: 100 columns → 40, 32, 28, not 48, 48, 4.
+                for vectors in balanced((c1 - c0).div_ceil(S::LANES), TILE_COLS / S::LANES) {
+                    let cols = (S::LANES * vectors).min(c1 - j);
+                    let (b, ldb) = if packed {
+                        // SAFETY: rows j..j+cols of S (B = Sᵀ), columns p0..p0+kc: inside
+                        // rhs's checked extent; into this thread's panel.
+                        S::transpose(
+                            rhs.data.as_ptr(),
+                            rhs.cs,
+                            (j, j + cols),
+                            p0,
+                            p0 + kc,
+                            panel.as_mut_ptr(),
+                            TILE_COLS,
+                        );
+                        (panel.as_ptr(), TILE_COLS)
+                    } else {
+                        (rhs.data.as_ptr().add(p0 * rhs.rs + j), rhs.rs)
+                    };
+                    let store = match first {
+                        _ if p0 > 0 => RowStore::Accumulate,
+                        RowStore::AddScaled(w, s) => RowStore::AddScaled(w.add(r0 * n + j), s),
+                        other => other,
+                    };
+                    let t = Rows {
+                        rows: r1 - r0,
+                        lists,
+                        starts,
+                        a: lhs.data.as_ptr().add(r0 * lhs.rs + p0 * lhs.cs),
+                        lda: lhs.rs,
+                        a_k: lhs.cs,
+                        b,
+                        ldb,
+                        c: c.at(r0 * ldc + j),
+                        ldc,
+                        cols,
+                        store,
+                    };
+                    S::sparse_rows(&t);
+                    j += cols;
+                }
+            }
+        })
     }
 }

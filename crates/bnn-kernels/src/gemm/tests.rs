@@ -123,20 +123,25 @@ fn skipping_zeros_is_bit_identical_to_the_dense_product() {
                 // B also as the transpose of a row-major matrix (the forward's Wᵀ).
                 let mut bt = vec![0f32; n * k];
                 transpose_scalar(&b, k, n, &mut bt);
-                let lhs = Mat::rows(&a, k);
-                for (rhs, (split_columns, accumulate, addend)) in
-                    [Mat::rows(&b, n), Mat::transposed(&bt, k)]
-                        .into_iter()
-                        .flat_map(|rhs| {
-                            [
-                                (false, false, None),
-                                (true, false, None),
-                                (false, true, None),
-                                (false, false, Some((&w[..], 0.25f32))),
-                                (true, false, Some((&w[..], 0.25f32))),
-                            ]
-                            .map(|o| (rhs, o))
-                        })
+                // A also as the transpose of a row-major matrix (the weight gradient's Δᵀ).
+                let mut at = vec![0f32; k * m];
+                transpose_scalar(&a, m, k, &mut at);
+                let operands = [
+                    (Mat::rows(&a, k), Mat::rows(&b, n)),
+                    (Mat::rows(&a, k), Mat::transposed(&bt, k)),
+                    (Mat::transposed(&at, m), Mat::rows(&b, n)),
+                ];
+                for ((lhs, rhs), (split_columns, accumulate, addend)) in
+                    operands.into_iter().flat_map(|rhs| {
+                        [
+                            (false, false, None),
+                            (true, false, None),
+                            (false, true, None),
+                            (false, false, Some((&w[..], 0.25f32))),
+                            (true, false, Some((&w[..], 0.25f32))),
+                        ]
+                        .map(|o| (rhs, o))
+                    })
                 {
                     let opts = Options {
                         accumulate,
@@ -195,11 +200,11 @@ fn update_in_the_epilogue_is_bit_identical_to_product_then_fused_step() {
                 (Update::Momentum, StepConsts::splitting(1e-3, 0.1, 0.02)),
             ] {
                 let lambda = 0.3f32;
-                // Reference: the gradient stored, then the fused pass.
+                // Reference: the dense gradient stored, then the fused pass.
                 let mut grad = vec![0f32; m * n];
                 let opts = Options {
                     addend: Some((&theta0, lambda)),
-                    zeros: Zeros::Rhs(&zx),
+                    zeros: Zeros::Unknown,
                     ..Options::default()
                 };
                 product(m, n, k, &mut grad, lhs, rhs, opts);
