@@ -144,37 +144,39 @@ impl Lists<'_> {
             Lists::OfColumns(z) => {
                 // A counting sort of the block's (k, column) bits by column: k stays in order.
                 starts.resize(r1 - r0 + 1, 0);
-                let columns = |p: usize, f: &mut dyn FnMut(usize)| {
-                    let row = z.row(p0 + p);
-                    let words = row.iter().enumerate().take(r1.div_ceil(64));
-                    for (w, &word) in words.skip(r0 / 64) {
-                        let mut bits = word;
-                        if 64 * w < r0 {
-                            bits &= u64::MAX << (r0 - 64 * w);
-                        }
-                        if 64 * (w + 1) > r1 {
-                            bits &= u64::MAX >> (64 * (w + 1) - r1);
-                        }
-                        while bits != 0 {
-                            f(64 * w + bits.trailing_zeros() as usize - r0);
-                            bits &= bits - 1;
-                        }
-                    }
-                };
                 for p in 0..kc {
-                    columns(p, &mut |r| starts[r + 1] += 1);
+                    columns_of(z.row(p0 + p), (r0, r1), |r| starts[r + 1] += 1);
                 }
                 for r in 0..r1 - r0 {
                     starts[r + 1] += starts[r];
                 }
                 let mut next = starts[..r1 - r0].to_vec();
                 for p in 0..kc {
-                    columns(p, &mut |r| {
+                    columns_of(z.row(p0 + p), (r0, r1), |r| {
                         lists[next[r]] = p as u32;
                         next[r] += 1;
                     });
                 }
             }
+        }
+    }
+}
+
+/// `f(c − c0)` for each set bit c of `row` in `c0..c1`, in order.
+#[inline(always)]
+fn columns_of(row: &[u64], (c0, c1): (usize, usize), mut f: impl FnMut(usize)) {
+    let words = row.iter().enumerate().take(c1.div_ceil(64));
+    for (w, &word) in words.skip(c0 / 64) {
+        let mut bits = word;
+        if 64 * w < c0 {
+            bits &= u64::MAX << (c0 - 64 * w);
+        }
+        if 64 * (w + 1) > c1 {
+            bits &= u64::MAX >> (64 * (w + 1) - c1);
+        }
+        while bits != 0 {
+            f(64 * w + bits.trailing_zeros() as usize - c0);
+            bits &= bits - 1;
         }
     }
 }
