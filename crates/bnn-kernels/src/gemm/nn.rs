@@ -448,7 +448,6 @@ pub(super) unsafe fn product<S: Simd>(
                 .map_or((0usize, 0f32), |(w, s)| (w.as_ptr() as usize, s)),
         };
         let fuse = fuse.map(|f| f as *const Fuse as usize);
-        let (b, ldb) = (rhs.data.as_ptr() as usize, rhs.rs);
         // rhs = Sᵀ for a row-major S (n × k, rows rhs.cs apart): each (k block × column tile)
         // panel of B is transposed from S into a small buffer before its tiles run, instead
         // of the caller transposing all of S first.
@@ -550,24 +549,8 @@ pub(super) unsafe fn product<S: Simd>(
                         // Column tiles of whole vectors, balanced: 7 vectors of 16 → 3, 2, 2.
                         for vectors in balanced((c1 - c0).div_ceil(S::LANES), S::TILE_V) {
                             let cols = (S::LANES * vectors).min(c1 - j);
-                            let (b_tile, ld_tile) = if packed {
-                                // panel[(p − p0)·tile_cols + (r − j)] = S[r, p], r in j..j+cols.
-                                // SAFETY: source rows j..j+cols < n, columns p0..p0+kc ≤ k:
-                                // inside the extent of rhs checked by `product`; the writes
-                                // land in panel[0..kc·tile_cols], this thread's own buffer.
-                                S::transpose(
-                                    rhs.data.as_ptr(),
-                                    rhs.cs,
-                                    (j, j + cols),
-                                    p0,
-                                    p0 + kc,
-                                    panel.as_mut_ptr(),
-                                    tile_cols,
-                                );
-                                (panel.as_ptr(), tile_cols)
-                            } else {
-                                ((b as *const f32).add(p0 * ldb + j), ldb)
-                            };
+                            let (b_tile, ld_tile) =
+                                b_block::<S>(rhs, (p0, kc), (j, cols), panel, tile_cols);
                             // The k of this block where rhs is not zero in the tile's columns.
                             let mut rhs_list = [0u32; KC];
                             let mut rhs_len = 0;
@@ -637,6 +620,32 @@ pub(super) unsafe fn product<S: Simd>(
         } else {
             split(n, threads, 16, |c0, c1| block(0, m, c0, c1));
         }
+    }
+}
+
+/// B's (kc × cols) block at row p0, column j, and its row stride: read in place where
+/// rhs is row-major along n, else packed into `panel` (rows `ld` apart) by transposing
+/// rows j..j+cols, columns p0..p0+kc of S, the row-major matrix whose transpose B is.
+///
+/// # Safety
+/// The path's features present; the block inside rhs's extent checked by `product`;
+/// `panel` at least kc·ld long when packing.
+#[inline(always)]
+pub(super) unsafe fn b_block<S: Simd>(
+    rhs: Mat<'_>,
+    (p0, kc): (usize, usize),
+    (j, cols): (usize, usize),
+    panel: &mut [f32],
+    ld: usize,
+) -> (*const f32, usize) {
+    unsafe {
+        if rhs.cs == 1 {
+            return (rhs.data.as_ptr().add(p0 * rhs.rs + j), rhs.rs);
+        }
+        debug_assert!(panel.len() >= kc * ld && cols <= ld);
+        let (s, ld_s) = (rhs.data.as_ptr(), rhs.cs);
+        S::transpose(s, ld_s, (j, j + cols), p0, p0 + kc, panel.as_mut_ptr(), ld);
+        (panel.as_ptr(), ld)
     }
 }
 

@@ -351,22 +351,8 @@ unsafe fn rows<S: Simd>(
                 // Tiles of whole vectors, balanced: 100 columns → 40, 32, 28, not 48, 48, 4.
                 for vectors in balanced((c1 - c0).div_ceil(S::LANES), TILE_COLS / S::LANES) {
                     let cols = (S::LANES * vectors).min(c1 - j);
-                    let (b, ldb) = if packed {
-                        // SAFETY: rows j..j+cols of S (B = Sᵀ), columns p0..p0+kc: inside
-                        // rhs's checked extent; into this thread's panel.
-                        S::transpose(
-                            rhs.data.as_ptr(),
-                            rhs.cs,
-                            (j, j + cols),
-                            p0,
-                            p0 + kc,
-                            panel.as_mut_ptr(),
-                            TILE_COLS,
-                        );
-                        (panel.as_ptr(), TILE_COLS)
-                    } else {
-                        (rhs.data.as_ptr().add(p0 * rhs.rs + j), rhs.rs)
-                    };
+                    let (b, ldb) =
+                        super::nn::b_block::<S>(rhs, (p0, kc), (j, cols), panel, TILE_COLS);
                     let store = match first {
                         _ if p0 > 0 => RowStore::Accumulate,
                         RowStore::AddScaled(w, s) => RowStore::AddScaled(w.add(r0 * n + j), s),
