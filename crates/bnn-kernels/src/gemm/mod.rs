@@ -140,8 +140,8 @@ pub enum Zeros<'a> {
 ///
 /// Why: MNIST's pixels are 81% zeros (an image has a non-zero pixel in 19% of the 784
 /// positions, a tile of 6 images in 44%); the first layer's forward product and weight
-/// gradient skip those multiply-adds. A skipped term is an exact zero (x·w = ±0, and s ± 0 = s), so the
-/// result is bit-identical to the dense product for finite operands.
+/// gradient skip those multiply-adds. A skipped term is an exact zero (x·w = ±0, and
+/// s ± 0 = s), so the result is bit-identical to the dense product for finite operands.
 #[derive(Debug, Default, Clone)]
 pub struct NonZero {
     bits: Vec<u64>,

@@ -1,12 +1,14 @@
-//! C = A·B where A's zeros are known and A's rows are contiguous along k: the forward
-//! product X·Wᵀ of a first layer fed MNIST's pixels (81% zeros).
+//! Products where one operand's zeros are known, each row of the output over its own
+//! non-zero k: the first layer's forward X·Wᵀ ([`product`], zeros of A, a row of X read
+//! in place) and its weight gradient Δᵀ·X ([`product_by_columns`], zeros of B, computed
+//! as Xᵀ·Δ so that each pixel runs over the images where it is not zero).
 //!
 //! Why a kernel of its own: the tiles of [`super::nn`] share one list of k among their R
 //! rows, so they run over the union of R images' pixels (44% of them for 6 images,
 //! against 19% for one) and pack A along that list. Here a tile is one row of C × V
-//! vectors, and the row runs over its own non-zero k only, reading A in place: about 2.3×
-//! fewer multiply-adds, each with its own load of B (a k block's (KC × V vectors) panel
-//! of B stays in L1 while the rows run).
+//! vectors, and the row runs over its own non-zero k only: about 2.3× fewer
+//! multiply-adds, each with its own load of B (a k block's (KC × V vectors) panel of B
+//! stays in L1 while the rows run).
 //!
 //! The order of summation is the one of `nn` (each element sums the k of a KC block in
 //! order from zero, one fused multiply-add per term; blocks added in order; a skipped

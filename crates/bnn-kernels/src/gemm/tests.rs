@@ -132,7 +132,7 @@ fn skipping_zeros_is_bit_identical_to_the_dense_product() {
                     (Mat::transposed(&at, m), Mat::rows(&b, n)),
                 ];
                 for ((lhs, rhs), (split_columns, accumulate, addend)) in
-                    operands.into_iter().flat_map(|rhs| {
+                    operands.into_iter().flat_map(|pair| {
                         [
                             (false, false, None),
                             (true, false, None),
@@ -140,7 +140,7 @@ fn skipping_zeros_is_bit_identical_to_the_dense_product() {
                             (false, false, Some((&w[..], 0.25f32))),
                             (true, false, Some((&w[..], 0.25f32))),
                         ]
-                        .map(|o| (rhs, o))
+                        .map(|o| (pair, o))
                     })
                 {
                     let opts = Options {
