@@ -36,6 +36,9 @@ pub(super) trait Simd: Copy + 'static {
     const TILE_V: usize;
     /// Rows of a tile that skips lhs zeros (see `nn`).
     const TILE_R_LHS_ZEROS: usize;
+    /// Most vectors of a tile of `sparse` (one row; at most 6). On AVX2, 8 and 13 (100
+    /// columns in one tile) measured no faster on the first layer's products than 6.
+    const SPARSE_V: usize;
     type V: Copy;
     type M: Copy;
 
@@ -138,10 +141,9 @@ macro_rules! entries {
             unsafe fn go<const V: usize, const FULL: bool>(t: &Rows<'_>) { unsafe {
                 super::sparse::rows_body::<$isa, V, FULL>(t)
             }}
-            const MAX_V: usize = super::sparse::TILE_COLS / <$isa as Simd>::LANES;
             let v = t.cols.div_ceil(Self::LANES);
             let full = t.cols == v * Self::LANES;
-            match (v.min(MAX_V), full) {
+            match (v.min(Self::SPARSE_V), full) {
                 (6, true) => go::<6, true>(t),
                 (6, false) => go::<6, false>(t),
                 (5, true) => go::<5, true>(t),
@@ -212,6 +214,7 @@ impl Simd for Avx512 {
     /// forward (`bnn bench gemm`, 3 interleaved rounds, Xeon): 8 rows 184–193 µs at batch
     /// 100, 6 rows 172–184, 4 rows 193–204.
     const TILE_R_LHS_ZEROS: usize = 6;
+    const SPARSE_V: usize = 3;
     type V = __m512;
     type M = __mmask16;
 
@@ -405,6 +408,7 @@ impl Simd for Avx2 {
     const TILE_R: usize = 6;
     const TILE_V: usize = 2;
     const TILE_R_LHS_ZEROS: usize = 6;
+    const SPARSE_V: usize = 6;
     type V = __m256;
     type M = __m256i;
 
@@ -594,6 +598,7 @@ impl Simd for Portable {
     const TILE_R: usize = 4;
     const TILE_V: usize = 2;
     const TILE_R_LHS_ZEROS: usize = 4;
+    const SPARSE_V: usize = 6;
     type V = Lanes;
     type M = usize;
 

@@ -20,10 +20,6 @@ use super::{balanced, split, Mat, NonZero, Options};
 use crate::pool::Disjoint;
 use std::cell::RefCell;
 
-/// Columns of a tile: V vectors, as many as keep V sums, the broadcast and the loads in
-/// registers (AVX2: 6 × 8, AVX-512: 3 × 16), and make a (KC × tile) panel of 24 KiB.
-pub(super) const TILE_COLS: usize = 48;
-
 /// One k block of a run of rows over one column tile: row `r` of C (at `c + r·ldc`) sums
 /// `a[r·lda + p·a_k]·b[p·ldb + ·]` over the p in `lists[starts[r]..starts[r + 1]]`.
 #[derive(Clone, Copy)]
@@ -70,7 +66,9 @@ pub(super) unsafe fn rows_body<S: Simd, const V: usize, const FULL: bool>(t: &Ro
                 let x = S::splat(*a.add(p as usize * t.a_k));
                 let bp = t.b.add(p as usize * t.ldb);
                 for v in 0..V {
-                    let b = S::load_part(FULL, masks[v], bp.wrapping_add(S::LANES * v));
+                    // Only a tile's last vector can reach past C's last column.
+                    let full = FULL || v + 1 < V;
+                    let b = S::load_part(full, masks[v], bp.wrapping_add(S::LANES * v));
                     acc[v] = S::fmadd(x, b, acc[v]);
                 }
             }
@@ -357,18 +355,19 @@ unsafe fn rows<S: Simd>(
                 starts,
                 words,
             } = s;
-            if packed && panel.len() < KC * TILE_COLS {
-                panel.resize(KC * TILE_COLS, 0.0);
+            let tile_cols = S::SPARSE_V * S::LANES;
+            if packed && panel.len() < KC * tile_cols {
+                panel.resize(KC * tile_cols, 0.0);
             }
             for p0 in (0..k).step_by(KC) {
                 let kc = KC.min(k - p0);
                 lists_of.build((r0, r1), (p0, kc), lists, starts, words);
                 let mut j = c0;
                 // Tiles of whole vectors, balanced: 100 columns → 40, 32, 28, not 48, 48, 4.
-                for vectors in balanced((c1 - c0).div_ceil(S::LANES), TILE_COLS / S::LANES) {
+                for vectors in balanced((c1 - c0).div_ceil(S::LANES), S::SPARSE_V) {
                     let cols = (S::LANES * vectors).min(c1 - j);
                     let (b, ldb) =
-                        super::nn::b_block::<S>(rhs, (p0, kc), (j, cols), panel, TILE_COLS);
+                        super::nn::b_block::<S>(rhs, (p0, kc), (j, cols), panel, tile_cols);
                     let store = match first {
                         _ if p0 > 0 => RowStore::Accumulate,
                         RowStore::AddScaled(w, s) => RowStore::AddScaled(w.add(r0 * n + j), s),

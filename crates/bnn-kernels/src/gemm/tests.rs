@@ -696,3 +696,31 @@ fn the_peak_is_positive_and_computed_as_documented() {
         assert!(ghz > 0.0 && (computed - ghz * p.lanes as f64 * flops * 2.0).abs() < 1e-9);
     }
 }
+
+#[test]
+fn block_ks_lists_the_set_bits_of_the_block_in_order() {
+    // Words of every density, a full and an empty one, and every block length up to KC
+    // (the last block of a k that is not a multiple of 64, or of 8).
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for kc in 1..=nn::KC {
+        let words: Vec<u64> = match kc % 4 {
+            0 => vec![u64::MAX; 2],
+            1 => vec![0; 2],
+            2 => vec![next() & next(), next() | next()],
+            _ => vec![next(), next() & next() & next()],
+        };
+        let expected: Vec<u32> = (0..kc)
+            .filter(|&p| words[p / 64] >> (p % 64) & 1 == 1)
+            .map(|p| p as u32)
+            .collect();
+        let mut list = vec![u32::MAX; nn::KC];
+        let len = nn::block_ks(kc, &mut list, |w| words[w]);
+        assert_eq!(&list[..len], &expected[..], "kc {kc}");
+    }
+}
