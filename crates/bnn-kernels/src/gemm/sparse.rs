@@ -223,7 +223,7 @@ pub(super) unsafe fn product<S: Simd>(
         let c = Disjoint::new(dst);
         let go = |r0, r1, c0, c1| {
             rows::<S>(
-                (m, n, k),
+                (n, k),
                 (r0, r1, c0, c1),
                 lhs,
                 rhs,
@@ -297,7 +297,7 @@ pub(super) unsafe fn product_by_columns<S: Simd>(
             );
             split(n, threads, 1, |r0, r1| {
                 rows::<S>(
-                    (n, m, k),
+                    (m, k),
                     (r0, r1, 0, m),
                     a,
                     b,
@@ -333,11 +333,11 @@ unsafe fn transpose<S: Simd>(
     });
 }
 
-/// Rows r0..r1, columns c0..c1 of C (m × n × k as `shape`) on this thread: k blocks, then
-/// column tiles (B's panel packed once for all the rows), then rows.
+/// Rows r0..r1, columns c0..c1 of C (n columns; k the length of the sums) on this
+/// thread: k blocks, then column tiles (B's panel packed once for all the rows), then rows.
 #[allow(clippy::too_many_arguments)]
 unsafe fn rows<S: Simd>(
-    (_m, n, k): (usize, usize, usize),
+    (n, k): (usize, usize),
     (r0, r1, c0, c1): (usize, usize, usize, usize),
     lhs: Mat<'_>,
     rhs: Mat<'_>,
