@@ -401,7 +401,7 @@ mod tests {
 
     #[test]
     fn transpose_bits_moves_each_entry_to_its_mirror() {
-        // A pattern with no symmetry: entry (r, c) set where (7r + 3c) mod 5 < 2.
+        // A pattern with no symmetry: entry (r, c) set where (7r + 3c) mod 5 < 2 or r = 2c.
         let set = |r: usize, c: usize| (7 * r + 3 * c) % 5 < 2 || r == 2 * c;
         let mut m = [0u64; 64];
         for (r, word) in m.iter_mut().enumerate() {
