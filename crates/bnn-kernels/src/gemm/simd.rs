@@ -100,6 +100,9 @@ pub(super) trait Simd: Copy + 'static {
     unsafe fn sparse_rows(t: &Rows<'_>);
     /// The sampler update of a finished tile ([`super::nn::update_body`]).
     unsafe fn update<const R: usize, const V: usize>(acc: &[[Self::V; V]; R], u: &UpdateTile);
+    /// `rows` (≤ LANES) floats at each `src + p·ld`, p < kc, to `dst + p·rows`
+    /// ([`super::nn::pack_columns_body`]).
+    unsafe fn pack_columns(src: *const f32, ld: usize, rows: usize, kc: usize, dst: *mut f32);
     /// Source rows `row_range`, columns `first..end` of `src` (row stride `cols`):
     /// element (r, c) to `dst + (c − first)·ld + r − row_range.0`.
     #[allow(clippy::too_many_arguments)]
@@ -172,6 +175,14 @@ macro_rules! entries {
                 super::nn::update_body::<$isa, R, V>(acc, u)
             }}
             go::<R, V>(acc, u)
+        }}
+
+        unsafe fn pack_columns(src: *const f32, ld: usize, rows: usize, kc: usize, dst: *mut f32) { unsafe {
+            $(#[target_feature(enable = $feature)])?
+            unsafe fn go(src: *const f32, ld: usize, rows: usize, kc: usize, dst: *mut f32) { unsafe {
+                super::nn::pack_columns_body::<$isa>(src, ld, rows, kc, dst)
+            }}
+            go(src, ld, rows, kc, dst)
         }}
 
         unsafe fn fma_chains(iters: usize) -> f32 { unsafe {

@@ -47,7 +47,11 @@ pub(super) enum RowStore {
     AddScaled(*const f32, f32),
 }
 
-/// The rows of one (k block, column tile) of V vectors (`FULL`: no column outside C).
+/// The rows of one (k block, column tile) of V vectors (`FULL`: no column outside C),
+/// two rows at a time: the two rows' terms are interleaved so that each step of the k
+/// loop has 2·V independent multiply-add chains instead of V (one row's chain of V
+/// sums waits on the multiply-add's latency after every listed k). Each row still sums
+/// its own list in order, so the bits are those of one row at a time.
 ///
 /// # Safety
 /// The path's features present (inlined into its entry); every (row, listed p, column)
@@ -59,33 +63,87 @@ pub(super) unsafe fn rows_body<S: Simd, const V: usize, const FULL: bool>(t: &Ro
         for (v, m) in masks.iter_mut().enumerate() {
             *m = S::mask(t.cols.saturating_sub(S::LANES * v));
         }
-        for r in 0..t.rows {
+        let list = |r: usize| &t.lists[t.starts[r]..t.starts[r + 1]];
+        let mut r = 0;
+        while r + 2 <= t.rows {
+            let (a0, a1) = (t.a.add(r * t.lda), t.a.add((r + 1) * t.lda));
+            let (l0, l1) = (list(r), list(r + 1));
+            let (mut acc0, mut acc1) = ([S::zero(); V], [S::zero(); V]);
+            for (&p0, &p1) in l0.iter().zip(l1) {
+                row_term::<S, V, FULL>(t, &masks, &mut acc0, a0, p0);
+                row_term::<S, V, FULL>(t, &masks, &mut acc1, a1, p1);
+            }
+            let both = l0.len().min(l1.len());
+            for &p in &l0[both..] {
+                row_term::<S, V, FULL>(t, &masks, &mut acc0, a0, p);
+            }
+            for &p in &l1[both..] {
+                row_term::<S, V, FULL>(t, &masks, &mut acc1, a1, p);
+            }
+            row_store::<S, V, FULL>(t, &masks, &acc0, r);
+            row_store::<S, V, FULL>(t, &masks, &acc1, r + 1);
+            r += 2;
+        }
+        if r < t.rows {
             let a = t.a.add(r * t.lda);
             let mut acc = [S::zero(); V];
-            for &p in &t.lists[t.starts[r]..t.starts[r + 1]] {
-                let x = S::splat(*a.add(p as usize * t.a_k));
-                let bp = t.b.add(p as usize * t.ldb);
-                for v in 0..V {
-                    // Only a tile's last vector can reach past C's last column.
-                    let full = FULL || v + 1 < V;
-                    let b = S::load_part(full, masks[v], bp.wrapping_add(S::LANES * v));
-                    acc[v] = S::fmadd(x, b, acc[v]);
+            for &p in list(r) {
+                row_term::<S, V, FULL>(t, &masks, &mut acc, a, p);
+            }
+            row_store::<S, V, FULL>(t, &masks, &acc, r);
+        }
+    }
+}
+
+/// acc += a[p]·B[p, tile]: one listed term of a row (`a` the row's first scalar).
+///
+/// # Safety
+/// As [`rows_body`].
+#[inline(always)]
+unsafe fn row_term<S: Simd, const V: usize, const FULL: bool>(
+    t: &Rows<'_>,
+    masks: &[S::M; V],
+    acc: &mut [S::V; V],
+    a: *const f32,
+    p: u32,
+) {
+    unsafe {
+        let x = S::splat(*a.add(p as usize * t.a_k));
+        let bp = t.b.add(p as usize * t.ldb);
+        for v in 0..V {
+            // Only a tile's last vector can reach past C's last column.
+            let full = FULL || v + 1 < V;
+            let b = S::load_part(full, masks[v], bp.wrapping_add(S::LANES * v));
+            acc[v] = S::fmadd(x, b, acc[v]);
+        }
+    }
+}
+
+/// Row `r`'s sums into C, as `t.store` says.
+///
+/// # Safety
+/// As [`rows_body`].
+#[inline(always)]
+unsafe fn row_store<S: Simd, const V: usize, const FULL: bool>(
+    t: &Rows<'_>,
+    masks: &[S::M; V],
+    acc: &[S::V; V],
+    r: usize,
+) {
+    unsafe {
+        let out = t.c.add(r * t.ldc);
+        for (v, &val) in acc.iter().enumerate() {
+            let o = out.wrapping_add(S::LANES * v);
+            let val = match t.store {
+                RowStore::Overwrite => val,
+                RowStore::Accumulate => S::add(val, S::load_part(FULL, masks[v], o)),
+                RowStore::AddScaled(w, scale) => {
+                    let w = w.wrapping_add(r * t.ldc + S::LANES * v);
+                    let w = S::load_part(FULL, masks[v], w);
+                    S::add(val, S::mul(S::splat(scale), w))
                 }
-            }
-            let out = t.c.add(r * t.ldc);
-            for (v, &val) in acc.iter().enumerate() {
-                let o = out.wrapping_add(S::LANES * v);
-                let val = match t.store {
-                    RowStore::Overwrite => val,
-                    RowStore::Accumulate => S::add(val, S::load_part(FULL, masks[v], o)),
-                    RowStore::AddScaled(w, scale) => {
-                        let w = w.wrapping_add(r * t.ldc + S::LANES * v);
-                        let w = S::load_part(FULL, masks[v], w);
-                        S::add(val, S::mul(S::splat(scale), w))
-                    }
-                };
-                S::store_part(FULL, masks[v], o, val)
-            }
+            };
+            S::store_part(FULL, masks[v], o, val)
         }
     }
 }

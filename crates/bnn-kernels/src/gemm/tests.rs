@@ -578,7 +578,7 @@ fn the_update_in_the_epilogue_is_the_same_on_every_path() {
 fn lhs_packing_and_strided_dst_do_not_change_a_bit() {
     on_every_path(|path| {
         // A row-major (packed by register transposes) against the same A given as the
-        // transpose of its transpose (packed element by element); dst inside a wider
+        // transpose of its transpose (packed a masked vector per k); dst inside a wider
         // matrix (a convolution's chunk of images) against a contiguous dst, with the
         // columns outside the chunk untouched.
         for (m, n, k) in [(16, 784, 144), (13, 50, 300), (7, 17, 19), (1, 9, 1)] {
