@@ -36,8 +36,10 @@ pub(super) trait Simd: Copy + 'static {
     const TILE_V: usize;
     /// Rows of a tile that skips lhs zeros (see `nn`).
     const TILE_R_LHS_ZEROS: usize;
-    /// Most vectors of a tile of `sparse` (one row; at most 6). On AVX2, 8 and 13 (100
-    /// columns in one tile) measured no faster on the first layer's products than 6.
+    /// Most vectors of a tile of `sparse` (one row; at most 6, the widest arm of
+    /// [`Simd::sparse_rows`], checked at compile time; its rows run two at a time, so
+    /// 2·SPARSE_V sums are held). On AVX2, 8 and 13 (100 columns in one tile) measured no
+    /// faster on the first layer's products than 6.
     const SPARSE_V: usize;
     type V: Copy;
     type M: Copy;
@@ -729,3 +731,8 @@ impl Simd for Portable {
         }
     }
 }
+
+// The widest tile `sparse_rows` dispatches is 6 vectors.
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(<Avx512 as Simd>::SPARSE_V <= 6 && <Avx2 as Simd>::SPARSE_V <= 6);
+const _: () = assert!(<Portable as Simd>::SPARSE_V <= 6);
