@@ -650,7 +650,9 @@ pub(super) unsafe fn b_block<S: Simd>(
 }
 
 /// `rows` (≤ the path's lanes) floats at each `src + p·ld`, p < kc, to `dst + p·rows`:
-/// one masked load and store per p.
+/// one masked load per p, and a whole-vector store wherever it stays inside the kc·rows
+/// floats (its extra lanes land on the next p's, which overwrites them): a masked store
+/// is microcoded on AMD Zen (see `store_first`).
 ///
 /// # Safety
 /// The path's features present (inlined into its entry); both ranges inside their buffers.
@@ -667,7 +669,8 @@ pub(super) unsafe fn pack_columns_body<S: Simd>(
         let mask = S::mask(rows);
         for p in 0..kc {
             let v = S::load_part(false, mask, src.add(p * ld));
-            S::store_part(false, mask, dst.add(p * rows), v);
+            let whole = p * rows + S::LANES <= kc * rows;
+            S::store_part(whole, mask, dst.add(p * rows), v);
         }
     }
 }
