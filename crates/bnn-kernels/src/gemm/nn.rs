@@ -530,8 +530,9 @@ pub(super) unsafe fn product<S: Simd>(
                             } else if a_rs == 1 {
                                 // Columns of A contiguous (the transpose of a row-major
                                 // matrix, Δᵀ of a weight gradient): `rows` floats per k, one
-                                // masked vector each, where the scalar copy with its bounds
-                                // checks was 2–3% of a batch-1000 784-400-400 step.
+                                // vector each (see `pack_columns_body`), where the scalar copy
+                                // with its bounds checks was 2–3% of a batch-1000 784-400-400
+                                // step.
                                 debug_assert!(out.len() >= kc * rows);
                                 // SAFETY: columns p0..p0+kc of rows i..i+rows of A, inside
                                 // the extent checked by `product`; out holds kc·rows floats.

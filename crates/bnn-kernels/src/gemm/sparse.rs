@@ -422,14 +422,15 @@ fn column_cuts(z: &NonZero, (k, n): (usize, usize), tiles: usize, parts: usize) 
         }
     }
     spill(&mut lanes, &mut counts);
+    // Each group's work, in place of its count.
     let visit = (k.div_ceil(KC) * tiles * VISIT_TERMS) as u64;
-    let work: Vec<u64> = (0..groups)
-        .map(|g| counts[g] * step as u64 + visit * (n.min(8 * g + 8) - 8 * g) as u64)
-        .collect();
-    let total: u64 = work.iter().sum();
+    for (g, c) in counts.iter_mut().enumerate() {
+        *c = *c * step as u64 + visit * (n.min(8 * g + 8) - 8 * g) as u64;
+    }
+    let total: u64 = counts.iter().sum();
     let mut cuts = vec![0];
     let mut sum = 0;
-    for (g, &w) in work.iter().enumerate() {
+    for (g, &w) in counts.iter().enumerate() {
         // Each share that falls inside group g: cut where it falls, the group's work taken
         // as even over its columns (a group of MNIST's is 2% of a half).
         while cuts.len() < parts {
