@@ -165,6 +165,64 @@ fn cpu_op_is_independent_of_thread_count() {
     assert_eq!(s1.to_bits(), s2.to_bits());
 }
 
+/// Σ of `x` in the order the fused op promises: eight f64 lanes per tile of 256 (then
+/// the lanes added), tiles added from zero within each chunk of `cpu::CHUNK`, chunks
+/// added in order. Written out here so that a change of the op's split cannot move it.
+fn chunk_ordered_sum(x: &[f32]) -> f64 {
+    let tile = |t: &[f32]| {
+        let mut lanes = [0f64; 8];
+        for (i, &v) in t.iter().enumerate() {
+            lanes[i % 8] += v as f64;
+        }
+        lanes.iter().sum::<f64>()
+    };
+    let chunk = |c: &[f32]| c.chunks(256).fold(0.0, |s, t| s + tile(t));
+    x.chunks(cpu::CHUNK).map(chunk).sum()
+}
+
+/// Σv² and Σα come out in that fixed order, bit for bit, whatever the op's parts (these
+/// lengths are split into parts that do not fall on chunk boundaries: 2.4 chunks is four
+/// parts on two threads), on the pool and on one thread.
+#[test]
+fn sums_follow_the_fixed_chunk_order() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+    let c = StepConsts::new(1e-4, 0.1, 0.004);
+    let key = NoiseKey {
+        seed: 4,
+        step: 9,
+        param: 1,
+    };
+    for n in [78_400, 5 * cpu::CHUNK + 3, 2 * cpu::CHUNK + 100] {
+        let theta = random(n, 1.0, &mut rng);
+        let v = random(n, 0.01, &mut rng);
+        let g = random(n, 10.0, &mut rng);
+        let alpha: Vec<f32> = (0..n).map(|_| rng.random_range(-0.5..2.0)).collect();
+        let momentum = || {
+            let (mut t, mut m) = (theta.clone(), v.clone());
+            let s = cpu::step(Update::Momentum, &mut t, &mut m, &g, key, c);
+            (s, m)
+        };
+        for (s, m) in [momentum(), on_one_thread(momentum)] {
+            let squares: Vec<f32> = m.iter().map(|v| v * v).collect();
+            assert_eq!(s.to_bits(), chunk_ordered_sum(&squares).to_bits(), "n={n}");
+        }
+        let thermostat = || {
+            let (mut t, mut m, mut a) = (theta.clone(), v.clone(), alpha.clone());
+            let s = cpu::thermostat_step(&mut t, &mut m, &mut a, &g, key, c, false);
+            (s, m, a)
+        };
+        for ((s_v, s_a), m, a) in [thermostat(), on_one_thread(thermostat)] {
+            let squares: Vec<f32> = m.iter().map(|v| v * v).collect();
+            assert_eq!(
+                s_v.to_bits(),
+                chunk_ordered_sum(&squares).to_bits(),
+                "n={n}"
+            );
+            assert_eq!(s_a.to_bits(), chunk_ordered_sum(&a).to_bits(), "n={n}");
+        }
+    }
+}
+
 /// The update inside the weight gradient's product (first layer of 784-400-400-10 at
 /// batch 100, zero inputs skipped) gives the same θ, v and Σv² on one thread as on all.
 #[test]

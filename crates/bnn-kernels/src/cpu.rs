@@ -1,7 +1,7 @@
-//! The fused step on the CPU: fixed chunks run on [`crate::pool`], inner loops over blocks of 4
-//! elements (one Philox call each) that the compiler vectorises; AVX2+FMA and AVX-512 builds
-//! of the same code are chosen by [`super::isa`]. No allocation per step beyond the
-//! per-chunk partial sums.
+//! The fused step on the CPU: even parts of whole tiles run on [`crate::pool`], inner loops
+//! over blocks of 4 elements (one Philox call each) that the compiler vectorises; AVX2+FMA
+//! and AVX-512 builds of the same code are chosen by [`super::isa`]. No allocation per step
+//! beyond the per-tile partial sums.
 
 use std::cell::{Cell, RefCell};
 
@@ -13,9 +13,11 @@ use super::{buffer::StateBuffer, StepConsts, Update};
 use crate::pool::{self, Disjoint};
 use crate::rng::NoiseKey;
 
-/// Elements per parallel chunk: a multiple of 4 (Philox blocks never straddle chunks) and
-/// fixed, so the partial sums and their order do not depend on the number of threads.
+/// Elements per chunk of the sums: Σv² (and Σα) is summed tile by tile within each chunk,
+/// then over chunks in order. Fixed, so the sums do not depend on the number of threads;
+/// a multiple of [`TILE`].
 pub const CHUNK: usize = 1 << 15;
+const _: () = assert!(CHUNK.is_multiple_of(TILE));
 /// Elements whose noise is generated before they are updated (keeps z in L1).
 const TILE: usize = 256;
 
@@ -112,10 +114,12 @@ struct Chunk<'a> {
     c: StepConsts,
 }
 
+/// The tiles of one part: each tile's Σv² into `sums` (one entry per tile).
+///
 /// # Safety
 /// The CPU has the features `N` needs.
 #[inline(always)]
-unsafe fn chunk_update<N: Normals>(job: Chunk<'_>) -> f64 {
+unsafe fn chunk_update<N: Normals>(job: Chunk<'_>, sums: &mut [f64]) {
     unsafe {
         let Chunk {
             update,
@@ -126,7 +130,6 @@ unsafe fn chunk_update<N: Normals>(job: Chunk<'_>) -> f64 {
             offset,
             c,
         } = job;
-        let mut sum = 0f64;
         let mut start = 0;
         while start < theta.len() {
             let end = (start + TILE).min(theta.len());
@@ -138,7 +141,7 @@ unsafe fn chunk_update<N: Normals>(job: Chunk<'_>) -> f64 {
             } else {
                 &mut momentum[start..end]
             };
-            sum += tile_update::<N>(
+            sums[start / TILE] = tile_update::<N>(
                 update,
                 &mut theta[start..end],
                 m,
@@ -149,7 +152,6 @@ unsafe fn chunk_update<N: Normals>(job: Chunk<'_>) -> f64 {
             );
             start = end;
         }
-        sum
     }
 }
 
@@ -158,29 +160,58 @@ unsafe fn chunk_update<N: Normals>(job: Chunk<'_>) -> f64 {
 /// its own, so the rest stays bit-identical to the portable build and the kernel header).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn chunk_update_avx2(job: Chunk<'_>) -> f64 {
-    unsafe { chunk_update::<super::noise::Avx2>(job) }
+unsafe fn chunk_update_avx2(job: Chunk<'_>, sums: &mut [f64]) {
+    unsafe { chunk_update::<super::noise::Avx2>(job, sums) }
 }
 
 /// The same code for 512-bit vectors (16 Philox blocks or normals per instruction).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
-unsafe fn chunk_update_avx512(job: Chunk<'_>) -> f64 {
-    unsafe { chunk_update::<Autovec>(job) }
+unsafe fn chunk_update_avx512(job: Chunk<'_>, sums: &mut [f64]) {
+    unsafe { chunk_update::<Autovec>(job, sums) }
 }
 
 /// [`chunk_update`] on `isa`'s build.
-fn chunk_dispatch(isa: Isa, job: Chunk<'_>) -> f64 {
+fn chunk_dispatch(isa: Isa, job: Chunk<'_>, sums: &mut [f64]) {
     match isa {
         // SAFETY: `isa` is at most what the CPU has (isa::current caps at Isa::best).
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { chunk_update_avx512(job) },
+        Isa::Avx512 => unsafe { chunk_update_avx512(job, sums) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { chunk_update_avx2(job) },
+        Isa::Avx2 => unsafe { chunk_update_avx2(job, sums) },
         // SAFETY: the compiler's own loops need nothing beyond the build's baseline.
-        _ => unsafe { chunk_update::<Autovec>(job) },
+        _ => unsafe { chunk_update::<Autovec>(job, sums) },
     }
+}
+
+/// How many even parts of whole tiles the pool runs a tensor of `n` elements in: one
+/// where it is a single chunk (too small to pay for a second thread), else its chunks
+/// rounded up to a multiple of the threads. Why not a part per chunk: 784-100-10's W₁ is
+/// 2.4 chunks, and the thread that ran two of the three parts took 100 µs of a 130 µs
+/// step of it while the other waited (batch 1000, timed per job).
+fn parts_of(n: usize) -> usize {
+    let chunks = n.div_ceil(CHUNK);
+    if chunks <= 1 {
+        return 1;
+    }
+    chunks
+        .next_multiple_of(pool::threads())
+        .min(n.div_ceil(TILE))
+}
+
+/// The tiles `first..last` of part `i` of `parts` over `tiles` tiles.
+fn part_tiles(i: usize, parts: usize, tiles: usize) -> (usize, usize) {
+    (i * tiles / parts, (i + 1) * tiles / parts)
+}
+
+/// Each chunk's sum of its tiles' sums (from zero, in tile order): the order of summation
+/// of one part per chunk, whatever the parts were.
+fn chunk_sums<T: Copy + Default + std::ops::Add<Output = T>>(tile_sums: &[T]) -> Vec<T> {
+    tile_sums
+        .chunks(CHUNK / TILE)
+        .map(|c| c.iter().fold(T::default(), |acc, &t| acc + t))
+        .collect()
 }
 
 /// Applies one fused update to a whole parameter tensor (`theta`, its `momentum` — empty
@@ -203,18 +234,19 @@ pub fn step(
         assert_eq!(theta.len(), momentum.len(), "momentum of the wrong length");
     }
     let n = theta.len();
-    let chunks = n.div_ceil(CHUNK);
-    let mut partials = vec![0f64; chunks];
+    let (tiles, parts) = (n.div_ceil(TILE), parts_of(n));
+    let mut tile_sums = vec![0f64; tiles];
     let isa = isa::current();
-    let (t, m, p) = (
+    let (t, m, s) = (
         Disjoint::new(theta),
         Disjoint::new(momentum),
-        Disjoint::new(&mut partials),
+        Disjoint::new(&mut tile_sums),
     );
-    pool::run(chunks, &|k| {
-        let (start, end) = (k * CHUNK, ((k + 1) * CHUNK).min(n));
-        // SAFETY: chunk k alone touches elements start..end of θ and v, and partials[k].
-        let (theta, momentum, partial) = unsafe {
+    pool::run(parts, &|i| {
+        let (first, last) = part_tiles(i, parts, tiles);
+        let (start, end) = (first * TILE, (last * TILE).min(n));
+        // SAFETY: part i alone touches elements start..end of θ and v, and its tiles' sums.
+        let (theta, momentum, sums) = unsafe {
             (
                 t.slice(start, end),
                 if update == Update::Momentum {
@@ -222,23 +254,21 @@ pub fn step(
                 } else {
                     &mut []
                 },
-                &mut p.slice(k, k + 1)[0],
+                s.slice(first, last),
             )
         };
-        *partial = chunk_dispatch(
-            isa,
-            Chunk {
-                update,
-                theta,
-                momentum,
-                grad: &grad[start..end],
-                key: &key,
-                offset: start,
-                c,
-            },
-        );
+        let job = Chunk {
+            update,
+            theta,
+            momentum,
+            grad: &grad[start..end],
+            key: &key,
+            offset: start,
+            c,
+        };
+        chunk_dispatch(isa, job, sums);
     });
-    partials.iter().sum()
+    chunk_sums(&tile_sums).iter().sum()
 }
 
 /// e^x in plain f32 operations that vectorise (libm's `expf` is a call per element):
@@ -339,11 +369,11 @@ struct ThermostatChunk<'a> {
     splitting: bool,
 }
 
-/// The thermostat tiles of one chunk.
+/// The thermostat tiles of one part: each tile's (Σv², Σα) into `sums`.
 /// # Safety
 /// The CPU has the features `N` needs.
 #[inline(always)]
-unsafe fn thermostat_chunk<N: Normals>(job: ThermostatChunk<'_>) -> (f64, f64) {
+unsafe fn thermostat_chunk<N: Normals>(job: ThermostatChunk<'_>, sums: &mut [Pair]) {
     unsafe {
         let ThermostatChunk {
             theta,
@@ -355,7 +385,6 @@ unsafe fn thermostat_chunk<N: Normals>(job: ThermostatChunk<'_>) -> (f64, f64) {
             c,
             splitting,
         } = job;
-        let mut sums = (0f64, 0f64);
         let mut start = 0;
         while start < theta.len() {
             let end = (start + TILE).min(theta.len());
@@ -369,10 +398,20 @@ unsafe fn thermostat_chunk<N: Normals>(job: ThermostatChunk<'_>) -> (f64, f64) {
                 c,
                 splitting,
             );
-            sums = (sums.0 + a, sums.1 + b);
+            sums[start / TILE] = Pair(a, b);
             start = end;
         }
-        sums
+    }
+}
+
+/// (Σv², Σα) of a tile, added as pairs.
+#[derive(Clone, Copy, Default)]
+struct Pair(f64, f64);
+
+impl std::ops::Add for Pair {
+    type Output = Pair;
+    fn add(self, o: Pair) -> Pair {
+        Pair(self.0 + o.0, self.1 + o.1)
     }
 }
 
@@ -380,33 +419,34 @@ unsafe fn thermostat_chunk<N: Normals>(job: ThermostatChunk<'_>) -> (f64, f64) {
 /// multiply-adds single instructions; the rest the same operations, so the same bits).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn thermostat_chunk_avx2(job: ThermostatChunk<'_>) -> (f64, f64) {
-    unsafe { thermostat_chunk::<super::noise::Avx2>(job) }
+unsafe fn thermostat_chunk_avx2(job: ThermostatChunk<'_>, sums: &mut [Pair]) {
+    unsafe { thermostat_chunk::<super::noise::Avx2>(job, sums) }
 }
 
 /// [`thermostat_chunk`] compiled for 512-bit vectors.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
-unsafe fn thermostat_chunk_avx512(job: ThermostatChunk<'_>) -> (f64, f64) {
-    unsafe { thermostat_chunk::<Autovec>(job) }
+unsafe fn thermostat_chunk_avx512(job: ThermostatChunk<'_>, sums: &mut [Pair]) {
+    unsafe { thermostat_chunk::<Autovec>(job, sums) }
 }
 
 /// [`thermostat_chunk`] on `isa`'s build.
-fn thermostat_dispatch(isa: Isa, job: ThermostatChunk<'_>) -> (f64, f64) {
+fn thermostat_dispatch(isa: Isa, job: ThermostatChunk<'_>, sums: &mut [Pair]) {
     match isa {
         // SAFETY: `isa` is at most what the CPU has (isa::current caps at Isa::best).
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { thermostat_chunk_avx512(job) },
+        Isa::Avx512 => unsafe { thermostat_chunk_avx512(job, sums) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { thermostat_chunk_avx2(job) },
+        Isa::Avx2 => unsafe { thermostat_chunk_avx2(job, sums) },
         // SAFETY: the compiler's own loops need nothing beyond the build's baseline.
-        _ => unsafe { thermostat_chunk::<Autovec>(job) },
+        _ => unsafe { thermostat_chunk::<Autovec>(job, sums) },
     }
 }
 
 /// The per-element-thermostat update of a whole parameter tensor (θ, v, α, gradient),
-/// on the pool over the same fixed chunks as [`step`]. Returns (Σv², Σα) after the update.
+/// on the pool in the same parts as [`step`]. Returns (Σv², Σα) after the update, summed
+/// over the same fixed chunks.
 pub fn thermostat_step(
     theta: &mut [f32],
     momentum: &mut [f32],
@@ -421,41 +461,40 @@ pub fn thermostat_step(
         grad.len() == n && momentum.len() == n && alpha.len() == n,
         "sampler state of the wrong length"
     );
-    let chunks = n.div_ceil(CHUNK);
-    let mut partials = vec![(0f64, 0f64); chunks];
+    let (tiles, parts) = (n.div_ceil(TILE), parts_of(n));
+    let mut tile_sums = vec![Pair::default(); tiles];
     let isa = isa::current();
-    let (t, m, al, p) = (
+    let (t, m, al, s) = (
         Disjoint::new(theta),
         Disjoint::new(momentum),
         Disjoint::new(alpha),
-        Disjoint::new(&mut partials),
+        Disjoint::new(&mut tile_sums),
     );
-    pool::run(chunks, &|k| {
-        let (first, last) = (k * CHUNK, ((k + 1) * CHUNK).min(n));
-        // SAFETY: chunk k alone touches elements first..last of θ, v, α and partials[k].
-        let (theta, momentum, alpha, partial) = unsafe {
+    pool::run(parts, &|i| {
+        let (first_tile, last_tile) = part_tiles(i, parts, tiles);
+        let (first, last) = (first_tile * TILE, (last_tile * TILE).min(n));
+        // SAFETY: part i alone touches elements first..last of θ, v, α and its tiles' sums.
+        let (theta, momentum, alpha, sums) = unsafe {
             (
                 t.slice(first, last),
                 m.slice(first, last),
                 al.slice(first, last),
-                &mut p.slice(k, k + 1)[0],
+                s.slice(first_tile, last_tile),
             )
         };
-        *partial = thermostat_dispatch(
-            isa,
-            ThermostatChunk {
-                theta,
-                momentum,
-                alpha,
-                grad: &grad[first..last],
-                key: &key,
-                first,
-                c,
-                splitting,
-            },
-        );
+        let job = ThermostatChunk {
+            theta,
+            momentum,
+            alpha,
+            grad: &grad[first..last],
+            key: &key,
+            first,
+            c,
+            splitting,
+        };
+        thermostat_dispatch(isa, job, sums);
     });
-    partials
+    chunk_sums(&tile_sums)
         .iter()
         .fold((0.0, 0.0), |acc, p| (acc.0 + p.0, acc.1 + p.1))
 }
