@@ -106,7 +106,9 @@ pub(super) trait Simd: Copy + 'static {
     /// ([`super::nn::pack_columns_body`]).
     unsafe fn pack_columns(src: *const f32, ld: usize, rows: usize, kc: usize, dst: *mut f32);
     /// Source rows `row_range`, columns `first..end` of `src` (row stride `cols`):
-    /// element (r, c) to `dst + (c − first)·ld + r − row_range.0`.
+    /// element (r, c) to `dst + (c − first)·ld + r − row_range.0`. Where `ld` is the
+    /// number of rows (columns back to back), nothing outside the block's
+    /// (end − first)·ld floats is written.
     #[allow(clippy::too_many_arguments)]
     unsafe fn transpose(
         src: *const f32,
@@ -515,6 +517,8 @@ impl Simd for Avx2 {
     ) {
         unsafe {
             let d = dst.wrapping_sub(first * ld).wrapping_sub(row_range.0);
+            // (One block of rows: a later block's extra lanes would land on this one's.)
+            let packed = ld == row_range.1 - row_range.0 && ld <= 8;
             for r0 in (row_range.0..row_range.1).step_by(8) {
                 let rb = 8.min(row_range.1 - r0);
                 for c0 in (first..end).step_by(8) {
@@ -552,7 +556,12 @@ impl Simd for Avx2 {
                             _mm256_permute2f128_ps::<0x31>(u[e], u[4 + e])
                         };
                         let at = d.wrapping_add((c0 + c) * ld + r0);
-                        if rb == 8 {
+                        // Where the columns are packed back to back (ld = the rows), a
+                        // whole store that stays inside the block lands its extra lanes
+                        // on later columns, which are stored after it: a 6-row tile of
+                        // A then takes one store per k, not a 4- and a 2-lane store.
+                        let inside = packed && (c0 + c - first) * ld + 8 <= (end - first) * ld;
+                        if rb == 8 || inside {
                             _mm256_storeu_ps(at, v);
                         } else {
                             store_first(at, v, rb);
