@@ -15,7 +15,7 @@ use crate::rng::NoiseKey;
 
 /// Elements per chunk of the sums: Σv² (and Σα) is summed tile by tile within each chunk,
 /// then over chunks in order. Fixed, so the sums do not depend on the number of threads;
-/// a multiple of [`TILE`].
+/// a multiple of the 256-element tile.
 pub const CHUNK: usize = 1 << 15;
 const _: () = assert!(CHUNK.is_multiple_of(TILE));
 /// Elements whose noise is generated before they are updated (keeps z in L1).
