@@ -4,6 +4,7 @@
 //! beyond the per-tile partial sums.
 
 use std::cell::{Cell, RefCell};
+use std::ops::Range;
 
 use candle_core::{backend::BackendStorage, CpuStorage, InplaceOp2, Layout};
 
@@ -200,18 +201,20 @@ fn parts_of(n: usize) -> usize {
         .min(n.div_ceil(TILE))
 }
 
-/// The tiles `first..last` of part `i` of `parts` over `tiles` tiles.
-fn part_tiles(i: usize, parts: usize, tiles: usize) -> (usize, usize) {
-    (i * tiles / parts, (i + 1) * tiles / parts)
+/// Part `i` of `parts` over a tensor of `n` elements: its tiles and its elements.
+fn part_range(i: usize, parts: usize, n: usize) -> (Range<usize>, Range<usize>) {
+    let tiles = n.div_ceil(TILE);
+    let (first, last) = (i * tiles / parts, (i + 1) * tiles / parts);
+    (first..last, first * TILE..(last * TILE).min(n))
 }
 
-/// Each chunk's sum of its tiles' sums (from zero, in tile order): the order of summation
-/// of one part per chunk, whatever the parts were.
-fn chunk_sums<T: Copy + Default + std::ops::Add<Output = T>>(tile_sums: &[T]) -> Vec<T> {
+/// The tiles' sums added in the fixed order: from zero in tile order within each chunk,
+/// then the chunks' sums from zero in order, whatever the parts were.
+fn chunk_ordered_sum<T: Copy + Default + std::ops::Add<Output = T>>(tile_sums: &[T]) -> T {
+    let chunk = |c: &[T]| c.iter().fold(T::default(), |acc, &t| acc + t);
     tile_sums
         .chunks(CHUNK / TILE)
-        .map(|c| c.iter().fold(T::default(), |acc, &t| acc + t))
-        .collect()
+        .fold(T::default(), |acc, c| acc + chunk(c))
 }
 
 /// Applies one fused update to a whole parameter tensor (`theta`, its `momentum` — empty
@@ -234,8 +237,8 @@ pub fn step(
         assert_eq!(theta.len(), momentum.len(), "momentum of the wrong length");
     }
     let n = theta.len();
-    let (tiles, parts) = (n.div_ceil(TILE), parts_of(n));
-    let mut tile_sums = vec![0f64; tiles];
+    let parts = parts_of(n);
+    let mut tile_sums = vec![0f64; n.div_ceil(TILE)];
     let isa = isa::current();
     let (t, m, s) = (
         Disjoint::new(theta),
@@ -243,32 +246,32 @@ pub fn step(
         Disjoint::new(&mut tile_sums),
     );
     pool::run(parts, &|i| {
-        let (first, last) = part_tiles(i, parts, tiles);
-        let (start, end) = (first * TILE, (last * TILE).min(n));
-        // SAFETY: part i alone touches elements start..end of θ and v, and its tiles' sums.
+        let (tiles, elements) = part_range(i, parts, n);
+        // SAFETY: part i alone touches its elements of θ and v, and its tiles' sums.
         let (theta, momentum, sums) = unsafe {
             (
-                t.slice(start, end),
+                t.slice(elements.start, elements.end),
                 if update == Update::Momentum {
-                    m.slice(start, end)
+                    m.slice(elements.start, elements.end)
                 } else {
                     &mut []
                 },
-                s.slice(first, last),
+                s.slice(tiles.start, tiles.end),
             )
         };
         let job = Chunk {
             update,
             theta,
             momentum,
-            grad: &grad[start..end],
+            grad: &grad[elements.clone()],
             key: &key,
-            offset: start,
+            offset: elements.start,
             c,
         };
         chunk_dispatch(isa, job, sums);
     });
-    chunk_sums(&tile_sums).iter().sum()
+    // (Σv² ≥ +0, so starting the chunks' sum from +0 rather than −0 changes no bit.)
+    chunk_ordered_sum(&tile_sums)
 }
 
 /// e^x in plain f32 operations that vectorise (libm's `expf` is a call per element):
@@ -461,8 +464,8 @@ pub fn thermostat_step(
         grad.len() == n && momentum.len() == n && alpha.len() == n,
         "sampler state of the wrong length"
     );
-    let (tiles, parts) = (n.div_ceil(TILE), parts_of(n));
-    let mut tile_sums = vec![Pair::default(); tiles];
+    let parts = parts_of(n);
+    let mut tile_sums = vec![Pair::default(); n.div_ceil(TILE)];
     let isa = isa::current();
     let (t, m, al, s) = (
         Disjoint::new(theta),
@@ -471,15 +474,15 @@ pub fn thermostat_step(
         Disjoint::new(&mut tile_sums),
     );
     pool::run(parts, &|i| {
-        let (first_tile, last_tile) = part_tiles(i, parts, tiles);
-        let (first, last) = (first_tile * TILE, (last_tile * TILE).min(n));
+        let (tiles, elements) = part_range(i, parts, n);
+        let (first, last) = (elements.start, elements.end);
         // SAFETY: part i alone touches elements first..last of θ, v, α and its tiles' sums.
         let (theta, momentum, alpha, sums) = unsafe {
             (
                 t.slice(first, last),
                 m.slice(first, last),
                 al.slice(first, last),
-                s.slice(first_tile, last_tile),
+                s.slice(tiles.start, tiles.end),
             )
         };
         let job = ThermostatChunk {
@@ -494,9 +497,8 @@ pub fn thermostat_step(
         };
         thermostat_dispatch(isa, job, sums);
     });
-    chunk_sums(&tile_sums)
-        .iter()
-        .fold((0.0, 0.0), |acc, p| (acc.0 + p.0, acc.1 + p.1))
+    let Pair(squares, alphas) = chunk_ordered_sum(&tile_sums);
+    (squares, alphas)
 }
 
 /// The fused step as a candle in-place op on (θ, ∇Ũ): θ is the destination (the `Var`'s
