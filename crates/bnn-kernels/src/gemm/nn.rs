@@ -481,23 +481,27 @@ pub(super) unsafe fn product<S: Simd>(
                     tiles.push((i, rows));
                     i += rows;
                 }
-                for p0 in (0..k).step_by(KC) {
-                    let kc = KC.min(k - p0);
-                    if let Zeros::Lhs(z) = opts.zeros {
-                        // The k of this block where some row of the tile is not zero.
-                        lens.clear();
-                        lists.resize(KC * tiles.len().max(1), 0);
-                        for (t, &(i, rows)) in tiles.iter().enumerate() {
-                            let list = &mut lists[t * KC..(t + 1) * KC];
-                            lens.push(block_ks(kc, list, |word| {
-                                (i..i + rows).fold(0, |acc, r| acc | z.row(r)[p0 / 64 + word])
-                            }));
+                if lhs_zeros {
+                    lens.resize(tiles.len(), 0);
+                    lists.resize(KC * tiles.len().max(1), 0);
+                }
+                // Row tiles in even blocks of at most about MC rows (see MC), each block
+                // over all k blocks before the next: its rows of C (MC × n) stay in L2
+                // from one k block to the next instead of passing through L3.
+                let mut t0 = 0;
+                for per_block in balanced(tiles.len(), (MC / tile_rows).max(1)) {
+                    let t1 = t0 + per_block;
+                    for p0 in (0..k).step_by(KC) {
+                        let kc = KC.min(k - p0);
+                        if let Zeros::Lhs(z) = opts.zeros {
+                            // The k of this block where some row of the tile is not zero.
+                            for (t, &(i, rows)) in tiles.iter().enumerate().take(t1).skip(t0) {
+                                let list = &mut lists[t * KC..(t + 1) * KC];
+                                lens[t] = block_ks(kc, list, |word| {
+                                    (i..i + rows).fold(0, |acc, r| acc | z.row(r)[p0 / 64 + word])
+                                });
+                            }
                         }
-                    }
-                    // Row tiles in even blocks of at most about MC rows (see MC).
-                    let mut t0 = 0;
-                    for per_block in balanced(tiles.len(), (MC / tile_rows).max(1)) {
-                        let t1 = t0 + per_block;
                         // A's rows of these tiles for this k block, packed: the k loop then
                         // reads R consecutive scalars per step through one pointer (with lhs
                         // zeros, only the k of the tile's list).
@@ -609,8 +613,8 @@ pub(super) unsafe fn product<S: Simd>(
                             }
                             j += cols;
                         }
-                        t0 = t1;
                     }
+                    t0 = t1;
                 }
             })
         };

@@ -410,13 +410,22 @@ fn every_path_sums_in_the_promised_order() {
     // multiply-adds), which is what makes avx512 and avx2 give the same samples. The
     // portable path without FMA (x86-64 baseline) rounds a·b and then the sum: the model
     // with two roundings gives its bits instead. Shapes: the first layer of
-    // 784-400-400-10 at batch 100 (several k blocks, both thread splits) and ragged
-    // ones; rhs row-major and transposed; with zeros skipped.
-    for (m, n, k) in [(100, 400, 784), (37, 70, 129), (7, 17, 19), (9, 130, 300)] {
+    // 784-400-400-10 at batch 100 (several k blocks, both thread splits), one of several
+    // row blocks of MC rows and several k blocks (400 × 40 × 300), and ragged ones; lhs
+    // row-major and transposed, rhs row-major and transposed; with zeros skipped.
+    for (m, n, k) in [
+        (100, 400, 784),
+        (400, 40, 300),
+        (37, 70, 129),
+        (7, 17, 19),
+        (9, 130, 300),
+    ] {
         let a = sparse_values(m * k, k, 0.5, 31 + m as u64);
         let b = sparse_values(k * n, n, 0.0, 32 + n as u64);
         let mut bt = vec![0f32; k * n];
         transpose_scalar(&b, k, n, &mut bt);
+        let mut at = vec![0f32; m * k];
+        transpose_scalar(&a, m, k, &mut at);
         let mut za = NonZero::default();
         za.record(&a, m, k);
         let fused = product_in_promised_order(m, n, k, &a, &b, true);
@@ -427,7 +436,14 @@ fn every_path_sums_in_the_promised_order() {
             } else {
                 &fused
             };
-            for rhs in [Mat::rows(&b, n), Mat::transposed(&bt, k)] {
+            let lhs_layouts = [
+                ("rows", Mat::rows(&a, k)),
+                ("transposed", Mat::transposed(&at, m)),
+            ];
+            for ((layout, lhs), rhs) in lhs_layouts
+                .into_iter()
+                .flat_map(|l| [(l, Mat::rows(&b, n)), (l, Mat::transposed(&bt, k))])
+            {
                 for (split_columns, zeros) in [
                     (false, Zeros::Unknown),
                     (true, Zeros::Unknown),
@@ -439,9 +455,12 @@ fn every_path_sums_in_the_promised_order() {
                         ..Options::default()
                     };
                     let mut c = vec![f32::NAN; m * n];
-                    product(m, n, k, &mut c, Mat::rows(&a, k), rhs, opts);
+                    product(m, n, k, &mut c, lhs, rhs, opts);
                     let same = c.iter().zip(want).all(|(x, y)| x.to_bits() == y.to_bits());
-                    assert!(same, "{path} {m}x{n}x{k} split_columns {split_columns}");
+                    assert!(
+                        same,
+                        "{path} {m}x{n}x{k} lhs {layout} split_columns {split_columns}"
+                    );
                 }
             }
         });
