@@ -76,6 +76,9 @@ pub struct MlpBackprop {
     /// The minibatch's non-zero inputs: the first layer's forward product and weight
     /// gradient skip blank pixels.
     input_nonzero: NonZero,
+    /// Whether `input_nonzero` was handed out ([`MlpBackprop::next_input_map`]) to be
+    /// filled with the next forward pass's input: that pass then takes it as it is.
+    input_recorded: bool,
     /// Whether this minibatch has zeros enough for skipping them to pay.
     sparse_input: bool,
     /// Output errors of the current and the previous layer.
@@ -376,6 +379,7 @@ impl MlpBackprop {
             delta_prev: vec![0.0; batch * max_width],
             activation: model.spec.activation,
             input_nonzero: NonZero::default(),
+            input_recorded: false,
             sparse_input: false,
             widths,
             grads: Vec::new(),
@@ -436,6 +440,15 @@ impl MlpBackprop {
         }
     }
 
+    /// The zero map of the first layer's input, for the gather of the next minibatch to
+    /// record as it writes the rows ([`crate::data::Split::gather_recording`]): the next
+    /// forward pass takes it as the map of its input instead of reading the input again.
+    /// The caller fills it with exactly that input.
+    pub fn next_input_map(&mut self) -> &mut NonZero {
+        self.input_recorded = true;
+        &mut self.input_nonzero
+    }
+
     /// Forward pass on `rows` inputs `x` (row-major); returns the logits (rows × classes).
     pub fn forward(&mut self, model: &Network, x: &[f32], rows: usize) -> Result<&[f32]> {
         let views = self.prepare(model, x, rows)?;
@@ -451,7 +464,13 @@ impl MlpBackprop {
         rows: usize,
     ) -> Result<()> {
         let layers = self.widths.len() - 1;
-        self.input_nonzero.record(x, rows, self.widths[0]);
+        // The map the minibatch's gather recorded, where it did (a map of another shape
+        // cannot be this input's).
+        let recorded = std::mem::take(&mut self.input_recorded)
+            && self.input_nonzero.shape() == (rows, self.widths[0]);
+        if !recorded {
+            self.input_nonzero.record(x, rows, self.widths[0]);
+        }
         // Standardised inputs have (almost) no zeros: the lists would be full.
         self.sparse_input = self.input_nonzero.density() <= MAX_SKIPPING_DENSITY;
         for k in 0..layers {

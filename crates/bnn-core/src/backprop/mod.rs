@@ -113,6 +113,16 @@ impl Backprop {
         }
     }
 
+    /// The first layer's zero map for the next minibatch's gather to record
+    /// ([`mlp::MlpBackprop::next_input_map`]); none where the pass keeps no map (the
+    /// convolutional networks).
+    pub fn next_input_map(&mut self) -> Option<&mut crate::kernels::gemm::NonZero> {
+        match self {
+            Backprop::Mlp(b) => Some(b.next_input_map()),
+            _ => None,
+        }
+    }
+
     /// [`Backprop::loss_and_grad_then`] for any task's targets; real-valued targets (a
     /// Gaussian likelihood) need the MLP's pass.
     pub fn targets_then(

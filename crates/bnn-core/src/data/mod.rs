@@ -17,6 +17,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::kernels::gemm::NonZero;
 pub use registry::{DatasetSpec, FileSpec};
 use registry::{TEST_IMAGES, TEST_LABELS, TRAIN_IMAGES, TRAIN_LABELS};
 
@@ -154,6 +155,28 @@ impl Split {
     /// Writes the images at `indices`, scaled to `[0, 1]` (or standardised), into `x` and
     /// their labels into `y`.
     pub fn gather(&self, indices: &[usize], x: &mut Vec<f32>, y: &mut Vec<u32>) {
+        self.gather_into(indices, x, y, None)
+    }
+
+    /// [`Split::gather`], recording into `map` which entries of `x` are not zero as each
+    /// row is written (the first layer's zero map; the same as `map.record(x, ..)` after).
+    pub fn gather_recording(
+        &self,
+        indices: &[usize],
+        x: &mut Vec<f32>,
+        y: &mut Vec<u32>,
+        map: &mut NonZero,
+    ) {
+        self.gather_into(indices, x, y, Some(map))
+    }
+
+    fn gather_into(
+        &self,
+        indices: &[usize],
+        x: &mut Vec<f32>,
+        y: &mut Vec<u32>,
+        map: Option<&mut NonZero>,
+    ) {
         let d = self.dim();
         y.clear();
         y.extend(
@@ -167,36 +190,47 @@ impl Split {
             for (row, &i) in x.chunks_exact_mut(d).zip(indices) {
                 row.copy_from_slice(&self.features[i * d..(i + 1) * d]);
             }
+            if let Some(map) = map {
+                map.record(x, indices.len(), d);
+            }
             return;
         }
-        // Large minibatches convert on two threads, each its own rows of x.
-        let work = x.len();
         let std = self.standardization.as_deref();
-        crate::pool::halves(x, d, work, |part, at| {
-            let mine = &indices[at / d..];
-            for (k, (row, &i)) in part.chunks_exact_mut(d).zip(mine).enumerate() {
-                // The rows are scattered over the dataset: fetch the next one while this
-                // one converts (the hardware prefetcher only follows a row once it runs).
-                if let Some(&next) = mine.get(k + 1) {
-                    crate::kernels::isa::prefetch(&self.images[next * d..(next + 1) * d]);
-                }
-                let pixels = &self.images[i * d..(i + 1) * d];
-                match std {
-                    None => {
-                        for (o, &px) in row.iter_mut().zip(pixels) {
-                            *o = px as f32 / 255.0;
-                        }
+        // Row r of x from image indices[r].
+        let convert = |r: usize, row: &mut [f32]| {
+            // The rows are scattered over the dataset: fetch the next one while this one
+            // converts (the hardware prefetcher only follows a row once it runs).
+            if let Some(&next) = indices.get(r + 1) {
+                crate::kernels::isa::prefetch(&self.images[next * d..(next + 1) * d]);
+            }
+            let i = indices[r];
+            let pixels = &self.images[i * d..(i + 1) * d];
+            match std {
+                None => {
+                    for (o, &px) in row.iter_mut().zip(pixels) {
+                        *o = px as f32 / 255.0;
                     }
-                    Some(s) => {
-                        for (((o, &px), &m), &sd) in
-                            row.iter_mut().zip(pixels).zip(&s.mean).zip(&s.std)
-                        {
-                            *o = (px as f32 / 255.0 - m) / sd;
-                        }
+                }
+                Some(s) => {
+                    for (((o, &px), &m), &sd) in row.iter_mut().zip(pixels).zip(&s.mean).zip(&s.std)
+                    {
+                        *o = (px as f32 / 255.0 - m) / sd;
                     }
                 }
             }
-        });
+        };
+        // Large minibatches convert on two threads, each its own rows of x.
+        match map {
+            Some(map) => map.fill_and_record(x, indices.len(), d, convert),
+            None => {
+                let work = x.len();
+                crate::pool::halves(x, d, work, |part, at| {
+                    for (r, row) in (at / d..).zip(part.chunks_exact_mut(d)) {
+                        convert(r, row);
+                    }
+                });
+            }
+        }
     }
 
     /// Splits off the last `n` examples.
@@ -584,6 +618,63 @@ mod tests {
         ds.set_standardization(None).unwrap();
         ds.test.gather(&[1], &mut x, &mut y);
         assert_eq!(x, vec![1.0, 0.2, 0.2]);
+    }
+
+    #[test]
+    fn gather_recording_maps_the_rows_it_writes() {
+        // 50 images of 784 pixels, a fifth of them blank: 39,200 floats, past the size
+        // that the gather cuts between two threads; indices out of order and repeated.
+        let (n, d) = (50, 784);
+        let images: Vec<u8> = (0..n * d)
+            .map(|i| {
+                if (i * 7919) % 5 == 0 {
+                    0
+                } else {
+                    (i % 251) as u8 + 1
+                }
+            })
+            .collect();
+        let mut s = split(images, d);
+        let idx: Vec<usize> = (0..n).map(|i| (i * 17 + 3) % n).chain([4, 4]).collect();
+        let standardized = Standardization::of(&s, 0.05).unwrap();
+        let table = Split::of_table(
+            vec![0.0, 1.5, -2.0, 0.0, 0.0, 3.0],
+            3,
+            vec![0, 1],
+            Vec::new(),
+        );
+        for (label, part, idx) in [
+            ("pixels", s.clone(), &idx[..]),
+            (
+                "standardised",
+                {
+                    s.standardization = Some(Arc::new(standardized));
+                    s
+                },
+                &idx[..],
+            ),
+            ("table", table, &[1, 0, 1][..]),
+            ("one row", split(vec![0, 3, 0], 3), &[0][..]),
+        ] {
+            let (mut x, mut y, mut map) = (Vec::new(), Vec::new(), NonZero::default());
+            part.gather_recording(idx, &mut x, &mut y, &mut map);
+            let (mut x2, mut y2) = (Vec::new(), Vec::new());
+            part.gather(idx, &mut x2, &mut y2);
+            assert!(
+                x.iter().zip(&x2).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{label}"
+            );
+            assert_eq!((x.len(), &y), (x2.len(), &y2), "{label}");
+            let mut want = NonZero::default();
+            want.record(&x, idx.len(), part.dim());
+            assert_eq!(map, want, "{label}");
+            // Standardised pixels are (almost) never exactly zero; the others have zeros.
+            let density = map.density();
+            assert!(
+                density > 0.0 && (density < 1.0 || label == "standardised"),
+                "{label}"
+            );
+        }
     }
 
     #[test]

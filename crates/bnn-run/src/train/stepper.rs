@@ -105,7 +105,12 @@ impl Stepper {
             Some((aug, seed)) => {
                 augment::gather_augmented(split, idx, aug, seed, &mut self.xbuf, &mut self.ybuf)
             }
-            None => split.gather(idx, &mut self.xbuf, &mut self.ybuf),
+            // The first layer's zero map made as the rows are written, while each is in
+            // L1, rather than by the forward pass reading the minibatch again.
+            None => match self.backprop.as_mut().and_then(|bp| bp.next_input_map()) {
+                Some(map) => split.gather_recording(idx, &mut self.xbuf, &mut self.ybuf, map),
+                None => split.gather(idx, &mut self.xbuf, &mut self.ybuf),
+            },
         }
         if let Some(labels) = labels {
             for (y, &i) in self.ybuf.iter_mut().zip(idx) {
