@@ -154,14 +154,9 @@ impl NonZero {
     /// Records the non-zero entries of `data` (rows × cols, row-major); NaN counts as
     /// non-zero. Reuses the bitset's memory.
     pub fn record(&mut self, data: &[f32], rows: usize, cols: usize) {
-        assert!(data.len() >= rows * cols, "NonZero: data too small");
-        let words = cols.div_ceil(64);
-        (self.words, self.rows, self.cols) = (words, rows, cols);
-        self.bits.clear();
-        self.bits.resize(rows * words, 0);
-        if cols == 0 {
+        let Some(words) = self.reset(data.len(), rows, cols) else {
             return;
-        }
+        };
         let isa = isa::current();
         // Large maps on two threads, each its own rows.
         crate::pool::halves(&mut self.bits, words, rows * cols, |part, at| {
@@ -184,14 +179,9 @@ impl NonZero {
         cols: usize,
         fill: impl Fn(usize, &mut [f32]) + Sync,
     ) {
-        assert!(data.len() >= rows * cols, "NonZero: data too small");
-        let words = cols.div_ceil(64);
-        (self.words, self.rows, self.cols) = (words, rows, cols);
-        self.bits.clear();
-        self.bits.resize(rows * words, 0);
-        if cols == 0 {
+        let Some(words) = self.reset(data.len(), rows, cols) else {
             return;
-        }
+        };
         let isa = isa::current();
         let bits = crate::pool::Disjoint::new(&mut self.bits);
         crate::pool::halves(&mut data[..rows * cols], cols, rows * cols, |part, at| {
@@ -204,6 +194,17 @@ impl NonZero {
                 nonzero_words(isa, row, out);
             }
         });
+    }
+
+    /// Clears the map to rows × cols (for data of `len` floats); its words per row, or
+    /// none where a row has no columns.
+    fn reset(&mut self, len: usize, rows: usize, cols: usize) -> Option<usize> {
+        assert!(len >= rows * cols, "NonZero: data too small");
+        let words = cols.div_ceil(64);
+        (self.words, self.rows, self.cols) = (words, rows, cols);
+        self.bits.clear();
+        self.bits.resize(rows * words, 0);
+        (cols > 0).then_some(words)
     }
 
     /// (rows, columns) of the last map recorded.
