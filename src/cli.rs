@@ -11,7 +11,7 @@ use bnn::potential::Backward;
 use bnn::sampler::ladder::PairSchedule;
 use bnn::sampler::replica::ReplicaThermostat;
 use bnn::sampler::{Integrator, Kernel, SamplerKind};
-use bnn::settings::{OnDivergence, Settings};
+use bnn::settings::{ChainLayout, OnDivergence, Settings};
 
 /// `bnn train`'s defaults, defined once in [`Settings`]'s `Default`.
 #[allow(non_snake_case)]
@@ -446,6 +446,12 @@ pub struct TrainArgs {
     /// each chain's figures, split-R-hat and ESS.
     #[arg(long, default_value_t = D().chains, value_name = "K")]
     pub chains: usize,
+    /// How the K chains compute: stacked (one network with a chain axis: one batched
+    /// product per layer for all chains, each chain keeping its seed, minibatch order and
+    /// noise), apart (each chain its own network), or auto (stacked on a GPU for an MLP or
+    /// CNN under sgld, sghmc, sgnht or msgnht; apart on the CPU).
+    #[arg(long, value_enum, default_value_t = D().chain_layout)]
+    pub chain_layout: ChainLayout,
     #[command(flatten)]
     pub replicas: ReplicaArgs,
     /// At the start of each epoch, permute the labels of this fraction of the training

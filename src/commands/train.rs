@@ -209,6 +209,7 @@ fn flag_layer(a: &TrainArgs, given: &GivenFlags) -> SettingsLayer {
         augment: a.augment,
         standardize: typed("standardize").then_some(a.standardize),
         chains: typed("chains").then_some(a.chains),
+        chain_layout: typed("chain_layout").then_some(a.chain_layout),
         kernel: typed("kernel").then_some(a.kernel),
         backward: typed("backward").then_some(a.backward),
         seed: typed("seed").then_some(a.seed),

@@ -28,6 +28,7 @@ mod regression;
 mod resnet;
 mod resume;
 mod samplers;
+mod stacked;
 mod synthetic;
 mod table;
 mod train;

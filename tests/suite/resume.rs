@@ -82,6 +82,17 @@ fn check_folder(run: &Path) -> bool {
             dirs.push(run.join(format!("replicas/slot-{slot}/replica-{j}/state")));
         }
     }
+    // A stacked run: every chain's state in both slots.
+    for slot in 0..2 {
+        for chain in bnn::checkpoint::chain_dirs(run) {
+            let name = chain.file_name().unwrap().to_owned();
+            dirs.push(
+                run.join(format!("stacked/slot-{slot}"))
+                    .join(name)
+                    .join("state"),
+            );
+        }
+    }
     dirs.dedup();
     for dir in dirs {
         if let Ok(entries) = std::fs::read_dir(&dir) {
@@ -108,7 +119,7 @@ fn check_folder(run: &Path) -> bool {
                         .expect("a complete metrics line");
                 }
             }
-            "summary.json" | "replicas.json" => {
+            "summary.json" | "replicas.json" | "stacked.json" => {
                 serde_json::from_slice::<serde_json::Value>(&std::fs::read(f).unwrap())
                     .expect("summary.json parses");
             }
@@ -608,4 +619,65 @@ fn replicas_keep_t0_samples_resume_and_evaluate() {
         };
         assert_eq!(lines("rx"), lines("rx-killed"), "replica {j}");
     }
+}
+
+/// `--chain-layout stacked`: three chains as one computation, killed at random moments
+/// (some inside writes) and resumed, end with the samples, metrics and diagnostics lines
+/// and summary of a stacked run never stopped; and those are the files of the same three
+/// chains run apart (autograd, the stack's pass), byte for byte: on the CPU candle's
+/// batched product sums each chain as its own product does.
+#[test]
+fn stacked_chains_killed_and_resumed_equal_chains_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    let stacked = ["--chains", "3", "--chain-layout", "stacked"];
+    let whole = run_to_end(&train_args_with(out, "whole", &stacked), &out.join("whole"));
+    assert_eq!(whole.samples.len(), 3 * 25, "samples of three chains");
+    let apart = ["--chains", "3", "--backward", "autograd"];
+    let apart = run_to_end(&train_args_with(out, "apart", &apart), &out.join("apart"));
+    assert_eq!(apart.samples.len(), whole.samples.len());
+    for (a, b) in apart.samples.iter().zip(&whole.samples) {
+        assert_eq!(a.0, b.0);
+        assert!(
+            a.1 == b.1,
+            "{} differs between stacked and apart",
+            a.0.display()
+        );
+    }
+    assert_eq!(
+        apart.metrics, whole.metrics,
+        "metrics.jsonl, stacked and apart"
+    );
+    assert_eq!(apart.diagnostics, whole.diagnostics, "diagnostics.jsonl");
+
+    let in_writes = stop_and_resume_until(
+        out,
+        "killed",
+        &train_args_with(out, "killed", &stacked),
+        libc::SIGKILL,
+        (8, 1),
+        17,
+    );
+    eprintln!("stacked, SIGKILL: {in_writes} kills inside a write");
+    let killed = outcome(&out.join("killed"));
+    assert_eq!(killed.samples.len(), whole.samples.len(), "sample count");
+    for (a, b) in whole.samples.iter().zip(&killed.samples) {
+        assert_eq!(a.0, b.0);
+        assert!(a.1 == b.1, "{} differs after kills", a.0.display());
+    }
+    assert_eq!(killed.metrics, whole.metrics, "metrics.jsonl");
+    assert_eq!(killed.diagnostics, whole.diagnostics, "diagnostics.jsonl");
+    let strip = |mut v: serde_json::Value| {
+        for c in v["chains"].as_array_mut().unwrap() {
+            c.as_object_mut().unwrap().remove("steps_per_second");
+        }
+        v
+    };
+    assert_eq!(strip(killed.summary.clone()), strip(whole.summary.clone()));
+    let report = eval_report(&out.join("killed"));
+    assert_eq!(
+        report["ensemble"], whole.summary["ensemble"],
+        "bnn eval pools the chains"
+    );
+    assert_eq!(report["samples"], whole.summary["samples"]);
 }

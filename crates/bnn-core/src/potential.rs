@@ -304,6 +304,109 @@ impl Potential {
     }
 }
 
+/// What one gradient evaluation of K stacked chains returns, chain k in row k.
+#[derive(Debug)]
+pub struct StackedEvaluation {
+    /// Each chain's mean negative log-likelihood over its minibatch.
+    pub nll: Vec<f64>,
+    /// Each chain's minibatch examples classified right (0 for a regression).
+    pub correct: Vec<usize>,
+    /// Each chain's sum of squared errors on its minibatch (0 for classification).
+    pub sq_error: Vec<f64>,
+    /// ∇Ũ(θ_k)/T per parameter tensor, stacked (K, …) as the parameters are.
+    pub grads: Vec<Tensor>,
+}
+
+/// [`Potential::evaluate`] of K chains in one computation: chain k's network is row k of
+/// `model`, its minibatch row k of `x` (K, B, input_dim) and of `y` (K, B: class indices
+/// as u32, or a regression's standardised targets as f32), its potential `potentials[k]`
+/// (its own prior precisions and noise precision; one temperature for all). Autograd runs
+/// once on Σ_k N·NLL_k: the chains share no parameter, so the gradient's row k is chain
+/// k's alone, and the prior's λ_k θ_k and the 1/T are added after, as in
+/// [`Potential::evaluate`], so that row k matches the chain evaluated by itself up to the
+/// summation order of the batched products.
+pub fn evaluate_stacked(
+    potentials: &[&Potential],
+    model: &crate::model::stacked::Stacked,
+    x: &Tensor,
+    y: &Tensor,
+) -> Result<StackedEvaluation> {
+    let k = model.chains;
+    let first = potentials
+        .first()
+        .filter(|_| potentials.len() == k)
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "{} potentials for {k} stacked chains",
+                potentials.len()
+            ))
+        })?;
+    if potentials
+        .iter()
+        .any(|p| p.temperature != first.temperature || p.n_data != first.n_data)
+    {
+        return Err(Error::Config(
+            "stacked chains share one temperature and one dataset".into(),
+        ));
+    }
+    let dev = x.device();
+    let per_chain = |f: &dyn Fn(&Potential) -> f64| -> Result<Tensor> {
+        let v: Vec<f32> = potentials.iter().map(|p| f(p) as f32).collect();
+        Ok(Tensor::from_vec(v, k, dev)?)
+    };
+    let logits = model.forward(x)?;
+    let (nll, quality) = match first.likelihood {
+        Likelihood::Categorical => {
+            let (_, b, _) = logits.dims3()?;
+            let log_p = candle_nn::ops::log_softmax(&logits, candle_core::D::Minus1)?;
+            let picked = log_p.gather(&y.unsqueeze(2)?, 2)?.squeeze(2)?;
+            let nll = picked.sum(1)?.affine(-1.0 / b as f64, 0.0)?;
+            let hits = logits
+                .detach()
+                .argmax(2)?
+                .eq(y)?
+                .to_dtype(candle_core::DType::F32)?;
+            (nll, hits.sum(1)?)
+        }
+        Likelihood::Gaussian { .. } => {
+            let r = (logits.squeeze(2)? - y)?;
+            let tau = per_chain(&|p| 0.5 * p.noise_precision)?;
+            let constant = per_chain(&|p| HALF_LOG_2PI - 0.5 * p.noise_precision.ln())?;
+            let nll = r.sqr()?.mean(1)?.mul(&tau)?.add(&constant)?;
+            (nll, r.detach().sqr()?.sum(1)?)
+        }
+    };
+    let store = (nll.sum_all()? * first.n_data as f64)?.backward()?;
+    let inv_t = 1.0 / first.temperature;
+    let mut grads = Vec::with_capacity(model.params.len());
+    for (t, p) in model.params.iter().enumerate() {
+        let g = store
+            .get(&p.var)
+            .ok_or_else(|| Error::Config(format!("no gradient for parameter `{}`", p.name)))?;
+        let mut shape = vec![1; p.var.rank()];
+        shape[0] = k;
+        let lambda = per_chain(&|q| q.prior.precisions[t])?.reshape(shape)?;
+        let g = (g.detach() + p.var.as_detached_tensor().broadcast_mul(&lambda)?)?;
+        grads.push((g * inv_t)?);
+    }
+    // One read of the device per evaluation: the NLLs and the accuracy or squared error.
+    let host = Tensor::stack(&[nll.detach(), quality], 0)?.to_dtype(candle_core::DType::F64)?;
+    let host = host.to_vec2::<f64>()?;
+    let categorical = first.likelihood.is_categorical();
+    Ok(StackedEvaluation {
+        nll: host[0].clone(),
+        correct: match categorical {
+            true => host[1].iter().map(|&c| c as usize).collect(),
+            false => vec![0; k],
+        },
+        sq_error: match categorical {
+            true => vec![0.0; k],
+            false => host[1].clone(),
+        },
+        grads,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

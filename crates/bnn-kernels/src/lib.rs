@@ -105,6 +105,19 @@ pub trait TensorwiseStep {
     fn open_update(&mut self) -> Result<()>;
     /// Updates θ_t (`param`) in place from its gradient.
     fn step_tensor(&mut self, t: usize, param: &Var, grad: &Tensor) -> Result<()>;
+    /// Updates θ_t in place where it is a view of a larger tensor: chain k's slice of a
+    /// stacked parameter with a leading chain axis (K chains stepped as one computation).
+    /// `theta` shares the stacked tensor's storage (candle's `narrow` keeps it), so the
+    /// update lands in the stack. Only the fused samplers write through a view; the others
+    /// say so.
+    fn step_tensor_slice(&mut self, t: usize, theta: &Tensor, grad: &Tensor) -> Result<()> {
+        let _ = (t, theta, grad);
+        Err(Error::Config(
+            "this sampler steps its own parameters only, not a chain's slice of stacked \
+             parameters (stacked chains need a fused sampler: sgld, sghmc, sgnht or msgnht)"
+                .into(),
+        ))
+    }
     /// The update of tensor t for the weight-gradient product to apply as it stores the
     /// gradient ([`gemm::product_then_update`]), where the sampler can; the caller then
     /// reports Σv² through [`OpenUpdate::updated`] instead of stepping the tensor. θ and v
@@ -161,6 +174,15 @@ impl<S: TensorwiseStep + ?Sized> OpenUpdate<'_, S> {
     pub fn tensor(&mut self, t: usize, param: &Var, grad: &Tensor) -> Result<()> {
         self.check(t)?;
         self.step.step_tensor(t, param, grad)?;
+        self.done[t] = true;
+        Ok(())
+    }
+
+    /// Updates θ_t in place where it is a chain's slice of a stacked parameter
+    /// ([`TensorwiseStep::step_tensor_slice`]).
+    pub fn slice(&mut self, t: usize, theta: &Tensor, grad: &Tensor) -> Result<()> {
+        self.check(t)?;
+        self.step.step_tensor_slice(t, theta, grad)?;
         self.done[t] = true;
         Ok(())
     }

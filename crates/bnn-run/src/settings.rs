@@ -55,6 +55,11 @@ pub struct Settings {
     /// Independent chains run side by side (1: one chain, samples in `RUN/samples/`).
     #[serde(default = "one")]
     pub chains: usize,
+    /// How several chains run: apart (each its own model, side by side on the pool) or
+    /// stacked (one model with a chain axis, one computation per update); `auto` resolved
+    /// when the run starts, so that run.json records which (absent in older runs: apart).
+    #[serde(default = "apart")]
+    pub chain_layout: ChainLayout,
     /// HMC's trajectory length and target acceptance (`--sampler hmc` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hmc: Option<HmcOptions>,
@@ -157,6 +162,83 @@ fn one() -> usize {
     1
 }
 
+fn apart() -> ChainLayout {
+    ChainLayout::Apart
+}
+
+/// How the K chains of a run compute their updates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+pub enum ChainLayout {
+    /// Stacked where it pays: on a GPU (`--device cuda|metal`) with several chains of an
+    /// MLP or CNN under a fused sampler; apart otherwise (the CPU's hand-written pass is
+    /// faster per chain than candle's).
+    #[default]
+    Auto,
+    /// Each chain its own network and update, the chains side by side on the thread pool.
+    Apart,
+    /// One network with a leading chain axis on every parameter: each layer's product one
+    /// batched product over the chains, each chain's sampler stepping its slice
+    /// ([`crate::model::stacked`]); chain k keeps its seed, minibatch order and noise.
+    Stacked,
+}
+
+impl ChainLayout {
+    /// `auto` decided for a run of `s` on a device that is (`cpu`) or is not the CPU;
+    /// `stacked` where it cannot run is an error saying why.
+    pub fn resolve(self, s: &Settings, cpu: bool) -> Result<ChainLayout> {
+        if self == ChainLayout::Stacked && s.chains < 2 {
+            return Err(Error::Config(
+                "--chain-layout stacked stacks several chains: give --chains 2 or more".into(),
+            ));
+        }
+        let why_not = Self::why_not_stacked(s);
+        match (self, why_not) {
+            (ChainLayout::Stacked, Some(why)) => {
+                Err(Error::Config(format!("--chain-layout stacked: {why}")))
+            }
+            (ChainLayout::Auto, None) if !cpu && s.chains > 1 => Ok(ChainLayout::Stacked),
+            (ChainLayout::Auto, _) => Ok(ChainLayout::Apart),
+            (layout, _) => Ok(layout),
+        }
+    }
+
+    /// Why the chains of `s` cannot be stacked, if they cannot.
+    fn why_not_stacked(s: &Settings) -> Option<String> {
+        let kind = s.sampler.kind;
+        if !crate::model::stacked::Stacked::supports(s.model.kind) {
+            return Some(format!(
+                "a {} is not stacked over chains yet (MLPs and CNNs are)",
+                s.model.label()
+            ));
+        }
+        if !matches!(
+            kind,
+            SamplerKind::Sgld | SamplerKind::Sghmc | SamplerKind::Sgnht | SamplerKind::Msgnht
+        ) || s.kernel != Kernel::Fused
+        {
+            return Some(
+                format!(
+                    "{} with --kernel {:?} has no fused update of a chain's slice (sgld, sghmc, \
+                 sgnht and msgnht with --kernel fused do)",
+                    kind.name(),
+                    s.kernel
+                )
+                .to_lowercase(),
+            );
+        }
+        if s.on_divergence == OnDivergence::Rollback {
+            return Some(
+                "--on-divergence rollback rolls one chain back alone; stacked chains move \
+                 together"
+                    .into(),
+            );
+        }
+        None
+    }
+}
+
 /// `bnn train`'s defaults: the CLI takes its flags' defaults from here, so that they are
 /// defined once. An MLP 784-100-10 (ReLU) sampled by SGHMC (η = 2·10⁻⁶, α = 0.1) under a
 /// Gamma(1, 1) hyper-prior on the precisions, 50 epochs of minibatches of 100, η halved
@@ -190,6 +272,7 @@ impl Default for Settings {
             checkpoint_every: 0,
             log_every: 0,
             chains: 1,
+            chain_layout: ChainLayout::Auto,
             hmc: None,
             replicas: None,
             permute_labels: 0.0,
@@ -556,6 +639,8 @@ pub struct SettingsLayer {
     /// `--chains`: independent chains whose samples the ensemble pools (with the preset's
     /// sampler only; replica exchange runs its replicas as its chains).
     pub chains: Option<usize>,
+    /// `--chain-layout`.
+    pub chain_layout: Option<ChainLayout>,
     /// `--kernel`.
     pub kernel: Option<Kernel>,
     /// `--backward`.
@@ -648,6 +733,7 @@ impl Settings {
             checkpoint_every: pick!(checkpoint_every, d.checkpoint_every),
             log_every: pick!(log_every, d.log_every),
             chains: pick_with_sampler!(chains, d.chains),
+            chain_layout: pick!(chain_layout, d.chain_layout),
             hmc: (kind == SamplerKind::Hmc).then(HmcOptions::default),
             replicas: None,
             permute_labels: pick!(permute_labels, d.permute_labels),

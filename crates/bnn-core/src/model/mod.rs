@@ -5,6 +5,7 @@
 //! in a checkpoint never change between runs.
 
 pub mod resnet;
+pub mod stacked;
 
 use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};

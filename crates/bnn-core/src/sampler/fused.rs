@@ -171,6 +171,17 @@ impl TensorwiseStep for Fused {
     }
 
     fn step_tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
+        self.step_tensor_slice(i, &p.as_detached_tensor(), g)
+    }
+
+    fn step_tensor_slice(&mut self, i: usize, theta: &Tensor, g: &Tensor) -> Result<()> {
+        if theta.elem_count() != self.momentum.get(i).map_or(theta.elem_count(), |m| m.len()) {
+            return Err(Error::Config(format!(
+                "sampler: parameter tensor {i} has {} values, its momentum {}",
+                theta.elem_count(),
+                self.momentum[i].len()
+            )));
+        }
         let pending = in_update(&mut self.pending)?;
         let op = FusedStepOp {
             update: pending.update,
@@ -186,7 +197,7 @@ impl TensorwiseStep for Fused {
             sum_thermostat: Cell::new(0.0),
         };
         let g = g.detach().contiguous()?;
-        p.as_detached_tensor().inplace_op2(&g, &op)?;
+        theta.inplace_op2(&g, &op)?;
         pending.sum_sq[i] = op.sum_sq.get();
         pending.sum_thermostat[i] = op.sum_thermostat.get();
         Ok(())

@@ -590,6 +590,17 @@ impl<'a, S: ChainSink> Chain<'a, S> {
         step: u64,
         epoch: usize,
     ) -> Result<sampler::Diagnostics> {
+        self.begin_update(eta, sums)?;
+        let augment = self.augment_at(step)?;
+        let loss = self
+            .stepper
+            .step(&self.ds.train, self.labels.as_deref(), idx, augment)?;
+        self.end_update(loss, idx.len(), sums, step, epoch)
+    }
+
+    /// Before an update with step size `eta`: the epoch's η figures, and η into the
+    /// sampler.
+    pub fn begin_update(&mut self, eta: f64, sums: &mut Progress) -> Result<()> {
         if sums.updates == 0 {
             sums.eta_first = eta;
         }
@@ -599,15 +610,28 @@ impl<'a, S: ChainSink> Chain<'a, S> {
         if eta != self.stepper.sampler.config().step_size {
             self.stepper.sampler.set_step_size(eta)?;
         }
-        let base = self.base_step_size();
+        Ok(())
+    }
+
+    /// `--augment`'s transformation of update `step`, where the dataset has one.
+    pub fn augment_at(&self, step: u64) -> Result<Option<(crate::data::augment::Augment, u64)>> {
         let s = &self.cfg.settings;
-        let augment = s
-            .augment
+        Ok(s.augment
             .for_dataset(&self.ds.name)?
-            .map(|aug| (aug, rng::augment_seed(s.seed, step)));
-        let loss = self
-            .stepper
-            .step(&self.ds.train, self.labels.as_deref(), idx, augment)?;
+            .map(|aug| (aug, rng::augment_seed(s.seed, step))))
+    }
+
+    /// After update `step` on a minibatch of `seen` examples with loss `loss`: its figures
+    /// added to the epoch's `sums`; a non-finite loss or kinetic energy stops the run.
+    pub fn end_update(
+        &mut self,
+        loss: crate::backprop::mlp::BatchLoss,
+        seen: usize,
+        sums: &mut Progress,
+        step: u64,
+        epoch: usize,
+    ) -> Result<sampler::Diagnostics> {
+        let base = self.base_step_size();
         if !loss.nll.is_finite() {
             let what = self.where_not_finite()?;
             return Err(diverged(step, epoch, ("loss", loss.nll), what, base));
@@ -615,8 +639,8 @@ impl<'a, S: ChainSink> Chain<'a, S> {
         self.last_nll = loss.nll;
         sums.correct += loss.correct;
         sums.sq_error += loss.sq_error;
-        sums.seen += idx.len();
-        sums.nll_sum += loss.nll * idx.len() as f64;
+        sums.seen += seen;
+        sums.nll_sum += loss.nll * seen as f64;
         let diag = self.stepper.sampler.diagnostics();
         if let Some(ke) = diag.kinetic_energy {
             if !ke.is_finite() {
@@ -637,7 +661,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
 
     /// Keeps the parameters after update `step` as a sample: its file, and its
     /// predictions in the ensembles.
-    fn keep_sample(
+    pub fn keep_sample(
         &mut self,
         step: u64,
         epoch: usize,
@@ -654,7 +678,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
 
     /// The end of epoch `epoch`: the prior's Gibbs step and the epoch's line in
     /// `metrics.jsonl`.
-    fn end_epoch(
+    pub fn end_epoch(
         &mut self,
         epoch: usize,
         step: u64,

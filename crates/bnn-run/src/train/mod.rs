@@ -11,6 +11,7 @@ pub use hmc::{FullBatch, HmcRecord};
 mod replicas;
 pub mod sink;
 mod spread;
+mod stacked;
 mod stepper;
 mod task;
 pub use task::{predict_gaussians, test_targets};
@@ -35,7 +36,7 @@ use crate::potential::Backward;
 use crate::ranks::Ranks;
 use crate::regression::{RegressionAccumulator, RegressionMetrics};
 use crate::sampler::SamplerKind;
-use crate::settings::Settings;
+use crate::settings::{ChainLayout, Settings};
 use chain::run_chain;
 pub use chain::{run_chain_in, ChainOutcome, NOISE_PRECISION_KEY};
 
@@ -244,6 +245,18 @@ pub fn train(cfg: &TrainConfig, ds: &Dataset) -> Result<Summary> {
 /// `None`. With one rank, [`train`].
 pub fn train_on(cfg: &TrainConfig, ds: &Dataset, ranks: &Ranks) -> Result<Option<Summary>> {
     cfg.settings.validate(ds.train.len())?;
+    // How the chains run, decided once: run.json records `stacked` or `apart`.
+    let mut resolved = cfg.clone();
+    let layout = cfg.settings.chain_layout;
+    resolved.settings.chain_layout = layout.resolve(&cfg.settings, cfg.device.is_cpu())?;
+    let cfg = &resolved;
+    if cfg.settings.chain_layout == ChainLayout::Stacked && ranks.size() > 1 {
+        return Err(Error::Config(
+            "--chain-layout stacked runs its chains in one process: start one rank, or use \
+             --chain-layout apart across MPI ranks"
+                .into(),
+        ));
+    }
     cfg.settings.augment.for_dataset(&ds.name)?;
     task::check(ds, &cfg.settings.likelihood)?;
     // The T₀ chain's events cross ranks as class probabilities only (replicas::cold).
@@ -319,6 +332,10 @@ fn train_checked(
             _ => run_chain(cfg, ds, run_dir, true, cfg.settings.seed)?,
         };
         return finish(cfg, ds, vec![chain], None).map(Some);
+    }
+    if cfg.settings.chain_layout == ChainLayout::Stacked {
+        let chains = stacked::run_stacked(cfg, ds)?;
+        return finish(cfg, ds, chains, None).map(Some);
     }
     if ranks.is_root() {
         std::fs::create_dir_all(run_dir).map_err(|e| Error::io(run_dir, e))?;
@@ -413,10 +430,12 @@ fn clear_run(run_dir: &std::path::Path) -> Result<()> {
             "metrics.jsonl",
             "replicas.json",
             "diagnostics.jsonl",
+            "stacked.json",
         ]
         .contains(&name.as_str());
         // `eval/` and `plots/` describe the earlier run's samples.
-        let ours_dir = ["samples", "state", "replicas", "eval", "plots"].contains(&name.as_str())
+        let ours_dir = ["samples", "state", "replicas", "stacked", "eval", "plots"]
+            .contains(&name.as_str())
             || name.starts_with("chain-")
             || name.starts_with("replica-");
         if ours_file {

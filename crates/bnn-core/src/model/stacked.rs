@@ -1,0 +1,160 @@
+//! K networks of one architecture as one computation: every parameter tensor holds the K
+//! chains' values along a leading chain axis, (K, …), so that a layer's product is one
+//! batched product over the chains (candle's `matmul` on 3-D tensors: one strided-batched
+//! GEMM on CUDA) and a convolution one grouped convolution, instead of K streams of small
+//! operations. Why K chains and not one wider batch: a posterior wants many independent
+//! chains, each with its own minibatch order and noise, and on a GPU the step of one small
+//! network is bound by launches, not arithmetic (docs/BENCHMARKS.md, "GPU").
+//!
+//! Chain k of the stack is the [`Network`] it was built from: [`Stacked::copy_out`] and
+//! [`Stacked::copy_in`] move one chain's θ between the two, and
+//! [`Stacked::chain_slice`] is chain k's part of a stacked tensor sharing its storage, so
+//! that a sampler updates it in place.
+
+use candle_core::{Tensor, Var};
+
+use super::{max_pool2, Activation, ConvShape, ModelKind, Network, Param};
+use crate::error::{Error, Result};
+
+/// K networks of one MLP or CNN architecture, each parameter stacked along a chain axis.
+#[derive(Debug, Clone)]
+pub struct Stacked {
+    /// K, the chains.
+    pub chains: usize,
+    /// The networks' parameters in their order and names, each shaped (K, …).
+    pub params: Vec<Param>,
+    activation: Activation,
+    convs: Vec<ConvShape>,
+}
+
+impl Stacked {
+    /// Whether networks of this kind can be stacked: MLPs and CNNs (a ResNet's FRN and
+    /// shortcut layers are not written for a chain axis yet; its chains run apart).
+    pub fn supports(kind: ModelKind) -> bool {
+        matches!(kind, ModelKind::Mlp | ModelKind::Cnn)
+    }
+
+    /// The stack of `nets` (chain k = `nets[k]`), which must share one architecture; a copy
+    /// of their parameters on their device.
+    pub fn new(nets: &[&Network]) -> Result<Self> {
+        let first = *nets
+            .first()
+            .ok_or_else(|| Error::Config("stacked chains: no network to stack".into()))?;
+        if !Self::supports(first.spec.kind) {
+            return Err(Error::Config(format!(
+                "a {} cannot be stacked over chains yet; its chains run apart \
+                 (--chain-layout apart)",
+                first.spec.label()
+            )));
+        }
+        if let Some(other) = nets.iter().find(|n| n.spec != first.spec) {
+            return Err(Error::Config(format!(
+                "stacked chains of different networks: {} and {}",
+                first.spec.label(),
+                other.spec.label()
+            )));
+        }
+        let mut params = Vec::with_capacity(first.params.len());
+        for (t, p) in first.params.iter().enumerate() {
+            let parts: Vec<Tensor> = nets
+                .iter()
+                .map(|n| n.params[t].var.as_tensor())
+                .cloned()
+                .collect();
+            params.push(Param {
+                name: p.name.clone(),
+                var: Var::from_tensor(&Tensor::stack(&parts, 0)?)?,
+            });
+        }
+        Ok(Stacked {
+            chains: nets.len(),
+            params,
+            activation: first.spec.activation,
+            convs: first.convs.clone(),
+        })
+    }
+
+    /// The stacked parameters' `Var`s in parameter order.
+    pub fn vars(&self) -> Vec<Var> {
+        self.params.iter().map(|p| p.var.clone()).collect()
+    }
+
+    /// Chain k's part of the stacked tensor `stacked` (K, …): a view of one chain, shaped
+    /// (1, …), that shares the stack's storage (an in-place update of it changes the stack).
+    pub fn chain_slice(stacked: &Tensor, k: usize) -> Result<Tensor> {
+        Ok(stacked.narrow(0, k, 1)?)
+    }
+
+    /// Writes chain k's parameters into `net` (same architecture).
+    pub fn copy_out(&self, k: usize, net: &Network) -> Result<()> {
+        for (p, q) in self.params.iter().zip(&net.params) {
+            q.var.set(&p.var.as_tensor().get(k)?)?;
+        }
+        Ok(())
+    }
+
+    /// Overwrites chain k's parameters with `net`'s (after a restore).
+    pub fn copy_in(&self, k: usize, net: &Network) -> Result<()> {
+        for (p, q) in self.params.iter().zip(&net.params) {
+            let one = q.var.as_tensor().unsqueeze(0)?;
+            p.var.as_detached_tensor().slice_set(&one, 0, k)?;
+        }
+        Ok(())
+    }
+
+    fn activate(&self, h: &Tensor) -> Result<Tensor> {
+        Ok(match self.activation {
+            Activation::Relu => h.relu()?,
+            Activation::Sigmoid => candle_nn::ops::sigmoid(h)?,
+            Activation::Swish => h.silu()?,
+            Activation::Tanh => h.tanh()?,
+        })
+    }
+
+    /// Class logits (K, B, classes) of the K chains, chain k on its own minibatch
+    /// `x[k]`: `x` is (K, B, input_dim), a CNN's images row-major. The same operations as
+    /// [`Network::forward`] per chain, batched over the chain axis.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (k, b, _) = x.dims3()?;
+        let mut h = x.clone();
+        let convs = self.convs.len();
+        if let Some(first) = self.convs.first() {
+            // (K, B, C·H·W) → (B, K·C, H, W): chain k's channels are group k of a
+            // grouped convolution, whose kernels are the chains' own.
+            let side = first.in_side;
+            h = h
+                .reshape((k, b, first.in_channels * side * side))?
+                .transpose(0, 1)?
+                .contiguous()?
+                .reshape((b, k * first.in_channels, side, side))?;
+            for (c, shape) in self.convs.iter().enumerate() {
+                let w = self.params[2 * c].var.as_tensor();
+                let bias = self.params[2 * c + 1].var.as_tensor();
+                let (_, c_out, c_in, kh, kw) = w.dims5()?;
+                let w = w.reshape((k * c_out, c_in, kh, kw))?;
+                let z = h
+                    .conv2d(&w, shape.pad, 1, 1, k)?
+                    .broadcast_add(&bias.reshape((1, k * c_out, 1, 1))?)?;
+                h = max_pool2(&self.activate(&z)?)?;
+            }
+            // (B, K·C, h, w) → (K, B, C·h·w), the flattening of `Network::forward`.
+            let (_, kc, ph, pw) = h.dims4()?;
+            h = h
+                .reshape((b, k, (kc / k) * ph * pw))?
+                .transpose(0, 1)?
+                .contiguous()?;
+        }
+        let layers = self.params.len() / 2 - convs;
+        for l in 0..layers {
+            let w = self.params[2 * (convs + l)].var.as_tensor();
+            let bias = self.params[2 * (convs + l) + 1].var.as_tensor();
+            h = h
+                .matmul(&w.transpose(1, 2)?)?
+                .broadcast_add(&bias.unsqueeze(1)?)?;
+            if l + 1 < layers {
+                h = self.activate(&h)?;
+            }
+        }
+        Ok(h)
+    }
+}

@@ -1,0 +1,406 @@
+//! `--chain-layout stacked`: K chains as one computation. The chains are the chains of
+//! [`super::chain`] — chain k has the seed [`rng::chain_seed`]`(seed, k)`, its own
+//! minibatch order, noise stream, prior precisions, ensembles and folder `RUN/chain-k/` —
+//! but their parameters live in one [`Stacked`] network with a leading chain axis: each
+//! update gathers the K minibatches into one (K, B, D) input, runs one forward and one
+//! backward over all chains ([`evaluate_stacked`]), and each chain's fused sampler steps
+//! its slice of every stacked tensor in place. So chain k of a stacked run is chain k of a
+//! run of the same seed with its chains apart, up to the summation order of the batched
+//! products (tests/suite/stacked.rs). Where a chain reads its own θ — a sample, the
+//! diagnostics, the prior's Gibbs step, a saved state — its network is brought up to date
+//! from the stack first; a restored network is copied into the stack.
+//!
+//! State: the chains move in step, so their states are saved together, into one of two
+//! slots, `RUN/stacked/slot-{0,1}/chain-k/`, then `RUN/stacked.json` (which slot, where
+//! the run stands) is replaced atomically, as replica exchange saves its replicas: a kill
+//! while a slot is written leaves the other slot and the old record, and every chain
+//! resumes from the same update.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use candle_core::Tensor;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+
+use super::chain::{discard_after, interrupted, Chain, ChainOutcome};
+use super::sink::RunFolder;
+use super::TrainConfig;
+use crate::backprop::mlp::BatchLoss;
+use crate::checkpoint;
+use crate::data::augment;
+use crate::data::Dataset;
+use crate::error::{Error, Result};
+use crate::model::stacked::Stacked;
+use crate::potential::{evaluate_stacked, Backward, Potential};
+use crate::rng;
+use crate::run_state::Progress;
+use crate::signals;
+
+/// `RUN/stacked.json`: which slot holds the chains' states, and where the run stood.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Record {
+    slot: usize,
+    step: u64,
+    train_seconds: f64,
+}
+
+/// One chain of the stack and what it carries between updates.
+struct Lane<'a> {
+    chain: Chain<'a>,
+    shuffle: rand::rngs::StdRng,
+    order: Vec<usize>,
+    /// The epoch's running sums.
+    sums: Progress,
+    epoch_started: Instant,
+    /// Its minibatch, gathered: inputs, labels, regression targets.
+    x: Vec<f32>,
+    y: Vec<u32>,
+    v: Vec<f32>,
+}
+
+/// The run-wide constants of the loop.
+struct Plan<'a> {
+    cfg: &'a TrainConfig,
+    ds: &'a Dataset,
+    batches: u64,
+    total_steps: u64,
+}
+
+/// Each chain's own settings: its seed, candle's autograd (the stack's pass is candle's),
+/// no bar of its own.
+fn chain_settings(cfg: &TrainConfig) -> Vec<TrainConfig> {
+    (0..cfg.settings.chains)
+        .map(|k| {
+            let mut c = cfg.clone();
+            c.settings.seed = rng::chain_seed(cfg.settings.seed, k);
+            c.settings.backward = Backward::Autograd;
+            c.progress = false;
+            c
+        })
+        .collect()
+}
+
+/// Runs the K chains of `cfg` on `ds` stacked; their outcomes in chain order.
+pub(super) fn run_stacked(cfg: &TrainConfig, ds: &Dataset) -> Result<Vec<ChainOutcome>> {
+    let s = &cfg.settings;
+    let batches = (ds.train.len() / s.batch_size) as u64;
+    let plan = Plan {
+        cfg,
+        ds,
+        batches,
+        total_steps: batches * s.epochs as u64,
+    };
+    let cfgs = chain_settings(cfg);
+    let mut lanes = Vec::with_capacity(cfgs.len());
+    for (k, c) in cfgs.iter().enumerate() {
+        let dir = checkpoint::chain_dir(&cfg.run_dir, k);
+        std::fs::create_dir_all(checkpoint::samples_dir(&dir)).map_err(|e| Error::io(&dir, e))?;
+        lanes.push(Lane {
+            chain: Chain::new(c, ds, RunFolder::new(&dir), s.seed)?,
+            shuffle: rand::rngs::StdRng::seed_from_u64(c.settings.seed ^ rng::SHUFFLE_STREAM),
+            order: (0..ds.train.len()).collect(),
+            sums: Progress::default(),
+            epoch_started: Instant::now(),
+            x: Vec::new(),
+            y: Vec::new(),
+            v: Vec::new(),
+        });
+    }
+    let (mut step, seconds_before, mut saves) = match cfg.resume {
+        true => restore(&plan, &mut lanes)?,
+        false => (0, 0.0, 0),
+    };
+    let nets: Vec<_> = lanes.iter().map(|l| &l.chain.model).collect();
+    let stack = Stacked::new(&nets)?;
+    let num_params = lanes[0].chain.model.num_params();
+    let started = Instant::now();
+    let elapsed = || seconds_before + started.elapsed().as_secs_f64();
+    if !cfg.resume {
+        // The state before the first update, then run.json: from here on the run can be
+        // resumed whenever it stops.
+        save(&plan, &lanes, 0, 0.0, saves)?;
+        saves += 1;
+        super::manifest(cfg, ds, num_params).write(&cfg.run_dir)?;
+    }
+    tracing::info!(
+        run = %cfg.run_dir.display(),
+        params = num_params,
+        train = ds.train.len(),
+        "training {} stacked chains of {} with {} on {:?}",
+        lanes.len(),
+        s.model.label(),
+        s.sampler.kind.name(),
+        cfg.device
+    );
+    let every = match s.checkpoint_every {
+        0 => batches,
+        k => k as u64,
+    };
+    let bar = crate::progress::bar(cfg.progress, plan.total_steps, "stacked chains");
+    let mut step_seconds = lanes[0].sums.step_seconds;
+    while step < plan.total_steps {
+        let epoch = (step / batches) as usize;
+        let b = step % batches;
+        if b == 0 {
+            for lane in lanes.iter_mut() {
+                lane.order.shuffle(&mut lane.shuffle);
+                lane.chain.relabel(epoch);
+                lane.sums = Progress::default();
+                lane.epoch_started = Instant::now();
+            }
+        }
+        let t0 = Instant::now();
+        let diags = update(&plan, &mut lanes, &stack, step, epoch)?;
+        step_seconds += t0.elapsed().as_secs_f64();
+        step += 1;
+        let last_of_epoch = b + 1 == batches;
+        after_update(
+            &plan,
+            &mut lanes,
+            &stack,
+            step,
+            epoch,
+            last_of_epoch,
+            &diags,
+        )?;
+        if step % 20 == 0 || step == plan.total_steps {
+            bar.set_position(step);
+        }
+        let signal = signals::pending();
+        let last = step == plan.total_steps;
+        if signal.is_some() || step.is_multiple_of(every) || last {
+            sync(&lanes, &stack)?;
+            for lane in lanes.iter_mut() {
+                lane.sums.step_seconds = step_seconds;
+            }
+            save(&plan, &lanes, step, elapsed(), saves)?;
+            saves += 1;
+            if let (Some(signal), false) = (signal, last) {
+                bar.finish_and_clear();
+                return Err(interrupted(signal, step, &cfg.run_dir));
+            }
+        }
+    }
+    bar.finish_and_clear();
+    Ok(lanes
+        .into_iter()
+        .map(|mut l| ChainOutcome {
+            seed: l.chain.cfg.settings.seed,
+            num_params,
+            steps: step,
+            step_seconds,
+            train_seconds: elapsed(),
+            backward: Backward::Autograd,
+            test: l.chain.kept.test.clone(),
+            valid: l.chain.kept.valid.clone(),
+            regression: l.chain.kept.regression.clone(),
+            kinetic_trace: std::mem::take(&mut l.chain.kept.kinetic_trace),
+            rollbacks: 0,
+        })
+        .collect())
+}
+
+/// Brings every chain's network up to date from the stack.
+fn sync(lanes: &[Lane], stack: &Stacked) -> Result<()> {
+    for (k, lane) in lanes.iter().enumerate() {
+        stack.copy_out(k, &lane.chain.model)?;
+    }
+    Ok(())
+}
+
+/// Update `step` of every chain: each gathers its minibatch (its order, labels and
+/// augmentation), one forward and backward over the stack, then each chain's sampler
+/// steps its slices. Returns each chain's diagnostics.
+fn update(
+    plan: &Plan,
+    lanes: &mut [Lane],
+    stack: &Stacked,
+    step: u64,
+    epoch: usize,
+) -> Result<Vec<crate::sampler::Diagnostics>> {
+    let (s, split) = (&plan.cfg.settings, &plan.ds.train);
+    let (k, batch, dim) = (lanes.len(), s.batch_size, split.dim());
+    let b = (step % plan.batches) as usize;
+    let regression = plan.ds.task.is_regression();
+    let mut xs = Vec::with_capacity(k * batch * dim);
+    let mut ys = Vec::with_capacity(k * batch);
+    let mut vs = Vec::with_capacity(if regression { k * batch } else { 0 });
+    for lane in lanes.iter_mut() {
+        let eta =
+            s.schedule
+                .step_size_of(lane.chain.base_step_size(), step, plan.total_steps, epoch);
+        lane.chain.begin_update(eta, &mut lane.sums)?;
+        let idx = &lane.order[b * batch..(b + 1) * batch];
+        match lane.chain.augment_at(step)? {
+            Some((aug, seed)) => {
+                augment::gather_augmented(split, idx, aug, seed, &mut lane.x, &mut lane.y)
+            }
+            None => split.gather(idx, &mut lane.x, &mut lane.y),
+        }
+        if let Some(labels) = lane.chain.labels() {
+            for (y, &i) in lane.y.iter_mut().zip(idx) {
+                *y = labels[i] as u32;
+            }
+        }
+        xs.extend_from_slice(&lane.x);
+        ys.extend_from_slice(&lane.y);
+        if regression {
+            split.gather_values(idx, &mut lane.v);
+            vs.extend_from_slice(&lane.v);
+        }
+    }
+    let device = &plan.cfg.device;
+    let x = Tensor::from_vec(xs, (k, batch, dim), device)?;
+    let y = match regression {
+        true => Tensor::from_vec(vs, (k, batch), device)?,
+        false => Tensor::from_vec(ys, (k, batch), device)?,
+    };
+    let potentials: Vec<&Potential> = lanes.iter().map(|l| &l.chain.stepper.potential).collect();
+    let eval = evaluate_stacked(&potentials, stack, &x, &y)?;
+    // Each chain's sampler steps its slice of every tensor; a chain whose loss is not
+    // finite keeps its θ (its divergence is reported below, as a chain apart reports it).
+    for (c, lane) in lanes.iter_mut().enumerate() {
+        if !eval.nll[c].is_finite() {
+            continue;
+        }
+        let mut open = crate::kernels::begin(lane.chain.stepper.sampler.as_mut())?;
+        for (t, (p, g)) in stack.params.iter().zip(&eval.grads).enumerate() {
+            let theta = Stacked::chain_slice(&p.var.as_detached_tensor(), c)?;
+            open.slice(t, &theta, &Stacked::chain_slice(g, c)?)?;
+        }
+        open.finish()?;
+    }
+    if eval.nll.iter().any(|n| !n.is_finite()) {
+        // The divergence message names a tensor of the chain's own network.
+        sync(lanes, stack)?;
+    }
+    let mut diags = Vec::with_capacity(k);
+    for (c, lane) in lanes.iter_mut().enumerate() {
+        let loss = BatchLoss {
+            nll: eval.nll[c],
+            correct: eval.correct[c],
+            sq_error: eval.sq_error[c],
+        };
+        diags.push(
+            lane.chain
+                .end_update(loss, batch, &mut lane.sums, step, epoch)?,
+        );
+    }
+    Ok(diags)
+}
+
+/// After update `step` (counted from 1): each chain's diagnostics line where one is due,
+/// its sample where the schedule keeps one, and at the epoch's end its Gibbs step and
+/// metrics line; the networks brought up to date first where any of them is needed.
+#[allow(clippy::too_many_arguments)]
+fn after_update(
+    plan: &Plan,
+    lanes: &mut [Lane],
+    stack: &Stacked,
+    step: u64,
+    epoch: usize,
+    last_of_epoch: bool,
+    diags: &[crate::sampler::Diagnostics],
+) -> Result<()> {
+    let s = &plan.cfg.settings;
+    let keep = s.schedule.keeps_sample(step, plan.total_steps, epoch);
+    let watch = lanes
+        .iter()
+        .any(|l| l.chain.monitor.due(step, last_of_epoch));
+    if !(keep || watch || last_of_epoch) {
+        return Ok(());
+    }
+    sync(lanes, stack)?;
+    for (lane, &diag) in lanes.iter_mut().zip(diags) {
+        lane.chain.watch(step, epoch, last_of_epoch, None)?;
+        if keep {
+            let eta = lane.chain.stepper.sampler.config().step_size;
+            lane.chain.keep_sample(step, epoch, eta, diag)?;
+        }
+        if last_of_epoch {
+            lane.chain
+                .end_epoch(epoch, step, &lane.sums, lane.epoch_started)?;
+        }
+    }
+    Ok(())
+}
+
+/// Saves every chain's state at `step` into the next slot, then the record naming it.
+fn save(plan: &Plan, lanes: &[Lane], step: u64, train_seconds: f64, saves: usize) -> Result<()> {
+    let run_dir = &plan.cfg.run_dir;
+    let slot = saves % 2;
+    for (k, lane) in lanes.iter().enumerate() {
+        let progress = Progress {
+            epoch: (step / plan.batches) as usize,
+            batch: (step % plan.batches) as usize,
+            step,
+            step_seconds: lane.sums.step_seconds,
+            train_seconds,
+            ..if step.is_multiple_of(plan.batches) {
+                Progress::default()
+            } else {
+                lane.sums.clone()
+            }
+        };
+        lane.chain
+            .state_at(progress, &lane.chain.kept)?
+            .save(&slot_dir(run_dir, slot, k))?;
+    }
+    let record = Record {
+        slot,
+        step,
+        train_seconds,
+    };
+    let json = serde_json::to_string_pretty(&record)
+        .map_err(|e| Error::Checkpoint(format!("serialising stacked.json: {e}")))?;
+    crate::atomic::write_atomic(&run_dir.join("stacked.json"), json.as_bytes())
+}
+
+/// Continues from `RUN/stacked.json` and its slot: every chain's θ, sampler, prior,
+/// ensembles, epoch sums and minibatch order; drops what was written after it. Returns
+/// the step, the seconds trained before and the saves made.
+fn restore(plan: &Plan, lanes: &mut [Lane]) -> Result<(u64, f64, usize)> {
+    let run_dir = &plan.cfg.run_dir;
+    let path = run_dir.join("stacked.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let record: Record = serde_json::from_str(&text)
+        .map_err(|e| Error::Checkpoint(format!("{}: corrupt: {e}", path.display())))?;
+    for (k, lane) in lanes.iter_mut().enumerate() {
+        let at = lane
+            .chain
+            .restore_from(&slot_dir(run_dir, record.slot, k))?;
+        if at.step != record.step {
+            return Err(Error::Checkpoint(format!(
+                "chain {k}'s saved state is at update {}, the run's at {}",
+                at.step, record.step
+            )));
+        }
+        // The minibatch orders of the epochs begun: the shuffle stream replayed.
+        let begun = at.epoch + usize::from(at.batch > 0);
+        for _ in 0..begun {
+            lane.order.shuffle(&mut lane.shuffle);
+        }
+        if at.batch > 0 {
+            lane.chain.relabel(at.epoch);
+        }
+        discard_after(&lane.chain.sink.dir, &at)?;
+        lane.sums = at;
+    }
+    tracing::info!(
+        epoch = lanes[0].sums.epoch + 1,
+        batch = lanes[0].sums.batch,
+        step = record.step,
+        "resuming {} stacked chains",
+        lanes.len()
+    );
+    Ok((record.step, record.train_seconds, record.slot + 1))
+}
+
+fn slot_dir(run_dir: &Path, slot: usize, k: usize) -> PathBuf {
+    run_dir
+        .join("stacked")
+        .join(format!("slot-{slot}"))
+        .join(format!("chain-{k}"))
+}
