@@ -406,3 +406,82 @@ fn fused_momentum_matches_composed_momentum() {
         assert!(d <= 1e-6, "momentum {i} differs by {d}");
     }
 }
+
+/// The stacked op (`kernels::stacked::step`): three chains' rows of one (K, n) tensor,
+/// each with its own seed, constants and state, come out as each row stepped alone by
+/// the fused op, bit for bit: θ, v, αᵢ and the sums; for every update (n = 40,000 is two
+/// chunks, so the rows' pool parts and chunk sums are exercised).
+#[test]
+fn stacked_rows_step_as_tensors_alone() {
+    use bnn::kernels::buffer::StateBuffer;
+    use bnn::kernels::{cpu::FusedStepOp, LentUpdate};
+    let (k, n) = (3usize, 40_000usize);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(41);
+    for update in [
+        Update::Sgld,
+        Update::Momentum,
+        Update::Thermostat { splitting: true },
+        Update::Thermostat { splitting: false },
+    ] {
+        let theta = random(k * n, 1.0, &mut rng);
+        let grad = random(k * n, 10.0, &mut rng);
+        let state = |rng: &mut rand::rngs::StdRng| -> Vec<Vec<f32>> {
+            (0..k).map(|_| random(n, 0.01, rng)).collect()
+        };
+        let (mut v, mut a) = (state(&mut rng), state(&mut rng));
+        let (mut v2, mut a2) = (v.clone(), a.clone());
+        let consts: Vec<StepConsts> = (0..k)
+            .map(|c| StepConsts::splitting(1e-4, 0.05 + 0.02 * c as f64, 1e-2))
+            .collect();
+        let key = |c: usize| NoiseKey {
+            seed: 100 + c as u64,
+            step: 7,
+            param: 2,
+        };
+        let momentum = update != Update::Sgld;
+        let thermostat = matches!(update, Update::Thermostat { .. });
+        // Stacked.
+        let stacked = Tensor::from_vec(theta.clone(), (k, n), &Device::Cpu).unwrap();
+        let g = Tensor::from_vec(grad.clone(), (k, n), &Device::Cpu).unwrap();
+        let mut vb: Vec<StateBuffer> = v.drain(..).map(StateBuffer::Host).collect();
+        let mut ab: Vec<StateBuffer> = a.drain(..).map(StateBuffer::Host).collect();
+        let mut lanes: Vec<LentUpdate> = vb
+            .iter_mut()
+            .zip(ab.iter_mut())
+            .enumerate()
+            .map(|(c, (v, a))| LentUpdate {
+                update,
+                consts: consts[c],
+                key: key(c),
+                momentum: momentum.then_some(v),
+                thermostat: thermostat.then_some(a),
+            })
+            .collect();
+        let sums = bnn::kernels::stacked::step(&stacked, &g, &mut lanes).unwrap();
+        drop(lanes);
+        let stacked = stacked.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        // Each row alone.
+        for c in 0..k {
+            let rows = c * n..(c + 1) * n;
+            let t = Tensor::from_slice(&theta[rows.clone()], n, &Device::Cpu).unwrap();
+            let gr = Tensor::from_slice(&grad[rows.clone()], n, &Device::Cpu).unwrap();
+            let mut v1 = StateBuffer::Host(std::mem::take(&mut v2[c]));
+            let mut a1 = StateBuffer::Host(std::mem::take(&mut a2[c]));
+            let op = FusedStepOp::new(LentUpdate {
+                update,
+                consts: consts[c],
+                key: key(c),
+                momentum: momentum.then_some(&mut v1),
+                thermostat: thermostat.then_some(&mut a1),
+            });
+            t.inplace_op2(&gr, &op).unwrap();
+            let alone = (op.sum_sq.get(), op.sum_thermostat.get());
+            let t = t.to_vec1::<f32>().unwrap();
+            assert!(t == stacked[rows], "{update:?}: θ of chain {c}");
+            assert_eq!(alone, sums[c], "{update:?}: sums of chain {c}");
+            let host = |b: &StateBuffer| b.to_host(&Device::Cpu).unwrap();
+            assert!(host(&v1) == host(&vb[c]), "{update:?}: v of chain {c}");
+            assert!(host(&a1) == host(&ab[c]), "{update:?}: α of chain {c}");
+        }
+    }
+}

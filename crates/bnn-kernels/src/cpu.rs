@@ -10,7 +10,7 @@ use candle_core::{backend::BackendStorage, CpuStorage, InplaceOp2, Layout};
 
 use super::isa::{self, Isa};
 use super::noise::{Autovec, Normals};
-use super::{buffer::StateBuffer, StepConsts, Update};
+use super::{buffer::StateBuffer, LentUpdate, StepConsts, Update};
 use crate::pool::{self, Disjoint};
 use crate::rng::NoiseKey;
 
@@ -502,30 +502,67 @@ pub fn thermostat_step(
 }
 
 /// The fused step as a candle in-place op on (θ, ∇Ũ): θ is the destination (the `Var`'s
-/// storage), the gradient a distinct source, the momentum the sampler's own buffer lent
-/// for this call.
+/// storage), the gradient a distinct source, the sampler's state buffers of the tensor
+/// lent for this call.
 pub struct FusedStepOp<'a> {
-    /// Which element update.
-    pub update: Update,
-    /// η, the noise scale and the other constants of this step.
-    pub consts: StepConsts,
-    /// The Philox key of this tensor's noise.
-    pub key: NoiseKey,
-    /// The momentum buffer of this tensor; `None` for SGLD.
-    pub momentum: RefCell<Option<&'a mut StateBuffer>>,
-    /// The per-element thermostats of this tensor (mSGNHT only).
-    pub thermostat: RefCell<Option<&'a mut StateBuffer>>,
+    /// The update and the buffers it moves.
+    pub lane: RefCell<LentUpdate<'a>>,
     /// Σ v² after the update, set by the op.
     pub sum_sq: Cell<f64>,
     /// Σ α after the update (mSGNHT), set by the op.
     pub sum_thermostat: Cell<f64>,
 }
 
-fn contiguous<'s>(s: &'s [f32], l: &Layout) -> candle_core::Result<&'s [f32]> {
+impl<'a> FusedStepOp<'a> {
+    /// The op of one lent update.
+    pub fn new(lane: LentUpdate<'a>) -> Self {
+        FusedStepOp {
+            lane: RefCell::new(lane),
+            sum_sq: Cell::new(0.0),
+            sum_thermostat: Cell::new(0.0),
+        }
+    }
+}
+
+pub(crate) fn contiguous<'s>(s: &'s [f32], l: &Layout) -> candle_core::Result<&'s [f32]> {
     match l.contiguous_offsets() {
         Some((a, b)) => Ok(&s[a..b]),
         None => candle_core::bail!("fused sampler step: tensor is not contiguous"),
     }
+}
+
+/// The lent update `lane` of the tensor `theta` (its gradient `grad`) on the CPU: (Σv²,
+/// Σα) after it. One definition for a tensor alone and for each chain's row of a stacked
+/// tensor ([`crate::stacked::step`]).
+pub(crate) fn lane_step(
+    lane: &mut LentUpdate<'_>,
+    theta: &mut [f32],
+    grad: &[f32],
+) -> candle_core::Result<(f64, f64)> {
+    let m: &mut [f32] = match lane.momentum.as_deref_mut() {
+        None => &mut [],
+        Some(StateBuffer::Host(v)) => v,
+        #[allow(unreachable_patterns)]
+        Some(_) => candle_core::bail!("fused sampler step: the momentum is not on the CPU"),
+    };
+    if let Update::Thermostat { splitting } = lane.update {
+        let Some(StateBuffer::Host(alpha)) = lane.thermostat.as_deref_mut() else {
+            candle_core::bail!("fused sampler step: no thermostat buffer on the CPU");
+        };
+        return Ok(thermostat_step(
+            theta,
+            m,
+            alpha,
+            grad,
+            lane.key,
+            lane.consts,
+            splitting,
+        ));
+    }
+    Ok((
+        step(lane.update, theta, m, grad, lane.key, lane.consts),
+        0.0,
+    ))
 }
 
 impl InplaceOp2 for FusedStepOp<'_> {
@@ -548,40 +585,9 @@ impl InplaceOp2 for FusedStepOp<'_> {
             candle_core::bail!("fused sampler step: parameter is not contiguous");
         };
         let grad = contiguous(grad, l2)?;
-        let mut momentum = self.momentum.borrow_mut();
-        let m: &mut [f32] = match momentum.as_deref_mut() {
-            None => &mut [],
-            Some(StateBuffer::Host(v)) => v,
-            #[allow(unreachable_patterns)]
-            Some(_) => candle_core::bail!("fused sampler step: the momentum is not on the CPU"),
-        };
-        if let Update::Thermostat { splitting } = self.update {
-            let mut thermostat = self.thermostat.borrow_mut();
-            let Some(StateBuffer::Host(alpha)) = thermostat.as_deref_mut() else {
-                candle_core::bail!("fused sampler step: no thermostat buffer on the CPU");
-            };
-            let (sq, sa) = thermostat_step(
-                &mut theta[a..b],
-                m,
-                alpha,
-                grad,
-                self.key,
-                self.consts,
-                splitting,
-            );
-            self.sum_sq.set(sq);
-            self.sum_thermostat.set(sa);
-            return Ok(());
-        }
-        let s = step(
-            self.update,
-            &mut theta[a..b],
-            m,
-            grad,
-            self.key,
-            self.consts,
-        );
-        self.sum_sq.set(s);
+        let (sq, sa) = lane_step(&mut self.lane.borrow_mut(), &mut theta[a..b], grad)?;
+        self.sum_sq.set(sq);
+        self.sum_thermostat.set(sa);
         Ok(())
     }
 
@@ -593,24 +599,8 @@ impl InplaceOp2 for FusedStepOp<'_> {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> candle_core::Result<()> {
-        let mut momentum = self.momentum.borrow_mut();
-        let m = match momentum.as_deref_mut() {
-            None => None,
-            Some(StateBuffer::Cuda(s)) => Some(s),
-            Some(StateBuffer::Host(_)) => {
-                candle_core::bail!("fused sampler step: the momentum is not on the GPU")
-            }
-        };
-        let mut thermostat = self.thermostat.borrow_mut();
-        let alpha = match thermostat.as_deref_mut() {
-            None => None,
-            Some(StateBuffer::Cuda(s)) => Some(s),
-            Some(StateBuffer::Host(_)) => {
-                candle_core::bail!("fused sampler step: the thermostats are not on the GPU")
-            }
-        };
-        let (sq, sa) =
-            super::cuda::step(self.update, s1, l1, s2, l2, m, alpha, self.key, self.consts)?;
+        let mut lane = self.lane.borrow_mut();
+        let (sq, sa) = super::cuda::step(s1, l1, s2, l2, &mut lane)?;
         self.sum_sq.set(sq);
         self.sum_thermostat.set(sa);
         Ok(())

@@ -44,6 +44,7 @@ pub mod gemm;
 pub mod host;
 pub mod isa;
 pub mod noise;
+pub mod stacked;
 
 use candle_core::{Tensor, Var};
 
@@ -81,6 +82,22 @@ pub struct InlineUpdate<'a> {
     pub momentum: &'a mut [f32],
 }
 
+/// One tensor's fused update as its sampler lends it for one call of a kernel: the
+/// element update, its constants and noise key, and the sampler's own state buffers of
+/// that tensor (a unique borrow for the call; see the crate's note on soundness).
+pub struct LentUpdate<'a> {
+    /// Which element update.
+    pub update: Update,
+    /// η, the noise scale and the other constants of this step.
+    pub consts: StepConsts,
+    /// The Philox key of this tensor's noise (seed, step, parameter index).
+    pub key: crate::rng::NoiseKey,
+    /// v of the tensor; `None` for SGLD.
+    pub momentum: Option<&'a mut buffer::StateBuffer>,
+    /// The per-element thermostats αᵢ of the tensor (mSGNHT only).
+    pub thermostat: Option<&'a mut buffer::StateBuffer>,
+}
+
 /// One sampler update of every parameter tensor, split by tensor: [`begin`] opens it and
 /// returns an [`OpenUpdate`]; then for every parameter tensor t, in any order, either
 /// [`OpenUpdate::tensor`] with θ_t and its final ∇_t, or, where [`OpenUpdate::inline`]
@@ -105,18 +122,21 @@ pub trait TensorwiseStep {
     fn open_update(&mut self) -> Result<()>;
     /// Updates θ_t (`param`) in place from its gradient.
     fn step_tensor(&mut self, t: usize, param: &Var, grad: &Tensor) -> Result<()>;
-    /// Updates θ_t in place where it is a view of a larger tensor: chain k's slice of a
-    /// stacked parameter with a leading chain axis (K chains stepped as one computation).
-    /// `theta` shares the stacked tensor's storage (candle's `narrow` keeps it), so the
-    /// update lands in the stack. Only the fused samplers write through a view; the others
-    /// say so.
-    fn step_tensor_slice(&mut self, t: usize, theta: &Tensor, grad: &Tensor) -> Result<()> {
-        let _ = (t, theta, grad);
-        Err(Error::Config(
-            "this sampler steps its own parameters only, not a chain's slice of stacked \
-             parameters (stacked chains need a fused sampler: sgld, sghmc, sgnht or msgnht)"
-                .into(),
-        ))
+    /// Tensor t's update lent for one call of a kernel that updates several samplers'
+    /// tensors at once ([`stacked::step`]: chain k's slice of a stacked parameter for every
+    /// chain k), where the sampler can lend it; the caller then reports the sums through
+    /// [`OpenUpdate::lent`]. Same element math as [`TensorwiseStep::step_tensor`], so the
+    /// same bits.
+    fn lend_update(&mut self, t: usize) -> Result<Option<LentUpdate<'_>>> {
+        let _ = t;
+        Ok(None)
+    }
+    /// Tensor t was updated through its lent update: Σv² and Σα after it.
+    fn lent_done(&mut self, t: usize, sum_sq: f64, sum_thermostat: f64) -> Result<()> {
+        let _ = (sum_sq, sum_thermostat);
+        Err(Error::Config(format!(
+            "sampler: tensor {t} reported through a lent update it did not lend"
+        )))
     }
     /// The update of tensor t for the weight-gradient product to apply as it stores the
     /// gradient ([`gemm::product_then_update`]), where the sampler can; the caller then
@@ -178,11 +198,17 @@ impl<S: TensorwiseStep + ?Sized> OpenUpdate<'_, S> {
         Ok(())
     }
 
-    /// Updates θ_t in place where it is a chain's slice of a stacked parameter
-    /// ([`TensorwiseStep::step_tensor_slice`]).
-    pub fn slice(&mut self, t: usize, theta: &Tensor, grad: &Tensor) -> Result<()> {
+    /// Tensor t's update, lent for a kernel that updates it beside other samplers'
+    /// tensors ([`TensorwiseStep::lend_update`]), if the sampler lends it.
+    pub fn lend(&mut self, t: usize) -> Result<Option<LentUpdate<'_>>> {
         self.check(t)?;
-        self.step.step_tensor_slice(t, theta, grad)?;
+        self.step.lend_update(t)
+    }
+
+    /// Tensor t was updated through its lent update: Σv² and Σα after it.
+    pub fn lent(&mut self, t: usize, sum_sq: f64, sum_thermostat: f64) -> Result<()> {
+        self.check(t)?;
+        self.step.lent_done(t, sum_sq, sum_thermostat)?;
         self.done[t] = true;
         Ok(())
     }

@@ -7,9 +7,8 @@
 //! network is bound by launches, not arithmetic (docs/BENCHMARKS.md, "GPU").
 //!
 //! Chain k of the stack is the [`Network`] it was built from: [`Stacked::copy_out`] and
-//! [`Stacked::copy_in`] move one chain's θ between the two, and
-//! [`Stacked::chain_slice`] is chain k's part of a stacked tensor sharing its storage, so
-//! that a sampler updates it in place.
+//! [`Stacked::copy_in`] move one chain's θ between the two; the samplers update the
+//! stacked tensors in place, each chain its row (`bnn_kernels::stacked`).
 
 use candle_core::{Tensor, Var};
 
@@ -77,12 +76,6 @@ impl Stacked {
     /// The stacked parameters' `Var`s in parameter order.
     pub fn vars(&self) -> Vec<Var> {
         self.params.iter().map(|p| p.var.clone()).collect()
-    }
-
-    /// Chain k's part of the stacked tensor `stacked` (K, …): a view of one chain, shaped
-    /// (1, …), that shares the stack's storage (an in-place update of it changes the stack).
-    pub fn chain_slice(stacked: &Tensor, k: usize) -> Result<Tensor> {
-        Ok(stacked.narrow(0, k, 1)?)
     }
 
     /// Writes chain k's parameters into `net` (same architecture).

@@ -4,8 +4,6 @@
 //! generated inside the pass. mSGNHT's per-element thermostats are a second state buffer,
 //! on the parameters' device like the momenta.
 
-use std::cell::{Cell, RefCell};
-
 use candle_core::{Device, Tensor, Var};
 
 use super::{
@@ -13,7 +11,9 @@ use super::{
     SamplerKind, SamplerState, SghmcState, SgnhtState, TensorwiseStep,
 };
 use crate::error::{Error, Result};
-use crate::kernels::{buffer::StateBuffer, cpu::FusedStepOp, InlineUpdate, StepConsts, Update};
+use crate::kernels::{
+    buffer::StateBuffer, cpu::FusedStepOp, InlineUpdate, LentUpdate, StepConsts, Update,
+};
 use crate::rng::NoiseKey;
 
 /// SGHMC and SGNHT with the fused kernel: one pass per tensor for θ, v and the noise.
@@ -171,35 +171,23 @@ impl TensorwiseStep for Fused {
     }
 
     fn step_tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
-        self.step_tensor_slice(i, &p.as_detached_tensor(), g)
+        let g = g.detach().contiguous()?;
+        let (sq, sa) = {
+            let op = FusedStepOp::new(self.lent(i)?);
+            p.as_detached_tensor().inplace_op2(&g, &op)?;
+            (op.sum_sq.get(), op.sum_thermostat.get())
+        };
+        self.lent_done(i, sq, sa)
     }
 
-    fn step_tensor_slice(&mut self, i: usize, theta: &Tensor, g: &Tensor) -> Result<()> {
-        if theta.elem_count() != self.momentum.get(i).map_or(theta.elem_count(), |m| m.len()) {
-            return Err(Error::Config(format!(
-                "sampler: parameter tensor {i} has {} values, its momentum {}",
-                theta.elem_count(),
-                self.momentum[i].len()
-            )));
-        }
+    fn lend_update(&mut self, i: usize) -> Result<Option<LentUpdate<'_>>> {
+        self.lent(i).map(Some)
+    }
+
+    fn lent_done(&mut self, i: usize, sum_sq: f64, sum_thermostat: f64) -> Result<()> {
         let pending = in_update(&mut self.pending)?;
-        let op = FusedStepOp {
-            update: pending.update,
-            consts: pending.consts,
-            key: NoiseKey {
-                seed: self.seed,
-                step: self.step,
-                param: i as u32,
-            },
-            momentum: RefCell::new(self.momentum.get_mut(i)),
-            thermostat: RefCell::new(self.thermostats.get_mut(i)),
-            sum_sq: Cell::new(0.0),
-            sum_thermostat: Cell::new(0.0),
-        };
-        let g = g.detach().contiguous()?;
-        theta.inplace_op2(&g, &op)?;
-        pending.sum_sq[i] = op.sum_sq.get();
-        pending.sum_thermostat[i] = op.sum_thermostat.get();
+        pending.sum_sq[i] = sum_sq;
+        pending.sum_thermostat[i] = sum_thermostat;
         Ok(())
     }
 
@@ -254,6 +242,24 @@ impl TensorwiseStep for Fused {
         }
         self.step += 1;
         Ok(())
+    }
+}
+
+impl Fused {
+    /// Tensor i's update of the step in progress, with the sampler's buffers of it.
+    fn lent(&mut self, i: usize) -> Result<LentUpdate<'_>> {
+        let pending = in_update(&mut self.pending)?;
+        Ok(LentUpdate {
+            update: pending.update,
+            consts: pending.consts,
+            key: NoiseKey {
+                seed: self.seed,
+                step: self.step,
+                param: i as u32,
+            },
+            momentum: self.momentum.get_mut(i),
+            thermostat: self.thermostats.get_mut(i),
+        })
     }
 }
 

@@ -259,21 +259,11 @@ fn update(
     };
     let potentials: Vec<&Potential> = lanes.iter().map(|l| &l.chain.stepper.potential).collect();
     let eval = evaluate_stacked(&potentials, stack, &x, &y)?;
-    // Each chain's sampler steps its slice of every tensor; a chain whose loss is not
-    // finite keeps its θ (its divergence is reported below, as a chain apart reports it).
-    for (c, lane) in lanes.iter_mut().enumerate() {
-        if !eval.nll[c].is_finite() {
-            continue;
-        }
-        let mut open = crate::kernels::begin(lane.chain.stepper.sampler.as_mut())?;
-        for (t, (p, g)) in stack.params.iter().zip(&eval.grads).enumerate() {
-            let theta = Stacked::chain_slice(&p.var.as_detached_tensor(), c)?;
-            open.slice(t, &theta, &Stacked::chain_slice(g, c)?)?;
-        }
-        open.finish()?;
-    }
-    if eval.nll.iter().any(|n| !n.is_finite()) {
-        // The divergence message names a tensor of the chain's own network.
+    if eval.nll.iter().all(|n| n.is_finite()) {
+        step_stacked(lanes, stack, &eval.grads)?;
+    } else {
+        // A chain diverged: nobody moves (the run stops below, naming a tensor of the
+        // chain's own network, as a chain apart does).
         sync(lanes, stack)?;
     }
     let mut diags = Vec::with_capacity(k);
@@ -289,6 +279,32 @@ fn update(
         );
     }
     Ok(diags)
+}
+
+/// One update of every chain from the stacked gradients: per parameter tensor, each
+/// chain's sampler lends its update of that tensor and one fused op moves all K rows of
+/// the stack ([`crate::kernels::stacked::step`]; one launch on CUDA).
+fn step_stacked(lanes: &mut [Lane], stack: &Stacked, grads: &[Tensor]) -> Result<()> {
+    let mut opens = lanes
+        .iter_mut()
+        .map(|l| crate::kernels::begin(l.chain.stepper.sampler.as_mut()))
+        .collect::<Result<Vec<_>>>()?;
+    for (t, (p, g)) in stack.params.iter().zip(grads).enumerate() {
+        let mut lent = Vec::with_capacity(opens.len());
+        for (c, open) in opens.iter_mut().enumerate() {
+            lent.push(open.lend(t)?.ok_or_else(|| {
+                Error::Config(format!(
+                    "chain {c}'s sampler does not lend its update to a stacked step"
+                ))
+            })?);
+        }
+        let sums = crate::kernels::stacked::step(&p.var.as_detached_tensor(), g, &mut lent)?;
+        drop(lent);
+        for (open, (sum_sq, sum_thermostat)) in opens.iter_mut().zip(sums) {
+            open.lent(t, sum_sq, sum_thermostat)?;
+        }
+    }
+    opens.into_iter().try_for_each(|o| o.finish())
 }
 
 /// After update `step` (counted from 1): each chain's diagnostics line where one is due,

@@ -1,0 +1,94 @@
+//! The fused update of K chains' parameters stacked along a leading chain axis, (K, …):
+//! one candle in-place op, whose destination is the stacked θ and whose gradient is the
+//! stacked ∇, with chain k's row moved by the update its sampler lends
+//! ([`crate::LentUpdate`]: its noise key, constants, momentum and thermostats). On the CPU
+//! each row runs the fused step of a tensor alone ([`crate::cpu`]), so a chain's θ and v
+//! are the bits it would have apart; on CUDA all K rows are one launch
+//! (`bnn_*_stacked_kernel`), where K separate launches would each pay a launch and a read
+//! of the sums.
+
+use std::cell::RefCell;
+
+use candle_core::{backend::BackendStorage, CpuStorage, InplaceOp2, Layout, Tensor};
+
+use crate::cpu::{contiguous, lane_step};
+use crate::error::{Error, Result};
+use crate::LentUpdate;
+
+struct StackedStepOp<'l, 'a> {
+    lanes: RefCell<&'l mut [LentUpdate<'a>]>,
+    sums: RefCell<Vec<(f64, f64)>>,
+}
+
+/// Updates the stacked θ (K, …) in place from the stacked gradient, chain k's row by
+/// `lanes[k]`; returns each chain's (Σv², Σα) after the update (0 where the update has
+/// none).
+pub fn step(
+    theta: &Tensor,
+    grad: &Tensor,
+    lanes: &mut [LentUpdate<'_>],
+) -> Result<Vec<(f64, f64)>> {
+    let k = lanes.len();
+    if theta.dims().first() != Some(&k) || grad.dims() != theta.dims() {
+        return Err(Error::Config(format!(
+            "stacked sampler step: θ {:?} and ∇ {:?} for {k} chains",
+            theta.dims(),
+            grad.dims()
+        )));
+    }
+    let op = StackedStepOp {
+        lanes: RefCell::new(lanes),
+        sums: RefCell::new(Vec::new()),
+    };
+    let grad = grad.detach().contiguous()?;
+    theta.inplace_op2(&grad, &op)?;
+    Ok(op.sums.into_inner())
+}
+
+impl InplaceOp2 for StackedStepOp<'_, '_> {
+    fn name(&self) -> &'static str {
+        "bnn-stacked-sampler-step"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<()> {
+        let dtype = s1.dtype();
+        let (CpuStorage::F32(theta), CpuStorage::F32(grad)) = (s1, s2) else {
+            candle_core::bail!("stacked sampler step: parameters must be f32, got {dtype:?}");
+        };
+        let Some((a, b)) = l1.contiguous_offsets() else {
+            candle_core::bail!("stacked sampler step: parameter is not contiguous");
+        };
+        let grad = contiguous(grad, l2)?;
+        let mut lanes = self.lanes.borrow_mut();
+        let n = (b - a) / lanes.len().max(1);
+        if grad.len() != b - a || n * lanes.len() != b - a {
+            candle_core::bail!("stacked sampler step: rows of the wrong length");
+        }
+        let rows = theta[a..b].chunks_exact_mut(n).zip(grad.chunks_exact(n));
+        let mut sums = Vec::with_capacity(lanes.len());
+        for (lane, (theta, grad)) in lanes.iter_mut().zip(rows) {
+            sums.push(lane_step(lane, theta, grad)?);
+        }
+        *self.sums.borrow_mut() = sums;
+        Ok(())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &mut candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<()> {
+        let mut lanes = self.lanes.borrow_mut();
+        *self.sums.borrow_mut() = super::cuda::stacked_step(s1, l1, s2, l2, &mut lanes)?;
+        Ok(())
+    }
+}
