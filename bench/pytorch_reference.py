@@ -32,7 +32,6 @@ Run:           venv/bin/python bench/pytorch_reference.py --repeats 7
 """
 
 import argparse
-import gzip
 import json
 import math
 import os
@@ -44,22 +43,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-MINI = os.path.join(HERE, "..", "data", "mnist-mini")
-
-# bnn's defaults (src/sampler/mod.rs): eta = 2e-6; SGHMC alpha = 0.1; SGNHT a = 0.1.
-STEP_SIZE = 2e-6
-FRICTION = 0.1
-DIFFUSION = 0.1
-PRIOR_PRECISION = 1.0  # Gamma(1, 1) prior's initial precision, as in bnn
-
-
-def read_idx(path):
-    with gzip.open(path, "rb") as f:
-        data = f.read()
-    ndim = data[3]
-    dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reference_common import (  # noqa: E402
+    DIFFUSION, FRICTION, FRN_EPSILON, MINI, PRIOR_PRECISION, RESNET_STAGES, STEP_SIZE, read_idx)
 
 
 class Mlp:
@@ -207,10 +193,6 @@ class LeNet:
         w = self.flop_widths
         return flop + 2.0 * batch * 3.0 * sum(i * o for i, o in zip(w[:-1], w[1:]))
 
-
-
-RESNET_STAGES = [16, 32, 64]
-FRN_EPSILON = 1e-6
 
 
 class ResNet:

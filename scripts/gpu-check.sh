@@ -17,42 +17,22 @@ fail() {
     echo "gpu-check: FAILED: $*" >&2
     exit 1
 }
+. scripts/gpu-common.sh
 
 bundle=""
 if [ "${1:-}" = "--bundle" ]; then
     bundle=${2:?"--bundle needs the archive made by scripts/gpu-bundle.sh"}
     [ -f "$bundle" ] || fail "no bundle at $bundle"
 fi
-command -v nvidia-smi >/dev/null 2>&1 ||
-    fail "no nvidia-smi: this machine has no NVIDIA driver, and the check needs a CUDA GPU"
-gpu=$(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>/dev/null | head -1)
-[ -n "$gpu" ] || fail "nvidia-smi lists no GPU"
+gpu=$(gpu_name) || exit 1
 export BNN_DATA_DIR="${BNN_DATA_DIR:-$(cd .. && pwd)/shared/data}"
 export BNN_REQUIRE_DATA=1 BNN_TEST_CUDA=1
 log=$(mktemp)
 
 if [ -n "$bundle" ]; then
-    dir=$(mktemp -d)
-    # Python's tarfile where the machine has no xz.
-    tar -C "$dir" -xJf "$bundle" 2>/dev/null ||
-        python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
-            "$bundle" "$dir" || fail "cannot unpack $bundle"
-    manifest() { sed -n "s/^$1=//p" "$dir/manifest"; }
-    cap=$(manifest compute_cap)
-    [ "$cap" = "$(echo "${gpu##*,}" | tr -d ' .')" ] ||
-        echo "gpu-check: note: the bundle's kernels are PTX for sm_$cap, JIT-compiled for this GPU"
-    # The GPU tests run `bnn` from the path it was built at.
-    exe=$(manifest bnn_exe)
-    mkdir -p "$(dirname "$exe")" && cp "$dir/bnn" "$exe" || fail "cannot place bnn at $exe"
-    # The CUDA libraries: the toolkit's, or the NVIDIA wheels of a Python install.
-    major=$(manifest cuda)
-    libs=$(find /usr /opt "${CUDA_ROOT:-/usr/local/cuda}/" -xdev \( -name "libcublas.so.$major" \
-        -o -name libcurand.so.10 -o -name "libcudart.so.$major" \) 2>/dev/null |
-        xargs -r -n1 dirname | sort -u | tr '\n' ':')
-    export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:-}"
-    missing=$(ldd "$exe" | grep 'not found')
-    [ -z "$missing" ] || fail "libraries not found: $missing"
-    commit="$(manifest commit) (bundle)"
+    unpack_bundle "$bundle" "${gpu##*,}"
+    dir=$bundle_dir exe=$bnn_exe cap=$(manifest compute_cap)
+    commit="$bundle_commit (bundle)"
     {
         "$dir/gpu-test" --nocapture --test-threads 1 &&
             "$dir/suite-test" kernel_equivalence::
