@@ -139,7 +139,12 @@ def load_data():
 
 
 class TorchRow:
-    """One row's SGHMC step in PyTorch: eager, and (on CUDA) captured as a graph."""
+    """One row's SGHMC step in PyTorch: eager, and (on CUDA) captured as a graph. The
+    parameters are one tensor each, (K, ...) over the chains, as
+    `torch.func.stack_module_state` gives them (a gradient w.r.t. views of one flat
+    vector would add a zero-filled vector of every parameter per view in the backward),
+    and the update runs over all of them at once with `torch._foreach_*`, as PyTorch's
+    optimizers do."""
 
     def __init__(self, name, batch, chains, data, device):
         import torch
@@ -148,11 +153,15 @@ class TorchRow:
         self.torch, self.F = torch, F
         self.dev = torch.device(device)
         layout, self.plan = layout_of(name)
-        self.shapes = [s for s, _ in layout]
         self.mlp = name.startswith("mlp-")
-        rng = np.random.default_rng(0)
-        self.theta = torch.from_numpy(initial_theta(layout, chains, rng)).to(self.dev)
-        self.v = torch.randn(self.theta.shape, device=self.dev) * math.sqrt(STEP_SIZE)
+        flat = initial_theta(layout, chains, np.random.default_rng(0))
+        self.params, at = [], 0
+        for shape, _ in layout:
+            size = math.prod(shape)
+            part = flat[:, at : at + size].reshape((chains,) + shape)
+            self.params.append(torch.from_numpy(np.ascontiguousarray(part)).to(self.dev))
+            at += size
+        self.v = [torch.randn_like(p) * math.sqrt(STEP_SIZE) for p in self.params]
         self.images = torch.from_numpy(data[0]).to(self.dev)
         self.labels = torch.from_numpy(data[1]).long().to(self.dev)
         self.batch, self.chains = batch, chains
@@ -161,17 +170,8 @@ class TorchRow:
         self.grad = torch.func.vmap(grad) if chains > 1 else grad
         self.graph = None
 
-    def views(self, theta):
-        out, at = [], 0
-        for s in self.shapes:
-            size = math.prod(s)
-            out.append(theta[at : at + size].view(s))
-            at += size
-        return out
-
-    def logits(self, theta, x):
+    def logits(self, p, x):
         F, torch = self.F, self.torch
-        p = self.views(theta)
         if self.mlp:
             h, layers = x, len(p) // 2
             for k in range(layers):
@@ -195,8 +195,8 @@ class TorchRow:
             h = F.silu(a + s)
         return F.linear(h.mean(dim=(2, 3)), next(p), next(p))
 
-    def loss(self, theta, x, y):
-        return self.F.cross_entropy(self.logits(theta, x), y, reduction="sum") * self.scale
+    def loss(self, params, x, y):
+        return self.F.cross_entropy(self.logits(params, x), y, reduction="sum") * self.scale
 
     def step(self):
         torch = self.torch
@@ -205,13 +205,16 @@ class TorchRow:
         x = self.images[idx].float().div_(255.0)
         y = self.labels[idx]
         if self.chains > 1:
-            g = self.grad(self.theta, x, y)
+            g = self.grad(tuple(self.params), x, y)
         else:
-            g = self.grad(self.theta[0], x[0], y[0]).unsqueeze(0)
-        g.add_(self.theta, alpha=PRIOR_PRECISION)
-        self.v.mul_(1.0 - FRICTION).add_(g, alpha=-STEP_SIZE)
-        self.v.add_(torch.randn_like(self.v), alpha=math.sqrt(2.0 * FRICTION * STEP_SIZE))
-        self.theta.add_(self.v)
+            g = [t.unsqueeze(0) for t in self.grad(tuple(p[0] for p in self.params), x[0], y[0])]
+        g = list(g)
+        torch._foreach_add_(g, self.params, alpha=PRIOR_PRECISION)
+        torch._foreach_mul_(self.v, 1.0 - FRICTION)
+        torch._foreach_add_(self.v, g, alpha=-STEP_SIZE)
+        z = [torch.randn_like(v) for v in self.v]
+        torch._foreach_add_(self.v, z, alpha=math.sqrt(2.0 * FRICTION * STEP_SIZE))
+        torch._foreach_add_(self.params, self.v)
 
     def capture(self):
         """The step as a CUDA graph: warmed up on a side stream, captured once."""
@@ -237,7 +240,7 @@ class TorchRow:
             one()
         self.sync()
         secs = time.perf_counter() - t
-        if not bool(torch.isfinite(self.theta).all()):
+        if not all(bool(torch.isfinite(p).all()) for p in self.params):
             sys.exit("the PyTorch chains diverged: the timing would not be of a real step")
         return steps * self.chains / secs
 
@@ -251,7 +254,8 @@ class TorchRow:
 
 
 class JaxRow:
-    """One row's SGHMC step in JAX: jit, vmap over chains, scan over a run's updates."""
+    """One row's SGHMC step in JAX: the parameters a list of arrays (K, ...) over the
+    chains, the step under jit, vmap over chains, scan over a run's updates."""
 
     def __init__(self, name, batch, chains, data, steps):
         import jax
@@ -266,14 +270,6 @@ class JaxRow:
         n_data = images.shape[0]
         scale = n_data / batch
 
-        def views(theta):
-            out, at = [], 0
-            for s in shapes:
-                size = math.prod(s)
-                out.append(theta[at : at + size].reshape(s))
-                at += size
-            return out
-
         def conv(x, w, stride, pad):
             return jax.lax.conv_general_dilated(
                 x, w, (stride, stride), [(pad, pad), (pad, pad)],
@@ -284,8 +280,7 @@ class JaxRow:
             y = z * jax.lax.rsqrt(nu2 + FRN_EPSILON) * gamma[None, :, None, None] + beta[None, :, None, None]
             return jnp.maximum(y, tau[None, :, None, None])
 
-        def logits(theta, x):
-            p = views(theta)
+        def logits(p, x):
             if mlp:
                 h, layers = x, len(p) // 2
                 for k in range(layers):
@@ -320,10 +315,13 @@ class JaxRow:
             idx = jax.random.randint(k_idx, (chains, batch), 0, n_data)
             x = images[idx].astype(jnp.float32) / 255.0
             y = labels[idx]
-            g = grad(theta, x, y) + PRIOR_PRECISION * theta
-            z = jax.random.normal(k_z, theta.shape)
-            v = (1.0 - FRICTION) * v - STEP_SIZE * g + math.sqrt(2.0 * FRICTION * STEP_SIZE) * z
-            return (theta + v, v, key), None
+            g = grad(theta, x, y)
+            keys = jax.random.split(k_z, len(theta))
+            noise = math.sqrt(2.0 * FRICTION * STEP_SIZE)
+            v = [(1.0 - FRICTION) * vi - STEP_SIZE * (gi + PRIOR_PRECISION * ti)
+                 + noise * jax.random.normal(ki, ti.shape)
+                 for ti, vi, gi, ki in zip(theta, v, g, keys)]
+            return ([ti + vi for ti, vi in zip(theta, v)], v, key), None
 
         def run(theta, v, key):
             (theta, v, key), _ = jax.lax.scan(step, (theta, v, key), None, length=steps)
@@ -331,20 +329,26 @@ class JaxRow:
 
         self.run_jit = jax.jit(run, donate_argnums=(0, 1))
         rng = np.random.default_rng(0)
-        self.theta = jnp.asarray(initial_theta(layout, chains, rng))
-        self.v = jnp.asarray(rng.standard_normal(self.theta.shape).astype(np.float32)) * math.sqrt(STEP_SIZE)
+        flat = initial_theta(layout, chains, rng)
+        self.theta, at = [], 0
+        for shape in shapes:
+            size = math.prod(shape)
+            self.theta.append(jnp.asarray(flat[:, at : at + size].reshape((chains,) + shape)))
+            at += size
+        self.v = [jnp.asarray(rng.standard_normal(t.shape).astype(np.float32)) * math.sqrt(STEP_SIZE)
+                  for t in self.theta]
         self.key = jax.random.PRNGKey(0)
         self.chains, self.steps = chains, steps
         # Compile (and warm up) before any timing.
         self.theta, self.v, self.key = self.run_jit(self.theta, self.v, self.key)
-        self.theta.block_until_ready()
+        jax.block_until_ready(self.theta)
 
     def run(self):
         t = time.perf_counter()
         self.theta, self.v, self.key = self.run_jit(self.theta, self.v, self.key)
-        self.theta.block_until_ready()
+        self.jax.block_until_ready(self.theta)
         secs = time.perf_counter() - t
-        if not bool(self.jnp.isfinite(self.theta).all()):
+        if not all(bool(self.jnp.isfinite(t).all()) for t in self.theta):
             sys.exit("the JAX chains diverged: the timing would not be of a real step")
         return self.steps * self.chains / secs
 
