@@ -235,9 +235,16 @@ fn ladder_of(text: &str) -> Result<Option<f64>> {
 fn device_of(kind: DeviceKind) -> Result<candle_core::Device> {
     match kind {
         DeviceKind::Cpu => Ok(candle_core::Device::Cpu),
+        DeviceKind::Cuda if !cfg!(feature = "cuda") => Err(Error::Config(
+            "--device cuda: this bnn was built without CUDA; build it with `cargo build \
+             --release --features cuda` on a machine with the CUDA toolkit"
+                .into(),
+        )),
         DeviceKind::Cuda => candle_core::Device::new_cuda(0).map_err(|e| {
+            let said = e.to_string();
             Error::Config(format!(
-                "--device cuda: {e} (build with `cargo build --release --features cuda` on a machine with CUDA)"
+                "--device cuda: no usable CUDA GPU 0 ({}); `nvidia-smi` should list one",
+                said.lines().next().unwrap_or_default()
             ))
         }),
         DeviceKind::Metal => candle_core::Device::new_metal(0).map_err(|e| {

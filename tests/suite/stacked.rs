@@ -195,7 +195,12 @@ fn stacking_is_refused_where_it_cannot_run() {
         "--chain-layout",
         "stacked",
     ];
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
+        // 1,024 chains of 41 million parameters: refused before anything is allocated.
+        (
+            &["--chains", "1024", "--hidden", "6000,6000"],
+            "GB is free: ask for fewer chains",
+        ),
         (&["--chains", "1"], "--chains 2 or more"),
         (&["--chains", "2", "--sampler", "sgd"], "no fused update"),
         (
@@ -217,4 +222,25 @@ fn stacking_is_refused_where_it_cannot_run() {
         }
         fails_with(d.path(), &args, &["--chain-layout stacked", needle]);
     }
+}
+
+/// `--device cuda` in a build without CUDA says so and how to get one, in one line.
+#[test]
+fn a_cuda_device_in_a_build_without_cuda_is_refused_in_one_line() {
+    if cfg!(feature = "cuda") {
+        return; // this build has CUDA: the GPU check covers it (tests/gpu.rs)
+    }
+    let d = tempfile::tempdir().unwrap();
+    fails_with(
+        d.path(),
+        &[
+            "train",
+            "--dataset",
+            "mnist-mini",
+            "--offline",
+            "--device",
+            "cuda",
+        ],
+        &["built without CUDA", "--features cuda"],
+    );
 }

@@ -126,6 +126,17 @@ pub enum Error {
         advice: String,
     },
 
+    /// The device ran out of memory part-way (`detail`: what the device said).
+    #[error(
+        "the device ran out of memory ({detail}): ask for fewer --chains or a smaller \
+         --batch-size; the samples and the state saved so far are kept (--resume continues \
+         from them)"
+    )]
+    OutOfDeviceMemory {
+        /// The device's own message, its first line.
+        detail: String,
+    },
+
     /// A quantity that must be finite is not; the caller knows where in the run.
     #[error("{0} is not finite")]
     NotFinite(String),
@@ -145,6 +156,20 @@ impl Error {
     /// which `--on-divergence rollback` may undo.
     pub fn is_divergence(&self) -> bool {
         matches!(self, Error::Diverged { .. } | Error::Exploded { .. })
+    }
+
+    /// The error as a user should read it: a device's out-of-memory failure, which candle
+    /// reports in the driver's words, becomes [`Error::OutOfDeviceMemory`].
+    pub fn explained(self) -> Self {
+        match &self {
+            Error::Candle(e) if crate::memory::is_out_of_memory(&e.to_string()) => {
+                let text = e.to_string();
+                Error::OutOfDeviceMemory {
+                    detail: text.lines().next().unwrap_or_default().to_string(),
+                }
+            }
+            _ => self,
+        }
     }
 
     /// Wraps an I/O error with the path it concerns.

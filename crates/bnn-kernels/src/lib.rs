@@ -43,6 +43,7 @@ pub mod gemm;
 #[doc(hidden)]
 pub mod host;
 pub mod isa;
+pub mod memory;
 pub mod noise;
 pub mod stacked;
 

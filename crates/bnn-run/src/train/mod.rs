@@ -250,12 +250,16 @@ pub fn train_on(cfg: &TrainConfig, ds: &Dataset, ranks: &Ranks) -> Result<Option
     let layout = cfg.settings.chain_layout;
     resolved.settings.chain_layout = layout.resolve(&cfg.settings, cfg.device.is_cpu())?;
     let cfg = &resolved;
-    if cfg.settings.chain_layout == ChainLayout::Stacked && ranks.size() > 1 {
-        return Err(Error::Config(
-            "--chain-layout stacked runs its chains in one process: start one rank, or use \
-             --chain-layout apart across MPI ranks"
-                .into(),
-        ));
+    if cfg.settings.chain_layout == ChainLayout::Stacked {
+        if ranks.size() > 1 {
+            return Err(Error::Config(
+                "--chain-layout stacked runs its chains in one process: start one rank, or \
+                 use --chain-layout apart across MPI ranks"
+                    .into(),
+            ));
+        }
+        // Before the disk is checked or anything allocated.
+        stacked::check_memory(cfg, ds)?;
     }
     cfg.settings.augment.for_dataset(&ds.name)?;
     task::check(ds, &cfg.settings.likelihood)?;
@@ -301,7 +305,7 @@ pub fn train_on(cfg: &TrainConfig, ds: &Dataset, ranks: &Ranks) -> Result<Option
         disk::check(&disk::need(cfg, ds, num_params, existing), run_dir)?;
     }
     ranks.barrier();
-    train_checked(cfg, ds, num_params, ranks).map_err(|e| disk::explain(e, run_dir))
+    train_checked(cfg, ds, num_params, ranks).map_err(|e| disk::explain(e.explained(), run_dir))
 }
 
 /// Sample files already in `run_dir` (any layout).
@@ -398,7 +402,10 @@ fn run_chains(cfg: &TrainConfig, ds: &Dataset, ks: &[usize]) -> Result<Vec<(usiz
                             step,
                             run_dir: run_dir.clone(),
                         },
-                        e => Error::Checkpoint(format!("chain {k}: {}", disk::explain(e, run_dir))),
+                        e => Error::Checkpoint(format!(
+                            "chain {k}: {}",
+                            disk::explain(e.explained(), run_dir)
+                        )),
                     });
                 }
             }

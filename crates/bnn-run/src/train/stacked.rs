@@ -19,7 +19,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use candle_core::Tensor;
+use candle_core::{Device, Tensor};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
@@ -33,6 +33,7 @@ use crate::data::augment;
 use crate::data::Dataset;
 use crate::error::{Error, Result};
 use crate::model::stacked::Stacked;
+use crate::model::Network;
 use crate::potential::{evaluate_stacked, Backward, Potential};
 use crate::rng;
 use crate::run_state::Progress;
@@ -81,9 +82,14 @@ struct Resident {
 }
 
 impl Resident {
-    fn of(cfg: &TrainConfig, ds: &Dataset) -> Result<Option<Resident>> {
+    /// Whether the run's minibatches can be gathered on the device.
+    fn wanted(cfg: &TrainConfig, ds: &Dataset) -> Result<bool> {
         let s = &cfg.settings;
-        if s.permute_labels > 0.0 || s.augment.for_dataset(&ds.name)?.is_some() {
+        Ok(s.permute_labels == 0.0 && s.augment.for_dataset(&ds.name)?.is_none())
+    }
+
+    fn of(cfg: &TrainConfig, ds: &Dataset) -> Result<Option<Resident>> {
+        if !Self::wanted(cfg, ds)? {
             return Ok(None);
         }
         let split = &ds.train;
@@ -236,6 +242,63 @@ pub(super) fn run_stacked(cfg: &TrainConfig, ds: &Dataset) -> Result<Vec<ChainOu
             rollbacks: 0,
         })
         .collect())
+}
+
+/// Refuses a stack that cannot fit in the device's free memory, before anything is
+/// allocated, in one line naming the need and the room.
+pub(super) fn check_memory(cfg: &TrainConfig, ds: &Dataset) -> Result<()> {
+    let s = &cfg.settings;
+    let net = Network::new(&s.model, ds.train.dim(), ds.task.outputs(), 0, &Device::Cpu)?;
+    let resident = match Resident::wanted(cfg, ds)? {
+        true => ds.train.len() * (ds.train.dim() + 1),
+        false => 0,
+    };
+    let need = stacked_bytes(&net, s.chains, s.batch_size, resident, s.sampler.kind);
+    let Some(free) = crate::kernels::memory::free_bytes(&cfg.device) else {
+        return Ok(());
+    };
+    if need > free {
+        let gb = |b: u64| b as f64 / 1e9;
+        return Err(Error::Config(format!(
+            "--chain-layout stacked with --chains {} needs about {:.1} GB on {} (each \
+             chain's parameters, \
+             momenta and gradients, and the minibatches' activations), and {:.1} GB is free: \
+             ask for fewer chains or a smaller --batch-size",
+            s.chains,
+            gb(need),
+            if cfg.device.is_cpu() {
+                "the host"
+            } else {
+                "the device"
+            },
+            gb(free)
+        )));
+    }
+    Ok(())
+}
+
+/// Bytes a stack of `chains` networks like `net` holds, roughly: per chain, its
+/// parameters six times (the stack, the chain's own network, the momentum, the gradient,
+/// the gradient with the prior's term, the update's copy) and the per-element thermostats
+/// of mSGNHT; per example of each chain's minibatch, every layer's output four times
+/// (pre-activation, activation and both their gradients); `resident` floats of training
+/// data. An estimate to refuse what cannot fit, not an account.
+fn stacked_bytes(
+    net: &Network,
+    chains: usize,
+    batch: usize,
+    resident: usize,
+    kind: crate::sampler::SamplerKind,
+) -> u64 {
+    let copies = 6 + usize::from(kind == crate::sampler::SamplerKind::Msgnht);
+    let per_example: usize = net
+        .convs
+        .iter()
+        .map(|c| c.out_channels * c.conv_side * c.conv_side)
+        .chain(net.fc_widths())
+        .sum();
+    let floats = chains * (copies * net.num_params() + 4 * batch * per_example) + resident;
+    4 * floats as u64
 }
 
 /// Brings every chain's network up to date from the stack.
