@@ -162,7 +162,7 @@ impl Error {
     /// reports in the driver's words, becomes [`Error::OutOfDeviceMemory`].
     pub fn explained(self) -> Self {
         match &self {
-            Error::Candle(e) if crate::memory::is_out_of_memory(&e.to_string()) => {
+            Error::Candle(e) if is_out_of_memory(&e.to_string()) => {
                 let text = e.to_string();
                 Error::OutOfDeviceMemory {
                     detail: text.lines().next().unwrap_or_default().to_string(),
@@ -179,6 +179,14 @@ impl Error {
             source,
         }
     }
+}
+
+/// Whether a failure's message is a device running out of memory (the driver's
+/// `CUDA_ERROR_OUT_OF_MEMORY`, cuBLAS's failed allocation, Metal's).
+pub fn is_out_of_memory(message: &str) -> bool {
+    ["OUT_OF_MEMORY", "ALLOC_FAILED", "out of memory", "OutOfMemory"]
+        .iter()
+        .any(|needle| message.contains(needle))
 }
 
 /// A signal's name for messages (SIGINT and SIGTERM are the ones the run catches).

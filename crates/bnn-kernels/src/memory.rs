@@ -33,22 +33,10 @@ fn meminfo_available(text: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// Whether a failure's message is a device running out of memory (the driver's
-/// `CUDA_ERROR_OUT_OF_MEMORY`, cuBLAS's failed allocation, Metal's).
-pub fn is_out_of_memory(message: &str) -> bool {
-    [
-        "OUT_OF_MEMORY",
-        "ALLOC_FAILED",
-        "out of memory",
-        "OutOfMemory",
-    ]
-    .iter()
-    .any(|needle| message.contains(needle))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::is_out_of_memory;
 
     #[test]
     fn reads_meminfo_and_tells_out_of_memory() {
