@@ -69,6 +69,7 @@ class Mlp:
                 grads.append(self.grad[at : at + size].view(shape))
                 at += size
         self.n = n
+        self.params, self.grads = [self.theta], [self.grad]
         # Buffers of the manual backward.
         self.acts = [torch.empty(batch, w) for w in widths[1:]]
         self.deltas = [torch.empty(batch, w) for w in widths[1:]]
@@ -161,6 +162,7 @@ class LeNet:
             self.theta[at : at + size].uniform_(-bound, bound, generator=gen)
             at += size
         self.flop_widths = widths
+        self.params, self.grads = [self.theta], [self.grad]
 
     def views(self, theta):
         return views_of(self.shapes, theta)
@@ -240,6 +242,12 @@ class ResNet:
                 self.theta[at : at + size].uniform_(-bound, bound, generator=gen)
             at += size
         self.label = "resnet{}-16-32-64-frn-swish".format(6 * blocks + 2)
+        # Each tensor an allocation of its own, as nn.Module's parameters are: as views
+        # into the one flat vector the step ran 1.13x slower on two Zen 3 cores (ResNet-20,
+        # batch 128; docs/BENCHMARKS.md, "The ResNet peer").
+        self.params = [t.clone() for t in self.views(self.theta)]
+        self.grads = [torch.zeros_like(t) for t in self.params]
+        del self.theta, self.grad
 
     def views(self, theta):
         return views_of(self.shapes, theta)
@@ -251,8 +259,8 @@ class ResNet:
         return torch.max(y, tau.view(1, -1, 1, 1))
 
     def grad_autograd(self, x, y, scale):
-        theta = self.theta.detach().requires_grad_(True)
-        p = iter(self.views(theta))
+        leaves = [t.detach().requires_grad_(True) for t in self.params]
+        p = iter(leaves)
         h = x.view(-1, 1, 28, 28)
         h = F.silu(self.frn_tlu(F.conv2d(h, next(p), padding=1), next(p), next(p), next(p)))
         for stride, project, _, _, _ in self.plan:
@@ -263,8 +271,8 @@ class ResNet:
             h = F.silu(a + s)
         h = F.linear(h.mean(dim=(2, 3)), next(p), next(p))
         loss = F.cross_entropy(h, y, reduction="sum") * scale
-        (g,) = torch.autograd.grad(loss, theta)
-        torch.add(g, self.theta, alpha=PRIOR_PRECISION, out=self.grad)
+        for out, g, t in zip(self.grads, torch.autograd.grad(loss, leaves), self.params):
+            torch.add(g, t, alpha=PRIOR_PRECISION, out=out)
 
     def step_flop(self, batch):
         """As bnn's `bench::step_flop`: three products per convolution, two for the stem."""
@@ -285,8 +293,11 @@ def run(widths, batch, sampler, mode, steps, repeats, images, gen, resnet_blocks
     else:
         model = LeNet(gen) if cnn else Mlp(widths, batch, gen)
     eta = STEP_SIZE
-    v = torch.randn(model.n, generator=gen) * math.sqrt(eta)
-    noise = torch.empty(model.n)
+    # One flat tensor (MLP, LeNet) or one per parameter tensor (ResNets): updated with
+    # torch._foreach_*, as PyTorch's optimizers do.
+    thetas, grads = model.params, model.grads
+    v = [torch.randn(t.shape, generator=gen) * math.sqrt(eta) for t in thetas]
+    noise = [torch.empty_like(t) for t in thetas]
     alpha = DIFFUSION
     scale = n_data / batch
     order = torch.randperm(n_data, generator=gen)
@@ -303,19 +314,18 @@ def run(widths, batch, sampler, mode, steps, repeats, images, gen, resnet_blocks
         x = images.index_select(0, idx).float().div_(255.0)
         y = labels.index_select(0, idx)
         grad_fn(x, y, scale)
-        noise.normal_(generator=gen)
-        if sampler == "sghmc":
-            # v <- (1 - alpha) v - eta g + sqrt(2 alpha eta) z ; theta <- theta + v
-            v.mul_(1.0 - FRICTION).add_(model.grad, alpha=-eta)
-            v.add_(noise, alpha=math.sqrt(2.0 * FRICTION * eta))
-            model.theta.add_(v)
-        else:
-            # SGNHT (Ding et al. Alg. 2): v <- (1 - alpha) v - eta g + sqrt(2 a eta) z;
-            # theta <- theta + v; alpha <- alpha + v.v/n - eta
-            v.mul_(1.0 - alpha).add_(model.grad, alpha=-eta)
-            v.add_(noise, alpha=math.sqrt(2.0 * DIFFUSION * eta))
-            model.theta.add_(v)
-            alpha += float(torch.dot(v, v)) / model.n - eta
+        for z in noise:
+            z.normal_(generator=gen)
+        decay, diffusion = (FRICTION, FRICTION) if sampler == "sghmc" else (alpha, DIFFUSION)
+        # SGHMC: v <- (1 - alpha) v - eta g + sqrt(2 alpha eta) z ; theta <- theta + v.
+        # SGNHT (Ding et al. Alg. 2): the same with the thermostat alpha and
+        # sqrt(2 a eta) z; then alpha <- alpha + v.v/n - eta.
+        torch._foreach_mul_(v, 1.0 - decay)
+        torch._foreach_add_(v, grads, alpha=-eta)
+        torch._foreach_add_(v, noise, alpha=math.sqrt(2.0 * diffusion * eta))
+        torch._foreach_add_(thetas, v)
+        if sampler != "sghmc":
+            alpha += sum(float(torch.dot(t.flatten(), t.flatten())) for t in v) / model.n - eta
 
     def timed():
         t = time.perf_counter()
@@ -326,7 +336,7 @@ def run(widths, batch, sampler, mode, steps, repeats, images, gen, resnet_blocks
     with torch.no_grad() if mode == "manual" else torch.enable_grad():
         timed()  # warm-up
         secs = statistics.median(timed() for _ in range(repeats))
-    if not torch.isfinite(model.theta).all():
+    if not all(bool(torch.isfinite(t).all()) for t in thetas):
         sys.exit(f"{sampler} diverged at batch {batch}: the timing would not be of a real step")
     sps = steps / secs
     if resnet_blocks:

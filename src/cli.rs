@@ -448,8 +448,8 @@ pub struct TrainArgs {
     pub chains: usize,
     /// How the K chains compute: stacked (one network with a chain axis: one batched
     /// product per layer for all chains, each chain keeping its seed, minibatch order and
-    /// noise), apart (each chain its own network), or auto (stacked on a GPU for an MLP or
-    /// CNN under sgld, sghmc, sgnht or msgnht; apart on the CPU).
+    /// noise), apart (each chain its own network), or auto (stacked on a GPU under sgld,
+    /// sghmc, sgnht or msgnht; apart on the CPU).
     #[arg(long, value_enum, default_value_t = D().chain_layout)]
     pub chain_layout: ChainLayout,
     #[command(flatten)]

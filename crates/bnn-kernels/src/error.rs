@@ -184,9 +184,14 @@ impl Error {
 /// Whether a failure's message is a device running out of memory (the driver's
 /// `CUDA_ERROR_OUT_OF_MEMORY`, cuBLAS's failed allocation, Metal's).
 pub fn is_out_of_memory(message: &str) -> bool {
-    ["OUT_OF_MEMORY", "ALLOC_FAILED", "out of memory", "OutOfMemory"]
-        .iter()
-        .any(|needle| message.contains(needle))
+    [
+        "OUT_OF_MEMORY",
+        "ALLOC_FAILED",
+        "out of memory",
+        "OutOfMemory",
+    ]
+    .iter()
+    .any(|needle| message.contains(needle))
 }
 
 /// A signal's name for messages (SIGINT and SIGTERM are the ones the run catches).

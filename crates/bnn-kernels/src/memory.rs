@@ -61,9 +61,15 @@ mod tests {
         let said = "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")\n  backtrace";
         let e = crate::Error::Candle(candle_core::Error::Msg(said.into())).explained();
         let line = e.to_string();
-        assert!(matches!(e, crate::Error::OutOfDeviceMemory { .. }), "{line}");
+        assert!(
+            matches!(e, crate::Error::OutOfDeviceMemory { .. }),
+            "{line}"
+        );
         assert_eq!(line.lines().count(), 1, "{line}");
-        assert!(line.contains("fewer --chains") && line.contains("--resume"), "{line}");
+        assert!(
+            line.contains("fewer --chains") && line.contains("--resume"),
+            "{line}"
+        );
         let other = crate::Error::Candle(candle_core::Error::Msg("shape mismatch".into()));
         assert_eq!(other.explained().to_string(), "shape mismatch");
     }

@@ -171,8 +171,8 @@ fn apart() -> ChainLayout {
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum ChainLayout {
-    /// Stacked where it pays: on a GPU (`--device cuda|metal`) with several chains of an
-    /// MLP or CNN under a fused sampler; apart otherwise (the CPU's hand-written pass is
+    /// Stacked where it pays: on a GPU (`--device cuda|metal`) with several chains under
+    /// a fused sampler; apart otherwise (the CPU's hand-written pass is
     /// faster per chain than candle's).
     #[default]
     Auto,
@@ -207,12 +207,6 @@ impl ChainLayout {
     /// Why the chains of `s` cannot be stacked, if they cannot.
     fn why_not_stacked(s: &Settings) -> Option<String> {
         let kind = s.sampler.kind;
-        if !crate::model::stacked::Stacked::supports(s.model.kind) {
-            return Some(format!(
-                "a {} is not stacked over chains yet (MLPs and CNNs are)",
-                s.model.label()
-            ));
-        }
         if !matches!(
             kind,
             SamplerKind::Sgld | SamplerKind::Sghmc | SamplerKind::Sgnht | SamplerKind::Msgnht

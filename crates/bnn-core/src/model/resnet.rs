@@ -227,26 +227,58 @@ impl ResnetLayout {
     /// on the CPU the autograd reference of the hand-written pass.
     pub fn forward(&self, params: &[Param], x: &Tensor) -> Result<Tensor> {
         let [c, h, w] = self.image;
-        let mut a = x.reshape((x.dim(0)?, c, h, w))?;
-        a = self.activate(&self.conv_norm(params, &a, &self.stem)?)?;
-        for b in &self.blocks {
-            if b.conv1.geometry.stride > 1 {
-                a = even_out_parity(a)?;
-            }
-            let y = self.activate(&self.conv_norm(params, &a, &b.conv1)?)?;
-            let y = self.conv_norm(params, &y, &b.conv2)?;
-            let s = match &b.shortcut {
-                Some(l) => self.conv_norm(params, &a, l)?,
-                None => a.clone(),
-            };
-            a = self.activate(&(y + s)?)?;
-        }
+        let a = self.body(params, x.reshape((x.dim(0)?, c, h, w))?, 1)?;
         let pooled = a.mean(3)?.mean(2)?;
         let (fw, fb) = (
             params[self.fc_weight].var.as_tensor(),
             params[self.fc_weight + 1].var.as_tensor(),
         );
         Ok(pooled.matmul(&fw.t()?)?.broadcast_add(fb)?)
+    }
+
+    /// The logits (K, B, classes) of K networks whose parameters are stacked along a
+    /// leading chain axis (`params[i]` shaped (K, …)), chain k on its own minibatch `x[k]`
+    /// (K, B, C·H·W): chain k's channels are group k of every convolution (a grouped
+    /// convolution over K groups), FRN normalises each channel of each image as it does
+    /// alone, and the head is one batched product; the same operations as
+    /// [`ResnetLayout::forward`] per chain.
+    pub fn forward_stacked(&self, params: &[Param], x: &Tensor) -> Result<Tensor> {
+        let (k, b, _) = x.dims3()?;
+        let [c, h, w] = self.image;
+        let a = x.transpose(0, 1)?.contiguous()?.reshape((b, k * c, h, w))?;
+        let a = self.body(params, a, k)?;
+        // (B, K·C) → (K, B, C).
+        let pooled = a
+            .mean(3)?
+            .mean(2)?
+            .reshape((b, k, self.features))?
+            .transpose(0, 1)?
+            .contiguous()?;
+        let (fw, fb) = (
+            params[self.fc_weight].var.as_tensor(),
+            params[self.fc_weight + 1].var.as_tensor(),
+        );
+        Ok(pooled
+            .matmul(&fw.transpose(1, 2)?)?
+            .broadcast_add(&fb.unsqueeze(1)?)?)
+    }
+
+    /// The stem and the residual blocks on `a` (batch × chains·C × H × W).
+    fn body(&self, params: &[Param], mut a: Tensor, chains: usize) -> Result<Tensor> {
+        a = self.activate(&self.conv_norm(params, &a, &self.stem, chains)?)?;
+        for b in &self.blocks {
+            if b.conv1.geometry.stride > 1 {
+                a = even_out_parity(a)?;
+            }
+            let y = self.activate(&self.conv_norm(params, &a, &b.conv1, chains)?)?;
+            let y = self.conv_norm(params, &y, &b.conv2, chains)?;
+            let s = match &b.shortcut {
+                Some(l) => self.conv_norm(params, &a, l, chains)?,
+                None => a.clone(),
+            };
+            a = self.activate(&(y + s)?)?;
+        }
+        Ok(a)
     }
 
     fn activate(&self, h: &Tensor) -> Result<Tensor> {
@@ -258,10 +290,22 @@ impl ResnetLayout {
         })
     }
 
-    fn conv_norm(&self, params: &[Param], a: &Tensor, l: &ConvLayer) -> Result<Tensor> {
+    /// Convolution `l` (with its bias or FRN + TLU) of `chains` networks at once: their
+    /// kernels (chains·C_out × C_in × k × k) applied group by group (one group, the plain
+    /// convolution, for one network).
+    fn conv_norm(
+        &self,
+        params: &[Param],
+        a: &Tensor,
+        l: &ConvLayer,
+        chains: usize,
+    ) -> Result<Tensor> {
         let g = &l.geometry;
-        let channel = |i: usize| params[i].var.as_tensor().reshape((1, g.out_channels, 1, 1));
-        let mut z = a.conv2d(params[l.weight].var.as_tensor(), g.pad, g.stride, 1, 1)?;
+        let c = chains * g.out_channels;
+        let channel = |i: usize| params[i].var.as_tensor().reshape((1, c, 1, 1));
+        let weight = params[l.weight].var.as_tensor();
+        let kernel = weight.reshape((c, g.in_channels, g.kernel, g.kernel))?;
+        let mut z = a.conv2d(&kernel, g.pad, g.stride, 1, chains)?;
         if let Some(b) = l.bias {
             z = z.broadcast_add(&channel(b)?)?;
         }

@@ -1,8 +1,8 @@
 //! K networks of one architecture as one computation: every parameter tensor holds the K
 //! chains' values along a leading chain axis, (K, …), so that a layer's product is one
 //! batched product over the chains (candle's `matmul` on 3-D tensors: one strided-batched
-//! GEMM on CUDA) and a convolution one grouped convolution, instead of K streams of small
-//! operations. Why K chains and not one wider batch: a posterior wants many independent
+//! GEMM on CUDA) and a convolution one grouped convolution (an MLP, a CNN, a ResNet with
+//! its FRN per channel), instead of K streams of small operations. Why K chains and not one wider batch: a posterior wants many independent
 //! chains, each with its own minibatch order and noise, and on a GPU the step of one small
 //! network is bound by launches, not arithmetic (docs/BENCHMARKS.md, "GPU").
 //!
@@ -12,10 +12,10 @@
 
 use candle_core::{Tensor, Var};
 
-use super::{max_pool2, Activation, ConvShape, ModelKind, Network, Param};
+use super::{max_pool2, Activation, ConvShape, Network, Param};
 use crate::error::{Error, Result};
 
-/// K networks of one MLP or CNN architecture, each parameter stacked along a chain axis.
+/// K networks of one architecture, each parameter stacked along a chain axis.
 #[derive(Debug, Clone)]
 pub struct Stacked {
     /// K, the chains.
@@ -24,28 +24,17 @@ pub struct Stacked {
     pub params: Vec<Param>,
     activation: Activation,
     convs: Vec<ConvShape>,
+    /// A ResNet's layers (its forward is [`super::resnet::ResnetLayout::forward_stacked`]).
+    resnet: Option<super::resnet::ResnetLayout>,
 }
 
 impl Stacked {
-    /// Whether networks of this kind can be stacked: MLPs and CNNs (a ResNet's FRN and
-    /// shortcut layers are not written for a chain axis yet; its chains run apart).
-    pub fn supports(kind: ModelKind) -> bool {
-        matches!(kind, ModelKind::Mlp | ModelKind::Cnn)
-    }
-
     /// The stack of `nets` (chain k = `nets[k]`), which must share one architecture; a copy
     /// of their parameters on their device.
     pub fn new(nets: &[&Network]) -> Result<Self> {
         let first = *nets
             .first()
             .ok_or_else(|| Error::Config("stacked chains: no network to stack".into()))?;
-        if !Self::supports(first.spec.kind) {
-            return Err(Error::Config(format!(
-                "a {} cannot be stacked over chains yet; its chains run apart \
-                 (--chain-layout apart)",
-                first.spec.label()
-            )));
-        }
         if let Some(other) = nets.iter().find(|n| n.spec != first.spec) {
             return Err(Error::Config(format!(
                 "stacked chains of different networks: {} and {}",
@@ -70,6 +59,7 @@ impl Stacked {
             params,
             activation: first.spec.activation,
             convs: first.convs.clone(),
+            resnet: first.resnet.clone(),
         })
     }
 
@@ -108,6 +98,9 @@ impl Stacked {
     /// `x[k]`: `x` is (K, B, input_dim), a CNN's images row-major. The same operations as
     /// [`Network::forward`] per chain, batched over the chain axis.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if let Some(r) = &self.resnet {
+            return r.forward_stacked(&self.params, x);
+        }
         let (k, b, _) = x.dims3()?;
         let mut h = x.clone();
         let convs = self.convs.len();
