@@ -180,20 +180,9 @@ class TorchRow:
                     h = torch.relu(h)
             return h
 
-        def frn_tlu(z, gamma, beta, tau):
-            nu2 = z.pow(2).mean(dim=(2, 3), keepdim=True)
-            y = z * torch.rsqrt(nu2 + FRN_EPSILON) * gamma.view(1, -1, 1, 1) + beta.view(1, -1, 1, 1)
-            return torch.max(y, tau.view(1, -1, 1, 1))
+        from pytorch_reference import resnet_logits
 
-        p = iter(p)
-        h = x.view(-1, 1, 28, 28)
-        h = F.silu(frn_tlu(F.conv2d(h, next(p), padding=1), next(p), next(p), next(p)))
-        for stride, project in self.plan:
-            a = F.silu(frn_tlu(F.conv2d(h, next(p), stride=stride, padding=1), next(p), next(p), next(p)))
-            a = frn_tlu(F.conv2d(a, next(p), padding=1), next(p), next(p), next(p))
-            s = F.conv2d(h, next(p), next(p), stride=stride) if project else h
-            h = F.silu(a + s)
-        return F.linear(h.mean(dim=(2, 3)), next(p), next(p))
+        return resnet_logits(p, self.plan, x)
 
     def loss(self, params, x, y):
         return self.F.cross_entropy(self.logits(params, x), y, reduction="sum") * self.scale

@@ -197,6 +197,27 @@ class LeNet:
 
 
 
+def frn_tlu(z, gamma, beta, tau):
+    """Filter response normalisation and its thresholded linear unit, as its paper gives it."""
+    nu2 = z.pow(2).mean(dim=(2, 3), keepdim=True)
+    y = z * torch.rsqrt(nu2 + FRN_EPSILON) * gamma.view(1, -1, 1, 1) + beta.view(1, -1, 1, 1)
+    return torch.max(y, tau.view(1, -1, 1, 1))
+
+
+def resnet_logits(params, plan, x):
+    """bnn's ResNet on images `x` (batch x 784): `params` in bnn's order, `plan` one
+    (stride, has a projection, ...) per block. Also bench/gpu_peers.py's, under vmap."""
+    p = iter(params)
+    h = x.view(-1, 1, 28, 28)
+    h = F.silu(frn_tlu(F.conv2d(h, next(p), padding=1), next(p), next(p), next(p)))
+    for stride, project, *_ in plan:
+        a = F.silu(frn_tlu(F.conv2d(h, next(p), stride=stride, padding=1), next(p), next(p), next(p)))
+        a = frn_tlu(F.conv2d(a, next(p), padding=1), next(p), next(p), next(p))
+        s = F.conv2d(h, next(p), next(p), stride=stride) if project else h
+        h = F.silu(a + s)
+    return F.linear(h.mean(dim=(2, 3)), next(p), next(p))
+
+
 class ResNet:
     """bnn's `models/resnet{8,20}.toml`: parameters in bnn's order (stem conv, FRN
     gamma/beta/tau; per block conv1 + FRN, conv2 + FRN, a 1x1 projection shortcut with a
@@ -242,37 +263,25 @@ class ResNet:
                 self.theta[at : at + size].uniform_(-bound, bound, generator=gen)
             at += size
         self.label = "resnet{}-16-32-64-frn-swish".format(6 * blocks + 2)
-        # Each tensor an allocation of its own, as nn.Module's parameters are: as views
-        # into the one flat vector the step ran 1.13x slower on two Zen 3 cores (ResNet-20,
-        # batch 128; docs/BENCHMARKS.md, "The ResNet peer").
-        self.params = [t.clone() for t in self.views(self.theta)]
+        # As an nn.Module holds them: each tensor a parameter of its own, its gradient by
+        # loss.backward(). As views into one flat vector with torch.autograd.grad the step
+        # ran 1.04-1.22x slower (docs/BENCHMARKS.md, "The ResNet peer").
+        self.params = [torch.nn.Parameter(t.clone()) for t in self.views(self.theta)]
         self.grads = [torch.zeros_like(t) for t in self.params]
         del self.theta, self.grad
 
     def views(self, theta):
         return views_of(self.shapes, theta)
 
-    @staticmethod
-    def frn_tlu(z, gamma, beta, tau):
-        nu2 = z.pow(2).mean(dim=(2, 3), keepdim=True)
-        y = z * torch.rsqrt(nu2 + FRN_EPSILON) * gamma.view(1, -1, 1, 1) + beta.view(1, -1, 1, 1)
-        return torch.max(y, tau.view(1, -1, 1, 1))
 
     def grad_autograd(self, x, y, scale):
-        leaves = [t.detach().requires_grad_(True) for t in self.params]
-        p = iter(leaves)
-        h = x.view(-1, 1, 28, 28)
-        h = F.silu(self.frn_tlu(F.conv2d(h, next(p), padding=1), next(p), next(p), next(p)))
-        for stride, project, _, _, _ in self.plan:
-            a = F.silu(self.frn_tlu(F.conv2d(h, next(p), stride=stride, padding=1),
-                                    next(p), next(p), next(p)))
-            a = self.frn_tlu(F.conv2d(a, next(p), padding=1), next(p), next(p), next(p))
-            s = F.conv2d(h, next(p), next(p), stride=stride) if project else h
-            h = F.silu(a + s)
-        h = F.linear(h.mean(dim=(2, 3)), next(p), next(p))
-        loss = F.cross_entropy(h, y, reduction="sum") * scale
-        for out, g, t in zip(self.grads, torch.autograd.grad(loss, leaves), self.params):
-            torch.add(g, t, alpha=PRIOR_PRECISION, out=out)
+        for t in self.params:
+            t.grad = None
+        h = resnet_logits(self.params, self.plan, x)
+        (F.cross_entropy(h, y, reduction="sum") * scale).backward()
+        with torch.no_grad():
+            for out, t in zip(self.grads, self.params):
+                torch.add(t.grad, t, alpha=PRIOR_PRECISION, out=out)
 
     def step_flop(self, batch):
         """As bnn's `bench::step_flop`: three products per convolution, two for the stem."""
@@ -320,10 +329,11 @@ def run(widths, batch, sampler, mode, steps, repeats, images, gen, resnet_blocks
         # SGHMC: v <- (1 - alpha) v - eta g + sqrt(2 alpha eta) z ; theta <- theta + v.
         # SGNHT (Ding et al. Alg. 2): the same with the thermostat alpha and
         # sqrt(2 a eta) z; then alpha <- alpha + v.v/n - eta.
-        torch._foreach_mul_(v, 1.0 - decay)
-        torch._foreach_add_(v, grads, alpha=-eta)
-        torch._foreach_add_(v, noise, alpha=math.sqrt(2.0 * diffusion * eta))
-        torch._foreach_add_(thetas, v)
+        with torch.no_grad():
+            torch._foreach_mul_(v, 1.0 - decay)
+            torch._foreach_add_(v, grads, alpha=-eta)
+            torch._foreach_add_(v, noise, alpha=math.sqrt(2.0 * diffusion * eta))
+            torch._foreach_add_(thetas, v)
         if sampler != "sghmc":
             alpha += sum(float(torch.dot(t.flatten(), t.flatten())) for t in v) / model.n - eta
 

@@ -524,11 +524,21 @@ impl<'a> FusedStepOp<'a> {
     }
 }
 
-pub(crate) fn contiguous<'s>(s: &'s [f32], l: &Layout) -> candle_core::Result<&'s [f32]> {
-    match l.contiguous_offsets() {
-        Some((a, b)) => Ok(&s[a..b]),
-        None => candle_core::bail!("fused sampler step: tensor is not contiguous"),
-    }
+/// θ (the destination) and ∇ of a fused op as the f32 ranges their layouts cover.
+pub(crate) fn theta_and_grad<'s>(
+    s1: &'s mut CpuStorage,
+    l1: &Layout,
+    s2: &'s CpuStorage,
+    l2: &Layout,
+) -> candle_core::Result<(&'s mut [f32], &'s [f32])> {
+    let dtype = s1.dtype();
+    let (CpuStorage::F32(theta), CpuStorage::F32(grad)) = (s1, s2) else {
+        candle_core::bail!("fused sampler step: parameters must be f32, got {dtype:?}");
+    };
+    let (Some((a, b)), Some((ga, gb))) = (l1.contiguous_offsets(), l2.contiguous_offsets()) else {
+        candle_core::bail!("fused sampler step: a tensor is not contiguous");
+    };
+    Ok((&mut theta[a..b], &grad[ga..gb]))
 }
 
 /// The lent update `lane` of the tensor `theta` (its gradient `grad`) on the CPU: (Σv²,
@@ -577,15 +587,8 @@ impl InplaceOp2 for FusedStepOp<'_> {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> candle_core::Result<()> {
-        let dtype = s1.dtype();
-        let (CpuStorage::F32(theta), CpuStorage::F32(grad)) = (s1, s2) else {
-            candle_core::bail!("fused sampler step: parameters must be f32, got {dtype:?}");
-        };
-        let Some((a, b)) = l1.contiguous_offsets() else {
-            candle_core::bail!("fused sampler step: parameter is not contiguous");
-        };
-        let grad = contiguous(grad, l2)?;
-        let (sq, sa) = lane_step(&mut self.lane.borrow_mut(), &mut theta[a..b], grad)?;
+        let (theta, grad) = theta_and_grad(s1, l1, s2, l2)?;
+        let (sq, sa) = lane_step(&mut self.lane.borrow_mut(), theta, grad)?;
         self.sum_sq.set(sq);
         self.sum_thermostat.set(sa);
         Ok(())

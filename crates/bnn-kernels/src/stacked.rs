@@ -9,9 +9,9 @@
 
 use std::cell::RefCell;
 
-use candle_core::{backend::BackendStorage, CpuStorage, InplaceOp2, Layout, Tensor};
+use candle_core::{CpuStorage, InplaceOp2, Layout, Tensor};
 
-use crate::cpu::{contiguous, lane_step};
+use crate::cpu::{lane_step, theta_and_grad};
 use crate::error::{Error, Result};
 use crate::LentUpdate;
 
@@ -57,20 +57,13 @@ impl InplaceOp2 for StackedStepOp<'_, '_> {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> candle_core::Result<()> {
-        let dtype = s1.dtype();
-        let (CpuStorage::F32(theta), CpuStorage::F32(grad)) = (s1, s2) else {
-            candle_core::bail!("stacked sampler step: parameters must be f32, got {dtype:?}");
-        };
-        let Some((a, b)) = l1.contiguous_offsets() else {
-            candle_core::bail!("stacked sampler step: parameter is not contiguous");
-        };
-        let grad = contiguous(grad, l2)?;
+        let (theta, grad) = theta_and_grad(s1, l1, s2, l2)?;
         let mut lanes = self.lanes.borrow_mut();
-        let n = (b - a) / lanes.len().max(1);
-        if grad.len() != b - a || n * lanes.len() != b - a {
+        let n = theta.len() / lanes.len().max(1);
+        if grad.len() != theta.len() || n * lanes.len() != theta.len() {
             candle_core::bail!("stacked sampler step: rows of the wrong length");
         }
-        let rows = theta[a..b].chunks_exact_mut(n).zip(grad.chunks_exact(n));
+        let rows = theta.chunks_exact_mut(n).zip(grad.chunks_exact(n));
         let mut sums = Vec::with_capacity(lanes.len());
         for (lane, (theta, grad)) in lanes.iter_mut().zip(rows) {
             sums.push(lane_step(lane, theta, grad)?);

@@ -30,6 +30,18 @@ pub enum Activation {
     Swish,
 }
 
+impl Activation {
+    /// The function applied to `h` in candle's operations (the device and autograd path).
+    pub fn apply(self, h: &Tensor) -> Result<Tensor> {
+        Ok(match self {
+            Activation::Relu => h.relu()?,
+            Activation::Sigmoid => candle_nn::ops::sigmoid(h)?,
+            Activation::Swish => h.silu()?,
+            Activation::Tanh => h.tanh()?,
+        })
+    }
+}
+
 /// The kernels' name for the same function.
 impl From<Activation> for crate::kernels::conv::Nonlinearity {
     fn from(a: Activation) -> Self {
@@ -540,12 +552,7 @@ impl Network {
     }
 
     fn activate(&self, h: &Tensor) -> Result<Tensor> {
-        Ok(match self.spec.activation {
-            Activation::Relu => h.relu()?,
-            Activation::Sigmoid => candle_nn::ops::sigmoid(h)?,
-            Activation::Swish => h.silu()?,
-            Activation::Tanh => h.tanh()?,
-        })
+        self.spec.activation.apply(h)
     }
 
     /// Class logits for a batch `x` of shape (batch, input_dim) (a CNN's images row-major).

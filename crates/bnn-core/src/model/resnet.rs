@@ -282,12 +282,7 @@ impl ResnetLayout {
     }
 
     fn activate(&self, h: &Tensor) -> Result<Tensor> {
-        Ok(match self.activation {
-            Activation::Relu => h.relu()?,
-            Activation::Swish => h.silu()?,
-            Activation::Tanh => h.tanh()?,
-            Activation::Sigmoid => candle_nn::ops::sigmoid(h)?,
-        })
+        self.activation.apply(h)
     }
 
     /// Convolution `l` (with its bias or FRN + TLU) of `chains` networks at once: their

@@ -86,12 +86,7 @@ impl Stacked {
     }
 
     fn activate(&self, h: &Tensor) -> Result<Tensor> {
-        Ok(match self.activation {
-            Activation::Relu => h.relu()?,
-            Activation::Sigmoid => candle_nn::ops::sigmoid(h)?,
-            Activation::Swish => h.silu()?,
-            Activation::Tanh => h.tanh()?,
-        })
+        self.activation.apply(h)
     }
 
     /// Class logits (K, B, classes) of the K chains, chain k on its own minibatch

@@ -478,6 +478,24 @@ impl<'a, S: ChainSink> Chain<'a, S> {
         });
     }
 
+    /// Where a chain moved in step with others (replicas, stacked chains) continues from
+    /// `at`: its minibatch `order` as its `shuffle` stream left it after the epochs begun,
+    /// and the labels of `at`'s epoch where it stopped inside one.
+    pub fn replay_to(
+        &mut self,
+        at: &Progress,
+        order: &mut [usize],
+        shuffle: &mut rand::rngs::StdRng,
+    ) {
+        let begun = at.epoch + usize::from(at.batch > 0);
+        for _ in 0..begun {
+            order.shuffle(shuffle);
+        }
+        if at.batch > 0 {
+            self.relabel(at.epoch);
+        }
+    }
+
     /// This epoch's training labels.
     pub fn labels(&self) -> Option<&[u8]> {
         self.labels.as_deref()

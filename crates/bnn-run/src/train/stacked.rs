@@ -520,14 +520,8 @@ fn restore(plan: &Plan, lanes: &mut [Lane]) -> Result<(u64, f64, usize)> {
                 at.step, record.step
             )));
         }
-        // The minibatch orders of the epochs begun: the shuffle stream replayed.
-        let begun = at.epoch + usize::from(at.batch > 0);
-        for _ in 0..begun {
-            lane.order.shuffle(&mut lane.shuffle);
-        }
-        if at.batch > 0 {
-            lane.chain.relabel(at.epoch);
-        }
+        lane.chain
+            .replay_to(&at, &mut lane.order, &mut lane.shuffle);
         discard_after(&lane.chain.sink.dir, &at)?;
         lane.sums = at;
     }

@@ -629,14 +629,7 @@ fn restore(
                 at.step, record.step
             )));
         }
-        // The minibatch orders of the epochs begun: the shuffle stream replayed.
-        let begun = at.epoch + usize::from(at.batch > 0);
-        for _ in 0..begun {
-            r.order.shuffle(&mut r.shuffle);
-        }
-        if at.batch > 0 {
-            r.chain.relabel(at.epoch);
-        }
+        r.chain.replay_to(&at, &mut r.order, &mut r.shuffle);
         r.step_seconds = at.step_seconds;
         r.sums = at;
         super::chain::discard_after(&r.chain.sink.dir, &r.sums)?;
