@@ -46,7 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from reference_common import (  # noqa: E402
-    FRICTION, FRN_EPSILON, MINI, PRIOR_PRECISION, RESNET_STAGES, STEP_SIZE, read_idx)
+    FRICTION, FRN_EPSILON, MINI, PRIOR_PRECISION, STEP_SIZE, read_idx, resnet_layout)
 
 # The rows: network, batch, chain counts.
 DEFAULT_ROWS = ["mlp-100:100:1,64", "mlp-400-400:1000:1,16", "resnet8:128:1,8", "resnet20:128:1,8"]
@@ -82,32 +82,6 @@ def mlp_layout(widths):
     for i, o in zip(widths[:-1], widths[1:]):
         out += [((o, i), i), ((o,), i)]
     return out, None
-
-
-def resnet_layout(blocks):
-    out, plan = [], []
-
-    def conv(c_out, c_in, k, bias):
-        out.append(((c_out, c_in, k, k), c_in * k * k))
-        if bias:
-            out.append(((c_out,), c_in * k * k))
-        else:
-            out.extend([((c_out,), 1.0), ((c_out,), 0.0), ((c_out,), 0.0)])
-
-    conv(RESNET_STAGES[0], 1, 3, False)
-    c_in = RESNET_STAGES[0]
-    for s, width in enumerate(RESNET_STAGES):
-        for b in range(blocks):
-            stride = 2 if s > 0 and b == 0 else 1
-            conv(width, c_in, 3, False)
-            conv(width, width, 3, False)
-            project = stride != 1 or c_in != width
-            if project:
-                conv(width, c_in, 1, True)
-            plan.append((stride, project))
-            c_in = width
-    out += [((10, c_in), c_in), ((10,), c_in)]
-    return out, plan
 
 
 def layout_of(name):
@@ -280,7 +254,7 @@ class JaxRow:
             p = iter(p)
             h = x.reshape(-1, 1, 28, 28)
             h = jax.nn.silu(frn_tlu(conv(h, next(p), 1, 1), next(p), next(p), next(p)))
-            for stride, project in plan:
+            for stride, project, *_ in plan:
                 a = jax.nn.silu(frn_tlu(conv(h, next(p), stride, 1), next(p), next(p), next(p)))
                 a = frn_tlu(conv(a, next(p), 1, 1), next(p), next(p), next(p))
                 if project:

@@ -45,7 +45,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference_common import (  # noqa: E402
-    DIFFUSION, FRICTION, FRN_EPSILON, MINI, PRIOR_PRECISION, RESNET_STAGES, STEP_SIZE, read_idx)
+    DIFFUSION, FRICTION, FRN_EPSILON, MINI, PRIOR_PRECISION, RESNET_STAGES, STEP_SIZE, read_idx,
+    resnet_layout)
 
 
 class Mlp:
@@ -225,30 +226,7 @@ class ResNet:
 
     def __init__(self, blocks, gen):
         self.blocks = blocks
-        shapes = []  # (shape, init): init a fan-in or a constant
-
-        def conv(c_out, c_in, k, bias):
-            shapes.append(((c_out, c_in, k, k), c_in * k * k))
-            if bias:
-                shapes.append(((c_out,), c_in * k * k))
-            else:
-                shapes.extend([((c_out,), 1.0), ((c_out,), 0.0), ((c_out,), 0.0)])
-
-        conv(RESNET_STAGES[0], 1, 3, False)
-        self.plan = []  # per block: stride, has a projection
-        c_in, side = RESNET_STAGES[0], 28
-        for s, width in enumerate(RESNET_STAGES):
-            for b in range(blocks):
-                stride = 2 if s > 0 and b == 0 else 1
-                conv(width, c_in, 3, False)
-                conv(width, width, 3, False)
-                project = stride != 1 or c_in != width
-                if project:
-                    conv(width, c_in, 1, True)
-                self.plan.append((stride, project, c_in, width, side))
-                side = (side + 2 - 3) // stride + 1
-                c_in = width
-        shapes += [((10, c_in), c_in), ((10,), c_in)]
+        shapes, self.plan = resnet_layout(blocks)
         self.shapes = [s for s, _ in shapes]
         self.n = sum(math.prod(s) for s in self.shapes)
         self.theta = torch.empty(self.n)
