@@ -255,3 +255,48 @@ fn a_cuda_device_in_a_build_without_cuda_is_refused_in_one_line() {
         &["built without CUDA", "--features cuda"],
     );
 }
+
+/// The test-set pass of a sample off the CPU (one batched pass over the stack for all
+/// chains, in chunks of eval-batch/K examples) gives each chain the probabilities of
+/// candle's pass over that chain alone (in chunks of eval-batch), for an MLP, a CNN and a
+/// ResNet. Tolerance 1e-6: the chunks differ in rows, which changes how candle's CPU GEMM
+/// blocks a product and so the last bit of some sums (3e-8 measured); a wrong chain or
+/// row would be off by far more.
+#[test]
+fn stacked_predictions_are_each_chains_own() {
+    use bnn::ensemble::{predict_stacked, predict_with_candle};
+    use bnn::model::{stacked::Stacked, ModelSpec, Network};
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let n = 700;
+    let features: Vec<f32> = (0..n * 784).map(|_| rng.random_range(0.0..1.0)).collect();
+    let labels: Vec<u8> = (0..n).map(|i| (i % 10) as u8).collect();
+    let split = bnn::data::Split::of_table(features, 784, labels, Vec::new());
+    let presets = [
+        "[model]\nkind = \"mlp\"\nhidden = [30]\nactivation = \"relu\"\n",
+        "[model]\nkind = \"cnn\"\nconv = [3]\nkernel_size = 3\npadding = 1\nhidden = [8]\nactivation = \"relu\"\n",
+        "[model]\nkind = \"resnet\"\nstages = [4, 8]\nblocks = 1\nnorm = \"frn\"\nactivation = \"swish\"\n",
+    ];
+    for text in presets {
+        let spec = ModelSpec::from_toml_str(text, "test").unwrap();
+        let nets: Vec<Network> = (0..3)
+            .map(|s| Network::new(&spec, 784, 10, s, &Device::Cpu).unwrap())
+            .collect();
+        let stack = Stacked::new(&nets.iter().collect::<Vec<_>>()).unwrap();
+        let together = predict_stacked(&stack, &nets[0], &split, &Device::Cpu).unwrap();
+        for (k, net) in nets.iter().enumerate() {
+            let alone = predict_with_candle(net, &split, &Device::Cpu).unwrap();
+            assert_eq!(alone.len(), n * 10);
+            let worst = alone
+                .iter()
+                .zip(&together[k])
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                worst <= 1e-6,
+                "{}: chain {k}: max |Δp| {worst:e}",
+                spec.label()
+            );
+        }
+    }
+}

@@ -37,11 +37,43 @@ pub fn predict(model: &Network, split: &Split, device: &Device) -> Result<Vec<f3
         }
         return Ok(out);
     }
-    let mut out = Vec::with_capacity(split.len() * classes);
-    forward_chunks(model, split, |x, rows| {
+    predict_with_candle(model, split, device)
+}
+
+/// [`predict`] by candle's forward and softmax on `device` (the path off the CPU).
+pub fn predict_with_candle(model: &Network, split: &Split, device: &Device) -> Result<Vec<f32>> {
+    let mut out = Vec::with_capacity(split.len() * model.num_classes);
+    forward_chunks(split, eval_batch(model), |x, rows| {
         let xt = Tensor::from_slice(x, (rows, split.dim()), device)?;
         let probs = candle_nn::ops::softmax_last_dim(&model.forward(&xt)?)?;
         out.extend(probs.flatten_all()?.to_vec1::<f32>()?);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// [`predict_with_candle`] of K networks stacked along a chain axis
+/// ([`crate::model::stacked::Stacked`], of `like`'s architecture) at once: each chunk of
+/// `split` one batched forward for every chain; chain k's probabilities in `[k]`. The
+/// chunks are `eval_batch / K` examples (at least 16), so that a chunk of K chains holds
+/// about what one chain's does.
+pub fn predict_stacked(
+    stack: &crate::model::stacked::Stacked,
+    like: &Network,
+    split: &Split,
+    device: &Device,
+) -> Result<Vec<Vec<f32>>> {
+    let k = stack.chains;
+    let mut out = vec![Vec::with_capacity(split.len() * like.num_classes); k];
+    let chunk = (eval_batch(like) / k).max(16);
+    forward_chunks(split, chunk, |x, rows| {
+        let xt = Tensor::from_slice(x, (1, rows, split.dim()), device)?
+            .broadcast_as((k, rows, split.dim()))?
+            .contiguous()?;
+        let probs = candle_nn::ops::softmax_last_dim(&stack.forward(&xt)?)?;
+        for (chain, p) in out.iter_mut().zip(probs.to_vec3::<f32>()?) {
+            chain.extend(p.into_iter().flatten());
+        }
         Ok(())
     })?;
     Ok(out)
@@ -53,13 +85,13 @@ pub fn outputs(model: &Network, split: &Split, device: &Device) -> Result<Vec<f3
     let mut out = Vec::with_capacity(split.len() * model.num_classes);
     if device.is_cpu() {
         let mut forward = Backprop::new(model, eval_batch(model))?;
-        forward_chunks(model, split, |x, rows| {
+        forward_chunks(split, eval_batch(model), |x, rows| {
             out.extend_from_slice(forward.forward(model, x, rows)?);
             Ok(())
         })?;
         return Ok(out);
     }
-    forward_chunks(model, split, |x, rows| {
+    forward_chunks(split, eval_batch(model), |x, rows| {
         let xt = Tensor::from_slice(x, (rows, split.dim()), device)?;
         out.extend(model.forward(&xt)?.flatten_all()?.to_vec1::<f32>()?);
         Ok(())
@@ -75,15 +107,16 @@ fn eval_batch(model: &Network) -> usize {
     }
 }
 
-/// Calls `f` with each chunk of `split`'s inputs in order (row-major) and its row count.
+/// Calls `f` with each chunk of `rows` of `split`'s inputs in order (row-major) and its row
+/// count.
 fn forward_chunks(
-    model: &Network,
     split: &Split,
+    rows: usize,
     mut f: impl FnMut(&[f32], usize) -> Result<()>,
 ) -> Result<()> {
     let (mut x, mut y) = (Vec::new(), Vec::new());
     let indices: Vec<usize> = (0..split.len()).collect();
-    for chunk in indices.chunks(eval_batch(model)) {
+    for chunk in indices.chunks(rows) {
         split.gather(chunk, &mut x, &mut y);
         f(&x, chunk.len())?;
     }

@@ -148,7 +148,7 @@ fn run_from<S: ChainSink>(chain: &mut Chain<S>, at: Progress) -> Result<ChainOut
             chain.watch(step, epoch, b + 1 == batches, None)?;
             step_seconds += t0.elapsed().as_secs_f64();
             if s.schedule.keeps_sample(step, total_steps, epoch) {
-                chain.keep_sample(step, epoch, eta, diag)?;
+                chain.keep_sample(step, epoch, eta, diag, None)?;
             }
             if b % 20 == 0 {
                 bar.set_position(b as u64);
@@ -311,8 +311,16 @@ pub(super) struct KeptSample {
     pub kinetic_energy: Option<f64>,
 }
 
+/// A classifier's class probabilities on the test set and, with `--valid`, the validation
+/// set, computed ahead (by one pass over K stacked chains) for a sample.
+#[derive(Debug, Clone)]
+pub(super) struct Predicted {
+    pub test: Vec<f32>,
+    pub valid: Option<Vec<f32>>,
+}
+
 /// Hands `model`'s parameters after update `step` to `sink` as a sample; its predictions
-/// for the ensembles.
+/// for the ensembles (`predicted` where they were computed ahead).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn write_sample(
     cfg: &TrainConfig,
@@ -324,6 +332,7 @@ pub(super) fn write_sample(
     eta: f64,
     diag: sampler::Diagnostics,
     noise_precision: f64,
+    predicted: Option<Predicted>,
 ) -> Result<KeptSample> {
     // Never write a sample from a diverging chain.
     if let Some(name) = model.first_non_finite()? {
@@ -351,12 +360,18 @@ pub(super) fn write_sample(
             kinetic_energy: diag.kinetic_energy,
         });
     }
-    let valid = match ds.valid.as_ref() {
-        Some(v) => Some(ensemble::predict(model, v, device)?),
-        None => None,
+    let Predicted { test, valid } = match predicted {
+        Some(p) => p,
+        None => Predicted {
+            test: ensemble::predict(model, &ds.test, device)?,
+            valid: match ds.valid.as_ref() {
+                Some(v) => Some(ensemble::predict(model, v, device)?),
+                None => None,
+            },
+        },
     };
     Ok(KeptSample {
-        test: ensemble::predict(model, &ds.test, device)?,
+        test,
         gaussians: None,
         valid,
         kinetic_energy: diag.kinetic_energy,
@@ -685,11 +700,12 @@ impl<'a, S: ChainSink> Chain<'a, S> {
         epoch: usize,
         eta: f64,
         diag: sampler::Diagnostics,
+        predicted: Option<Predicted>,
     ) -> Result<()> {
         let (cfg, ds) = (self.cfg, self.ds);
         let tau = self.stepper.potential.noise_precision;
-        let sink = &mut self.sink;
-        let sample = write_sample(cfg, ds, sink, &self.model, step, epoch, eta, diag, tau)?;
+        let (sink, model) = (&mut self.sink, &self.model);
+        let sample = write_sample(cfg, ds, sink, model, step, epoch, eta, diag, tau, predicted)?;
         self.kept.add(sample)?;
         Ok(())
     }

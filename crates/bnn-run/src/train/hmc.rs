@@ -311,7 +311,7 @@ pub(super) fn run_hmc_chain(
             let tau = potential.noise_precision;
             let (step, eps) = (it as u64 + 1, t.step_size);
             let d = Diagnostics::default();
-            let sample = write_sample(cfg, ds, &mut sink, &model, step, it, eps, d, tau)?;
+            let sample = write_sample(cfg, ds, &mut sink, &model, step, it, eps, d, tau, None)?;
             chain.kept.add(sample)?;
         }
         append_line(&metrics, &to_json(&record(&t, &chain))?)?;

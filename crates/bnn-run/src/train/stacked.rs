@@ -24,13 +24,14 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
-use super::chain::{discard_after, interrupted, Chain, ChainOutcome};
+use super::chain::{discard_after, interrupted, Chain, ChainOutcome, Predicted};
 use super::sink::RunFolder;
 use super::TrainConfig;
 use crate::backprop::mlp::BatchLoss;
 use crate::checkpoint;
 use crate::data::augment;
 use crate::data::Dataset;
+use crate::ensemble;
 use crate::error::{Error, Result};
 use crate::model::stacked::Stacked;
 use crate::model::Network;
@@ -456,11 +457,17 @@ fn after_update(
         return Ok(());
     }
     sync(lanes, stack)?;
+    let mut predicted = match keep {
+        true => predict_stacked(plan, lanes, stack)?,
+        false => Vec::new(),
+    }
+    .into_iter();
     for (lane, &diag) in lanes.iter_mut().zip(diags) {
         lane.chain.watch(step, epoch, last_of_epoch, None)?;
         if keep {
             let eta = lane.chain.stepper.sampler.config().step_size;
-            lane.chain.keep_sample(step, epoch, eta, diag)?;
+            lane.chain
+                .keep_sample(step, epoch, eta, diag, predicted.next())?;
         }
         if last_of_epoch {
             lane.chain
@@ -468,6 +475,31 @@ fn after_update(
         }
     }
     Ok(())
+}
+
+/// Off the CPU, a classifier's samples predict the test (and validation) set in one pass
+/// over the stack for all chains ([`ensemble::predict_stacked`]) instead of K passes;
+/// empty where each chain predicts alone (on the CPU, whose own forward pass is faster
+/// than candle's, and for a regression's Gaussians).
+fn predict_stacked(plan: &Plan, lanes: &[Lane], stack: &Stacked) -> Result<Vec<Predicted>> {
+    let (ds, device) = (plan.ds, &plan.cfg.device);
+    if device.is_cpu() || ds.task.is_regression() {
+        return Ok(Vec::new());
+    }
+    let like = &lanes[0].chain.model;
+    let test = ensemble::predict_stacked(stack, like, &ds.test, device)?;
+    let mut valid = match &ds.valid {
+        Some(v) => ensemble::predict_stacked(stack, like, v, device)?
+            .into_iter()
+            .map(Some)
+            .collect(),
+        None => vec![None; test.len()],
+    };
+    Ok(test
+        .into_iter()
+        .zip(valid.drain(..))
+        .map(|(test, valid)| Predicted { test, valid })
+        .collect())
 }
 
 /// Saves every chain's state at `step` into the next slot, then the record naming it.

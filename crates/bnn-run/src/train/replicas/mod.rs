@@ -522,6 +522,7 @@ fn advance(
                 eta,
                 diag,
                 r.chain.stepper.potential.noise_precision,
+                None,
             )?;
             r.events.push(Event::Sample(sample));
         }
