@@ -121,6 +121,10 @@ pub fn inspect_run(run_dir: &Path) -> Result<RunInfo> {
         sample_bytes += bytes_under(&checkpoint::samples_dir(dir));
         state_bytes += bytes_under(&dir.join("state"));
     }
+    // Replicas' and stacked chains' states: their two slots.
+    for slots in ["replicas", "stacked"] {
+        state_bytes += bytes_under(&run_dir.join(slots));
+    }
     let summary: Option<serde_json::Value> = match run_dir.join("summary.json") {
         p if p.is_file() => {
             let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
