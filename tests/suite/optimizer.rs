@@ -334,3 +334,27 @@ fn bits_of(t: &Tensor) -> Vec<u32> {
         .map(|v| v.to_bits())
         .collect()
 }
+
+/// A step size that is not positive and finite is refused, as the doc of
+/// `set_learning_rate` says: η stays, and the next step leaves θ finite (a negative η was
+/// taken before and every weight became NaN while the step returned Ok).
+#[test]
+fn a_learning_rate_that_is_not_positive_is_refused() {
+    let model = mlp_preset(5);
+    let mut opt = Sghmc::new(vars(&model), config(SamplerKind::Sghmc)).unwrap();
+    let eta = opt.learning_rate();
+    for bad in [-1.0, 0.0, f64::NAN, f64::INFINITY] {
+        opt.set_learning_rate(bad);
+        assert_eq!(opt.learning_rate(), eta, "{bad} was taken");
+    }
+    let (x, y) = minibatch(0);
+    opt.backward_step(&loss::cross_entropy(&model.forward(&x).unwrap(), &y).unwrap())
+        .unwrap();
+    assert!(model.all_finite().unwrap());
+    opt.set_learning_rate(eta / 2.0);
+    assert_eq!(
+        opt.learning_rate(),
+        eta / 2.0,
+        "a positive step size is taken"
+    );
+}

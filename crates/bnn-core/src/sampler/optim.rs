@@ -215,6 +215,15 @@ impl candle_nn::Optimizer for SgMcmc {
     /// is not positive and finite is refused with a logged error (the trait returns
     /// nothing).
     fn set_learning_rate(&mut self, lr: f64) {
+        // A negative or NaN η would be taken by every sampler and turn θ into NaN at the
+        // next step, with that step returning Ok: refused here, η kept.
+        if !(lr > 0.0 && lr.is_finite()) {
+            tracing::error!(
+                "set_learning_rate({lr}): the step size must be positive and finite; it stays {}",
+                self.learning_rate()
+            );
+            return;
+        }
         if let Err(e) = self.sampler.set_step_size(lr) {
             tracing::error!("set_learning_rate({lr}): {e}");
         }
