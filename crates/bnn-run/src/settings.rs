@@ -212,15 +212,15 @@ impl ChainLayout {
             SamplerKind::Sgld | SamplerKind::Sghmc | SamplerKind::Sgnht | SamplerKind::Msgnht
         ) || s.kernel != Kernel::Fused
         {
-            return Some(
-                format!(
-                    "{} with --kernel {:?} has no fused update of a chain's slice (sgld, sghmc, \
-                 sgnht and msgnht with --kernel fused do)",
-                    kind.name(),
-                    s.kernel
-                )
-                .to_lowercase(),
-            );
+            let kernel = match s.kernel {
+                Kernel::Fused => "fused",
+                Kernel::Composed => "composed",
+            };
+            return Some(format!(
+                "{} with --kernel {kernel} has no fused update of a chain's slice (sgld, \
+                 sghmc, sgnht and msgnht with --kernel fused do)",
+                kind.name()
+            ));
         }
         if s.on_divergence == OnDivergence::Rollback {
             return Some(

@@ -192,9 +192,8 @@ impl TensorwiseStep for Fused {
     }
 
     fn inline_update(&mut self, index: usize) -> Result<Option<InlineUpdate<'_>>> {
-        let pending = in_update(&mut self.pending)?;
-        let (update, consts) = (pending.update, pending.consts);
-        let momentum: &mut [f32] = match (update, self.momentum.get_mut(index)) {
+        let lane = self.lent(index)?;
+        let momentum: &mut [f32] = match (lane.update, lane.momentum) {
             (Update::Sgld, _) => &mut [],
             (Update::Momentum, Some(StateBuffer::Host(v))) => v,
             // mSGNHT's per-element thermostats, or state on a GPU: the separate pass.
@@ -202,20 +201,16 @@ impl TensorwiseStep for Fused {
             _ => return Ok(None),
         };
         Ok(Some(InlineUpdate {
-            update,
-            consts,
-            key: NoiseKey {
-                seed: self.seed,
-                step: self.step,
-                param: index as u32,
-            },
+            update: lane.update,
+            consts: lane.consts,
+            key: lane.key,
             momentum,
         }))
     }
 
     fn inline_done(&mut self, index: usize, sum_sq: f64) -> Result<()> {
-        in_update(&mut self.pending)?.sum_sq[index] = sum_sq;
-        Ok(())
+        // The inline updates (SGLD, the momentum step) have no thermostats to sum.
+        self.lent_done(index, sum_sq, 0.0)
     }
 
     fn abandon_update(&mut self) {

@@ -250,16 +250,12 @@ pub fn train_on(cfg: &TrainConfig, ds: &Dataset, ranks: &Ranks) -> Result<Option
     let layout = cfg.settings.chain_layout;
     resolved.settings.chain_layout = layout.resolve(&cfg.settings, cfg.device.is_cpu())?;
     let cfg = &resolved;
-    if cfg.settings.chain_layout == ChainLayout::Stacked {
-        if ranks.size() > 1 {
-            return Err(Error::Config(
-                "--chain-layout stacked runs its chains in one process: start one rank, or \
-                 use --chain-layout apart across MPI ranks"
-                    .into(),
-            ));
-        }
-        // Before the disk is checked or anything allocated.
-        stacked::check_memory(cfg, ds)?;
+    if cfg.settings.chain_layout == ChainLayout::Stacked && ranks.size() > 1 {
+        return Err(Error::Config(
+            "--chain-layout stacked runs its chains in one process: start one rank, or use \
+             --chain-layout apart across MPI ranks"
+                .into(),
+        ));
     }
     cfg.settings.augment.for_dataset(&ds.name)?;
     task::check(ds, &cfg.settings.likelihood)?;
@@ -285,14 +281,19 @@ pub fn train_on(cfg: &TrainConfig, ds: &Dataset, ranks: &Ranks) -> Result<Option
         )));
     }
     let run_dir = &cfg.run_dir;
-    let num_params = Network::new(
+    let net = Network::new(
         &cfg.settings.model,
         ds.train.dim(),
         ds.task.outputs(),
         cfg.settings.seed,
         &Device::Cpu,
-    )?
-    .num_params();
+    )?;
+    let num_params = net.num_params();
+    if cfg.settings.chain_layout == ChainLayout::Stacked {
+        // Before the disk is checked or anything allocated for the chains.
+        stacked::check_memory(cfg, ds, &net)?;
+    }
+    drop(net);
     // Rank 0 alone clears, checks the disk and writes run.json; the others start after it.
     if ranks.is_root() {
         if !cfg.resume {

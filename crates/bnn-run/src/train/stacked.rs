@@ -19,17 +19,17 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
 use super::chain::{discard_after, interrupted, Chain, ChainOutcome, Predicted};
 use super::sink::RunFolder;
+use super::stepper::Batch;
 use super::TrainConfig;
 use crate::backprop::mlp::BatchLoss;
 use crate::checkpoint;
-use crate::data::augment;
 use crate::data::Dataset;
 use crate::ensemble;
 use crate::error::{Error, Result};
@@ -56,10 +56,8 @@ struct Lane<'a> {
     /// The epoch's running sums.
     sums: Progress,
     epoch_started: Instant,
-    /// Its minibatch, gathered: inputs, labels, regression targets.
-    x: Vec<f32>,
-    y: Vec<u32>,
-    v: Vec<f32>,
+    /// Its minibatch, where it is gathered on the host.
+    batch: Batch,
 }
 
 /// The run-wide constants of the loop.
@@ -146,9 +144,7 @@ pub(super) fn run_stacked(cfg: &TrainConfig, ds: &Dataset) -> Result<Vec<ChainOu
             order: (0..ds.train.len()).collect(),
             sums: Progress::default(),
             epoch_started: Instant::now(),
-            x: Vec::new(),
-            y: Vec::new(),
-            v: Vec::new(),
+            batch: Batch::default(),
         });
     }
     let (mut step, seconds_before, mut saves) = match cfg.resume {
@@ -163,7 +159,7 @@ pub(super) fn run_stacked(cfg: &TrainConfig, ds: &Dataset) -> Result<Vec<ChainOu
     if !cfg.resume {
         // The state before the first update, then run.json: from here on the run can be
         // resumed whenever it stops.
-        save(&plan, &lanes, 0, 0.0, saves)?;
+        save(&plan, &lanes, 0, (0.0, 0.0), saves)?;
         saves += 1;
         super::manifest(cfg, ds, num_params).write(&cfg.run_dir)?;
     }
@@ -215,10 +211,7 @@ pub(super) fn run_stacked(cfg: &TrainConfig, ds: &Dataset) -> Result<Vec<ChainOu
         let last = step == plan.total_steps;
         if signal.is_some() || step.is_multiple_of(every) || last {
             sync(&lanes, &stack)?;
-            for lane in lanes.iter_mut() {
-                lane.sums.step_seconds = step_seconds;
-            }
-            save(&plan, &lanes, step, elapsed(), saves)?;
+            save(&plan, &lanes, step, (step_seconds, elapsed()), saves)?;
             saves += 1;
             if let (Some(signal), false) = (signal, last) {
                 bar.finish_and_clear();
@@ -245,16 +238,15 @@ pub(super) fn run_stacked(cfg: &TrainConfig, ds: &Dataset) -> Result<Vec<ChainOu
         .collect())
 }
 
-/// Refuses a stack that cannot fit in the device's free memory, before anything is
-/// allocated, in one line naming the need and the room.
-pub(super) fn check_memory(cfg: &TrainConfig, ds: &Dataset) -> Result<()> {
+/// Refuses a stack of networks like `net` that cannot fit in the device's free memory,
+/// before anything is allocated for the chains, in one line naming the need and the room.
+pub(super) fn check_memory(cfg: &TrainConfig, ds: &Dataset, net: &Network) -> Result<()> {
     let s = &cfg.settings;
-    let net = Network::new(&s.model, ds.train.dim(), ds.task.outputs(), 0, &Device::Cpu)?;
     let resident = match Resident::wanted(cfg, ds)? {
         true => ds.train.len() * (ds.train.dim() + 1),
         false => 0,
     };
-    let need = stacked_bytes(&net, s.chains, s.batch_size, resident, s.sampler.kind);
+    let need = stacked_bytes(net, s.chains, s.batch_size, resident, s.sampler.kind);
     let Some(free) = crate::kernels::memory::free_bytes(&cfg.device) else {
         return Ok(());
     };
@@ -326,23 +318,13 @@ fn gather_on_host(
     let mut vs = Vec::new();
     for lane in lanes.iter_mut() {
         let idx = &lane.order[rows.clone()];
-        match lane.chain.augment_at(step)? {
-            Some((aug, seed)) => {
-                augment::gather_augmented(split, idx, aug, seed, &mut lane.x, &mut lane.y)
-            }
-            None => split.gather(idx, &mut lane.x, &mut lane.y),
-        }
-        if let Some(labels) = lane.chain.labels() {
-            for (y, &i) in lane.y.iter_mut().zip(idx) {
-                *y = labels[i] as u32;
-            }
-        }
-        xs.extend_from_slice(&lane.x);
-        ys.extend_from_slice(&lane.y);
-        if regression {
-            split.gather_values(idx, &mut lane.v);
-            vs.extend_from_slice(&lane.v);
-        }
+        let augment = lane.chain.augment_at(step)?;
+        let labels = lane.chain.labels();
+        lane.batch
+            .gather(split, idx, labels, augment, None, regression);
+        xs.extend_from_slice(&lane.batch.x);
+        ys.extend_from_slice(&lane.batch.y);
+        vs.extend_from_slice(&lane.batch.v);
     }
     let device = &plan.cfg.device;
     let x = Tensor::from_vec(xs, (k, batch, dim), device)?;
@@ -502,8 +484,15 @@ fn predict_stacked(plan: &Plan, lanes: &[Lane], stack: &Stacked) -> Result<Vec<P
         .collect())
 }
 
-/// Saves every chain's state at `step` into the next slot, then the record naming it.
-fn save(plan: &Plan, lanes: &[Lane], step: u64, train_seconds: f64, saves: usize) -> Result<()> {
+/// Saves every chain's state at `step`, with the seconds spent in updates and in all,
+/// into the next slot, then the record naming it.
+fn save(
+    plan: &Plan,
+    lanes: &[Lane],
+    step: u64,
+    (step_seconds, train_seconds): (f64, f64),
+    saves: usize,
+) -> Result<()> {
     let run_dir = &plan.cfg.run_dir;
     let slot = saves % 2;
     for (k, lane) in lanes.iter().enumerate() {
@@ -511,7 +500,7 @@ fn save(plan: &Plan, lanes: &[Lane], step: u64, train_seconds: f64, saves: usize
             epoch: (step / plan.batches) as usize,
             batch: (step % plan.batches) as usize,
             step,
-            step_seconds: lane.sums.step_seconds,
+            step_seconds,
             train_seconds,
             ..if step.is_multiple_of(plan.batches) {
                 Progress::default()

@@ -7,6 +7,7 @@ use crate::backprop::Backprop;
 use crate::data::augment::{self, Augment};
 use crate::data::Split;
 use crate::error::Result;
+use crate::kernels::gemm::NonZero;
 use crate::model::Network;
 use crate::potential::{Backward, Potential};
 use crate::sampler::{self, Kernel, Sampler, SamplerConfig, TensorwiseStep};
@@ -26,10 +27,52 @@ pub struct Stepper {
     /// With the custom backward: update each layer as soon as its gradient is ready
     /// (default), instead of after the whole backward.
     pub by_layer: bool,
-    xbuf: Vec<f32>,
-    ybuf: Vec<u32>,
-    /// The minibatch's regression targets.
-    vbuf: Vec<f32>,
+    batch: Batch,
+}
+
+/// A minibatch's host buffers, reused from update to update.
+#[derive(Debug, Default)]
+pub(super) struct Batch {
+    /// The inputs, row-major.
+    pub x: Vec<f32>,
+    /// The labels.
+    pub y: Vec<u32>,
+    /// A regression's targets.
+    pub v: Vec<f32>,
+}
+
+impl Batch {
+    /// The examples `idx` of `split`: augmented with the seed given (`--augment`), else
+    /// recording the first layer's zero map into `map` where given; `labels` in place of
+    /// the split's where given (label noise); with `regression`, the split's values as
+    /// targets.
+    pub fn gather(
+        &mut self,
+        split: &Split,
+        idx: &[usize],
+        labels: Option<&[u8]>,
+        augment: Option<(Augment, u64)>,
+        map: Option<&mut NonZero>,
+        regression: bool,
+    ) {
+        match (augment, map) {
+            (Some((aug, seed)), _) => {
+                augment::gather_augmented(split, idx, aug, seed, &mut self.x, &mut self.y)
+            }
+            // The first layer's zero map made as the rows are written, while each is in
+            // L1, rather than by the forward pass reading the minibatch again.
+            (None, Some(map)) => split.gather_recording(idx, &mut self.x, &mut self.y, map),
+            (None, None) => split.gather(idx, &mut self.x, &mut self.y),
+        }
+        if let Some(labels) = labels {
+            for (y, &i) in self.y.iter_mut().zip(idx) {
+                *y = labels[i] as u32;
+            }
+        }
+        if regression {
+            split.gather_values(idx, &mut self.v);
+        }
+    }
 }
 
 impl Stepper {
@@ -59,9 +102,7 @@ impl Stepper {
             backward,
             backprop,
             by_layer: true,
-            xbuf: Vec::new(),
-            ybuf: Vec::new(),
-            vbuf: Vec::new(),
+            batch: Batch::default(),
         })
     }
 
@@ -101,28 +142,16 @@ impl Stepper {
         idx: &[usize],
         augment: Option<(Augment, u64)>,
     ) -> Result<BatchLoss> {
-        match augment {
-            Some((aug, seed)) => {
-                augment::gather_augmented(split, idx, aug, seed, &mut self.xbuf, &mut self.ybuf)
-            }
-            // The first layer's zero map made as the rows are written, while each is in
-            // L1, rather than by the forward pass reading the minibatch again.
-            None => match self.backprop.as_mut().and_then(|bp| bp.next_input_map()) {
-                Some(map) => split.gather_recording(idx, &mut self.xbuf, &mut self.ybuf, map),
-                None => split.gather(idx, &mut self.xbuf, &mut self.ybuf),
-            },
-        }
-        if let Some(labels) = labels {
-            for (y, &i) in self.ybuf.iter_mut().zip(idx) {
-                *y = labels[i] as u32;
-            }
-        }
         let regression = !self.potential.likelihood.is_categorical();
-        if regression {
-            split.gather_values(idx, &mut self.vbuf);
-        }
+        // With --augment the forward pass makes the zero map (of the shifted images).
+        let map = match augment {
+            None => self.backprop.as_mut().and_then(|bp| bp.next_input_map()),
+            Some(_) => None,
+        };
+        self.batch
+            .gather(split, idx, labels, augment, map, regression);
         if let Some(bp) = self.backprop.as_mut() {
-            let targets = self.potential.targets(&self.ybuf, &self.vbuf);
+            let targets = self.potential.targets(&self.batch.y, &self.batch.v);
             if self.by_layer {
                 // Each layer is updated as soon as its gradient is ready (while it is in
                 // cache); θ and v bit-identical to the whole-model step below.
@@ -130,24 +159,28 @@ impl Stepper {
                 return self.potential.evaluate_targets_then(
                     bp,
                     &self.model,
-                    &self.xbuf,
+                    &self.batch.x,
                     targets,
                     Some(step),
                 );
             }
-            let loss =
-                self.potential
-                    .evaluate_targets_then(bp, &self.model, &self.xbuf, targets, None)?;
+            let loss = self.potential.evaluate_targets_then(
+                bp,
+                &self.model,
+                &self.batch.x,
+                targets,
+                None,
+            )?;
             if loss.nll.is_finite() {
                 self.sampler.step(&self.vars, bp.grads())?;
             }
             return Ok(loss);
         }
         let device = self.vars[0].device();
-        let x = Tensor::from_slice(&self.xbuf, (idx.len(), split.dim()), device)?;
+        let x = Tensor::from_slice(&self.batch.x, (idx.len(), split.dim()), device)?;
         let y = match regression {
-            true => Tensor::from_slice(&self.vbuf, idx.len(), device)?,
-            false => Tensor::from_slice(&self.ybuf, idx.len(), device)?,
+            true => Tensor::from_slice(&self.batch.v, idx.len(), device)?,
+            false => Tensor::from_slice(&self.batch.y, idx.len(), device)?,
         };
         let eval = self.potential.evaluate(&self.model, &x, &y)?;
         if eval.nll.is_finite() {
@@ -157,7 +190,7 @@ impl Stepper {
             let f = eval.logits.flatten_all()?.to_vec1::<f32>()?;
             let sq_error = f
                 .iter()
-                .zip(&self.vbuf)
+                .zip(&self.batch.v)
                 .map(|(f, y)| ((f - y) as f64).powi(2))
                 .sum();
             return Ok(BatchLoss {
@@ -167,7 +200,11 @@ impl Stepper {
             });
         }
         let pred = eval.logits.argmax(1)?.to_vec1::<u32>()?;
-        let correct = pred.iter().zip(&self.ybuf).filter(|(p, y)| p == y).count();
+        let correct = pred
+            .iter()
+            .zip(&self.batch.y)
+            .filter(|(p, y)| p == y)
+            .count();
         Ok(BatchLoss {
             nll: eval.nll,
             correct,
