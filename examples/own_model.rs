@@ -12,15 +12,20 @@
 //! ```
 //!
 //! The data are the built-in MNIST subset (10,000 training and 10,000 test images), so the
-//! example runs offline; any `bnn_core::data::Dataset` works the same way.
+//! example runs offline; any `bnn_core::data::Dataset` works the same way (`--dataset
+//! mnist` reads the full set from `BNN_DATA_DIR`). `lr` is the step on the mean loss
+//! (η·N), so the default serves both sizes: `--lr X` to try another, `--seed S` for
+//! another chain.
+//!
+//! It uses `bnn-core` alone: the optimizer, the ensemble, the seeded initialisation and
+//! the sample file are all there.
 
 use std::collections::BTreeMap;
 
 use bnn_core::data::{load, LoadOptions};
-use bnn_core::ensemble::Accumulator;
-use bnn_core::sampler::optim::{OptimizerConfig, Sghmc};
-use candle_core::{DType, Device, Module, Tensor, Var};
-use candle_nn::{linear, loss, ops, Linear, Optimizer, VarBuilder, VarMap};
+use bnn_core::{init_seeded, vars_by_name, Accumulator, Config, Optimizer, Sghmc, SghmcParams};
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::{linear, loss, ops, Linear, VarBuilder, VarMap};
 use rand::{Rng, SeedableRng};
 
 const PIXELS: usize = 784;
@@ -49,42 +54,34 @@ impl Net {
     }
 }
 
-/// The names of the vars in a fixed order: the order keys each parameter's noise stream.
-const NAMES: [&str; 6] = [
-    "a.weight", "a.bias", "b.weight", "b.bias", "c.weight", "c.bias",
-];
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let epochs = epochs_from_args()?;
+    let args = Args::parse()?;
     let dev = Device::Cpu;
-    let data = load("mnist-mini", &LoadOptions::default())?;
+    let data = load(&args.dataset, &LoadOptions::default())?;
     let (train, test) = (&data.train, &data.test);
 
-    let mut varmap = VarMap::new();
+    let varmap = VarMap::new();
     let net = Net::new(VarBuilder::from_varmap(&varmap, DType::F32, &dev))?;
     // candle_nn draws initial weights from an unseeded RNG: set them from a seeded one so
     // that every run of the example gives the same numbers.
-    seeded_init(&mut varmap, 3)?;
-    let vars: Vec<Var> = NAMES
-        .iter()
-        .map(|n| varmap.data().lock().map(|m| m[*n].clone()))
-        .collect::<Result<_, _>>()
-        .map_err(|_| "the VarMap's lock is poisoned")?;
-
-    // N = 10,000 training images: the drift is η·N·∇(mean loss), and the default η is
-    // tuned for N = 60,000, so η is scaled by 6.
-    let mut config = OptimizerConfig {
-        seed: 1,
-        ..OptimizerConfig::new(train.len())
+    init_seeded(&varmap, 3)?;
+    // lr = η·N, the step on the mean minibatch loss: the same for 10,000 images or 60,000.
+    let config = Config {
+        dynamics: SghmcParams {
+            lr: args.lr,
+            ..Default::default()
+        },
+        seed: args.seed,
+        ..Config::new(train.len())
     };
-    config.sampler.step_size = 1.2e-5;
-    let mut opt = Sghmc::new(vars, config)?;
+    // The vars sorted by name: a fixed order, which keys each parameter's noise.
+    let mut opt = Sghmc::new(vars_by_name(&varmap)?, config)?;
 
     let test_x = Tensor::from_vec(all_images(test), (test.len(), PIXELS), &dev)?;
     let mut ensemble = Accumulator::with_classes(&test.labels, CLASSES)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let (mut x, mut y) = (Vec::new(), Vec::new());
-    for epoch in 0..epochs {
+    for epoch in 0..args.epochs {
         let mut order: Vec<usize> = (0..train.len()).collect();
         for i in (1..order.len()).rev() {
             order.swap(i, rng.random_range(0..=i));
@@ -124,29 +121,67 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         last.nll
     );
 
-    // The last sample as a posterior-sample file (readable by `bnn_run::checkpoint::
-    // load_sample` and Python's safetensors).
+    // The last sample as a posterior-sample file (readable by `bnn_core::load_sample` and
+    // Python's safetensors), its tensors by the VarMap's names.
     let path = std::env::temp_dir().join("bnn-own-model-sample.safetensors");
-    let tensors: Vec<(String, Tensor)> = NAMES
-        .iter()
-        .zip(opt.vars())
-        .map(|(n, v)| (n.to_string(), v.as_detached_tensor()))
-        .collect();
+    let tensors: Vec<(String, Tensor)> = {
+        let map = varmap
+            .data()
+            .lock()
+            .map_err(|_| "the VarMap's lock is poisoned")?;
+        let mut named: Vec<_> = map
+            .iter()
+            .map(|(n, v)| (n.clone(), v.as_detached_tensor()))
+            .collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        named
+    };
     let meta = BTreeMap::from([("model".to_string(), "784-64-32-10 tanh".to_string())]);
-    bnn_run::checkpoint::write_sample_file(&path, &tensors, &meta)?;
-    println!("last sample: {}", path.display());
+    bnn_core::write_sample_file(&path, &tensors, &meta)?;
+    let back = bnn_core::load_sample(&path, &dev)?;
+    println!(
+        "last sample: {} ({} tensors)",
+        path.display(),
+        back.tensors.len()
+    );
     Ok(())
 }
 
-/// `--epochs N` (default 6).
-fn epochs_from_args() -> Result<usize, String> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.as_slice() {
-        [] => Ok(6),
-        [flag, n] if flag == "--epochs" => n
-            .parse()
-            .map_err(|_| format!("--epochs takes a number, got {n:?}")),
-        _ => Err("usage: own_model [--epochs N]".into()),
+/// The command line: `[--epochs N] [--lr X] [--seed S] [--dataset NAME]`.
+struct Args {
+    epochs: usize,
+    lr: f64,
+    seed: u64,
+    dataset: String,
+}
+
+impl Args {
+    fn parse() -> Result<Self, String> {
+        let mut a = Args {
+            epochs: 6,
+            lr: SghmcParams::default().lr,
+            seed: 1,
+            dataset: "mnist-mini".into(),
+        };
+        let mut it = std::env::args().skip(1);
+        let usage =
+            "usage: own_model [--epochs N] [--lr X] [--seed S] [--dataset mnist-mini|mnist]";
+        while let Some(flag) = it.next() {
+            let value = it.next().ok_or(usage)?;
+            let bad = |_| format!("{flag} takes a number, got {value:?}");
+            match flag.as_str() {
+                "--epochs" => a.epochs = value.parse().map_err(bad)?,
+                "--lr" => {
+                    a.lr = value
+                        .parse()
+                        .map_err(|_| format!("--lr takes a number, got {value:?}"))?
+                }
+                "--seed" => a.seed = value.parse().map_err(bad)?,
+                "--dataset" => a.dataset = value,
+                _ => return Err(usage.into()),
+            }
+        }
+        Ok(a)
     }
 }
 
@@ -156,33 +191,4 @@ fn all_images(split: &bnn_core::data::Split) -> Vec<f32> {
     let (mut x, mut y) = (Vec::new(), Vec::new());
     split.gather(&rows, &mut x, &mut y);
     x
-}
-
-/// Sets each var to U(−1/√fan_in, 1/√fan_in) draws from a seeded RNG (the bound
-/// candle_nn's `linear` uses for its bias).
-fn seeded_init(varmap: &mut VarMap, seed: u64) -> candle_core::Result<()> {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    for name in NAMES {
-        let shape: Vec<usize> = varmap
-            .data()
-            .lock()
-            .map_err(|_| candle_core::Error::Msg("poisoned VarMap".into()))?[name]
-            .dims()
-            .to_vec();
-        // Weights are (out, in); a bias is (out,) and takes the fan-in of its weight.
-        let fan_in = match shape.as_slice() {
-            [_, i] => *i,
-            _ => varmap
-                .data()
-                .lock()
-                .map_err(|_| candle_core::Error::Msg("poisoned VarMap".into()))?
-                [&name.replace("bias", "weight")]
-                .dims()[1],
-        };
-        let bound = 1.0 / (fan_in as f32).sqrt();
-        let n: usize = shape.iter().product();
-        let values: Vec<f32> = (0..n).map(|_| rng.random_range(-bound..bound)).collect();
-        varmap.set_one(name, Tensor::from_vec(values, shape, &Device::Cpu)?)?;
-    }
-    Ok(())
 }

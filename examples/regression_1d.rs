@@ -17,10 +17,12 @@
 //! predictive σ at x = 0 (the gap) and at x = ±1.5 (beyond the data) is at least 3× its
 //! mean σ over the data.
 
-use bnn_core::regression::RegressionAccumulator;
-use bnn_core::sampler::optim::{OptimizerConfig, Sghmc};
-use candle_core::{DType, Device, Module, Tensor, Var};
-use candle_nn::{linear, Linear, Optimizer, VarBuilder, VarMap};
+use bnn_core::{
+    init_seeded, vars_by_name, Config, GaussianNoise, Noise, Optimizer, RegressionAccumulator,
+    Sghmc, SghmcParams,
+};
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::{linear, Linear, VarBuilder, VarMap};
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};
 
@@ -48,10 +50,6 @@ impl Net {
         self.layers[2].forward(&h)
     }
 }
-
-const NAMES: [&str; 6] = [
-    "a.weight", "a.bias", "b.weight", "b.bias", "c.weight", "c.bias",
-];
 
 /// 100 points on each interval, y = sin(3x) + N(0, 0.1²).
 fn toy_data(seed: u64) -> (Vec<f32>, Vec<f32>) {
@@ -81,30 +79,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Tensor::from_vec(y, (n, 1), &dev)?,
     );
 
-    let mut varmap = VarMap::new();
+    let varmap = VarMap::new();
     let net = Net::new(VarBuilder::from_varmap(&varmap, DType::F32, &dev))?;
-    seeded_init(&mut varmap, 3)?;
-    let vars: Vec<Var> = NAMES
-        .iter()
-        .map(|n| varmap.data().lock().map(|m| m[*n].clone()))
-        .collect::<Result<_, _>>()
-        .map_err(|_| "the VarMap's lock is poisoned")?;
-    let mut config = OptimizerConfig {
+    init_seeded(&varmap, 3)?;
+    // lr = η·N on the mean loss; a regression's likelihood is sharper than a
+    // classification's by its noise precision (here 100), so a far smaller lr.
+    let config = Config {
+        dynamics: SghmcParams {
+            lr: 1e-3,
+            ..Default::default()
+        },
         seed,
-        ..OptimizerConfig::new(n)
+        ..Config::new(n)
     };
-    config.sampler.step_size = 5e-6;
-    let mut opt = Sghmc::new(vars, config)?;
+    let mut opt = Sghmc::new(vars_by_name(&varmap)?, config)?;
+    // σ known: τ = 1/σ² fixed (`Noise::DEFAULT` would sample it, with `opt.gibbs_step`).
+    let noise = GaussianNoise::new(Noise::Fixed { std: NOISE_STD })?;
 
     let grid: Vec<f32> = (0..=400).map(|i| -2.0 + i as f32 * 0.01).collect();
     let grid_t = Tensor::from_vec(grid.clone(), (grid.len(), 1), &dev)?;
     let mut band = RegressionAccumulator::without_targets(grid.len());
     let (steps, burnin, thin) = (15_000u64, 5_000u64, 50u64);
-    let inv_two_var = 1.0 / (2.0 * NOISE_STD * NOISE_STD);
     for _ in 0..steps {
-        // Full batch: the mean NLL of the Gaussian likelihood (its constant left out).
-        let err = (net.forward(&xt)? - &yt)?;
-        opt.backward_step(&(err.sqr()?.mean_all()? * inv_two_var)?)?;
+        // Full batch: the mean NLL of the Gaussian likelihood.
+        opt.backward_step(&noise.nll(&net.forward(&xt)?, &yt)?)?;
         if opt.steps() > burnin && opt.steps() % thin == 0 {
             let mean: Vec<f64> = net
                 .forward(&grid_t)?
@@ -113,7 +111,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .iter()
                 .map(|&v| v as f64)
                 .collect();
-            band.add(&mean, &vec![NOISE_STD * NOISE_STD; grid.len()])?;
+            band.add(&mean, &vec![1.0 / noise.precision; grid.len()])?;
         }
     }
     let pred = band.predictive();
@@ -179,26 +177,4 @@ fn args() -> Result<(u64, Option<String>), String> {
         }
     }
     Ok((seed, out))
-}
-
-/// Sets each var to U(−1/√fan_in, 1/√fan_in) draws from a seeded RNG.
-fn seeded_init(varmap: &mut VarMap, seed: u64) -> candle_core::Result<()> {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let poisoned = || candle_core::Error::Msg("poisoned VarMap".into());
-    for name in NAMES {
-        let dims = |n: &str| -> candle_core::Result<Vec<usize>> {
-            Ok(varmap.data().lock().map_err(|_| poisoned())?[n]
-                .dims()
-                .to_vec())
-        };
-        let shape = dims(name)?;
-        // A weight is (out, in); a bias takes the fan-in of its weight.
-        let fan_in = dims(&name.replace("bias", "weight"))?[1];
-        let bound = 1.0 / (fan_in as f32).sqrt();
-        let values: Vec<f32> = (0..shape.iter().product::<usize>())
-            .map(|_| rng.random_range(-bound..bound))
-            .collect();
-        varmap.set_one(name, Tensor::from_vec(values, shape, &Device::Cpu)?)?;
-    }
-    Ok(())
 }

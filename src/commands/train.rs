@@ -237,7 +237,7 @@ fn settings_of(args: &TrainArgs, given: &GivenFlags) -> Result<(Settings, bool)>
 fn settings_on(d: Settings, args: &TrainArgs, given: &GivenFlags) -> Result<(Settings, bool)> {
     let (preset, flags) = (preset_layer(args)?, flag_layer(args, given));
     let resolved = Settings::resolve_on(d, &preset, &flags);
-    resolved.sampler.validate()?;
+    resolved.sampler.validate().map_err(bnn::Error::for_flag)?;
     bnn::potential::Prior::new(resolved.prior, 1)?;
     let replicas = match resolved.sampler.kind.is_replica_exchange() {
         true => Some(replica_options(&args.replicas)?),

@@ -3,11 +3,14 @@
 //! bit, and a model `bnn` has no preset for, sampled and evaluated as an ensemble.
 
 use bnn::data::{load, LoadOptions};
-use bnn::ensemble::Accumulator;
 use bnn::model::{ModelKind, ModelSpec, Network};
-use bnn::potential::{Potential, Prior, PriorSpec};
-use bnn::sampler::optim::{Msgnht, OptimizerConfig, SgMcmc, Sghmc};
-use bnn::sampler::{build_with, Integrator, Kernel, SamplerKind, SamplerState};
+use bnn::potential::{Potential, Prior};
+use bnn::sampler::{build_with, Integrator, Kernel};
+use bnn_core::{
+    init_seeded, vars_by_name, Accumulator, Config, GaussianNoise, MomentumParams, MsgnhtParams,
+    Noise, OptimizerState, Params, Posterior, PriorSpec, SgMcmc, SgdParams, Sghmc, SghmcParams,
+    SgldParams, SgnhtParams,
+};
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{linear, loss, ops, Module, Optimizer, VarBuilder, VarMap};
 use rand::{Rng, SeedableRng};
@@ -64,24 +67,35 @@ fn bits(vars: &[Var]) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// A prior precision and temperature away from 1, so that a missing λ or 1/T shows.
-fn config(kind: SamplerKind) -> OptimizerConfig {
-    OptimizerConfig {
-        prior_precision: 4.0,
-        temperature: 0.7,
+/// A prior precision (λ = 4) and temperature away from 1, so that a missing λ or 1/T shows.
+fn config<P: Params>(dynamics: P) -> Config<P> {
+    Config {
+        dynamics,
+        posterior: Posterior {
+            prior: PriorSpec::Gaussian { std: 0.5 },
+            temperature: 0.7,
+            ..Posterior::new(N)
+        },
         seed: 11,
-        ..OptimizerConfig::for_kind(kind, N)
+        kernel: Kernel::Fused,
     }
 }
 
 #[test]
 fn sghmc_as_an_optimizer_gives_the_library_paths_bits() {
-    let cfg = config(SamplerKind::Sghmc);
+    let cfg = config(SghmcParams::default());
     // The library's path: autograd of N·mean NLL, λθ added, divided by T, fused step.
     let reference = mlp_preset(3);
-    let prior = Prior::new(PriorSpec::Gaussian { std: 0.5 }, reference.params.len()).unwrap();
-    let potential = Potential::new(N, cfg.temperature, prior).unwrap();
-    let mut sampler = build_with(cfg.sampler, &vars(&reference), cfg.seed, Kernel::Fused).unwrap();
+    let prior = Prior::new(cfg.posterior.prior, reference.params.len()).unwrap();
+    let potential = Potential::new(N, cfg.posterior.temperature, prior).unwrap();
+    let sampler_config = cfg.dynamics.sampler_config(N);
+    // lr is η·N: the default lr is the CLI's default η at N = 60,000.
+    assert_eq!(
+        sampler_config.step_size,
+        bnn::sampler::SamplerKind::Sghmc.defaults().step_size
+    );
+    let mut sampler =
+        build_with(sampler_config, &vars(&reference), cfg.seed, Kernel::Fused).unwrap();
     // The same network through the optimizer interface.
     let model = mlp_preset(3);
     let mut opt = Sghmc::new(vars(&model), cfg).unwrap();
@@ -98,43 +112,97 @@ fn sghmc_as_an_optimizer_gives_the_library_paths_bits() {
     assert_ne!(bits(&vars(&model)), bits(&vars(&mlp_preset(3))));
 }
 
-#[test]
-fn msgnht_splitting_saved_and_restored_mid_run_continues_bit_for_bit() {
-    let cfg = config(SamplerKind::Msgnht);
-    assert_eq!(cfg.sampler.integrator, Integrator::Splitting);
-    let step = |opt: &mut Msgnht, m: &Network, k: u64| {
+/// `steps` updates of `opt` on the network `m` (minibatch k at update k), with a Gibbs
+/// step for the prior every 50 updates.
+fn run<P: Params>(opt: &mut SgMcmc<P>, m: &Network, steps: std::ops::Range<u64>) {
+    for k in steps {
         let (x, y) = minibatch(k);
         opt.backward_step(&loss::cross_entropy(&m.forward(&x).unwrap(), &y).unwrap())
             .unwrap();
-    };
-    let a = mlp_preset(5);
-    let mut opt_a = Msgnht::new(vars(&a), cfg).unwrap();
-    (0..10).for_each(|k| step(&mut opt_a, &a, k));
-    let saved_theta: Vec<Tensor> = vars(&a)
-        .iter()
-        .map(|v| v.as_tensor().copy().unwrap())
-        .collect();
-    // Through a file, as a user keeps it: safetensors, read back as mSGNHT's own state.
-    let file = tempfile::tempdir().unwrap();
-    let path = file.path().join("msgnht.safetensors");
-    opt_a.state().unwrap().save(&path).unwrap();
-    let saved = SamplerState::load(&path).unwrap();
-    let SamplerState::Msgnht(typed) = &saved else {
-        panic!("an mSGNHT state read back as {}", saved.family())
-    };
-    assert_eq!(typed.thermostats.len(), typed.momentum.len());
-    (10..20).for_each(|k| step(&mut opt_a, &a, k));
-
-    // Resumed as `bnn train --resume` does: built as new (the splitting's first half-step
-    // included), then θ set and the state restored.
-    let b = mlp_preset(5);
-    let mut opt_b = Msgnht::new(vars(&b), cfg).unwrap();
-    for (v, t) in vars(&b).iter().zip(&saved_theta) {
-        v.set(t).unwrap();
+        if (k + 1) % 50 == 0 {
+            opt.gibbs_step(None).unwrap();
+        }
     }
+}
+
+/// Save after 150 of 300 updates, rebuild in each order a user might take, restore and
+/// continue: θ bit-identical to the uninterrupted run's.
+fn resumes_in_any_order<P: Params>(dynamics: P, kernel: Kernel, prior: PriorSpec) {
+    let mut cfg = Config {
+        kernel,
+        ..config(dynamics)
+    };
+    cfg.posterior.prior = prior;
+    let what = format!("{dynamics:?} {kernel:?} {prior:?}");
+    let a = mlp_preset(5);
+    let mut opt = SgMcmc::<P>::new(vars(&a), cfg).unwrap();
+    run(&mut opt, &a, 0..150);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.safetensors");
+    opt.state().unwrap().save(&path).unwrap();
+    run(&mut opt, &a, 150..300);
+    let saved = OptimizerState::load(&path).unwrap();
+    assert_eq!(saved.sampler.clock().step, 150, "{what}");
+
+    // θ loaded first, then the optimizer built (the splitting's first half-step moves the
+    // loaded θ), then restored.
+    let b = mlp_preset(5);
+    for (v, t) in vars(&b).iter().zip(&saved.params) {
+        v.set(&t.reshape(v.shape()).unwrap()).unwrap();
+    }
+    let mut opt_b = SgMcmc::<P>::new(vars(&b), cfg).unwrap();
     opt_b.restore(&saved).unwrap();
-    (10..20).for_each(|k| step(&mut opt_b, &b, k));
-    assert_eq!(bits(&vars(&b)), bits(&vars(&a)));
+    // Built first on fresh weights, then θ loaded, then restored.
+    let c = mlp_preset(6);
+    let mut opt_c = SgMcmc::<P>::new(vars(&c), cfg).unwrap();
+    for (v, t) in vars(&c).iter().zip(&saved.params) {
+        v.set(&t.reshape(v.shape()).unwrap()).unwrap();
+    }
+    opt_c.restore(&saved).unwrap();
+    // Built and restored, θ left to the state.
+    let d = mlp_preset(7);
+    let mut opt_d = SgMcmc::<P>::new(vars(&d), cfg).unwrap();
+    opt_d.restore(&saved).unwrap();
+    assert_eq!(opt_d.prior_precisions(), saved.prior_precisions.as_slice());
+    for (m, o) in [(&b, &mut opt_b), (&c, &mut opt_c), (&d, &mut opt_d)] {
+        run(o, m, 150..300);
+        assert_eq!(bits(&vars(m)), bits(&vars(&a)), "{what}");
+        assert_eq!(o.prior_precisions(), opt.prior_precisions(), "{what}");
+    }
+}
+
+#[test]
+fn every_sampler_and_integrator_resumes_bit_for_bit_in_any_order_of_rebuilding() {
+    let gaussian = PriorSpec::Gaussian { std: 0.5 };
+    // A Gamma hyper-prior too: its Gibbs draws (every 50 updates) are part of the state.
+    let gamma = PriorSpec::Gamma {
+        shape: 2.0,
+        rate: 1.0,
+    };
+    for integrator in [Integrator::Euler, Integrator::Splitting] {
+        for kernel in [Kernel::Fused, Kernel::Composed] {
+            let sghmc = SghmcParams {
+                integrator,
+                ..Default::default()
+            };
+            resumes_in_any_order(sghmc, kernel, gaussian);
+            let sgnht = SgnhtParams {
+                integrator,
+                ..Default::default()
+            };
+            resumes_in_any_order(sgnht, kernel, gamma);
+            let msgnht = MsgnhtParams {
+                integrator,
+                ..Default::default()
+            };
+            resumes_in_any_order(msgnht, kernel, gaussian);
+        }
+    }
+    for kernel in [Kernel::Fused, Kernel::Composed] {
+        resumes_in_any_order(SgldParams::default(), kernel, gamma);
+    }
+    resumes_in_any_order(SgdParams::default(), Kernel::Fused, gaussian);
+    resumes_in_any_order(MomentumParams::default(), Kernel::Fused, gaussian);
 }
 
 /// Softmax of the model's logits on `x`, as the accumulator takes them.
@@ -147,35 +215,12 @@ fn probabilities(logits: &Tensor) -> Vec<f32> {
         .unwrap()
 }
 
-/// Sets each named variable to U(−1/√fan_in, 1/√fan_in) draws from a seeded RNG: the
-/// bound candle_nn's `linear` uses for its bias, here for the weights too.
-fn seeded_init(varmap: &mut VarMap, names: &[&str], seed: u64) {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let shapes: Vec<Vec<usize>> = names
-        .iter()
-        .map(|n| varmap.data().lock().unwrap()[*n].dims().to_vec())
-        .collect();
-    for (i, (name, shape)) in names.iter().zip(&shapes).enumerate() {
-        // A bias takes the fan-in of the weight before it.
-        let fan_in = if shape.len() == 2 {
-            shape[1]
-        } else {
-            shapes[i - 1][1]
-        };
-        let bound = 1.0 / (fan_in as f32).sqrt();
-        let n: usize = shape.iter().product();
-        let w: Vec<f32> = (0..n).map(|_| rng.random_range(-bound..bound)).collect();
-        let t = Tensor::from_vec(w, shape.as_slice(), &Device::Cpu).unwrap();
-        varmap.set_one(name, t).unwrap();
-    }
-}
-
 #[test]
 fn a_model_of_the_users_own_is_sampled_and_its_ensemble_evaluated() {
     let dev = Device::Cpu;
     let data = load("mnist-mini", &LoadOptions::default()).unwrap();
     // A network bnn has no preset for: 784-64-32-10 with tanh, written with candle_nn.
-    let mut varmap = VarMap::new();
+    let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
     let layers = [
         linear(DIM, 64, vb.pp("a")).unwrap(),
@@ -187,25 +232,21 @@ fn a_model_of_the_users_own_is_sampled_and_its_ensemble_evaluated() {
         let h = layers[1].forward(&h).unwrap().tanh().unwrap();
         layers[2].forward(&h).unwrap()
     };
-    let names = [
-        "a.weight", "a.bias", "b.weight", "b.bias", "c.weight", "c.bias",
-    ];
     // candle_nn draws its initial weights from an unseeded thread RNG on the CPU: set
     // them from a seeded one, so that this test sees the same network on every run.
-    seeded_init(&mut varmap, &names, 3);
-    let vars: Vec<Var> = names
-        .iter()
-        .map(|n| varmap.data().lock().unwrap()[*n].clone())
-        .collect();
+    init_seeded(&varmap, 3).unwrap();
     let train = &data.train;
-    let mut cfg = OptimizerConfig {
+    // The default lr (η·N = 0.12, the CLI's MNIST step) on these 10,000 images.
+    let cfg = Config {
         seed: 1,
-        ..OptimizerConfig::new(train.len())
+        ..Config::<SghmcParams>::new(train.len())
     };
-    // The default η is tuned for N = 60,000; the drift is η·N·∇(mean loss), so on these
-    // 10,000 images η six times larger moves the chain as far per step.
-    cfg.sampler.step_size = 1.2e-5;
-    let mut opt = Sghmc::new(vars, cfg).unwrap();
+    let mut opt = Sghmc::new(vars_by_name(&varmap).unwrap(), cfg).unwrap();
+    let names: Vec<String> = {
+        let mut n: Vec<String> = varmap.data().lock().unwrap().keys().cloned().collect();
+        n.sort();
+        n
+    };
 
     let test = &data.test;
     let (mut tx, mut ty) = (Vec::new(), Vec::new());
@@ -245,8 +286,8 @@ fn a_model_of_the_users_own_is_sampled_and_its_ensemble_evaluated() {
         .map(|(n, v)| (n.to_string(), v.as_detached_tensor()))
         .collect();
     let meta = [("model".to_string(), "784-64-32-10 tanh".to_string())].into();
-    bnn::checkpoint::write_sample_file(&path, &tensors, &meta).unwrap();
-    let back = bnn::checkpoint::load_sample(&path, &dev).unwrap();
+    bnn_core::write_sample_file(&path, &tensors, &meta).unwrap();
+    let back = bnn_core::load_sample(&path, &dev).unwrap();
     assert_eq!(back.metadata["model"], "784-64-32-10 tanh");
     for (n, t) in &tensors {
         let (a, b): (Vec<f32>, Vec<f32>) = (
@@ -272,57 +313,71 @@ fn a_model_of_the_users_own_is_sampled_and_its_ensemble_evaluated() {
     );
 }
 
-/// Every family's state survives a safetensors file bit for bit, and a state of one family
-/// is refused by a sampler of another (instead of restoring half of it).
+/// `dynamics`' state (θ included) survives a safetensors file bit for bit, and a state of
+/// another family is refused with the optimizer unchanged.
+fn round_trip<P: Params>(dynamics: P, family: &str, dir: &std::path::Path) {
+    for kernel in [Kernel::Fused, Kernel::Composed] {
+        let what = format!("{dynamics:?} {kernel:?}");
+        let cfg = Config {
+            kernel,
+            ..config(dynamics)
+        };
+        let net = mlp_preset(1);
+        let mut opt = SgMcmc::<P>::new(vars(&net), cfg).unwrap();
+        let (x, y) = minibatch(0);
+        opt.backward_step(&loss::cross_entropy(&net.forward(&x).unwrap(), &y).unwrap())
+            .unwrap();
+        let state = opt.state().unwrap();
+        assert_eq!(state.sampler.family(), family, "{what}");
+        let path = dir.join(format!("{}-{kernel:?}.safetensors", P::KIND.name()));
+        state.save(&path).unwrap();
+        let back = OptimizerState::load(&path).unwrap();
+        assert_eq!(back.sampler.scalars(), state.sampler.scalars(), "{what}");
+        let named = |s: &OptimizerState| {
+            let mut all = s.sampler.tensors();
+            all.extend(
+                s.params
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| (format!("param/{i}"), t.clone())),
+            );
+            all
+        };
+        for ((na, a), (nb, b)) in named(&state).iter().zip(&named(&back)) {
+            assert_eq!(na, nb);
+            assert_eq!(bits_of(a), bits_of(b), "{what} {na}");
+        }
+        opt.restore(&back).unwrap();
+        // Another family's state is refused, naming both, and θ is left as it was.
+        let foreign = if family == "SGNHT" {
+            SgMcmc::<SghmcParams>::new(vars(&mlp_preset(2)), config(SghmcParams::default()))
+                .unwrap()
+                .state()
+        } else {
+            SgMcmc::<SgnhtParams>::new(vars(&mlp_preset(2)), config(SgnhtParams::default()))
+                .unwrap()
+                .state()
+        }
+        .unwrap();
+        let before = bits(&vars(&net));
+        let err = opt.restore(&foreign).unwrap_err().to_string();
+        assert!(err.contains("cannot be restored"), "{what}: {err}");
+        assert_eq!(
+            bits(&vars(&net)),
+            before,
+            "{what}: θ changed by a refused restore"
+        );
+    }
+}
+
 #[test]
 fn typed_states_round_trip_through_a_file_and_refuse_another_family() {
     let dir = tempfile::tempdir().unwrap();
-    let kinds = [
-        (SamplerKind::Sgld, "SGLD/SGD"),
-        (SamplerKind::Sghmc, "SGHMC/momentum"),
-        (SamplerKind::Sgnht, "SGNHT"),
-        (SamplerKind::Msgnht, "mSGNHT"),
-        (SamplerKind::Momentum, "SGHMC/momentum"),
-    ];
-    for (kind, family) in kinds {
-        for kernel in [Kernel::Fused, Kernel::Composed] {
-            let cfg = OptimizerConfig {
-                kernel,
-                ..config(kind)
-            };
-            let net = mlp_preset(1);
-            let mut opt = SgMcmc::with_config(vars(&net), cfg).unwrap();
-            let (x, y) = minibatch(0);
-            opt.backward_step(&loss::cross_entropy(&net.forward(&x).unwrap(), &y).unwrap())
-                .unwrap();
-            let state = opt.state().unwrap();
-            assert_eq!(state.family(), family, "{kind:?} {kernel:?}");
-            let path = dir.path().join(format!("{kind:?}-{kernel:?}.safetensors"));
-            state.save(&path).unwrap();
-            let back = SamplerState::load(&path).unwrap();
-            assert_eq!(back.scalars(), state.scalars(), "{kind:?} {kernel:?}");
-            for ((na, a), (nb, b)) in state.tensors().iter().zip(&back.tensors()) {
-                assert_eq!(na, nb);
-                assert_eq!(bits_of(a), bits_of(b), "{kind:?} {kernel:?} {na}");
-            }
-            opt.restore(&back).unwrap();
-            // Another family's state is refused, naming both.
-            let other = if family == "SGNHT" {
-                SamplerKind::Sghmc
-            } else {
-                SamplerKind::Sgnht
-            };
-            let foreign = SgMcmc::with_config(vars(&mlp_preset(1)), config(other))
-                .unwrap()
-                .state()
-                .unwrap();
-            let err = opt.restore(&foreign).unwrap_err().to_string();
-            assert!(
-                err.contains("cannot be restored"),
-                "{kind:?} {kernel:?}: {err}"
-            );
-        }
-    }
+    round_trip(SgldParams::default(), "SGLD/SGD", dir.path());
+    round_trip(SghmcParams::default(), "SGHMC/momentum", dir.path());
+    round_trip(SgnhtParams::default(), "SGNHT", dir.path());
+    round_trip(MsgnhtParams::default(), "mSGNHT", dir.path());
+    round_trip(MomentumParams::default(), "SGHMC/momentum", dir.path());
 }
 
 fn bits_of(t: &Tensor) -> Vec<u32> {
@@ -336,25 +391,206 @@ fn bits_of(t: &Tensor) -> Vec<u32> {
 }
 
 /// A step size that is not positive and finite is refused, as the doc of
-/// `set_learning_rate` says: η stays, and the next step leaves θ finite (a negative η was
+/// `set_learning_rate` says: lr stays, and the next step leaves θ finite (a negative η was
 /// taken before and every weight became NaN while the step returned Ok).
 #[test]
 fn a_learning_rate_that_is_not_positive_is_refused() {
     let model = mlp_preset(5);
-    let mut opt = Sghmc::new(vars(&model), config(SamplerKind::Sghmc)).unwrap();
-    let eta = opt.learning_rate();
+    let mut opt = Sghmc::new(vars(&model), config(SghmcParams::default())).unwrap();
+    let lr = opt.learning_rate();
+    assert_eq!(lr, SghmcParams::default().lr);
     for bad in [-1.0, 0.0, f64::NAN, f64::INFINITY] {
         opt.set_learning_rate(bad);
-        assert_eq!(opt.learning_rate(), eta, "{bad} was taken");
+        assert_eq!(opt.learning_rate(), lr, "{bad} was taken");
     }
     let (x, y) = minibatch(0);
     opt.backward_step(&loss::cross_entropy(&model.forward(&x).unwrap(), &y).unwrap())
         .unwrap();
     assert!(model.all_finite().unwrap());
-    opt.set_learning_rate(eta / 2.0);
-    assert_eq!(
-        opt.learning_rate(),
-        eta / 2.0,
-        "a positive step size is taken"
+    opt.set_learning_rate(lr / 2.0);
+    assert!(
+        (opt.learning_rate() - lr / 2.0).abs() < 1e-15 * lr,
+        "a positive lr is taken"
+    );
+}
+
+/// lr is η·N: the same lr on two data sizes is the same drift on the mean loss.
+#[test]
+fn lr_is_the_step_on_the_mean_loss_for_any_data_size() {
+    let p = SghmcParams {
+        lr: 0.12,
+        ..Default::default()
+    };
+    for n in [500, 10_000, 60_000] {
+        let c = p.sampler_config(n);
+        assert_eq!(c.step_size, 0.12 / n as f64);
+    }
+}
+
+/// The mistakes a new user made, each one clear error in the library's words: it names
+/// the value and no command-line flag.
+#[test]
+fn each_mistake_gets_one_clear_error_naming_the_value() {
+    let dev = Device::Cpu;
+    let w = || Var::zeros((2, 3), DType::F32, &dev).unwrap();
+    let x = Tensor::ones((4, 3), DType::F32, &dev).unwrap();
+    let loss_of = |v: &Var| {
+        x.matmul(&v.as_tensor().t().unwrap())
+            .unwrap()
+            .sqr()
+            .unwrap()
+            .mean_all()
+            .unwrap()
+    };
+    let expect = |r: candle_core::Result<()>, want: &str| {
+        let e = r.expect_err(want).to_string();
+        assert!(e.contains(want), "{e:?} does not say {want:?}");
+        assert!(!e.contains("--"), "{e:?} names a command-line flag");
+        assert_eq!(e.lines().count(), 1, "{e:?} is not one line");
+    };
+    let n = Config::<SghmcParams>::new(100);
+    let bad_lr = Config {
+        dynamics: SghmcParams {
+            lr: -1.0,
+            ..Default::default()
+        },
+        ..n
+    };
+    expect(
+        Sghmc::new(vec![w()], bad_lr).map(drop),
+        "lr must be positive and finite, got -1",
+    );
+    let nan_lr = Config {
+        dynamics: SgldParams { lr: f64::NAN },
+        ..Config::new(100)
+    };
+    expect(
+        SgMcmc::new(vec![w()], nan_lr).map(drop),
+        "lr must be positive and finite, got NaN",
+    );
+    let friction = Config {
+        dynamics: SghmcParams {
+            friction: 2.0,
+            ..Default::default()
+        },
+        ..n
+    };
+    expect(
+        Sghmc::new(vec![w()], friction).map(drop),
+        "friction must be in [0, 1] for sghmc, got 2",
+    );
+    let cold = Config {
+        posterior: Posterior {
+            temperature: 0.0,
+            ..n.posterior
+        },
+        ..n
+    };
+    expect(
+        Sghmc::new(vec![w()], cold).map(drop),
+        "temperature must be positive and finite, got 0",
+    );
+    let empty = Config {
+        posterior: Posterior::new(0),
+        ..n
+    };
+    expect(
+        Sghmc::new(vec![w()], empty).map(drop),
+        "data size must be at least 1, got 0",
+    );
+    expect(Sghmc::new(vec![], n).map(drop), "no vars to sample");
+    let f64_var = Var::zeros(3, DType::F64, &dev).unwrap();
+    expect(
+        Sghmc::new(vec![f64_var], n).map(drop),
+        "is F64; the samplers update f32 vars",
+    );
+    let prior = Config {
+        posterior: Posterior {
+            prior: PriorSpec::Gaussian { std: -1.0 },
+            ..n.posterior
+        },
+        ..n
+    };
+    expect(
+        Sghmc::new(vec![w()], prior).map(drop),
+        "its parameters must be positive",
+    );
+
+    // A var the loss never reaches: an error naming it, not a silent diffusion.
+    let (used, unused) = (w(), Var::zeros(5, DType::F32, &dev).unwrap());
+    let mut opt = Sghmc::new(vec![used.clone(), unused], n).unwrap();
+    expect(
+        opt.backward_step(&loss_of(&used)),
+        "var 1 ([5]) has no gradient",
+    );
+    // A constant loss reaches none.
+    let constant = Tensor::new(1f32, &dev).unwrap();
+    expect(
+        opt.backward_step(&constant),
+        "the loss depends on none of the optimizer's vars",
+    );
+    assert_eq!(opt.steps(), 0, "a refused step is not counted");
+
+    // The ensemble: labels of any unsigned type and class count; logits refused.
+    let labels: Vec<u32> = vec![299, 0];
+    let mut many = Accumulator::with_classes(&labels, 300).unwrap();
+    assert!(Accumulator::with_classes(&labels, 299)
+        .unwrap_err()
+        .to_string()
+        .contains("label 299"));
+    let mut probs = vec![0f32; 600];
+    probs[299] = 1.0;
+    probs[300] = 1.0;
+    many.add(&probs).unwrap();
+    assert_eq!(many.metrics().unwrap().accuracy, 1.0);
+    let logits: Vec<f32> = (0..600).map(|i| (i % 7) as f32 - 3.0).collect();
+    let e = many.add(&logits).unwrap_err().to_string();
+    assert!(
+        e.contains("row 0 of the prediction holds -3") && e.contains("not the logits"),
+        "{e}"
+    );
+    let unnormalised = vec![0.01f32; 600];
+    let e = many.add(&unnormalised).unwrap_err().to_string();
+    assert!(e.contains("sums to 3.0000"), "{e}");
+    assert_eq!(many.samples(), 1, "a refused prediction is not counted");
+    // A zero predicted variance is refused as such, not as "not finite".
+    let mut reg = bnn_core::RegressionAccumulator::new(&[0.0, 1.0]);
+    let e = reg.add(&[0.0, 1.0], &[0.0, 1.0]).unwrap_err().to_string();
+    assert!(
+        e.contains("must be positive and finite") && e.contains("got 0"),
+        "{e}"
+    );
+}
+
+/// Gibbs-sampled noise in the library path: a regression's τ drawn from its conditional
+/// moves towards the residuals' precision, and the Gaussian NLL is the one `bnn train`
+/// forms (½τr² − ½ ln τ + ½ ln 2π per example).
+#[test]
+fn a_regression_samples_its_noise_precision_through_the_optimizer() {
+    let dev = Device::Cpu;
+    let mut noise = GaussianNoise::new(Noise::DEFAULT).unwrap();
+    assert_eq!(noise.precision, 1.0);
+    let (f, y) = (
+        Tensor::new(&[0f32, 0.0], &dev).unwrap(),
+        Tensor::new(&[0.1f32, -0.1], &dev).unwrap(),
+    );
+    let nll = noise.nll(&f, &y).unwrap().to_scalar::<f32>().unwrap() as f64;
+    assert!(
+        (nll - (0.5 * 0.01 + bnn::likelihood::HALF_LOG_2PI)).abs() < 1e-6,
+        "{nll}"
+    );
+    let w = Var::zeros(1, DType::F32, &dev).unwrap();
+    let cfg = Config {
+        posterior: Posterior::new(1000),
+        ..Config::<SghmcParams>::new(1000)
+    };
+    let mut opt = Sghmc::new(vec![w], cfg).unwrap();
+    // Residuals of σ = 0.1 over N = 1000: τ's conditional Gamma(1 + 500, 1 + 5) has mean
+    // 83.5 and sd 3.7; a draw lies within 20 of it.
+    opt.gibbs_step(Some((&mut noise, 1000.0 * 0.01))).unwrap();
+    assert!(
+        (noise.precision - 83.5).abs() < 20.0,
+        "τ = {}",
+        noise.precision
     );
 }

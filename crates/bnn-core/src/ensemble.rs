@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::backprop::Backprop;
 use crate::data::{Split, NUM_CLASSES};
 use crate::error::Result;
-use crate::metrics::{self, Metrics};
+use crate::metrics::{self, Label, Metrics};
 use crate::model::Network;
 use crate::uncertainty::{self, Uncertainty};
 
@@ -203,7 +203,7 @@ fn forward_rows(
 /// classes (feed it each sample's softmax, row-major examples × classes).
 #[derive(Debug, Clone)]
 pub struct Accumulator {
-    labels: Vec<u8>,
+    labels: Vec<u32>,
     classes: usize,
     sum: Vec<f64>,
     /// Per example, Σ_k H[p_k(x)]: the samples' entropies, for the mutual information.
@@ -252,20 +252,56 @@ pub struct Progress {
     pub nll: f64,
 }
 
+/// How far a row's sum may be from 1: an f32 softmax over c classes rounds each of its c
+/// terms by at most 2⁻²⁴ relative, so even 10⁵ classes stay far inside 10⁻³, while logits
+/// (or unnormalised scores) miss by far more.
+const SIMPLEX_TOLERANCE: f64 = 1e-3;
+
+/// Refuses `probs` (rows of `classes`) unless every row is a probability vector: entries
+/// in [0, 1] and a sum within [`SIMPLEX_TOLERANCE`] of 1.
+fn check_simplex(probs: &[f32], classes: usize) -> Result<()> {
+    for (i, row) in probs.chunks_exact(classes).enumerate() {
+        let sum: f64 = row.iter().map(|&p| p as f64).sum();
+        let outside = row.iter().find(|&&p| !(0.0..=1.0).contains(&p));
+        if outside.is_some() || (sum - 1.0).abs() > SIMPLEX_TOLERANCE {
+            let what = match outside {
+                Some(p) => format!("holds {p}"),
+                None => format!("sums to {sum:.4}"),
+            };
+            return Err(crate::error::Error::Config(format!(
+                "row {i} of the prediction {what}: the ensemble takes probabilities, each row \
+                 on the simplex (softmax of the logits, not the logits)"
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl Accumulator {
     /// An accumulator for the ten classes of the image data sets.
     pub fn new(labels: &[u8]) -> Self {
         Self::empty(labels, NUM_CLASSES)
     }
 
-    /// An accumulator for `classes` classes (at least 2; every label below it).
-    pub fn with_classes(labels: &[u8], classes: usize) -> Result<Self> {
+    /// The labels it scores against.
+    pub fn labels(&self) -> &[u32] {
+        &self.labels
+    }
+
+    /// An accumulator for `classes` classes (at least 2, at most 2³²; every label below
+    /// it), with labels of any unsigned type.
+    pub fn with_classes<L: Label>(labels: &[L], classes: usize) -> Result<Self> {
         if classes < 2 {
             return Err(crate::error::Error::Config(format!(
                 "an ensemble needs at least 2 classes, got {classes}"
             )));
         }
-        if let Some(&y) = labels.iter().find(|&&y| y as usize >= classes) {
+        if classes > u32::MAX as usize {
+            return Err(crate::error::Error::Config(format!(
+                "an ensemble takes at most 2^32 classes, got {classes}"
+            )));
+        }
+        if let Some(&y) = labels.iter().find(|&&y| y.class() >= classes) {
             return Err(crate::error::Error::Config(format!(
                 "label {y} is not one of {classes} classes"
             )));
@@ -273,9 +309,9 @@ impl Accumulator {
         Ok(Self::empty(labels, classes))
     }
 
-    fn empty(labels: &[u8], classes: usize) -> Self {
+    fn empty<L: Label>(labels: &[L], classes: usize) -> Self {
         Accumulator {
-            labels: labels.to_vec(),
+            labels: labels.iter().map(|&y| y.class() as u32).collect(),
             classes,
             sum: vec![0.0; labels.len() * classes],
             entropy_sum: vec![0.0; labels.len()],
@@ -292,7 +328,8 @@ impl Accumulator {
     }
 
     /// Folds in the predictive probabilities of one sample (examples × classes, each row
-    /// summing to 1); a prediction of another size is refused.
+    /// summing to 1); a prediction of another size, or rows that are not probabilities
+    /// (logits, say), are refused.
     pub fn add(&mut self, probs: &[f32]) -> Result<()> {
         if probs.len() != self.sum.len() {
             return Err(crate::error::Error::Config(format!(
@@ -302,6 +339,7 @@ impl Accumulator {
                 self.classes
             )));
         }
+        check_simplex(probs, self.classes)?;
         for (s, &p) in self.sum.iter_mut().zip(probs) {
             *s += p as f64;
         }
@@ -345,7 +383,7 @@ impl Accumulator {
 
     /// An accumulator for `labels` continuing from a saved state.
     /// The number of classes is the saved sums' per example.
-    pub fn restore(labels: &[u8], state: AccumulatorState, sums: Sums) -> Result<Self> {
+    pub fn restore<L: Label>(labels: &[L], state: AccumulatorState, sums: Sums) -> Result<Self> {
         let classes = match labels.len() {
             0 => NUM_CLASSES,
             n => sums.probability.len() / n,
@@ -353,7 +391,7 @@ impl Accumulator {
         if classes < 2
             || sums.probability.len() != labels.len() * classes
             || sums.entropy.len() != labels.len()
-            || labels.iter().any(|&y| y as usize >= classes)
+            || labels.iter().any(|&y| y.class() >= classes)
         {
             return Err(crate::error::Error::Checkpoint(format!(
                 "the saved ensemble has {} + {} sums, which do not fit {} examples",
@@ -363,7 +401,7 @@ impl Accumulator {
             )));
         }
         Ok(Accumulator {
-            labels: labels.to_vec(),
+            labels: labels.iter().map(|&y| y.class() as u32).collect(),
             classes,
             sum: sums.probability,
             entropy_sum: sums.entropy,

@@ -10,23 +10,32 @@
 //! ([`sampler::optim`]). This crate sees no run folder, command line, plot or network:
 //! those are `bnn-run`'s and the `bnn` binary's.
 //!
+//! **Start here.** The types a user of the optimizers needs are at the crate root:
+//! the samplers as optimizers ([`Sgld`], [`Sghmc`], [`Sgnht`], [`Msgnht`]; [`Sgd`] and
+//! [`Momentum`] as baselines), each with its own parameters ([`SghmcParams`], …) inside a
+//! [`Config`] beside the [`Posterior`]; their saved [`OptimizerState`]; the streaming
+//! ensembles ([`Accumulator`], [`RegressionAccumulator`]); a regression's
+//! [`GaussianNoise`]; the helpers [`vars_by_name`] and [`init_seeded`]; sample files
+//! ([`write_sample_file`], [`load_sample`]). What `bnn train` runs on (the hand-written
+//! passes, the fused and composed updates, replica exchange) is in [`engine`].
+//!
 //! A two-layer `candle_nn` model of three classes, sampled by SGHMC as an optimizer, its
 //! posterior samples averaged by the streaming ensemble:
 //!
 //! ```
-//! use bnn_core::ensemble::Accumulator;
-//! use bnn_core::sampler::optim::{OptimizerConfig, Sghmc};
+//! use bnn_core::{init_seeded, vars_by_name, Accumulator, Config, Optimizer, Sghmc};
 //! use candle_core::{DType, Device, Tensor};
-//! use candle_nn::{linear, loss, ops, Module, Optimizer, VarBuilder, VarMap};
+//! use candle_nn::{linear, loss, ops, Module, VarBuilder, VarMap};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let dev = Device::Cpu;
 //! let varmap = VarMap::new();
 //! let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
 //! let (l1, l2) = (linear(2, 16, vb.pp("l1"))?, linear(16, 3, vb.pp("l2"))?);
+//! init_seeded(&varmap, 1)?;
 //! let model = |x: &Tensor| l2.forward(&l1.forward(x)?.tanh()?);
 //! // Three clusters in the plane, one per class.
-//! let labels: Vec<u8> = (0..60).map(|i| (i % 3) as u8).collect();
+//! let labels: Vec<u32> = (0..60).map(|i| i % 3).collect();
 //! let points: Vec<f32> = labels
 //!     .iter()
 //!     .enumerate()
@@ -36,14 +45,10 @@
 //!     })
 //!     .collect();
 //! let x = Tensor::from_vec(points, (60, 2), &dev)?;
-//! let y = Tensor::from_vec(labels.iter().map(|&c| c as u32).collect::<Vec<_>>(), 60, &dev)?;
+//! let y = Tensor::new(labels.as_slice(), &dev)?;
 //!
-//! // The vars in a fixed order: the order keys each parameter's noise stream.
-//! let vars = ["l1.weight", "l1.bias", "l2.weight", "l2.bias"]
-//!     .map(|n| varmap.data().lock().unwrap()[n].clone())
-//!     .to_vec();
-//! let config = OptimizerConfig { seed: 7, ..OptimizerConfig::new(labels.len()) };
-//! let mut sghmc = Sghmc::new(vars, config)?;
+//! let config = Config { seed: 7, ..Config::new(labels.len()) };
+//! let mut sghmc = Sghmc::new(vars_by_name(&varmap)?, config)?;
 //! let mut ensemble = Accumulator::with_classes(&labels, 3)?;
 //! for step in 1..=200 {
 //!     sghmc.backward_step(&loss::cross_entropy(&model(&x)?, &y)?)?;
@@ -79,7 +84,23 @@ pub mod metrics;
 pub mod model;
 pub mod potential;
 pub mod regression;
+pub mod sample_file;
 pub mod sampler;
 pub mod schedule;
 pub mod synthetic;
 pub mod uncertainty;
+mod varmap;
+
+pub use candle_nn::Optimizer;
+pub use ensemble::Accumulator;
+pub use likelihood::{GaussianNoise, Noise};
+pub use metrics::{Label, Metrics};
+pub use potential::PriorSpec;
+pub use regression::RegressionAccumulator;
+pub use sample_file::{load_sample, write_sample_file, Sample};
+pub use sampler::optim::{
+    Config, Momentum, MomentumParams, Msgnht, MsgnhtParams, OptimizerState, Params, Posterior,
+    SgMcmc, Sgd, SgdParams, Sghmc, SghmcParams, Sgld, SgldParams, Sgnht, SgnhtParams,
+};
+pub use sampler::{Diagnostics, Integrator, Kernel, SamplerState};
+pub use varmap::{init_seeded, vars_by_name};

@@ -144,6 +144,54 @@ impl Noise {
     }
 }
 
+/// A regression's Gaussian likelihood for a model of the user's own (the optimizer path):
+/// y ~ N(f(x), 1/τ) with τ fixed or Gibbs-drawn under a Gamma prior, as `bnn train` samples
+/// it. The noise model and the τ in force are plain data; [`GaussianNoise::nll`] is the
+/// minibatch's mean negative log-likelihood an optimizer's `backward_step` takes, and
+/// `SgMcmc::gibbs_step` draws τ once per epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct GaussianNoise {
+    /// Fixed σ, or τ ~ Gamma(a, b).
+    pub model: Noise,
+    /// τ = 1/σ² in force.
+    pub precision: f64,
+}
+
+impl GaussianNoise {
+    /// τ at its start: 1/σ² when fixed, the Gamma prior's mean a/b when sampled.
+    pub fn new(model: Noise) -> Result<Self> {
+        Ok(GaussianNoise {
+            model,
+            precision: model.initial_precision()?,
+        })
+    }
+
+    /// σ = 1/√τ in force.
+    pub fn std(&self) -> f64 {
+        1.0 / self.precision.sqrt()
+    }
+
+    /// The mean over the minibatch of −log N(y | f, 1/τ) = ½τ(f − y)² − ½ log τ + ½ log 2π,
+    /// for predictions and targets of the same shape.
+    pub fn nll(
+        &self,
+        prediction: &candle_core::Tensor,
+        target: &candle_core::Tensor,
+    ) -> candle_core::Result<candle_core::Tensor> {
+        let half_sq = ((prediction - target)?.sqr()?.mean_all()? * (0.5 * self.precision))?;
+        half_sq + (HALF_LOG_2PI - 0.5 * self.precision.ln())
+    }
+
+    /// Draws τ from its conditional given the training residuals' sum of squares `sse`
+    /// over `n` examples at temperature T ([`Noise::gibbs_draw`]); a fixed σ stays.
+    pub fn gibbs_draw(&mut self, sse: f64, n: usize, temperature: f64, seed: u64) -> Result<()> {
+        if let Some(tau) = self.model.gibbs_draw(sse, n, temperature, seed)? {
+            self.precision = tau;
+        }
+        Ok(())
+    }
+}
+
 /// The targets of a minibatch, as the likelihood reads them.
 #[derive(Debug, Clone, Copy)]
 pub enum Targets<'a> {

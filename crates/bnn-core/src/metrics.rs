@@ -24,8 +24,26 @@ pub struct Metrics {
 /// large but finite NLL.
 const MIN_PROB: f64 = 1e-12;
 
+/// A class label: any unsigned integer type, so that a table of 300 classes is as welcome
+/// as the image data sets' `u8` labels.
+pub trait Label: Copy + std::fmt::Display {
+    /// The class index.
+    fn class(self) -> usize;
+}
+
+macro_rules! label {
+    ($($t:ty),*) => {$(
+        impl Label for $t {
+            fn class(self) -> usize {
+                self as usize
+            }
+        }
+    )*};
+}
+label!(u8, u16, u32, usize);
+
 /// Metrics of `probs` (row-major n × classes) against `labels`.
-pub fn evaluate(probs: &[f64], labels: &[u8], classes: usize) -> Metrics {
+pub fn evaluate<L: Label>(probs: &[f64], labels: &[L], classes: usize) -> Metrics {
     let n = labels.len();
     assert_eq!(
         probs.len(),
@@ -39,7 +57,7 @@ pub fn evaluate(probs: &[f64], labels: &[u8], classes: usize) -> Metrics {
     let mut bin_conf = [0f64; ECE_BINS];
     let mut bin_correct = [0usize; ECE_BINS];
     for (row, &y) in probs.chunks_exact(classes).zip(labels) {
-        let y = y as usize;
+        let y = y.class();
         // First maximum wins ties, like argmax.
         let pred = crate::uncertainty::predicted(row);
         let conf = row[pred];
@@ -109,7 +127,7 @@ mod tests {
 
     #[test]
     fn perfect_predictions() {
-        let m = evaluate(&[1.0, 0.0, 0.0, 1.0], &[0, 1], 2);
+        let m = evaluate(&[1.0, 0.0, 0.0, 1.0], &[0u8, 1], 2);
         assert_eq!(m.accuracy, 1.0);
         assert_eq!(m.nll, 0.0);
         assert_eq!(m.ece, 0.0);

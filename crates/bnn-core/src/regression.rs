@@ -117,10 +117,13 @@ impl RegressionAccumulator {
                 var.len()
             )));
         }
-        if let Some(v) = var.iter().find(|v| !(**v > 0.0 && v.is_finite())) {
-            return Err(Error::NotFinite(format!(
-                "a predicted noise variance ({v})"
-            )));
+        // A zero variance is a point mass: its density, and so the NLL, is undefined.
+        if let Some(&v) = var.iter().find(|v| !(**v > 0.0 && v.is_finite())) {
+            return Err(Error::Invalid {
+                name: "a predicted noise variance",
+                rule: "positive and finite (σ² of the Gaussian likelihood)".into(),
+                value: v,
+            });
         }
         if let Some(m) = mean.iter().find(|m| !m.is_finite()) {
             return Err(Error::NotFinite(format!("a predicted mean ({m})")));

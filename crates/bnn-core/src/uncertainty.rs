@@ -90,10 +90,10 @@ pub fn predicted(row: &[f64]) -> usize {
 
 /// The uncertainty of `mean` (row-major n × classes, the averaged prediction) against
 /// `labels`, with `expected_entropy[i]` the mean entropy of the samples on example i.
-pub fn evaluate(
+pub fn evaluate<L: crate::metrics::Label>(
     mean: &[f64],
     expected_entropy: &[f64],
-    labels: &[u8],
+    labels: &[L],
     classes: usize,
 ) -> Uncertainty {
     let n = labels.len();
@@ -107,7 +107,7 @@ pub fn evaluate(
     let correct: Vec<bool> = mean
         .chunks_exact(classes)
         .zip(labels)
-        .map(|(row, &y)| predicted(row) == y as usize)
+        .map(|(row, &y)| predicted(row) == y.class())
         .collect();
     let bins = crate::metrics::ECE_BINS;
     let mut reliability: Vec<ReliabilityBin> = (0..bins)
@@ -132,8 +132,8 @@ pub fn evaluate(
     }
     let (mut hits, mut seen) = (vec![0usize; classes], vec![0usize; classes]);
     for (&c, &y) in correct.iter().zip(labels) {
-        seen[y as usize] += 1;
-        hits[y as usize] += c as usize;
+        seen[y.class()] += 1;
+        hits[y.class()] += c as usize;
     }
     // Most certain first; ties broken by index so that the order is reproducible.
     let mut order: Vec<usize> = (0..n).collect();
@@ -238,7 +238,7 @@ mod tests {
     #[test]
     fn disagreeing_certain_samples_are_all_mutual_information() {
         let mean = [0.5, 0.5];
-        let u = evaluate(&mean, &[0.0], &[0], 2);
+        let u = evaluate(&mean, &[0.0], &[0u8], 2);
         assert!((u.mutual_information - 2f64.ln()).abs() < 1e-12);
         assert_eq!(u.expected_entropy, 0.0);
         assert_eq!(u.per_class_accuracy[0], 1.0);
@@ -249,7 +249,7 @@ mod tests {
     fn rejecting_the_uncertain_raises_accuracy() {
         // Four examples: two certain and right, two uncertain and wrong.
         let mean = [0.9, 0.1, 0.1, 0.9, 0.6, 0.4, 0.45, 0.55];
-        let labels = [0, 1, 1, 0];
+        let labels = [0u8, 1, 1, 0];
         let u = evaluate(&mean, &[0.0; 4], &labels, 2);
         let at = |c: f64| {
             u.accuracy_vs_coverage

@@ -140,6 +140,18 @@ pub enum Error {
     /// A quantity that must be finite is not; the caller knows where in the run.
     #[error("{0} is not finite")]
     NotFinite(String),
+
+    /// A hyper-parameter outside its range, named in the library's words (`step size`,
+    /// `friction`); the `bnn` binary names the flag instead ([`Error::for_flag`]).
+    #[error("{name} must be {rule}, got {value}")]
+    Invalid {
+        /// The quantity, as the papers and the library's types call it.
+        name: &'static str,
+        /// What it must be: "positive and finite", "in [0, 1]".
+        rule: String,
+        /// The value given.
+        value: f64,
+    },
 }
 
 impl Error {
@@ -169,6 +181,18 @@ impl Error {
                 }
             }
             _ => self,
+        }
+    }
+
+    /// The error as the command line should say it: an [`Error::Invalid`] names the flag
+    /// that sets the quantity (`step size` → `--step-size`); other errors are unchanged.
+    pub fn for_flag(self) -> Self {
+        match self {
+            Error::Invalid { name, rule, value } => Error::Config(format!(
+                "--{} must be {rule}, got {value}",
+                name.replace(' ', "-")
+            )),
+            e => e,
         }
     }
 

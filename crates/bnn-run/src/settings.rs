@@ -348,7 +348,12 @@ impl Settings {
     /// docs/BENCHMARKS.md): η·N = 0.12 diverged in the second epoch, 0.01 over-dispersed the
     /// ensemble (95% coverage 0.973), 0.005 gave 0.964.
     pub fn scale_step_size(&mut self, n_train: usize, regression: bool) {
-        let per_example = if regression { 2_500.0 } else { 60_000.0 };
+        let reference = crate::sampler::optim::params::REFERENCE_DATA_SIZE;
+        let per_example = if regression {
+            reference / 24.0
+        } else {
+            reference
+        };
         self.sampler.step_size *= per_example / n_train.max(1) as f64;
     }
 
@@ -430,7 +435,7 @@ impl Settings {
             }
         }
         self.model.validate()?;
-        self.sampler.validate()
+        self.sampler.validate().map_err(Error::for_flag)
     }
 }
 

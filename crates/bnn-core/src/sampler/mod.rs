@@ -196,50 +196,43 @@ fn euler() -> Integrator {
 }
 
 impl SamplerConfig {
-    /// Checks the hyper-parameters for this sampler.
+    /// Checks the hyper-parameters for this sampler; an [`Error::Invalid`] names the
+    /// quantity in the library's words (the `bnn` binary names its flag).
     pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(Error::Config(m));
+        let invalid = |name, rule: &str, value| {
+            Err(Error::Invalid {
+                name,
+                rule: rule.to_string(),
+                value,
+            })
+        };
         if !(self.step_size > 0.0 && self.step_size.is_finite()) {
-            return bad(format!(
-                "--step-size must be positive, got {}",
-                self.step_size
-            ));
+            return invalid("step size", "positive and finite", self.step_size);
         }
         match self.kind {
             SamplerKind::Sghmc | SamplerKind::Momentum | SamplerKind::Reld => {
                 // SGHMC with α = 0 is Chen et al.'s "naive SGHMC" (§3.1): no friction and
                 // no injected noise; allowed, to reproduce how it fails.
-                let lowest = if self.kind != SamplerKind::Momentum {
-                    0.0
-                } else {
-                    f64::MIN_POSITIVE
-                };
+                let momentum = self.kind == SamplerKind::Momentum;
+                let lowest = if momentum { f64::MIN_POSITIVE } else { 0.0 };
                 if !(self.friction >= lowest && self.friction <= 1.0) {
-                    let range = if lowest == 0.0 { "[0, 1]" } else { "(0, 1]" };
-                    return bad(format!(
-                        "--friction must be in {range} for {}, got {}",
-                        self.kind.name(),
-                        self.friction
-                    ));
+                    let range = if momentum { "(0, 1]" } else { "[0, 1]" };
+                    let rule = format!("in {range} for {}", self.kind.name());
+                    return invalid("friction", &rule, self.friction);
                 }
                 if self.kind == SamplerKind::Sghmc
                     && !(self.noise_estimate >= 0.0 && self.noise_estimate <= self.friction)
                 {
-                    return bad(format!(
-                        "--noise-estimate must be in [0, friction={}], got {}",
-                        self.friction, self.noise_estimate
-                    ));
+                    let rule = format!("in [0, friction={}]", self.friction);
+                    return invalid("noise estimate", &rule, self.noise_estimate);
                 }
             }
             SamplerKind::Sgnht | SamplerKind::Msgnht | SamplerKind::Renhd => {
                 // a = 0 is allowed: all the noise then comes from the gradient (Ding et al.
                 // Fig. 1, A = 0), which the thermostat absorbs.
                 if !(self.diffusion >= 0.0 && self.diffusion.is_finite()) {
-                    return bad(format!(
-                        "--diffusion must be non-negative for {}, got {}",
-                        self.kind.name(),
-                        self.diffusion
-                    ));
+                    let rule = format!("non-negative for {}", self.kind.name());
+                    return invalid("diffusion", &rule, self.diffusion);
                 }
             }
             SamplerKind::Sgld | SamplerKind::Sgd | SamplerKind::Hmc => {}
@@ -250,10 +243,10 @@ impl SamplerConfig {
                 SamplerKind::Sghmc | SamplerKind::Sgnht | SamplerKind::Msgnht
             )
         {
-            return bad(format!(
-                "--integrator splitting applies to sghmc, sgnht and msgnht, not {}",
+            return Err(Error::Config(format!(
+                "the splitting integrator applies to sghmc, sgnht and msgnht, not {}",
                 self.kind.name()
-            ));
+            )));
         }
         Ok(())
     }

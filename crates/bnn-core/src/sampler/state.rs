@@ -238,10 +238,10 @@ impl SamplerState {
         })
     }
 
-    /// Writes the state to a safetensors file: its tensors, and its scalars as F64/I64
-    /// tensors (`scalar/…`), so that any safetensors reader sees them and they come back
-    /// bit for bit.
-    pub fn save(&self, path: &Path) -> Result<()> {
+    /// Its tensors and its scalars as F64/I64 tensors (`scalar/…`), by the names a saved
+    /// state gives them, so that any safetensors reader sees them and they come back bit
+    /// for bit.
+    pub fn named_tensors(&self) -> Result<HashMap<String, Tensor>> {
         let s = self.scalars();
         let f64s = |v: f64| Tensor::new(&[v], &Device::Cpu);
         let mut map: HashMap<String, Tensor> = self.tensors().into_iter().collect();
@@ -256,7 +256,12 @@ impl SamplerState {
         if let Some(a) = s.thermostat {
             map.insert("scalar/thermostat".into(), f64s(a)?);
         }
-        candle_core::safetensors::save(&map, path)?;
+        Ok(map)
+    }
+
+    /// Writes the state to a safetensors file ([`SamplerState::named_tensors`]).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        candle_core::safetensors::save(&self.named_tensors()?, path)?;
         Ok(())
     }
 
@@ -270,30 +275,7 @@ impl SamplerState {
                 .cloned()
                 .ok_or_else(|| bad(format!("no tensor `{name}`")))
         };
-        let scalar = |name: &str| -> Result<f64> {
-            let v = get(name)?.to_dtype(DType::F64)?.to_vec1::<f64>()?;
-            v.first()
-                .copied()
-                .ok_or_else(|| bad(format!("`{name}` is empty")))
-        };
-        let counts = get("scalar/counts")?.to_vec1::<i64>()?;
-        let count = |i: usize| -> Result<u64> {
-            counts
-                .get(i)
-                .and_then(|&c| u64::try_from(c).ok())
-                .ok_or_else(|| bad("`scalar/counts` is not three counts".into()))
-        };
-        let scalars = StateScalars {
-            step: count(0)?,
-            step_size: scalar("scalar/step_size")?,
-            thermostat: match map.contains_key("scalar/thermostat") {
-                true => Some(scalar("scalar/thermostat")?),
-                false => None,
-            },
-            kinetic: scalar("scalar/kinetic")?,
-            momentum_tensors: count(1)? as usize,
-            thermostat_tensors: count(2)? as usize,
-        };
+        let scalars = StateScalars::from_tensors(&get, &bad)?;
         SamplerState::from_parts(&scalars, get)
     }
 
@@ -316,4 +298,38 @@ pub fn mean_of(tensors: &[Tensor]) -> Result<f64> {
         }
     }
     Ok(sum / n.max(1) as f64)
+}
+
+impl StateScalars {
+    /// The scalars of a saved state from its `scalar/…` tensors (`get` looks a tensor up
+    /// by name; `bad` words an error about the file).
+    pub(crate) fn from_tensors(
+        get: &impl Fn(&str) -> Result<Tensor>,
+        bad: &impl Fn(String) -> Error,
+    ) -> Result<Self> {
+        let scalar = |name: &str| -> Result<f64> {
+            let v = get(name)?.to_dtype(DType::F64)?.to_vec1::<f64>()?;
+            v.first()
+                .copied()
+                .ok_or_else(|| bad(format!("`{name}` is empty")))
+        };
+        let counts = get("scalar/counts")?.to_vec1::<i64>()?;
+        let count = |i: usize| -> Result<u64> {
+            counts
+                .get(i)
+                .and_then(|&c| u64::try_from(c).ok())
+                .ok_or_else(|| bad("`scalar/counts` is not three counts".into()))
+        };
+        Ok(StateScalars {
+            step: count(0)?,
+            step_size: scalar("scalar/step_size")?,
+            thermostat: match get("scalar/thermostat") {
+                Ok(_) => Some(scalar("scalar/thermostat")?),
+                Err(_) => None,
+            },
+            kinetic: scalar("scalar/kinetic")?,
+            momentum_tensors: count(1)? as usize,
+            thermostat_tensors: count(2)? as usize,
+        })
+    }
 }

@@ -1,0 +1,237 @@
+//! Each sampler's own hyper-parameters, in candle's manner (`ParamsAdamW`): one plain
+//! type per sampler with `Default`, so that the parameters of one sampler cannot reach
+//! another (a compile error, not a silent replacement by defaults).
+//!
+//! **The step size `lr`** is ε = η·N, the step on the gradient of the minibatch's *mean*
+//! negative log-likelihood, as an optimiser's learning rate is; the papers' η = h²
+//! (Chen et al. 2014 eq. 15, Ding et al. 2014 Alg. 2), which multiplies the gradient of
+//! the full-data potential U = N·mean + prior, is lr/N. So one `lr` means the same drift
+//! on a subset of a data set and on all of it (the posterior narrows with N through the
+//! injected noise √(2αη), as it should). The defaults are `bnn train`'s on MNIST:
+//! η·60,000.
+
+use super::super::{Integrator, SamplerConfig, SamplerKind};
+
+/// The data size the defaults of [`SamplerKind::defaults`] are tuned for (MNIST's 60,000
+/// training images): the default `lr` is that η times this.
+pub const REFERENCE_DATA_SIZE: f64 = 60_000.0;
+
+/// The default lr of `kind`: its default η at [`REFERENCE_DATA_SIZE`].
+fn default_lr(kind: SamplerKind) -> f64 {
+    kind.defaults().step_size * REFERENCE_DATA_SIZE
+}
+
+/// A sampler's hyper-parameters as an optimizer takes them.
+pub trait Params: Copy + std::fmt::Debug + Default + Send + 'static {
+    /// The sampler they drive.
+    const KIND: SamplerKind;
+    /// ε = η·N, the step on the mean loss's gradient.
+    fn lr(&self) -> f64;
+    /// The same with ε = `lr`.
+    fn with_lr(self, lr: f64) -> Self;
+    /// The sampler's configuration in the papers' variables for N = `data_size`
+    /// examples: η = lr/N, the other fields as given.
+    fn sampler_config(&self, data_size: usize) -> SamplerConfig;
+}
+
+/// The configuration of `kind` with η = lr/N and the rest from `fill`.
+fn config_of(
+    kind: SamplerKind,
+    lr: f64,
+    data_size: usize,
+    fill: impl FnOnce(SamplerConfig) -> SamplerConfig,
+) -> SamplerConfig {
+    fill(SamplerConfig {
+        step_size: lr / data_size as f64,
+        ..kind.defaults()
+    })
+}
+
+/// SGLD (Welling & Teh 2011): θ ← θ − η∇Ũ + √(2η)·z.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SgldParams {
+    /// ε = η·N.
+    pub lr: f64,
+}
+
+impl Default for SgldParams {
+    fn default() -> Self {
+        SgldParams {
+            lr: default_lr(SamplerKind::Sgld),
+        }
+    }
+}
+
+impl Params for SgldParams {
+    const KIND: SamplerKind = SamplerKind::Sgld;
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+    fn with_lr(self, lr: f64) -> Self {
+        SgldParams { lr }
+    }
+    fn sampler_config(&self, n: usize) -> SamplerConfig {
+        config_of(Self::KIND, self.lr, n, |c| c)
+    }
+}
+
+/// SGHMC (Chen et al. 2014, eq. 15): v ← v − η∇Ũ − αv + √(2(α − β̂)η)·z; θ ← θ + v.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SghmcParams {
+    /// ε = η·N.
+    pub lr: f64,
+    /// α = ξ·h, the friction, in [0, 1] (0 is Chen et al.'s naive SGHMC).
+    pub friction: f64,
+    /// β̂, the gradient-noise estimate subtracted from the injected noise, in [0, α].
+    pub noise_estimate: f64,
+    /// Euler (the paper's update) or the symmetric splitting.
+    pub integrator: Integrator,
+}
+
+impl Default for SghmcParams {
+    fn default() -> Self {
+        let d = SamplerKind::Sghmc.defaults();
+        SghmcParams {
+            lr: default_lr(SamplerKind::Sghmc),
+            friction: d.friction,
+            noise_estimate: d.noise_estimate,
+            integrator: d.integrator,
+        }
+    }
+}
+
+impl Params for SghmcParams {
+    const KIND: SamplerKind = SamplerKind::Sghmc;
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+    fn with_lr(self, lr: f64) -> Self {
+        SghmcParams { lr, ..self }
+    }
+    fn sampler_config(&self, n: usize) -> SamplerConfig {
+        config_of(Self::KIND, self.lr, n, |c| SamplerConfig {
+            friction: self.friction,
+            noise_estimate: self.noise_estimate,
+            integrator: self.integrator,
+            ..c
+        })
+    }
+}
+
+/// The thermostat samplers' parameters: SGNHT (Ding et al. 2014, Alg. 2, one scalar
+/// thermostat α ← α + vᵀv/n − η) and mSGNHT (Li et al. 2016, eq. 2, one per element).
+macro_rules! thermostat_params {
+    ($(#[$doc:meta])* $name:ident, $kind:expr) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq)]
+        pub struct $name {
+            /// ε = η·N.
+            pub lr: f64,
+            /// a = A·h, the injected noise's diffusion (also the thermostat's start), ≥ 0.
+            pub diffusion: f64,
+            /// The symmetric splitting (default, Li et al. 2016 §3) or Euler.
+            pub integrator: Integrator,
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                let d = $kind.defaults();
+                $name {
+                    lr: default_lr($kind),
+                    diffusion: d.diffusion,
+                    integrator: d.integrator,
+                }
+            }
+        }
+
+        impl Params for $name {
+            const KIND: SamplerKind = $kind;
+            fn lr(&self) -> f64 {
+                self.lr
+            }
+            fn with_lr(self, lr: f64) -> Self {
+                $name { lr, ..self }
+            }
+            fn sampler_config(&self, n: usize) -> SamplerConfig {
+                config_of(Self::KIND, self.lr, n, |c| SamplerConfig {
+                    diffusion: self.diffusion,
+                    integrator: self.integrator,
+                    ..c
+                })
+            }
+        }
+    };
+}
+
+thermostat_params!(
+    /// SGNHT (Ding et al. 2014): one scalar thermostat α ← α + vᵀv/n − η.
+    SgnhtParams,
+    SamplerKind::Sgnht
+);
+thermostat_params!(
+    /// mSGNHT (Li et al. 2016, eq. 2): one thermostat per element, α ← α + v⊙v − η.
+    MsgnhtParams,
+    SamplerKind::Msgnht
+);
+
+/// SGD on U, the MAP baseline: θ ← θ − η∇Ũ.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SgdParams {
+    /// ε = η·N.
+    pub lr: f64,
+}
+
+impl Default for SgdParams {
+    fn default() -> Self {
+        SgdParams {
+            lr: default_lr(SamplerKind::Sgd),
+        }
+    }
+}
+
+impl Params for SgdParams {
+    const KIND: SamplerKind = SamplerKind::Sgd;
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+    fn with_lr(self, lr: f64) -> Self {
+        SgdParams { lr }
+    }
+    fn sampler_config(&self, n: usize) -> SamplerConfig {
+        config_of(Self::KIND, self.lr, n, |c| c)
+    }
+}
+
+/// SGD with momentum on U, a MAP baseline: v ← (1 − α)v − η∇Ũ; θ ← θ + v.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MomentumParams {
+    /// ε = η·N.
+    pub lr: f64,
+    /// α, in (0, 1].
+    pub friction: f64,
+}
+
+impl Default for MomentumParams {
+    fn default() -> Self {
+        MomentumParams {
+            lr: default_lr(SamplerKind::Momentum),
+            friction: SamplerKind::Momentum.defaults().friction,
+        }
+    }
+}
+
+impl Params for MomentumParams {
+    const KIND: SamplerKind = SamplerKind::Momentum;
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+    fn with_lr(self, lr: f64) -> Self {
+        MomentumParams { lr, ..self }
+    }
+    fn sampler_config(&self, n: usize) -> SamplerConfig {
+        config_of(Self::KIND, self.lr, n, |c| SamplerConfig {
+            friction: self.friction,
+            ..c
+        })
+    }
+}
