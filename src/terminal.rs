@@ -1,11 +1,11 @@
 //! The progress bars `bnn` draws on the terminal (installed into
 //! `bnn_run::progress`): indicatif, which the library crates do not depend on.
 
-use bnn_run::progress::Progress;
+use bnn_run::progress::ProgressBar;
 
 struct Bar(indicatif::ProgressBar);
 
-impl Progress for Bar {
+impl ProgressBar for Bar {
     fn set_position(&self, pos: u64) {
         self.0.set_position(pos);
     }
@@ -18,7 +18,7 @@ impl Progress for Bar {
 }
 
 /// A bar of `len` steps: `label [=====>    ] pos/len rate eta message`.
-pub fn new_bar(len: u64, label: &str) -> Box<dyn Progress> {
+pub fn new_bar(len: u64, label: &str) -> Box<dyn ProgressBar> {
     let bar = indicatif::ProgressBar::new(len);
     let style = indicatif::ProgressStyle::with_template(
         "{prefix} [{bar:30}] {pos}/{len} {per_sec} eta {eta} {msg}",

@@ -36,7 +36,7 @@ struct SummaryView {
     #[serde(default)]
     uncertainty: Option<crate::uncertainty::Uncertainty>,
     #[serde(default)]
-    progress: Vec<crate::ensemble::Progress>,
+    progress: Vec<crate::ensemble::EnsembleAfter>,
     #[serde(default)]
     convergence: Option<ChainDiagnostics>,
     #[serde(default)]
@@ -482,7 +482,7 @@ fn dynamics(
     }
 }
 
-fn ensemble_size(progress: &[crate::ensemble::Progress]) -> Figure {
+fn ensemble_size(progress: &[crate::ensemble::EnsembleAfter]) -> Figure {
     let acc = progress
         .iter()
         .map(|p| (p.samples as f64, 100.0 * p.accuracy))

@@ -1,7 +1,7 @@
 //! The hand-written MLP backward (src/kernels/mlp.rs) against candle's autograd and
 //! against central finite differences.
 
-use bnn::backprop::Backprop;
+use bnn::engine::backprop::Backprop;
 use bnn::model::{Activation, ModelKind, ModelSpec, Network};
 use bnn::potential::{Potential, Prior, PriorSpec};
 use candle_core::{Device, Tensor};

@@ -1,9 +1,10 @@
 //! The fused CPU op against (a) the host build of the CUDA kernels' header, bit for bit,
 //! and (b) the composed candle-op samplers, to 1e-6 relative with the same noise.
 
+use bnn::engine::fused::Fused;
 use bnn::kernels::{cpu, host, StepConsts, Update};
 use bnn::rng::NoiseKey;
-use bnn::sampler::{self, fused::Fused, Kernel, Sampler, SamplerConfig, SamplerKind};
+use bnn::sampler::{self, Kernel, Sampler, SamplerConfig, SamplerKind};
 use candle_core::{Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
 
@@ -393,7 +394,7 @@ fn fused_momentum_matches_composed_momentum() {
     let config = SamplerKind::Sghmc.defaults();
     assert_eq!(config.integrator, bnn::sampler::Integrator::Euler);
     let mut a = Fused::init(config, &pa, 9).unwrap();
-    let mut b = bnn::sampler::sghmc::Sghmc::init(config, &pb, 9).unwrap();
+    let mut b = bnn::engine::composed::ComposedSghmc::init(config, &pb, 9).unwrap();
     for _ in 0..3 {
         a.step(&pa, &grads).unwrap();
         b.step(&pb, &grads).unwrap();

@@ -2,7 +2,7 @@
 //! same weights (the device path, `ResnetLayout::forward`) and against central finite
 //! differences, which check candle's strided convolution backward too.
 
-use bnn::backprop::Backprop;
+use bnn::engine::backprop::Backprop;
 use bnn::model::resnet::Norm;
 use bnn::model::{Activation, ModelKind, ModelSpec, Network};
 use bnn::potential::{Potential, Prior, PriorSpec};

@@ -1,8 +1,9 @@
 //! Each sampler's update on a tiny example, against the paper's update written out by hand.
 
+use bnn::engine::composed::sgnht::{ComposedSgnht as Sgnht, Thermostat};
+use bnn::engine::composed::ComposedSghmc as Sghmc;
 use bnn::rng::NoiseKey;
-use bnn::sampler::sgnht::{Sgnht, Thermostat};
-use bnn::sampler::{self, sghmc::Sghmc, Integrator, Sampler, SamplerConfig, SamplerKind};
+use bnn::sampler::{self, Integrator, Sampler, SamplerConfig, SamplerKind};
 use candle_core::{Device, Tensor, Var};
 
 fn var(v: &[f32]) -> Var {
@@ -276,37 +277,37 @@ fn invalid_hyperparameters_are_rejected() {
     for (cfg, needle) in [
         (
             config(SamplerKind::Sghmc, -1.0, 0.1, 0.0, 0.0),
-            "--step-size",
+            "step size must be positive",
         ),
         (
             config(SamplerKind::Sghmc, 1e-6, 1.5, 0.0, 0.0),
-            "--friction",
+            "friction must be in",
         ),
         (
             config(SamplerKind::Momentum, 1e-6, 0.0, 0.0, 0.0),
-            "--friction",
+            "friction must be in",
         ),
         (
             config(SamplerKind::Sghmc, 1e-6, 0.1, 0.2, 0.0),
-            "--noise-estimate",
+            "noise estimate must be in",
         ),
         (
             config(SamplerKind::Sgnht, 1e-6, 0.0, 0.0, -0.1),
-            "--diffusion",
+            "diffusion must be non-negative",
         ),
         (
             SamplerConfig {
                 integrator: Integrator::Splitting,
                 ..config(SamplerKind::Sgld, 1e-6, 0.0, 0.0, 0.0)
             },
-            "--integrator splitting",
+            "the splitting integrator applies to",
         ),
     ] {
         let e = sampler::build(cfg, std::slice::from_ref(&p), 0)
             .err()
             .expect("must fail")
             .to_string();
-        assert!(e.contains(needle), "{e}");
+        assert!(e.contains(needle) && !e.contains("--"), "{e}");
     }
 }
 

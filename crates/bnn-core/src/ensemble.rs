@@ -5,8 +5,8 @@
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use crate::backprop::Backprop;
 use crate::data::{Split, NUM_CLASSES};
+use crate::engine::backprop::Backprop;
 use crate::error::Result;
 use crate::metrics::{self, Label, Metrics};
 use crate::model::Network;
@@ -243,7 +243,7 @@ pub struct Sums {
 
 /// The ensemble after k samples, for `bnn eval`'s accuracy-versus-samples curve.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Progress {
+pub struct EnsembleAfter {
     /// Samples averaged.
     pub samples: usize,
     /// Accuracy of the ensemble.
@@ -501,11 +501,11 @@ impl Accumulator {
     }
 
     /// The accuracy and NLL of the ensemble after each number of samples.
-    pub fn progress(&self) -> Vec<Progress> {
+    pub fn progress(&self) -> Vec<EnsembleAfter> {
         self.history
             .iter()
             .enumerate()
-            .map(|(i, m)| Progress {
+            .map(|(i, m)| EnsembleAfter {
                 samples: i + 1,
                 accuracy: m.accuracy,
                 nll: m.nll,

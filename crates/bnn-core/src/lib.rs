@@ -74,9 +74,9 @@ use bnn_kernels::{atomic, error, pool, rng};
 
 pub use bnn_kernels::{Error, Result};
 
-pub mod backprop;
 pub mod convergence;
 pub mod data;
+pub mod engine;
 pub mod ensemble;
 pub mod hmc;
 pub mod likelihood;
@@ -92,6 +92,7 @@ pub mod uncertainty;
 mod varmap;
 
 pub use candle_nn::Optimizer;
+pub use data::tabular::load_table;
 pub use ensemble::Accumulator;
 pub use likelihood::{GaussianNoise, Noise};
 pub use metrics::{Label, Metrics};

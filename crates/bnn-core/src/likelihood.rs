@@ -2,7 +2,7 @@
 //! minibatch's negative log-likelihood and the output error Δ_L = ∂(−log p)/∂f.
 //!
 //! - **Classification** (`Categorical`): p(y = c | x, θ) = softmax(f(x))_c over any number of
-//!   classes (the network's outputs); the loss is in [`crate::backprop::mlp`].
+//!   classes (the network's outputs); the loss is in [`crate::engine::backprop::mlp`].
 //! - **Regression** (`Gaussian`): y ~ N(f(x), σ²) with one output, in the standardised
 //!   target's units. −log p = ½τ(f − y)² − ½ log τ + ½ log 2π with τ = 1/σ² the noise
 //!   precision, so Δ = τ·(f − y) per example.

@@ -11,8 +11,8 @@ use rand::SeedableRng;
 use rand_distr::Distribution;
 use serde::{Deserialize, Serialize};
 
-use crate::backprop::mlp::BatchLoss;
-use crate::backprop::Backprop;
+use crate::engine::backprop::mlp::BatchLoss;
+use crate::engine::backprop::Backprop;
 use crate::error::{Error, Result};
 use crate::likelihood::{Likelihood, Targets, HALF_LOG_2PI};
 use crate::model::Network;
@@ -24,7 +24,7 @@ use crate::model::Network;
 pub enum Backward {
     /// The hand-written backward on the CPU, candle's autograd on other devices.
     Auto,
-    /// The hand-written forward and backward pass ([`crate::backprop::mlp`]); CPU only.
+    /// The hand-written forward and backward pass ([`crate::engine::backprop::mlp`]); CPU only.
     Custom,
     /// candle's autograd: the reference implementation.
     Autograd,

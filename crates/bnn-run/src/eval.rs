@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, RunManifest};
 use crate::data::{self, shift, Dataset, LoadOptions, Split, NUM_CLASSES};
-use crate::ensemble::{self, Accumulator, Progress};
+use crate::ensemble::{self, Accumulator, EnsembleAfter};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::model::Network;
@@ -47,7 +47,7 @@ pub struct EvalReport {
     pub valid_ensemble: Option<Metrics>,
     /// Test accuracy and NLL of the ensemble of the first k samples, for each k (of the
     /// first chain, in a multi-chain run).
-    pub progress: Vec<Progress>,
+    pub progress: Vec<EnsembleAfter>,
     /// Out-of-distribution detection (`--ood-dataset`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ood: Option<OodReport>,

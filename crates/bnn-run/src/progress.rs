@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 
 /// A bar of `len` steps that the training loop moves.
-pub trait Progress {
+pub trait ProgressBar {
     /// Steps done so far.
     fn set_position(&self, pos: u64);
     /// The text after the bar (rates, losses, diagnostics).
@@ -15,7 +15,7 @@ pub trait Progress {
 }
 
 /// Makes a bar of `len` steps whose label is `label` (e.g. `epoch 3/20`).
-pub type NewBar = fn(len: u64, label: &str) -> Box<dyn Progress>;
+pub type NewBar = fn(len: u64, label: &str) -> Box<dyn ProgressBar>;
 
 static NEW_BAR: OnceLock<NewBar> = OnceLock::new();
 
@@ -26,7 +26,7 @@ pub fn install(new_bar: NewBar) {
 
 /// A bar of `len` steps labelled `label`: drawn if `show` and a drawer is installed,
 /// otherwise one that draws nothing.
-pub fn bar(show: bool, len: u64, label: &str) -> Box<dyn Progress> {
+pub fn bar(show: bool, len: u64, label: &str) -> Box<dyn ProgressBar> {
     match NEW_BAR.get() {
         Some(new_bar) if show => new_bar(len, label),
         _ => Box::new(Hidden),
@@ -35,7 +35,7 @@ pub fn bar(show: bool, len: u64, label: &str) -> Box<dyn Progress> {
 
 struct Hidden;
 
-impl Progress for Hidden {
+impl ProgressBar for Hidden {
     fn set_position(&self, _: u64) {}
     fn set_message(&self, _: String) {}
     fn finish_and_clear(&self) {}

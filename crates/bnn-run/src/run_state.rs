@@ -32,7 +32,7 @@ pub fn state_path(run_dir: &Path) -> PathBuf {
 
 /// Where the run stands and its running sums.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Progress {
+pub struct Position {
     /// The epoch in progress (0-based); `batch` of its minibatches are done.
     pub epoch: usize,
     /// The next minibatch of the epoch.
@@ -75,7 +75,7 @@ pub struct Progress {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Scalars {
     version: u32,
-    progress: Progress,
+    progress: Position,
     sampler: StateScalars,
     prior_precisions: Vec<f64>,
     test: AccumulatorState,
@@ -101,7 +101,7 @@ fn is_zero(v: &f64) -> bool {
 #[derive(Debug, Clone)]
 pub struct RunState {
     /// Where the run stands and the epoch's sums.
-    pub progress: Progress,
+    pub progress: Position,
     /// The model's parameters by name, in the model's order.
     pub params: Vec<(String, Tensor)>,
     /// The sampler's state.

@@ -46,6 +46,35 @@ pub struct TableSpec {
     pub train_limit: Option<usize>,
 }
 
+impl TableSpec {
+    /// A seeded split of one CSV file: `test_fraction` of its rows for testing, the task
+    /// read off the target column (classes when every target is a small integer).
+    pub fn split(csv: impl Into<PathBuf>, target: &str, test_fraction: f64, seed: u64) -> Self {
+        TableSpec {
+            csv: csv.into(),
+            target: target.into(),
+            task: TaskKind::Auto,
+            test_csv: None,
+            test_fraction,
+            split_seed: seed,
+            train_limit: None,
+        }
+    }
+}
+
+/// A CSV table as a dataset ready to train on: split by `seed`, the features (and a
+/// regression's target) standardised by the training rows' mean and standard deviation,
+/// as `bnn train --csv` does; [`Dataset::table`] records the statistics, to map
+/// predictions back to the target's units.
+pub fn load_table(
+    csv: impl Into<PathBuf>,
+    target: &str,
+    test_fraction: f64,
+    seed: u64,
+) -> Result<Dataset> {
+    load(&TableSpec::split(csv, target, test_fraction, seed))
+}
+
 /// Where a table came from and how it became a dataset, as `run.json` records it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TableOrigin {

@@ -18,21 +18,16 @@
 //! element index), so a run is reproducible and a future fused kernel can be compared with
 //! this code noise for noise.
 
-pub mod exchange;
-pub mod fused;
 pub mod ladder;
-pub mod msgnht;
 pub mod optim;
 pub mod replica;
-pub mod sgd;
-pub mod sghmc;
-pub mod sgld;
-pub mod sgnht;
 pub mod state;
 
 use candle_core::{Tensor, Var};
 use serde::{Deserialize, Serialize};
 
+use crate::engine::composed;
+use crate::engine::fused::Fused;
 use crate::error::{Error, Result};
 pub use crate::kernels::TensorwiseStep;
 use crate::rng::NoiseKey;
@@ -262,7 +257,7 @@ pub struct Diagnostics {
 }
 
 /// Flat host copies of `tensors` (a state's form).
-fn to_state(tensors: &[Tensor]) -> Result<Vec<Tensor>> {
+pub(crate) fn to_state(tensors: &[Tensor]) -> Result<Vec<Tensor>> {
     tensors
         .iter()
         .map(|t| Ok(t.flatten_all()?.to_device(&candle_core::Device::Cpu)?))
@@ -270,7 +265,7 @@ fn to_state(tensors: &[Tensor]) -> Result<Vec<Tensor>> {
 }
 
 /// `saved` (a state's flat tensors) in the shapes and on the device of `like`.
-fn from_state(saved: &[Tensor], like: &[Tensor], what: &str) -> Result<Vec<Tensor>> {
+pub(crate) fn from_state(saved: &[Tensor], like: &[Tensor], what: &str) -> Result<Vec<Tensor>> {
     if saved.len() != like.len() {
         return Err(Error::Checkpoint(format!(
             "the saved state has {} {what} tensors, the sampler {}",
@@ -355,7 +350,7 @@ pub fn build_with(
         }
     };
     if kernel == Kernel::Fused && fusable {
-        return Ok(Box::new(fused::Fused::init(config, params, seed)?));
+        return Ok(Box::new(Fused::init(config, params, seed)?));
     }
     build(config, params, seed)
 }
@@ -365,11 +360,13 @@ pub fn build_with(
 pub fn build(config: SamplerConfig, params: &[Var], seed: u64) -> Result<Box<dyn Sampler>> {
     config.validate()?;
     Ok(match config.kind {
-        SamplerKind::Sgld => Box::new(sgld::Sgld::init(config, params, seed)),
-        SamplerKind::Sghmc => Box::new(sghmc::Sghmc::init(config, params, seed)?),
-        SamplerKind::Sgnht => Box::new(sgnht::Sgnht::init(config, params, seed, false)?),
-        SamplerKind::Msgnht => Box::new(msgnht::init(config, params, seed)?),
-        SamplerKind::Sgd | SamplerKind::Momentum => Box::new(sgd::Sgd::init(config, params)?),
+        SamplerKind::Sgld => Box::new(composed::ComposedSgld::init(config, params, seed)),
+        SamplerKind::Sghmc => Box::new(composed::ComposedSghmc::init(config, params, seed)?),
+        SamplerKind::Sgnht => Box::new(composed::ComposedSgnht::init(config, params, seed, false)?),
+        SamplerKind::Msgnht => Box::new(composed::msgnht::init(config, params, seed)?),
+        SamplerKind::Sgd | SamplerKind::Momentum => {
+            Box::new(composed::ComposedSgd::init(config, params)?)
+        }
         SamplerKind::Renhd | SamplerKind::Reld | SamplerKind::Hmc => {
             return Err(not_one_chain(config.kind))
         }
@@ -427,7 +424,7 @@ pub fn kinetic_energy(momentum: &[Tensor], step_size: f64) -> Result<f64> {
 }
 
 /// Rescales momenta v = p·h for a new step size, keeping p.
-fn rescale_momentum(momentum: &mut [Tensor], old: f64, new: f64) -> Result<()> {
+pub(crate) fn rescale_momentum(momentum: &mut [Tensor], old: f64, new: f64) -> Result<()> {
     let factor = (new / old).sqrt();
     for v in momentum.iter_mut() {
         *v = (&*v * factor)?;

@@ -18,9 +18,9 @@ use rand_distr::StandardNormal;
 use super::{
     gradient_noise_sd, noise_variance, summarise, PotentialKind, SampleOptions, SampleReport,
 };
+use crate::engine::exchange::{energy_difference, logistic, Compensation};
 use crate::error::{Error, Result};
 use crate::rng::NoiseKey;
-use crate::sampler::exchange::{energy_difference, logistic, Compensation};
 use crate::sampler::ladder::Ladder;
 use crate::sampler::replica::replica_config;
 use crate::sampler::{self, Kernel, SamplerKind};

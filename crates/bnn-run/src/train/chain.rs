@@ -23,7 +23,7 @@ use crate::model::Network;
 use crate::potential::{Backward, Potential, Prior};
 use crate::regression::RegressionAccumulator;
 use crate::rng;
-use crate::run_state::{self, Progress, RunState};
+use crate::run_state::{self, Position, RunState};
 use crate::sampler;
 use crate::settings::OnDivergence;
 use crate::signals;
@@ -103,7 +103,7 @@ pub const NOISE_PRECISION_KEY: &str = "noise_precision";
 pub(super) const MAX_ROLLBACKS: u32 = 3;
 
 /// Runs `chain` from where `at` says it stands to the end of the run.
-fn run_from<S: ChainSink>(chain: &mut Chain<S>, at: Progress) -> Result<ChainOutcome> {
+fn run_from<S: ChainSink>(chain: &mut Chain<S>, at: Position) -> Result<ChainOutcome> {
     let (cfg, ds) = (chain.cfg, chain.ds);
     let s = &cfg.settings;
     let batches = ds.train.len() / s.batch_size;
@@ -130,7 +130,7 @@ fn run_from<S: ChainSink>(chain: &mut Chain<S>, at: Progress) -> Result<ChainOut
         let mut sums = if resumed {
             at.clone()
         } else {
-            Progress::default()
+            Position::default()
         };
         let bar = progress_bar(cfg.progress, batches as u64, epoch, s.epochs);
         let first_batch = if resumed { at.batch } else { 0 };
@@ -160,7 +160,7 @@ fn run_from<S: ChainSink>(chain: &mut Chain<S>, at: Progress) -> Result<ChainOut
             // epoch's end (the prior's Gibbs step and the metrics line).
             let signal = signals::pending();
             if b + 1 < batches && (signal.is_some() || step.is_multiple_of(every)) {
-                chain.save(Progress {
+                chain.save(Position {
                     epoch,
                     batch: b + 1,
                     step,
@@ -179,13 +179,13 @@ fn run_from<S: ChainSink>(chain: &mut Chain<S>, at: Progress) -> Result<ChainOut
         let signal = signals::pending();
         let last = epoch + 1 == s.epochs;
         if signal.is_some() || step.is_multiple_of(every) || last {
-            chain.save(Progress {
+            chain.save(Position {
                 epoch: epoch + 1,
                 batch: 0,
                 step,
                 step_seconds,
                 train_seconds: elapsed(),
-                ..Progress::default()
+                ..Position::default()
             })?;
             if let (Some(signal), false) = (signal, last) {
                 return Err(interrupted(signal, step, chain.sink.location()));
@@ -344,14 +344,14 @@ pub(super) fn write_sample(
         // The sample's σ: `bnn eval` predicts with it (Display round-trips an f64).
         meta.insert(NOISE_PRECISION_KEY.into(), noise_precision.to_string());
     }
-    let params = model
+    let params: Vec<(String, candle_core::Tensor)> = model
         .params
         .iter()
         .map(|p| (p.name.clone(), p.var.as_detached_tensor()))
         .collect();
-    sink.sample(step, params, meta)?;
     let device = &cfg.device;
     if ds.task.is_regression() {
+        sink.sample(step, params, meta)?;
         let g = task::predict_gaussians(model, &ds.test, ds.task, noise_precision, device)?;
         return Ok(KeptSample {
             test: Vec::new(),
@@ -370,12 +370,40 @@ pub(super) fn write_sample(
             },
         },
     };
+    // Finite weights so large that the softmax overflows: as diverged as a NaN weight, and
+    // the sample is not written.
+    if test.iter().any(|p| !p.is_finite()) {
+        let what = format!(
+            "from weights overflowing the softmax, largest in tensor {}",
+            largest_tensor(model)?
+        );
+        return Err(diverged(
+            step,
+            epoch,
+            ("test predictions", f64::NAN),
+            what,
+            eta,
+        ));
+    }
+    sink.sample(step, params, meta)?;
     Ok(KeptSample {
         test,
         gaussians: None,
         valid,
         kinetic_energy: diag.kinetic_energy,
     })
+}
+
+/// The name of the parameter tensor with the largest |θ|.
+fn largest_tensor(model: &Network) -> Result<String> {
+    let mut best = (f32::NEG_INFINITY, String::new());
+    for p in &model.params {
+        let m = p.var.as_tensor().abs()?.max_all()?.to_scalar::<f32>()?;
+        if m > best.0 {
+            best = (m, p.name.clone());
+        }
+    }
+    Ok(best.1)
 }
 
 /// A chain's network, initialised from `cfg`'s seed with as many outputs as `ds`'s task
@@ -436,7 +464,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
 
     /// After a divergence (`cause`): back to the last saved state, which then records one
     /// more rollback (the step size halved), so that `--resume` continues from here too.
-    fn roll_back(&mut self, cause: &Error) -> Result<Progress> {
+    fn roll_back(&mut self, cause: &Error) -> Result<Position> {
         let rollbacks = self.rollbacks + 1;
         let at = self.restore_saved()?;
         self.sink.discard_after(&at)?;
@@ -498,7 +526,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
     /// and the labels of `at`'s epoch where it stopped inside one.
     pub fn replay_to(
         &mut self,
-        at: &Progress,
+        at: &Position,
         order: &mut [usize],
         shuffle: &mut rand::rngs::StdRng,
     ) {
@@ -524,7 +552,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
         sink: S,
         resume: bool,
         label_seed: u64,
-    ) -> Result<(Self, Progress)> {
+    ) -> Result<(Self, Position)> {
         let s = &cfg.settings;
         let mut chain = Chain::new(cfg, ds, sink, label_seed)?;
         let at = if resume {
@@ -538,8 +566,8 @@ impl<'a, S: ChainSink> Chain<'a, S> {
             );
             at
         } else {
-            chain.save(Progress::default())?;
-            Progress::default()
+            chain.save(Position::default())?;
+            Position::default()
         };
         tracing::info!(
             run = %chain.sink.location().display(),
@@ -555,7 +583,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
     /// Runs from `at` to the end of the run; with `--on-divergence rollback`, a divergence
     /// goes back to the last saved state with the step size halved (at most
     /// [`MAX_ROLLBACKS`] times).
-    fn run(&mut self, mut at: Progress) -> Result<ChainOutcome> {
+    fn run(&mut self, mut at: Position) -> Result<ChainOutcome> {
         loop {
             match run_from(self, at) {
                 Err(e)
@@ -576,7 +604,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
     }
 
     /// Loads the state the sink saved last into the chain.
-    fn restore_saved(&mut self) -> Result<Progress> {
+    fn restore_saved(&mut self) -> Result<Position> {
         let names: Vec<String> = self.model.params.iter().map(|p| p.name.clone()).collect();
         let state = self.sink.load_state(&names)?;
         self.apply(state)
@@ -584,14 +612,14 @@ impl<'a, S: ChainSink> Chain<'a, S> {
 
     /// Loads the state saved in the folder `dir` (θ, sampler, prior, ensembles) into the
     /// chain.
-    pub fn restore_from(&mut self, dir: &Path) -> Result<Progress> {
+    pub fn restore_from(&mut self, dir: &Path) -> Result<Position> {
         let names: Vec<String> = self.model.params.iter().map(|p| p.name.clone()).collect();
         self.apply(RunState::load(dir, &names)?)
     }
 
     /// Sets the chain to `state`: θ, the sampler's state, the prior's precisions, the
     /// ensembles; returns where it stood.
-    fn apply(&mut self, state: RunState) -> Result<Progress> {
+    fn apply(&mut self, state: RunState) -> Result<Position> {
         if state.progress.epoch > self.cfg.settings.epochs {
             return Err(Error::Config(format!(
                 "--epochs {} is fewer than the {} the run has done",
@@ -619,7 +647,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
         &mut self,
         idx: &[usize],
         eta: f64,
-        sums: &mut Progress,
+        sums: &mut Position,
         step: u64,
         epoch: usize,
     ) -> Result<sampler::Diagnostics> {
@@ -633,7 +661,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
 
     /// Before an update with step size `eta`: the epoch's η figures, and η into the
     /// sampler.
-    pub fn begin_update(&mut self, eta: f64, sums: &mut Progress) -> Result<()> {
+    pub fn begin_update(&mut self, eta: f64, sums: &mut Position) -> Result<()> {
         if sums.updates == 0 {
             sums.eta_first = eta;
         }
@@ -660,7 +688,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
         &mut self,
         loss: crate::backprop::mlp::BatchLoss,
         seen: usize,
-        sums: &mut Progress,
+        sums: &mut Position,
         step: u64,
         epoch: usize,
     ) -> Result<sampler::Diagnostics> {
@@ -716,7 +744,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
         &mut self,
         epoch: usize,
         step: u64,
-        sums: &Progress,
+        sums: &Position,
         started: Instant,
     ) -> Result<()> {
         self.gibbs(epoch, step)?;
@@ -812,7 +840,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
         &self,
         epoch: usize,
         step: u64,
-        sums: &Progress,
+        sums: &Position,
         started: Instant,
         kept: Option<&Kept>,
     ) -> EpochRecord {
@@ -853,13 +881,13 @@ impl<'a, S: ChainSink> Chain<'a, S> {
     }
 
     /// Hands the chain's state as it stands at `progress` to the sink.
-    fn save(&mut self, progress: Progress) -> Result<()> {
+    fn save(&mut self, progress: Position) -> Result<()> {
         let state = self.state_at(progress, &self.kept)?;
         self.sink.save_state(&state)
     }
 
     /// The chain's state as it stands at `progress`, with `kept`'s ensembles.
-    pub fn state_at(&self, progress: Progress, kept: &Kept) -> Result<RunState> {
+    pub fn state_at(&self, progress: Position, kept: &Kept) -> Result<RunState> {
         let (ts, tsum) = kept.test.state();
         Ok(RunState {
             progress,
@@ -962,7 +990,7 @@ pub(super) fn interrupted(signal: i32, step: u64, run_dir: &Path) -> Error {
 /// Before a resume: drops what the run wrote after its saved state (samples of later
 /// updates, metrics lines of later epochs) and temporary files a kill left behind; they
 /// are written again, identically.
-pub(super) fn discard_after(run_dir: &Path, at: &Progress) -> Result<()> {
+pub(super) fn discard_after(run_dir: &Path, at: &Position) -> Result<()> {
     let metrics_path = &run_dir.join("metrics.jsonl");
     trim_diagnostics(&run_dir.join("diagnostics.jsonl"), at.step)?;
     // A replica's folder has no samples of its own.
@@ -1062,12 +1090,12 @@ fn progress_bar(
     len: u64,
     epoch: usize,
     epochs: usize,
-) -> Box<dyn crate::progress::Progress> {
+) -> Box<dyn crate::progress::ProgressBar> {
     crate::progress::bar(show, len, &format!("epoch {}/{}", epoch + 1, epochs))
 }
 
 /// The bar's message: the epoch's training NLL and accuracy so far, and the diagnostics.
-fn progress_message(sums: &Progress, diag: sampler::Diagnostics) -> String {
+fn progress_message(sums: &Position, diag: sampler::Diagnostics) -> String {
     let (nll, acc) = (
         sums.nll_sum / sums.seen as f64,
         sums.correct as f64 / sums.seen as f64,

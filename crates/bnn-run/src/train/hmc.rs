@@ -28,7 +28,7 @@ use crate::hmc::{DualAveraging, Energy, Hmc, Transition};
 use crate::likelihood::Noise;
 use crate::model::Network;
 use crate::potential::{Backward, Potential, PriorSpec};
-use crate::run_state::Progress;
+use crate::run_state::Position;
 use crate::sampler::Diagnostics;
 use crate::signals;
 
@@ -207,10 +207,10 @@ impl HmcChain {
         (self.hmc.step_size, self.adapt) = (state.step_size, state.adapt);
         (self.divergences, self.gradients) = (state.divergences, state.gradients);
         self.seconds_before = state.seconds;
-        let at = Progress {
+        let at = Position {
             epoch: self.iteration,
             step: self.iteration as u64,
-            ..Progress::default()
+            ..Position::default()
         };
         super::chain::discard_after(run_dir, &at)?;
         tracing::info!(iteration = self.iteration, "resuming HMC");

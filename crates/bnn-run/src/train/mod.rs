@@ -149,7 +149,7 @@ pub struct Summary {
     /// Test accuracy and NLL of the ensemble of the first k samples, for each k (of the
     /// first chain, in a multi-chain run), as `bnn eval` reports it.
     #[serde(default)]
-    pub progress: Vec<crate::ensemble::Progress>,
+    pub progress: Vec<crate::ensemble::EnsembleAfter>,
     /// Updates done.
     pub steps: u64,
     /// Rollbacks after a divergence, over all chains (`--on-divergence rollback`).

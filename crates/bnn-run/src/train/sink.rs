@@ -13,7 +13,7 @@ use super::diagnostics::DiagnosticRecord;
 use super::EpochRecord;
 use crate::checkpoint;
 use crate::error::{Error, Result};
-use crate::run_state::{Progress, RunState};
+use crate::run_state::{Position, RunState};
 
 /// What a chain hands on as it runs.
 pub trait ChainSink {
@@ -36,7 +36,7 @@ pub trait ChainSink {
     /// Drops what was handed on after the state `at` (samples of later updates, lines of
     /// later epochs and updates): before a resume or after a rollback, the chain hands them
     /// on again, identically.
-    fn discard_after(&mut self, at: &Progress) -> Result<()>;
+    fn discard_after(&mut self, at: &Position) -> Result<()>;
     /// Where the results go, for messages (a folder; a tag for a sink in memory).
     fn location(&self) -> &Path;
 }
@@ -91,7 +91,7 @@ impl ChainSink for RunFolder {
         RunState::load(&self.dir, names)
     }
 
-    fn discard_after(&mut self, at: &Progress) -> Result<()> {
+    fn discard_after(&mut self, at: &Position) -> Result<()> {
         super::chain::discard_after(&self.dir, at)
     }
 
@@ -179,7 +179,7 @@ impl ChainSink for InMemory {
         Ok(state)
     }
 
-    fn discard_after(&mut self, at: &Progress) -> Result<()> {
+    fn discard_after(&mut self, at: &Position) -> Result<()> {
         self.samples.retain(|s| s.step <= at.step);
         self.metrics.truncate(at.epoch);
         self.diagnostics.retain(|d| d.step <= at.step);

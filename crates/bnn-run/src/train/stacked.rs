@@ -37,7 +37,7 @@ use crate::model::stacked::Stacked;
 use crate::model::Network;
 use crate::potential::{evaluate_stacked, Backward, Potential};
 use crate::rng;
-use crate::run_state::Progress;
+use crate::run_state::Position;
 use crate::signals;
 
 /// `RUN/stacked.json`: which slot holds the chains' states, and where the run stood.
@@ -54,7 +54,7 @@ struct Lane<'a> {
     shuffle: rand::rngs::StdRng,
     order: Vec<usize>,
     /// The epoch's running sums.
-    sums: Progress,
+    sums: Position,
     epoch_started: Instant,
     /// Its minibatch, where it is gathered on the host.
     batch: Batch,
@@ -142,7 +142,7 @@ pub(super) fn run_stacked(cfg: &TrainConfig, ds: &Dataset) -> Result<Vec<ChainOu
             chain: Chain::new(c, ds, RunFolder::new(&dir), s.seed)?,
             shuffle: rand::rngs::StdRng::seed_from_u64(c.settings.seed ^ rng::SHUFFLE_STREAM),
             order: (0..ds.train.len()).collect(),
-            sums: Progress::default(),
+            sums: Position::default(),
             epoch_started: Instant::now(),
             batch: Batch::default(),
         });
@@ -186,7 +186,7 @@ pub(super) fn run_stacked(cfg: &TrainConfig, ds: &Dataset) -> Result<Vec<ChainOu
             for lane in lanes.iter_mut() {
                 lane.order.shuffle(&mut lane.shuffle);
                 lane.chain.relabel(epoch);
-                lane.sums = Progress::default();
+                lane.sums = Position::default();
                 lane.epoch_started = Instant::now();
             }
         }
@@ -496,14 +496,14 @@ fn save(
     let run_dir = &plan.cfg.run_dir;
     let slot = saves % 2;
     for (k, lane) in lanes.iter().enumerate() {
-        let progress = Progress {
+        let progress = Position {
             epoch: (step / plan.batches) as usize,
             batch: (step % plan.batches) as usize,
             step,
             step_seconds,
             train_seconds,
             ..if step.is_multiple_of(plan.batches) {
-                Progress::default()
+                Position::default()
             } else {
                 lane.sums.clone()
             }

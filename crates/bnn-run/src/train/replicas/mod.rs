@@ -41,11 +41,11 @@ use super::sink::RunFolder;
 use super::TrainConfig;
 use crate::checkpoint;
 use crate::data::Dataset;
+use crate::engine::exchange::Compensation;
 use crate::error::{Error, Result};
 use crate::ranks::Ranks;
 use crate::rng;
-use crate::run_state::Progress;
-use crate::sampler::exchange::Compensation;
+use crate::run_state::Position;
 use crate::sampler::ladder::Ladder;
 use crate::sampler::replica::{noise_coefficient, replica_config, ReplicaOptions};
 use crate::signals;
@@ -99,7 +99,7 @@ struct Replica<'a> {
     shuffle: rand::rngs::StdRng,
     order: Vec<usize>,
     /// The epoch's running sums, and the seconds spent in updates.
-    sums: Progress,
+    sums: Position,
     step_seconds: f64,
     epoch_started: Instant,
     /// What it did for the T₀ chain this round, where it holds T₀.
@@ -287,7 +287,7 @@ fn new_replicas<'r>(
             chain,
             shuffle: rand::rngs::StdRng::seed_from_u64(c.settings.seed ^ rng::SHUFFLE_STREAM),
             order: (0..plan.ds.train.len()).collect(),
-            sums: Progress::default(),
+            sums: Position::default(),
             step_seconds: 0.0,
             epoch_started: Instant::now(),
             events: Vec::new(),
@@ -496,7 +496,7 @@ fn advance(
         if b == 0 {
             r.order.shuffle(&mut r.shuffle);
             r.chain.relabel(epoch);
-            r.sums = Progress::default();
+            r.sums = Position::default();
             r.epoch_started = Instant::now();
         }
         let eta = s
@@ -564,14 +564,14 @@ fn save(
     let none = Kept::new(plan.ds)?;
     for (j, r) in replicas.iter().enumerate() {
         let Some(r) = r else { continue };
-        let progress = Progress {
+        let progress = Position {
             epoch: (step / plan.batches) as usize,
             batch: (step % plan.batches) as usize,
             step,
             step_seconds: r.step_seconds,
             train_seconds,
             ..if step.is_multiple_of(plan.batches) {
-                Progress::default()
+                Position::default()
             } else {
                 r.sums.clone()
             }

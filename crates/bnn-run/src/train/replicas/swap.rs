@@ -19,11 +19,11 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 use super::{Plan, Replica, ReplicaReport};
+use crate::engine::exchange::{energy_difference, logistic, Compensation};
 use crate::ensemble;
 use crate::error::{Error, Result};
 use crate::ranks::Ranks;
 use crate::rng;
-use crate::sampler::exchange::{energy_difference, logistic, Compensation};
 
 /// The first minibatch of an exchange estimate (Algorithm 1 grows it from here).
 const FIRST_EXCHANGE_BATCH: usize = 256;

@@ -14,15 +14,15 @@
 
 use candle_core::{Tensor, Var};
 
-use super::{
+use crate::error::Result;
+use crate::sampler::{
     from_state, init_momentum, kinetic_energy, noise_like, to_state, Clock, Diagnostics,
     Integrator, Sampler, SamplerConfig, SamplerState, SghmcState, TensorwiseStep,
 };
-use crate::error::Result;
 
 /// SGHMC (Chen et al. 2014) with the composed update.
 #[derive(Debug, Clone)]
-pub struct Sghmc {
+pub struct ComposedSghmc {
     /// Its hyper-parameters.
     pub config: SamplerConfig,
     /// Seed of the noise.
@@ -34,7 +34,7 @@ pub struct Sghmc {
     kinetic: f64,
 }
 
-impl Sghmc {
+impl ComposedSghmc {
     /// Momenta start at v ~ N(0, η).
     pub fn init(config: SamplerConfig, params: &[Var], seed: u64) -> Result<Self> {
         let momentum = init_momentum(params, config.step_size, seed)?;
@@ -44,7 +44,7 @@ impl Sghmc {
                 p.set(&(p.as_detached_tensor() + (v * 0.5)?)?)?;
             }
         }
-        Ok(Sghmc {
+        Ok(ComposedSghmc {
             config,
             seed,
             step: 0,
@@ -54,7 +54,7 @@ impl Sghmc {
     }
 }
 
-impl TensorwiseStep for Sghmc {
+impl TensorwiseStep for ComposedSghmc {
     fn tensor_count(&self) -> usize {
         self.momentum.len()
     }
@@ -92,7 +92,7 @@ impl TensorwiseStep for Sghmc {
     }
 }
 
-impl Sampler for Sghmc {
+impl Sampler for ComposedSghmc {
     fn config(&self) -> SamplerConfig {
         self.config
     }
@@ -131,7 +131,7 @@ impl Sampler for Sghmc {
     }
 
     fn set_step_size(&mut self, step_size: f64) -> Result<()> {
-        super::rescale_momentum(&mut self.momentum, self.config.step_size, step_size)?;
+        crate::sampler::rescale_momentum(&mut self.momentum, self.config.step_size, step_size)?;
         self.config.step_size = step_size;
         Ok(())
     }

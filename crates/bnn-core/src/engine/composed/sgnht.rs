@@ -24,11 +24,11 @@
 
 use candle_core::{Tensor, Var};
 
-use super::{
+use crate::error::Result;
+use crate::sampler::{
     from_state, init_momentum, kinetic_energy, noise_like, to_state, Clock, Diagnostics,
     Integrator, MsgnhtState, Sampler, SamplerConfig, SamplerState, SgnhtState, TensorwiseStep,
 };
-use crate::error::Result;
 
 /// α: one scalar for SGNHT, or one tensor per parameter tensor for mSGNHT.
 #[derive(Debug, Clone)]
@@ -41,7 +41,7 @@ pub enum Thermostat {
 
 /// SGNHT (Ding et al. 2014) and mSGNHT (Li et al. 2016) with the composed update.
 #[derive(Debug, Clone)]
-pub struct Sgnht {
+pub struct ComposedSgnht {
     /// Its hyper-parameters.
     pub config: SamplerConfig,
     /// Seed of the noise.
@@ -55,7 +55,7 @@ pub struct Sgnht {
     kinetic: f64,
 }
 
-impl Sgnht {
+impl ComposedSgnht {
     /// Momenta start at u ~ N(0, η) (p ~ N(0, I)); the thermostat at α = a; with the
     /// splitting integrator the first A (h/2) half-step is applied here.
     pub fn init(
@@ -76,7 +76,7 @@ impl Sgnht {
         } else {
             Thermostat::Scalar(config.diffusion)
         };
-        let mut s = Sgnht {
+        let mut s = ComposedSgnht {
             config,
             seed,
             step: 0,
@@ -149,7 +149,7 @@ impl Sgnht {
     }
 }
 
-impl TensorwiseStep for Sgnht {
+impl TensorwiseStep for ComposedSgnht {
     fn tensor_count(&self) -> usize {
         self.momentum.len()
     }
@@ -185,7 +185,7 @@ impl TensorwiseStep for Sgnht {
     }
 }
 
-impl Sampler for Sgnht {
+impl Sampler for ComposedSgnht {
     fn config(&self) -> SamplerConfig {
         self.config
     }
@@ -245,7 +245,7 @@ impl Sampler for Sgnht {
     }
 
     fn set_step_size(&mut self, step_size: f64) -> Result<()> {
-        super::rescale_momentum(&mut self.momentum, self.config.step_size, step_size)?;
+        crate::sampler::rescale_momentum(&mut self.momentum, self.config.step_size, step_size)?;
         self.config.step_size = step_size;
         Ok(())
     }

@@ -5,11 +5,11 @@
 
 use candle_core::Var;
 
-use super::sgnht::Sgnht;
-use super::SamplerConfig;
+use super::sgnht::ComposedSgnht;
 use crate::error::Result;
+use crate::sampler::SamplerConfig;
 
 /// mSGNHT with thermostats α = a for every element.
-pub fn init(config: SamplerConfig, params: &[Var], seed: u64) -> Result<Sgnht> {
-    Sgnht::init(config, params, seed, true)
+pub fn init(config: SamplerConfig, params: &[Var], seed: u64) -> Result<ComposedSgnht> {
+    ComposedSgnht::init(config, params, seed, true)
 }

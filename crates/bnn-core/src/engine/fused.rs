@@ -6,15 +6,15 @@
 
 use candle_core::{Device, Tensor, Var};
 
-use super::{
-    init_momentum, Clock, Diagnostics, Integrator, MsgnhtState, Sampler, SamplerConfig,
-    SamplerKind, SamplerState, SghmcState, SgnhtState, TensorwiseStep,
-};
 use crate::error::{Error, Result};
 use crate::kernels::{
     buffer::StateBuffer, cpu::FusedStepOp, InlineUpdate, LentUpdate, StepConsts, Update,
 };
 use crate::rng::NoiseKey;
+use crate::sampler::{
+    init_momentum, Clock, Diagnostics, Integrator, MsgnhtState, Sampler, SamplerConfig,
+    SamplerKind, SamplerState, SghmcState, SgnhtState, TensorwiseStep,
+};
 
 /// SGHMC and SGNHT with the fused kernel: one pass per tensor for θ, v and the noise.
 #[derive(Debug, Clone)]

@@ -5,12 +5,14 @@
 
 use candle_core::{Tensor, Var};
 
-use super::{noise_like, Clock, Diagnostics, Sampler, SamplerConfig, SamplerState, TensorwiseStep};
 use crate::error::Result;
+use crate::sampler::{
+    noise_like, Clock, Diagnostics, Sampler, SamplerConfig, SamplerState, TensorwiseStep,
+};
 
 /// SGLD (Welling and Teh 2011).
 #[derive(Debug, Clone)]
-pub struct Sgld {
+pub struct ComposedSgld {
     /// Its hyper-parameters.
     pub config: SamplerConfig,
     /// Seed of the noise.
@@ -21,10 +23,10 @@ pub struct Sgld {
     tensors: usize,
 }
 
-impl Sgld {
+impl ComposedSgld {
     /// Starts on `params` with the noise of `seed`.
     pub fn init(config: SamplerConfig, params: &[Var], seed: u64) -> Self {
-        Sgld {
+        ComposedSgld {
             config,
             seed,
             step: 0,
@@ -33,7 +35,7 @@ impl Sgld {
     }
 }
 
-impl TensorwiseStep for Sgld {
+impl TensorwiseStep for ComposedSgld {
     fn tensor_count(&self) -> usize {
         self.tensors
     }
@@ -58,7 +60,7 @@ impl TensorwiseStep for Sgld {
     }
 }
 
-impl Sampler for Sgld {
+impl Sampler for ComposedSgld {
     fn config(&self) -> SamplerConfig {
         self.config
     }

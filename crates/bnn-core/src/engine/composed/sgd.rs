@@ -3,15 +3,15 @@
 
 use candle_core::{Tensor, Var};
 
-use super::{
+use crate::error::Result;
+use crate::sampler::{
     from_state, to_state, Clock, Diagnostics, SamplerConfig, SamplerKind, SamplerState, SghmcState,
     TensorwiseStep,
 };
-use crate::error::Result;
 
 /// SGD and SGD with momentum: the MAP baselines.
 #[derive(Debug, Clone)]
-pub struct Sgd {
+pub struct ComposedSgd {
     /// Its hyper-parameters.
     pub config: SamplerConfig,
     /// Updates done.
@@ -22,7 +22,7 @@ pub struct Sgd {
     tensors: usize,
 }
 
-impl Sgd {
+impl ComposedSgd {
     /// Starts on `params` (momentum zero).
     pub fn init(config: SamplerConfig, params: &[Var]) -> Result<Self> {
         let momentum = if config.kind == SamplerKind::Momentum {
@@ -35,7 +35,7 @@ impl Sgd {
         } else {
             None
         };
-        Ok(Sgd {
+        Ok(ComposedSgd {
             config,
             step: 0,
             momentum,
@@ -44,7 +44,7 @@ impl Sgd {
     }
 }
 
-impl TensorwiseStep for Sgd {
+impl TensorwiseStep for ComposedSgd {
     fn tensor_count(&self) -> usize {
         self.tensors
     }
@@ -73,7 +73,7 @@ impl TensorwiseStep for Sgd {
     }
 }
 
-impl super::Sampler for Sgd {
+impl crate::sampler::Sampler for ComposedSgd {
     fn config(&self) -> SamplerConfig {
         self.config
     }
