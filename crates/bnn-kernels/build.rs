@@ -1,4 +1,5 @@
-//! The kernel sources live in the project's top-level `kernels/` folder, two floors up.
+//! The kernel sources live in this crate's `kernels/` folder (the project's top-level
+//! `kernels/` links to it), so that the packaged crate carries them.
 //!
 //! 1. Compiles the CUDA kernels' element math (`kernels/sampler_math.h`) for the host, so
 //!    that tests check it against the Rust CPU op bit for bit.
@@ -9,10 +10,9 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-/// The project's `kernels/` folder.
+/// The crate's `kernels/` folder.
 fn sources() -> PathBuf {
-    PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"))
-        .join("../../kernels")
+    PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR")).join("kernels")
 }
 
 fn main() {

@@ -13,12 +13,12 @@ use crate::model::Network;
 use crate::uncertainty::{self, Uncertainty};
 
 /// Examples per forward pass when predicting a whole split.
-pub const EVAL_BATCH: usize = 1000;
+pub(crate) const EVAL_BATCH: usize = 1000;
 /// The same for a CNN or a ResNet, whose im2col buffers grow with the batch (25 floats
 /// per pixel of the LeNet's first convolution's output: 58 MB at 1000 MNIST images, 15 MB
 /// at 256; a ResNet's activations about 1 MB per image and 144 floats per pixel of a
 /// 16-channel stage's im2col).
-pub const CNN_EVAL_BATCH: usize = 256;
+pub(crate) const CNN_EVAL_BATCH: usize = 256;
 
 /// Softmax outputs of `model` on every example of `split` (row-major n × classes). On
 /// the CPU the forward pass is the hand-written one of the training step

@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 pub const DIVERGENCE: f64 = 1000.0;
 
 /// The most leapfrog steps one trajectory may take (a tiny ε would otherwise stall).
-pub const MAX_STEPS: usize = 4096;
+pub(crate) const MAX_STEPS: usize = 4096;
 
 /// Each trajectory's length is u·τ with u ~ U(0.5, 1.5) drawn afresh (Neal 2011, §5.4.2.2:
 /// random lengths). A fixed length that is near a multiple of half the period of some

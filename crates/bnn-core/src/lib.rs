@@ -2,7 +2,7 @@
 //!
 //! Data flow of one training step: a minibatch gathered from the in-memory dataset
 //! ([`data`]) goes through the network ([`model`], its hand-written backward in
-//! [`backprop`]); the gradient of the scaled negative log-posterior ([`potential`]) drives
+//! [`engine::backprop`]); the gradient of the scaled negative log-posterior ([`potential`]) drives
 //! one update of a [`sampler`]; posterior samples are folded into the Bayesian model
 //! average ([`ensemble`], [`metrics`], [`uncertainty`]).
 //!

@@ -223,7 +223,7 @@ impl Targets<'_> {
 
 /// Gaussian NLL over one output per row: returns Σᵢ −log N(yᵢ; fᵢ, 1/τ) and the sum of
 /// squared residuals Σ(fᵢ − yᵢ)², and writes Δᵢ = `scale`·τ·(fᵢ − yᵢ) into `delta`.
-pub fn gaussian_error(
+pub(crate) fn gaussian_error(
     out: &[f32],
     y: &[f32],
     precision: f64,

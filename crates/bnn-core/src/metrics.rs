@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Number of equal-width confidence bins of the ECE.
-pub const ECE_BINS: usize = 15;
+pub(crate) const ECE_BINS: usize = 15;
 
 /// Metrics of a predictive distribution on a labelled set.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 
 /// The central intervals whose coverage is reported.
-pub const COVERAGE_LEVELS: [f64; 3] = [0.5, 0.9, 0.95];
+pub(crate) const COVERAGE_LEVELS: [f64; 3] = [0.5, 0.9, 0.95];
 
 /// A regression ensemble's metrics on a test set.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -240,7 +240,7 @@ impl RegressionAccumulator {
 }
 
 /// Φ(z), the standard normal CDF, as ½·erfc(−z/√2).
-pub fn normal_cdf(z: f64) -> f64 {
+pub(crate) fn normal_cdf(z: f64) -> f64 {
     0.5 * libm::erfc(-z / std::f64::consts::SQRT_2)
 }
 

@@ -43,7 +43,7 @@ impl Schedule {
 
     /// Position in the current cycle, in [0, 1), of update `step` (0-based) out of
     /// `total`; `None` without a cyclical schedule.
-    pub fn cycle_position(&self, step: u64, total: u64) -> Option<f64> {
+    pub(crate) fn cycle_position(&self, step: u64, total: u64) -> Option<f64> {
         if self.cycles == 0 {
             return None;
         }

@@ -31,13 +31,13 @@ pub fn install_transport(get: Transport) {
 }
 
 /// Whether a transport is installed: whether a missing dataset can be downloaded.
-pub fn can_download() -> bool {
+pub(crate) fn can_download() -> bool {
     TRANSPORT.get().is_some()
 }
 
 /// Hex SHA-256 of an IDX array's uncompressed encoding (header and data), the content
 /// the registry's constants are of.
-pub fn idx_sha256_hex(array: &IdxArray) -> String {
+pub(crate) fn idx_sha256_hex(array: &IdxArray) -> String {
     let mut hasher = Sha256::new();
     hasher.update(array.header());
     hasher.update(&array.data);
@@ -49,7 +49,7 @@ pub fn idx_sha256_hex(array: &IdxArray) -> String {
 }
 
 /// The path of `file` in `dir`: `name.gz` if present, else the raw `name`, else `None`.
-pub fn locate(dir: &Path, file: &FileSpec) -> Option<PathBuf> {
+pub(crate) fn locate(dir: &Path, file: &FileSpec) -> Option<PathBuf> {
     let gz = dir.join(format!("{}.gz", file.name));
     if gz.is_file() {
         return Some(gz);

@@ -134,7 +134,7 @@ pub fn read_file(path: &Path) -> Result<IdxArray> {
 }
 
 /// The file at `path` as a buffered stream, decompressed where it starts as gzip does.
-pub fn open_maybe_gzipped(path: &Path) -> Result<Box<dyn Read>> {
+pub(crate) fn open_maybe_gzipped(path: &Path) -> Result<Box<dyn Read>> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let mut file = std::io::BufReader::new(file);
     let gzipped = std::io::BufRead::fill_buf(&mut file)

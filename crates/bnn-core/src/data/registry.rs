@@ -97,7 +97,7 @@ pub const FASHION_MNIST: DatasetSpec = DatasetSpec {
 };
 
 /// The built-in quick-start subset: the first 10,000 MNIST training images and the
-/// 10,000 test images, shipped in `data/mnist-mini/` and embedded in the binary.
+/// 10,000 test images, shipped in `data/mnist-mini/` (this crate's; the repository's top-level `data/mnist-mini` links to it) and embedded in the binary.
 pub const MNIST_MINI: DatasetSpec = DatasetSpec {
     name: "mnist-mini",
     files: [
@@ -126,11 +126,11 @@ pub fn lookup(name: &str) -> Option<DatasetSpec> {
 }
 
 /// The embedded bytes (gzipped IDX) of the built-in subset, in `files` order.
-pub fn mini_bytes() -> [&'static [u8]; 4] {
+pub(crate) fn mini_bytes() -> [&'static [u8]; 4] {
     [
-        include_bytes!("../../../../data/mnist-mini/train-images-idx3-ubyte.gz"),
-        include_bytes!("../../../../data/mnist-mini/train-labels-idx1-ubyte.gz"),
-        include_bytes!("../../../../data/mnist-mini/t10k-images-idx3-ubyte.gz"),
-        include_bytes!("../../../../data/mnist-mini/t10k-labels-idx1-ubyte.gz"),
+        include_bytes!("../../data/mnist-mini/train-images-idx3-ubyte.gz"),
+        include_bytes!("../../data/mnist-mini/train-labels-idx1-ubyte.gz"),
+        include_bytes!("../../data/mnist-mini/t10k-images-idx3-ubyte.gz"),
+        include_bytes!("../../data/mnist-mini/t10k-labels-idx1-ubyte.gz"),
     ]
 }

@@ -31,7 +31,7 @@ pub fn make(name: &str, seed: u64) -> Result<(Table, Table)> {
 }
 
 /// The truth of `regression-1d`, without noise.
-pub fn regression_1d_mean(x: f64) -> f64 {
+pub(crate) fn regression_1d_mean(x: f64) -> f64 {
     (3.0 * x).sin()
 }
 

@@ -43,11 +43,11 @@ pub struct Compensation {
 }
 
 /// The paper's settings (§3): σ*² = 0.2, λ = 10, three terms.
-pub const SIGMA2: f64 = 0.2;
+pub(crate) const SIGMA2: f64 = 0.2;
 /// The paper's kernel bandwidth of q̂_C.
-pub const BANDWIDTH: f64 = 10.0;
+pub(crate) const BANDWIDTH: f64 = 10.0;
 /// Terms of the series of q̂_C.
-pub const TERMS: usize = 3;
+pub(crate) const TERMS: usize = 3;
 
 impl Compensation {
     /// q̂_C for total variance `sigma2`, bandwidth `lambda`, `terms` terms of the series;
@@ -132,7 +132,7 @@ impl Compensation {
     }
 
     /// The distribution function of q̂_C at `z`.
-    pub fn cdf(&self, z: f64) -> f64 {
+    pub(crate) fn cdf(&self, z: f64) -> f64 {
         let g = logistic(z);
         self.coeffs
             .iter()

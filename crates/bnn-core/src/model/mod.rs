@@ -129,7 +129,7 @@ fn is_frn(n: &resnet::Norm) -> bool {
 
 /// The spatial shape of a CNN's layers on square single-channel images of side `side`:
 /// for each convolution, (input channels, input side, output side before pooling).
-pub fn conv_shapes(spec: &ModelSpec, side: usize) -> Result<Vec<ConvShape>> {
+pub(crate) fn conv_shapes(spec: &ModelSpec, side: usize) -> Result<Vec<ConvShape>> {
     let (mut channels, mut side_in) = (1, side);
     let mut shapes = Vec::with_capacity(spec.conv.len());
     let (k, pad) = (spec.kernel_size, spec.padding);
@@ -177,7 +177,7 @@ pub struct ConvShape {
 
 impl ConvShape {
     /// Side of the max-pooling window.
-    pub fn pool_side(&self) -> usize {
+    pub(crate) fn pool_side(&self) -> usize {
         self.conv_side / 2
     }
     /// Inputs of one output pixel: C_in·k².
@@ -185,13 +185,13 @@ impl ConvShape {
         self.in_channels * self.kernel * self.kernel
     }
     /// Elements of one example's pooled output.
-    pub fn pooled_len(&self) -> usize {
+    pub(crate) fn pooled_len(&self) -> usize {
         self.out_channels * self.pool_side() * self.pool_side()
     }
 }
 
 /// The side of a square image of `dim` pixels.
-pub fn image_side(dim: usize) -> Result<usize> {
+pub(crate) fn image_side(dim: usize) -> Result<usize> {
     let side = (dim as f64).sqrt().round() as usize;
     if side * side != dim {
         return Err(Error::Config(format!(
@@ -245,7 +245,7 @@ impl ModelSpec {
     /// The LeNet-style CNN of `models/lenet.toml` (embedded, so that `bnn bench train`
     /// runs it from any directory).
     pub fn lenet() -> Self {
-        let preset: PresetFile = toml::from_str(include_str!("../../../../models/lenet.toml"))
+        let preset: PresetFile = toml::from_str(include_str!("../../models/lenet.toml"))
             .expect("models/lenet.toml is a valid preset (tested)");
         preset.model
     }

@@ -2,7 +2,7 @@
 //! temperature, which pairs try to swap, swap rates, round trips, and (during burn-in)
 //! the adaptation of the temperatures to a target swap rate.
 //!
-//! Replicas swap temperatures, not parameters (see [`super::exchange`]). Pairs are
+//! Replicas swap temperatures, not parameters (see [`crate::engine::exchange`]). Pairs are
 //! adjacent temperature indices (i, i+1). Deterministic even/odd alternation (DEO: pairs
 //! (0,1), (2,3), … in even rounds, (1,2), (3,4), … in odd ones) moves a replica
 //! monotonically up or down the ladder between rejections, which is what makes round trips

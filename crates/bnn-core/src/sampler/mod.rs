@@ -51,7 +51,7 @@ pub enum SamplerKind {
     /// SGD with momentum on U (MAP baseline).
     Momentum,
     /// Replica-exchange Nosé–Hoover dynamics (Luo et al. 2018): SGNHT (Euler) replicas on
-    /// a temperature ladder, swapped by a noise-tolerant test ([`exchange`], [`ladder`]).
+    /// a temperature ladder, swapped by a noise-tolerant test ([`crate::engine::exchange`], [`ladder`]).
     Renhd,
     /// Replica-exchange Langevin dynamics: the same ladder and exchanges with Langevin
     /// (SGHMC, constant friction) replicas (Luo et al. §4.2's baseline).
@@ -390,7 +390,7 @@ fn not_one_chain(kind: SamplerKind) -> Error {
 
 /// A tensor of standard normals shaped like `like`, from the noise stream of parameter
 /// `param` at step `step`.
-pub fn noise_like(like: &Tensor, seed: u64, step: u64, param: usize) -> Result<Tensor> {
+pub(crate) fn noise_like(like: &Tensor, seed: u64, step: u64, param: usize) -> Result<Tensor> {
     let mut z = vec![0f32; like.elem_count()];
     NoiseKey {
         seed,
@@ -404,7 +404,7 @@ pub fn noise_like(like: &Tensor, seed: u64, step: u64, param: usize) -> Result<T
 pub use crate::rng::INIT_STREAM;
 
 /// Initial momenta v ~ N(0, η), i.e. p ~ N(0, I) as in Ding et al. Alg. 1.
-pub fn init_momentum(params: &[Var], step_size: f64, seed: u64) -> Result<Vec<Tensor>> {
+pub(crate) fn init_momentum(params: &[Var], step_size: f64, seed: u64) -> Result<Vec<Tensor>> {
     params
         .iter()
         .enumerate()

@@ -289,7 +289,7 @@ impl SamplerState {
 }
 
 /// The mean of every element of `tensors`, summed in f64.
-pub fn mean_of(tensors: &[Tensor]) -> Result<f64> {
+pub(crate) fn mean_of(tensors: &[Tensor]) -> Result<f64> {
     let (mut sum, mut n) = (0f64, 0usize);
     for t in tensors {
         for a in t.flatten_all()?.to_vec1::<f32>()? {

@@ -472,7 +472,7 @@ fn gradient_noise_sd(opts: &SampleOptions) -> f64 {
 
 /// The fraction of 2-D `samples` nearest each of gmm5's modes, and the largest deviation
 /// from the true weights (equal: 0.2).
-pub fn mode_masses(samples: &[f32]) -> (Vec<f64>, f64) {
+pub(crate) fn mode_masses(samples: &[f32]) -> (Vec<f64>, f64) {
     let modes: Vec<(f64, f64)> = Potential::modes().collect();
     let mut counts = vec![0usize; modes.len()];
     for p in samples.chunks_exact(2) {
@@ -715,7 +715,7 @@ fn sample_moments(samples: &[f32], dim: usize) -> (Vec<f64>, Vec<f64>) {
 }
 
 /// τ ≈ b·Var(batch means)/Var(x) with batches of b = ⌊√n⌋ steps.
-pub fn batch_means_iat(x: &[f64]) -> f64 {
+pub(crate) fn batch_means_iat(x: &[f64]) -> f64 {
     let n = x.len();
     let b = ((n as f64).sqrt() as usize).max(1);
     let k = n / b;

@@ -121,6 +121,15 @@ impl<P: Params> Config<P> {
 
 /// A stochastic-gradient MCMC sampler as a [`candle_nn::Optimizer`]; `P` picks the
 /// sampler ([`Sgld`], [`Sghmc`], …).
+///
+/// One sampler's parameters cannot configure another (before, a mismatched configuration
+/// was silently replaced by the other's defaults, step size included):
+///
+/// ```compile_fail
+/// use bnn_core::{Config, Optimizer, SghmcParams, Sgnht};
+/// let w = candle_core::Var::zeros(1, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+/// let _ = Sgnht::new(vec![w], Config::<SghmcParams>::new(10));
+/// ```
 pub struct SgMcmc<P> {
     vars: Vec<Var>,
     sampler: Box<dyn Sampler>,
