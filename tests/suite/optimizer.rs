@@ -594,3 +594,67 @@ fn a_regression_samples_its_noise_precision_through_the_optimizer() {
         noise.precision
     );
 }
+
+/// A log line captured by a thread-local subscriber.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The warnings logged while `f` runs.
+fn warnings_of(f: impl FnOnce()) -> String {
+    let log = Captured::default();
+    let sink = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || sink.clone())
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    tracing::subscriber::with_default(subscriber, f);
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    text
+}
+
+/// An lr far too large makes the chain run hot without any error: one warning says so,
+/// naming lr (a new user ran lr 0.1 on N = 500 at kinetic energy 983 and saw nothing). A
+/// sane lr warns nothing.
+#[test]
+fn an_lr_far_too_large_is_warned_about_once() {
+    let dev = Device::Cpu;
+    // U = N·½|w − 1|²: a Gaussian of sd 1/√N; lr multiplies the curvature 1 of the mean loss.
+    let run = |lr: f64| {
+        let w = Var::zeros(100, DType::F32, &dev).unwrap();
+        let cfg = Config {
+            dynamics: SghmcParams {
+                lr,
+                ..Default::default()
+            },
+            posterior: Posterior::new(500),
+            ..Config::new(500)
+        };
+        let mut opt = Sghmc::new(vec![w.clone()], cfg).unwrap();
+        for _ in 0..300 {
+            let loss = ((w.as_tensor() - 1.0)
+                .unwrap()
+                .sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                * 0.5)
+                .unwrap();
+            opt.backward_step(&loss).unwrap();
+        }
+    };
+    let hot = warnings_of(|| run(20.0));
+    assert_eq!(hot.matches("kinetic energy").count(), 1, "{hot}");
+    assert!(hot.contains("lr 20 is too large"), "{hot}");
+    let fine = warnings_of(|| run(0.01));
+    assert!(fine.is_empty(), "{fine}");
+}

@@ -137,7 +137,21 @@ pub struct SgMcmc<P> {
     prior: Prior,
     /// Gibbs draws done: keys the next one's seed.
     draws: u64,
+    /// The kinetic energy's moving average over about [`KINETIC_SPAN`] updates, and
+    /// whether its warning was given (once per optimizer).
+    kinetic_mean: f64,
+    warned: bool,
 }
+
+/// Updates the kinetic energy's moving average spans; it is first read after five spans,
+/// so that the burn-in's transient from a start far from the posterior (potential energy
+/// turned into kinetic, damped at the friction's rate: ~1/α = 10 updates per e-fold) has
+/// passed and left the average.
+const KINETIC_SPAN: f64 = 20.0;
+
+/// Kinetic energy per parameter above which `lr` is too large: ten times the ½ of a
+/// sampler at its temperature (Ding et al. eq. 4). `bnn train`'s chains run at 0.45–0.6.
+const KINETIC_ALARM: f64 = 5.0;
 
 /// SGLD as an optimizer (Welling & Teh 2011).
 ///
@@ -285,6 +299,8 @@ impl<P: Params> SgMcmc<P> {
             config,
             prior,
             draws: 0,
+            kinetic_mean: 0.5,
+            warned: false,
         })
     }
 
@@ -317,8 +333,31 @@ impl<P: Params> SgMcmc<P> {
             .collect()
     }
 
+    /// One update; warns once when the kinetic energy, averaged over about
+    /// [`KINETIC_SPAN`] updates, shows `lr` too large for the model (the chain runs on, far
+    /// too hot, with no error to tell).
     fn update(&mut self, grads: &[Tensor]) -> Result<()> {
-        self.sampler.step(&self.vars, grads)
+        self.sampler.step(&self.vars, grads)?;
+        let Some(k) = self.sampler.diagnostics().kinetic_energy else {
+            return Ok(());
+        };
+        self.kinetic_mean += (k - self.kinetic_mean) / KINETIC_SPAN;
+        let settled = self.steps() as f64 >= 5.0 * KINETIC_SPAN;
+        match self.kinetic_mean {
+            m if !self.warned && settled && !(m <= KINETIC_ALARM) => {
+                self.warned = true;
+                let lr = self.config().dynamics.lr();
+                tracing::warn!(
+                    "kinetic energy {m:.3} per parameter (mean of the last ~20 updates, at \
+                     update {}), more than 10× its ½ at the right temperature: lr {lr} is too \
+                     large for this model; try lr {}",
+                    self.steps(),
+                    lr / 10.0
+                );
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     /// The vars, in the order that keys their noise.
