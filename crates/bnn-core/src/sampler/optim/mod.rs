@@ -344,7 +344,7 @@ impl<P: Params> SgMcmc<P> {
         self.kinetic_mean += (k - self.kinetic_mean) / KINETIC_SPAN;
         let settled = self.steps() as f64 >= 5.0 * KINETIC_SPAN;
         match self.kinetic_mean {
-            m if !self.warned && settled && !(m <= KINETIC_ALARM) => {
+            m if !self.warned && settled && (m.is_nan() || m > KINETIC_ALARM) => {
                 self.warned = true;
                 let lr = self.config().dynamics.lr();
                 tracing::warn!(
