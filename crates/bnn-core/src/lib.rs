@@ -7,7 +7,7 @@
 //! average ([`ensemble`], [`metrics`], [`uncertainty`]).
 //!
 //! The samplers are also [`candle_nn::Optimizer`]s for any candle model
-//! ([`sampler::optim`]). This crate sees no run folder, command line, plot or network:
+//! ([`optim`]). This crate sees no run folder, command line, plot or network:
 //! those are `bnn-run`'s and the `bnn` binary's.
 //!
 //! **Start here.** The types a user of the optimizers needs are at the crate root:
@@ -82,6 +82,7 @@ pub mod hmc;
 pub mod likelihood;
 pub mod metrics;
 pub mod model;
+pub mod optim;
 pub mod potential;
 pub mod regression;
 pub mod sample_file;
@@ -96,12 +97,12 @@ pub use data::tabular::load_table;
 pub use ensemble::Accumulator;
 pub use likelihood::{GaussianNoise, Noise};
 pub use metrics::{Label, Metrics};
-pub use potential::PriorSpec;
-pub use regression::RegressionAccumulator;
-pub use sample_file::{load_sample, write_sample_file, Sample};
-pub use sampler::optim::{
+pub use optim::{
     Config, Momentum, MomentumParams, Msgnht, MsgnhtParams, OptimizerState, Params, Posterior,
     SgMcmc, Sgd, SgdParams, Sghmc, SghmcParams, Sgld, SgldParams, Sgnht, SgnhtParams,
 };
+pub use potential::PriorSpec;
+pub use regression::RegressionAccumulator;
+pub use sample_file::{load_sample, write_sample_file, Sample};
 pub use sampler::{Diagnostics, Integrator, Kernel, SamplerState};
 pub use varmap::{init_seeded, vars_by_name};

@@ -205,6 +205,18 @@ impl Error {
     }
 }
 
+/// The library's error inside candle's, so that `?` works in a function returning
+/// `candle_core::Result` (a candle user's code). Wrapped without `Error::wrap`'s backtrace,
+/// which candle would print as part of the message wherever `RUST_BACKTRACE` is set.
+impl From<Error> for candle_core::Error {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Candle(inner) => inner,
+            other => candle_core::Error::Wrapped(Box::new(other)),
+        }
+    }
+}
+
 /// Whether a failure's message is a device running out of memory (the driver's
 /// `CUDA_ERROR_OUT_OF_MEMORY`, cuBLAS's failed allocation, Metal's).
 pub fn is_out_of_memory(message: &str) -> bool {

@@ -348,7 +348,7 @@ impl Settings {
     /// docs/BENCHMARKS.md): η·N = 0.12 diverged in the second epoch, 0.01 over-dispersed the
     /// ensemble (95% coverage 0.973), 0.005 gave 0.964.
     pub fn scale_step_size(&mut self, n_train: usize, regression: bool) {
-        let reference = crate::sampler::optim::params::REFERENCE_DATA_SIZE;
+        let reference = bnn_core::optim::params::REFERENCE_DATA_SIZE;
         let per_example = if regression {
             reference / 24.0
         } else {

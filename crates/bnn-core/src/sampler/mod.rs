@@ -19,7 +19,6 @@
 //! this code noise for noise.
 
 pub mod ladder;
-pub mod optim;
 pub mod replica;
 pub mod state;
 

@@ -10,7 +10,7 @@
 //! injected noise √(2αη), as it should). The defaults are `bnn train`'s on MNIST:
 //! η·60,000.
 
-use super::super::{Integrator, SamplerConfig, SamplerKind};
+use crate::sampler::{Integrator, SamplerConfig, SamplerKind};
 
 /// The data size the defaults of [`SamplerKind::defaults`] are tuned for (MNIST's 60,000
 /// training images): the default `lr` is that η times this.
@@ -47,33 +47,49 @@ fn config_of(
     })
 }
 
-/// SGLD (Welling & Teh 2011): θ ← θ − η∇Ũ + √(2η)·z.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SgldParams {
-    /// ε = η·N.
-    pub lr: f64,
-}
-
-impl Default for SgldParams {
-    fn default() -> Self {
-        SgldParams {
-            lr: default_lr(SamplerKind::Sgld),
+/// The parameters of a sampler whose only hyper-parameter is its step.
+macro_rules! lr_params {
+    ($(#[$doc:meta])* $name:ident, $kind:expr) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq)]
+        pub struct $name {
+            /// ε = η·N.
+            pub lr: f64,
         }
-    }
+
+        impl Default for $name {
+            fn default() -> Self {
+                $name {
+                    lr: default_lr($kind),
+                }
+            }
+        }
+
+        impl Params for $name {
+            const KIND: SamplerKind = $kind;
+            fn lr(&self) -> f64 {
+                self.lr
+            }
+            fn with_lr(self, lr: f64) -> Self {
+                $name { lr }
+            }
+            fn sampler_config(&self, n: usize) -> SamplerConfig {
+                config_of(Self::KIND, self.lr, n, |c| c)
+            }
+        }
+    };
 }
 
-impl Params for SgldParams {
-    const KIND: SamplerKind = SamplerKind::Sgld;
-    fn lr(&self) -> f64 {
-        self.lr
-    }
-    fn with_lr(self, lr: f64) -> Self {
-        SgldParams { lr }
-    }
-    fn sampler_config(&self, n: usize) -> SamplerConfig {
-        config_of(Self::KIND, self.lr, n, |c| c)
-    }
-}
+lr_params!(
+    /// SGLD (Welling & Teh 2011): θ ← θ − η∇Ũ + √(2η)·z.
+    SgldParams,
+    SamplerKind::Sgld
+);
+lr_params!(
+    /// SGD on U, the MAP baseline: θ ← θ − η∇Ũ.
+    SgdParams,
+    SamplerKind::Sgd
+);
 
 /// SGHMC (Chen et al. 2014, eq. 15): v ← v − η∇Ũ − αv + √(2(α − β̂)η)·z; θ ← θ + v.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -173,34 +189,6 @@ thermostat_params!(
     MsgnhtParams,
     SamplerKind::Msgnht
 );
-
-/// SGD on U, the MAP baseline: θ ← θ − η∇Ũ.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SgdParams {
-    /// ε = η·N.
-    pub lr: f64,
-}
-
-impl Default for SgdParams {
-    fn default() -> Self {
-        SgdParams {
-            lr: default_lr(SamplerKind::Sgd),
-        }
-    }
-}
-
-impl Params for SgdParams {
-    const KIND: SamplerKind = SamplerKind::Sgd;
-    fn lr(&self) -> f64 {
-        self.lr
-    }
-    fn with_lr(self, lr: f64) -> Self {
-        SgdParams { lr }
-    }
-    fn sampler_config(&self, n: usize) -> SamplerConfig {
-        config_of(Self::KIND, self.lr, n, |c| c)
-    }
-}
 
 /// SGD with momentum on U, a MAP baseline: v ← (1 − α)v − η∇Ũ; θ ← θ + v.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -58,11 +58,11 @@ mod state;
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var};
 
-use super::{build_with, Diagnostics, Kernel, Sampler};
 use crate::error::{Error, Result};
 use crate::likelihood::GaussianNoise;
 use crate::potential::{Prior, PriorSpec};
 use crate::rng;
+use crate::sampler::{build_with, Diagnostics, Kernel, Sampler};
 pub use params::{
     MomentumParams, MsgnhtParams, Params, SgdParams, SghmcParams, SgldParams, SgnhtParams,
 };
@@ -243,10 +243,9 @@ pub type Sgd = SgMcmc<SgdParams>;
 /// ```
 pub type Momentum = SgMcmc<MomentumParams>;
 
-/// The library's error as candle's, its message one line: `Error::wrap` would add a
-/// backtrace to the message wherever `RUST_BACKTRACE` is set.
+/// The library's error as candle's (one line: no backtrace in the message).
 fn candle_error(e: Error) -> candle_core::Error {
-    candle_core::Error::Wrapped(Box::new(e))
+    e.into()
 }
 
 /// Checks what enters an optimizer: the vars, the posterior and `lr`.
