@@ -277,6 +277,12 @@ fn check_simplex(probs: &[f32], classes: usize) -> Result<()> {
     Ok(())
 }
 
+/// Labels of any unsigned type as the u32 class indices an accumulator keeps (its
+/// constructors have checked them against the class count, at most 2³²).
+fn class_indices<L: Label>(labels: &[L]) -> Vec<u32> {
+    labels.iter().map(|&y| y.class() as u32).collect()
+}
+
 impl Accumulator {
     /// An accumulator for the ten classes of the image data sets.
     pub fn new(labels: &[u8]) -> Self {
@@ -311,7 +317,7 @@ impl Accumulator {
 
     fn empty<L: Label>(labels: &[L], classes: usize) -> Self {
         Accumulator {
-            labels: labels.iter().map(|&y| y.class() as u32).collect(),
+            labels: class_indices(labels),
             classes,
             sum: vec![0.0; labels.len() * classes],
             entropy_sum: vec![0.0; labels.len()],
@@ -401,7 +407,7 @@ impl Accumulator {
             )));
         }
         Ok(Accumulator {
-            labels: labels.iter().map(|&y| y.class() as u32).collect(),
+            labels: class_indices(labels),
             classes,
             sum: sums.probability,
             entropy_sum: sums.entropy,

@@ -243,11 +243,6 @@ pub type Sgd = SgMcmc<SgdParams>;
 /// ```
 pub type Momentum = SgMcmc<MomentumParams>;
 
-/// The library's error as candle's (one line: no backtrace in the message).
-fn candle_error(e: Error) -> candle_core::Error {
-    e.into()
-}
-
 /// Checks what enters an optimizer: the vars, the posterior and `lr`.
 fn check_inputs(vars: &[Var], posterior: &Posterior, lr: f64) -> Result<()> {
     if vars.is_empty() {
@@ -422,10 +417,12 @@ impl<P: Params> SgMcmc<P> {
     /// A state that does not fit (another sampler's, other shapes) is refused with the
     /// optimizer unchanged.
     pub fn restore(&mut self, state: &OptimizerState) -> Result<()> {
-        state.check_params(&self.vars)?;
+        let theta = state.params_for(&self.vars)?;
         let precisions = state.checked_precisions(self.vars.len())?;
         self.sampler.restore(&state.sampler)?;
-        state.set_params(&self.vars)?;
+        for (v, t) in self.vars.iter().zip(&theta) {
+            v.set(t)?;
+        }
         self.prior.precisions = precisions;
         self.draws = state.prior_draws;
         Ok(())
@@ -445,7 +442,7 @@ impl<P: Params> candle_nn::Optimizer for SgMcmc<P> {
     type Config = Config<P>;
 
     fn new(vars: Vec<Var>, config: Config<P>) -> candle_core::Result<Self> {
-        Self::build(vars, config).map_err(candle_error)
+        Self::build(vars, config).map_err(candle_core::Error::from)
     }
 
     /// One update from the gradients of the minibatch's *mean* negative log-likelihood.
@@ -453,8 +450,8 @@ impl<P: Params> candle_nn::Optimizer for SgMcmc<P> {
         let n = self.config.posterior.data_size as f64;
         let grads = self
             .potential_gradients(grads, Some(n))
-            .map_err(candle_error)?;
-        self.update(&grads).map_err(candle_error)
+            .map_err(candle_core::Error::from)?;
+        self.update(&grads).map_err(candle_core::Error::from)
     }
 
     /// One update for `loss`, the minibatch's mean negative log-likelihood: N·loss is
@@ -463,8 +460,8 @@ impl<P: Params> candle_nn::Optimizer for SgMcmc<P> {
         let store = (loss * self.config.posterior.data_size as f64)?.backward()?;
         let grads = self
             .potential_gradients(&store, None)
-            .map_err(candle_error)?;
-        self.update(&grads).map_err(candle_error)
+            .map_err(candle_core::Error::from)?;
+        self.update(&grads).map_err(candle_core::Error::from)
     }
 
     /// `lr` = η·N.

@@ -10,7 +10,8 @@ use candle_core::{DType, Device, Tensor, Var};
 
 use crate::error::{Error, Result};
 use crate::potential::Prior;
-use crate::sampler::{SamplerState, StateScalars};
+use crate::sampler::state::SavedFile;
+use crate::sampler::{from_state, to_state, SamplerState};
 
 /// θ and everything else a sampling optimizer continues from, as plain host data.
 #[derive(Debug, Clone)]
@@ -33,45 +34,19 @@ impl OptimizerState {
         prior: &Prior,
         prior_draws: u64,
     ) -> Result<Self> {
-        let params = vars
-            .iter()
-            .map(|v| Ok(v.as_tensor().flatten_all()?.to_device(&Device::Cpu)?))
-            .collect::<Result<_>>()?;
+        let theta: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
         Ok(OptimizerState {
-            params,
+            params: to_state(&theta)?,
             sampler,
             prior_precisions: prior.precisions.clone(),
             prior_draws,
         })
     }
 
-    /// Checks that the saved θ fits `vars`: as many, each of as many values.
-    pub(super) fn check_params(&self, vars: &[Var]) -> Result<()> {
-        if self.params.len() != vars.len() {
-            return Err(Error::Checkpoint(format!(
-                "the saved state has {} vars, the optimizer {}",
-                self.params.len(),
-                vars.len()
-            )));
-        }
-        for (i, (saved, v)) in self.params.iter().zip(vars).enumerate() {
-            if saved.elem_count() != v.elem_count() {
-                return Err(Error::Checkpoint(format!(
-                    "saved var {i} has {} values, the optimizer's {:?}",
-                    saved.elem_count(),
-                    v.dims()
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// Sets `vars` to the saved θ (checked by [`OptimizerState::check_params`]).
-    pub(super) fn set_params(&self, vars: &[Var]) -> Result<()> {
-        for (saved, v) in self.params.iter().zip(vars) {
-            v.set(&saved.reshape(v.shape())?.to_device(v.device())?)?;
-        }
-        Ok(())
+    /// The saved θ in the shapes and on the device of `vars`, checked against them.
+    pub(super) fn params_for(&self, vars: &[Var]) -> Result<Vec<Tensor>> {
+        let like: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+        from_state(&self.params, &like, "parameter")
     }
 
     /// The saved λ, one per var.
@@ -102,31 +77,22 @@ impl OptimizerState {
 
     /// Reads a state written by [`OptimizerState::save`].
     pub fn load(path: &Path) -> Result<Self> {
-        let bad = |m: String| Error::Checkpoint(format!("{}: {m}", path.display()));
-        let map = candle_core::safetensors::load(path, &Device::Cpu)
-            .map_err(|e| bad(format!("cannot read an optimizer state ({e})")))?;
-        let get = |name: &str| -> Result<Tensor> {
-            map.get(name)
-                .cloned()
-                .ok_or_else(|| bad(format!("no tensor `{name}`")))
-        };
-        let scalars = StateScalars::from_tensors(&get, &bad)?;
-        let sampler = SamplerState::from_parts(&scalars, get)?;
-        let count = map.keys().filter(|k| k.starts_with("param/")).count();
-        let params = (0..count)
-            .map(|i| get(&format!("param/{i}")))
+        let file = SavedFile::read(path, "an optimizer state")?;
+        let params = (0..file.count("param"))
+            .map(|i| file.get(&format!("param/{i}")))
             .collect::<Result<_>>()?;
-        let prior_precisions = get("prior/precisions")?
+        let prior_precisions = file
+            .get("prior/precisions")?
             .to_dtype(DType::F64)?
             .to_vec1::<f64>()?;
-        let draws = get("prior/draws")?.to_vec1::<i64>()?;
+        let draws = file.get("prior/draws")?.to_vec1::<i64>()?;
         let prior_draws = draws
             .first()
             .and_then(|&d| u64::try_from(d).ok())
-            .ok_or_else(|| bad("`prior/draws` is not a count".into()))?;
+            .ok_or_else(|| file.error("`prior/draws` is not a count".into()))?;
         Ok(OptimizerState {
             params,
-            sampler,
+            sampler: SamplerState::from_file(&file)?,
             prior_precisions,
             prior_draws,
         })

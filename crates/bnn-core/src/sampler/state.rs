@@ -267,16 +267,13 @@ impl SamplerState {
 
     /// Reads a state written by [`SamplerState::save`].
     pub fn load(path: &Path) -> Result<Self> {
-        let bad = |m: String| Error::Checkpoint(format!("{}: {m}", path.display()));
-        let map = candle_core::safetensors::load(path, &Device::Cpu)
-            .map_err(|e| bad(format!("cannot read a sampler state ({e})")))?;
-        let get = |name: &str| -> Result<Tensor> {
-            map.get(name)
-                .cloned()
-                .ok_or_else(|| bad(format!("no tensor `{name}`")))
-        };
-        let scalars = StateScalars::from_tensors(&get, &bad)?;
-        SamplerState::from_parts(&scalars, get)
+        SamplerState::from_file(&SavedFile::read(path, "a sampler state")?)
+    }
+
+    /// The state in a file's `scalar/…`, `momentum/i` and `thermostat/i` tensors.
+    pub(crate) fn from_file(file: &SavedFile) -> Result<Self> {
+        let scalars = StateScalars::from_file(file)?;
+        SamplerState::from_parts(&scalars, |name| file.get(name))
     }
 
     /// The error for restoring this state into a sampler of the family `want`.
@@ -300,34 +297,72 @@ pub(crate) fn mean_of(tensors: &[Tensor]) -> Result<f64> {
     Ok(sum / n.max(1) as f64)
 }
 
+/// A saved state's safetensors file, read on the host: its tensors by name, and errors
+/// that name the file.
+pub(crate) struct SavedFile {
+    path: std::path::PathBuf,
+    map: HashMap<String, Tensor>,
+}
+
+impl SavedFile {
+    /// Reads `path`, a file of `what` ("a sampler state").
+    pub(crate) fn read(path: &Path, what: &str) -> Result<Self> {
+        let map = candle_core::safetensors::load(path, &Device::Cpu).map_err(|e| {
+            Error::Checkpoint(format!("{}: cannot read {what} ({e})", path.display()))
+        })?;
+        Ok(SavedFile {
+            path: path.to_path_buf(),
+            map,
+        })
+    }
+
+    /// The error `message` about this file.
+    pub(crate) fn error(&self, message: String) -> Error {
+        Error::Checkpoint(format!("{}: {message}", self.path.display()))
+    }
+
+    /// The tensor `name`.
+    pub(crate) fn get(&self, name: &str) -> Result<Tensor> {
+        self.map
+            .get(name)
+            .cloned()
+            .ok_or_else(|| self.error(format!("no tensor `{name}`")))
+    }
+
+    /// How many tensors are named `prefix/0`, `prefix/1`, ….
+    pub(crate) fn count(&self, prefix: &str) -> usize {
+        (0..)
+            .take_while(|i| self.map.contains_key(&format!("{prefix}/{i}")))
+            .count()
+    }
+
+    /// The first value of tensor `name` in f64.
+    pub(crate) fn scalar(&self, name: &str) -> Result<f64> {
+        let v = self.get(name)?.to_dtype(DType::F64)?.to_vec1::<f64>()?;
+        v.first()
+            .copied()
+            .ok_or_else(|| self.error(format!("`{name}` is empty")))
+    }
+}
+
 impl StateScalars {
-    /// The scalars of a saved state from its `scalar/…` tensors (`get` looks a tensor up
-    /// by name; `bad` words an error about the file).
-    pub(crate) fn from_tensors(
-        get: &impl Fn(&str) -> Result<Tensor>,
-        bad: &impl Fn(String) -> Error,
-    ) -> Result<Self> {
-        let scalar = |name: &str| -> Result<f64> {
-            let v = get(name)?.to_dtype(DType::F64)?.to_vec1::<f64>()?;
-            v.first()
-                .copied()
-                .ok_or_else(|| bad(format!("`{name}` is empty")))
-        };
-        let counts = get("scalar/counts")?.to_vec1::<i64>()?;
+    /// The scalars of a saved state from its `scalar/…` tensors.
+    fn from_file(file: &SavedFile) -> Result<Self> {
+        let counts = file.get("scalar/counts")?.to_vec1::<i64>()?;
         let count = |i: usize| -> Result<u64> {
             counts
                 .get(i)
                 .and_then(|&c| u64::try_from(c).ok())
-                .ok_or_else(|| bad("`scalar/counts` is not three counts".into()))
+                .ok_or_else(|| file.error("`scalar/counts` is not three counts".into()))
         };
         Ok(StateScalars {
             step: count(0)?,
-            step_size: scalar("scalar/step_size")?,
-            thermostat: match get("scalar/thermostat") {
-                Ok(_) => Some(scalar("scalar/thermostat")?),
+            step_size: file.scalar("scalar/step_size")?,
+            thermostat: match file.get("scalar/thermostat") {
+                Ok(_) => Some(file.scalar("scalar/thermostat")?),
                 Err(_) => None,
             },
-            kinetic: scalar("scalar/kinetic")?,
+            kinetic: file.scalar("scalar/kinetic")?,
             momentum_tensors: count(1)? as usize,
             thermostat_tensors: count(2)? as usize,
         })
