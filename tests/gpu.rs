@@ -213,8 +213,9 @@ fn short_training_on_cuda_matches_the_cpu() {
 
 /// The stacked step on CUDA (one launch for K chains' rows, each with its own seed,
 /// constants and state buffers) against each row stepped alone on the CPU: θ, v and αᵢ bit
-/// for bit (the same element math; each row's noise from its chain's key), the sums within
-/// 1e-12 relative (atomics add them in another order).
+/// for bit (the same element math; each row's noise from its chain's key), Σv² and Σα
+/// within 1e-12 relative and the virial Σθ·∇ within 1e-12 of Σ|θ·∇| (atomics add them in
+/// another order).
 #[test]
 fn stacked_step_on_cuda_equals_each_chain_on_the_cpu() {
     use bnn::kernels::buffer::StateBuffer;
@@ -280,17 +281,30 @@ fn stacked_step_on_cuda_equals_each_chain_on_the_cpu() {
                 thermostat: thermostat.then_some(&mut a1),
             });
             tc.inplace_op2(&gc, &op).unwrap();
-            let alone = (op.sum_sq.get(), op.sum_thermostat.get());
-            differ += compare(&values(&tc), &stacked[rows]).1;
+            let alone = op.sums.get();
+            differ += compare(&values(&tc), &stacked[rows.clone()]).1;
             let host = |b: &StateBuffer, d: &Device| b.to_host(d).unwrap();
             differ += compare(&host(&v1, &Device::Cpu), &host(&vb[c], &gpu)).1;
             differ += compare(&host(&a1, &Device::Cpu), &host(&ab[c], &gpu)).1;
-            for (x, y) in [(alone.0, sums[c].0), (alone.1, sums[c].1)] {
+            for (x, y) in [
+                (alone.sum_sq, sums[c].sum_sq),
+                (alone.sum_thermostat, sums[c].sum_thermostat),
+            ] {
                 assert!(
                     (x - y).abs() <= 1e-12 * x.abs().max(1e-30),
                     "{update:?}: {x} vs {y}"
                 );
             }
+            let scale: f64 = theta[rows.clone()]
+                .iter()
+                .zip(&grad[rows.clone()])
+                .map(|(&t, &g)| (t * g).abs() as f64)
+                .sum();
+            let (x, y) = (alone.virial, sums[c].virial);
+            assert!(
+                (x - y).abs() <= 1e-12 * scale,
+                "{update:?}: virial {x} vs {y}"
+            );
         }
         println!("gpu-check: stacked {update:?}, {k} chains: {differ} values differ in bits");
         assert_eq!(differ, 0, "{update:?}");

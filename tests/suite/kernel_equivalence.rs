@@ -56,6 +56,7 @@ fn header_step_equals_cpu_op_bit_for_bit() {
                 let theta = random(n, 1.0, &mut rng);
                 let v = random(n, 0.01, &mut rng);
                 let g = random(n, 100.0, &mut rng);
+                let theta_in = theta.clone();
                 let (mut t1, mut v1) = (theta.clone(), v.clone());
                 let (mut t2, mut v2) = (theta, v);
                 let (m1, m2): (&mut [f32], &mut [f32]) = match update {
@@ -77,8 +78,14 @@ fn header_step_equals_cpu_op_bit_for_bit() {
                     "{update:?} n={n} seed={seed}: momenta"
                 );
                 assert!(
-                    (s1 - s2).abs() <= 1e-12 * s2.abs().max(1e-30),
-                    "Σv²: {s1} vs {s2}"
+                    (s1.sum_sq - s2.sum_sq).abs() <= 1e-12 * s2.sum_sq.abs().max(1e-30),
+                    "Σv²: {s1:?} vs {s2:?}"
+                );
+                // The virial, a sum of terms of both signs: to rounding of Σ|θ·∇|.
+                let scale: f64 = theta_in.iter().zip(&g).map(|(&t, &g)| (t * g).abs() as f64).sum();
+                assert!(
+                    (s1.virial - s2.virial).abs() <= 1e-12 * scale,
+                    "Σθ·∇: {s1:?} vs {s2:?}"
                 );
             }
         }
@@ -105,6 +112,7 @@ fn header_thermostat_step_equals_cpu_op_bit_for_bit() {
                 let v = random(n, 0.01, &mut rng);
                 let g = random(n, 100.0, &mut rng);
                 let alpha: Vec<f32> = (0..n).map(|_| rng.random_range(-0.5..2.0)).collect();
+                let scale: f64 = theta.iter().zip(&g).map(|(&t, &g)| (t * g).abs() as f64).sum();
                 let (mut t1, mut v1, mut a1) = (theta.clone(), v.clone(), alpha.clone());
                 let (mut t2, mut v2, mut a2) = (theta, v, alpha);
                 let s1 = cpu::thermostat_step(&mut t1, &mut v1, &mut a1, &g, key, c, splitting);
@@ -114,12 +122,21 @@ fn header_thermostat_step_equals_cpu_op_bit_for_bit() {
                 assert_eq!(bits(&t1), bits(&t2), "{case}: positions");
                 assert_eq!(bits(&v1), bits(&v2), "{case}: momenta");
                 assert_eq!(bits(&a1), bits(&a2), "{case}: thermostats");
-                for (x, y) in [(s1.0, s2.0), (s1.1, s2.1)] {
+                for (x, y) in [
+                    (s1.sum_sq, s2.sum_sq),
+                    (s1.sum_thermostat, s2.sum_thermostat),
+                ] {
                     assert!(
                         (x - y).abs() <= 1e-9 * y.abs().max(1e-30),
                         "{case}: {x} vs {y}"
                     );
                 }
+                assert!(
+                    (s1.virial - s2.virial).abs() <= 1e-12 * scale,
+                    "{case}: Σθ·∇ {} vs {}",
+                    s1.virial,
+                    s2.virial
+                );
             }
         }
     }
@@ -163,7 +180,8 @@ fn cpu_op_is_independent_of_thread_count() {
     let (t2, m2, s2) = run();
     assert_eq!(t1, t2);
     assert_eq!(m1, m2);
-    assert_eq!(s1.to_bits(), s2.to_bits());
+    assert_eq!(s1.sum_sq.to_bits(), s2.sum_sq.to_bits());
+    assert_eq!(s1.virial.to_bits(), s2.virial.to_bits());
 }
 
 /// Σ of `x` in the order the fused op promises: eight f64 lanes per tile of 256 (then
@@ -181,7 +199,7 @@ fn chunk_ordered_sum(x: &[f32]) -> f64 {
     x.chunks(cpu::CHUNK).map(chunk).sum()
 }
 
-/// Σv² and Σα come out in that fixed order, bit for bit, whatever the op's parts (these
+/// Σv², Σα and Σθ·∇ come out in that fixed order, bit for bit, whatever the op's parts (these
 /// lengths are split into parts that do not fall on chunk boundaries: 2.4 chunks is four
 /// parts on two threads), on the pool and on one thread.
 #[test]
@@ -203,23 +221,26 @@ fn sums_follow_the_fixed_chunk_order() {
             let s = cpu::step(Update::Momentum, &mut t, &mut m, &g, key, c);
             (s, m)
         };
+        // θ·∇ per element, as the op forms it before the update.
+        let products: Vec<f32> = theta.iter().zip(&g).map(|(&t, &g)| t * g).collect();
+        let virial = chunk_ordered_sum(&products).to_bits();
         for (s, m) in [momentum(), on_one_thread(momentum)] {
             let squares: Vec<f32> = m.iter().map(|v| v * v).collect();
-            assert_eq!(s.to_bits(), chunk_ordered_sum(&squares).to_bits(), "n={n}");
+            let want = chunk_ordered_sum(&squares).to_bits();
+            assert_eq!(s.sum_sq.to_bits(), want, "n={n}");
+            assert_eq!(s.virial.to_bits(), virial, "n={n}");
         }
         let thermostat = || {
             let (mut t, mut m, mut a) = (theta.clone(), v.clone(), alpha.clone());
             let s = cpu::thermostat_step(&mut t, &mut m, &mut a, &g, key, c, false);
             (s, m, a)
         };
-        for ((s_v, s_a), m, a) in [thermostat(), on_one_thread(thermostat)] {
+        for (s, m, a) in [thermostat(), on_one_thread(thermostat)] {
             let squares: Vec<f32> = m.iter().map(|v| v * v).collect();
-            assert_eq!(
-                s_v.to_bits(),
-                chunk_ordered_sum(&squares).to_bits(),
-                "n={n}"
-            );
-            assert_eq!(s_a.to_bits(), chunk_ordered_sum(&a).to_bits(), "n={n}");
+            let want = chunk_ordered_sum(&squares).to_bits();
+            assert_eq!(s.sum_sq.to_bits(), want, "n={n}");
+            assert_eq!(s.sum_thermostat.to_bits(), chunk_ordered_sum(&a).to_bits());
+            assert_eq!(s.virial.to_bits(), virial, "n={n}");
         }
     }
 }
@@ -277,7 +298,8 @@ fn inline_update_is_independent_of_thread_count() {
     let (t2, m2, s2) = run();
     assert_eq!(t1, t2);
     assert_eq!(m1, m2);
-    assert_eq!(s1.to_bits(), s2.to_bits());
+    assert_eq!(s1.sum_sq.to_bits(), s2.sum_sq.to_bits());
+    assert_eq!(s1.virial.to_bits(), s2.virial.to_bits());
 }
 
 fn params(rng: &mut impl Rng) -> (Vec<Var>, Vec<Tensor>) {
@@ -476,7 +498,7 @@ fn stacked_rows_step_as_tensors_alone() {
                 thermostat: thermostat.then_some(&mut a1),
             });
             t.inplace_op2(&gr, &op).unwrap();
-            let alone = (op.sum_sq.get(), op.sum_thermostat.get());
+            let alone = op.sums.get();
             let t = t.to_vec1::<f32>().unwrap();
             assert!(t == stacked[rows], "{update:?}: θ of chain {c}");
             assert_eq!(alone, sums[c], "{update:?}: sums of chain {c}");

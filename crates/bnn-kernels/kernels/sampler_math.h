@@ -131,6 +131,13 @@ typedef struct {
     float noise_scale; /* sigma: sqrt(2*eta) SGLD, sqrt(2(alpha-beta)eta) SGHMC, sqrt(2 a eta) SGNHT */
 } bnn_step_consts;
 
+/* The virial term theta * g of one element, read before its update (theta where g was
+ * evaluated): rounded to f32, then summed in double, as the Rust CPU op does. Its sum is
+ * the configurational temperature's numerator, E[theta . grad U] = D T. */
+BNN_HD float bnn_virial(float theta, float g) {
+    return theta * g;
+}
+
 /* SGLD (Welling & Teh 2011): theta <- theta - eta g + sigma z. */
 BNN_HD void bnn_sgld(float *theta, float g, float z, bnn_step_consts c) {
     *theta = *theta - g * c.step_size + z * c.noise_scale;

@@ -10,7 +10,7 @@ use candle_core::{backend::BackendStorage, CpuStorage, InplaceOp2, Layout};
 
 use super::isa::{self, Isa};
 use super::noise::{Autovec, Normals};
-use super::{buffer::StateBuffer, LentUpdate, StepConsts, Update};
+use super::{buffer::StateBuffer, LentUpdate, StepConsts, TensorSums, Update};
 use crate::pool::{self, Disjoint};
 use crate::rng::NoiseKey;
 
@@ -37,6 +37,7 @@ unsafe fn normals_tile<N: Normals>(key: &NoiseKey, first_block: u32, z: &mut [[f
     }
 }
 
+/// One tile of the SGLD or momentum update: (Σv² after it, Σθ·∇ before it).
 #[inline(always)]
 unsafe fn tile_update<N: Normals>(
     update: Update,
@@ -46,29 +47,34 @@ unsafe fn tile_update<N: Normals>(
     key: &NoiseKey,
     first_block: u32,
     c: StepConsts,
-) -> f64 {
+) -> (f64, f64) {
     unsafe {
         let n = theta.len();
         let mut blocks = [[0f32; 4]; BLOCKS];
         normals_tile::<N>(key, first_block, &mut blocks);
         let z = blocks.as_flattened_mut();
+        // θ·∇ per element, summed after the loop (a sum inside it would not vectorise).
+        let mut virial = [0f32; TILE];
         let mut sum = 0f64;
         match update {
             Update::Thermostat { .. } => {
                 unreachable!("the thermostat update runs in thermostat_step")
             }
             Update::Sgld => {
-                for ((t, &g), &z) in theta.iter_mut().zip(grad).zip(&z[..n]) {
+                for (((t, &g), &z), w) in theta.iter_mut().zip(grad).zip(&z[..n]).zip(&mut virial) {
+                    *w = *t * g;
                     *t = *t - g * c.step_size + z * c.noise_scale;
                 }
             }
             Update::Momentum => {
-                for (((t, m), &g), z) in theta
+                for ((((t, m), &g), z), w) in theta
                     .iter_mut()
                     .zip(momentum.iter_mut())
                     .zip(grad)
                     .zip(z[..n].iter_mut())
+                    .zip(&mut virial)
                 {
+                    *w = *t * g;
                     let vn = (*m * c.decay - g * c.step_size + *z * c.noise_scale) * c.post;
                     *m = vn;
                     *t += vn;
@@ -77,7 +83,7 @@ unsafe fn tile_update<N: Normals>(
                 sum = lanes8(&z[..n]);
             }
         }
-        sum
+        (sum, lanes8(&virial[..n]))
     }
 }
 
@@ -115,12 +121,12 @@ struct Chunk<'a> {
     c: StepConsts,
 }
 
-/// The tiles of one part: each tile's Σv² into `sums` (one entry per tile).
+/// The tiles of one part: each tile's sums into `sums` (one entry per tile).
 ///
 /// # Safety
 /// The CPU has the features `N` needs.
 #[inline(always)]
-unsafe fn chunk_update<N: Normals>(job: Chunk<'_>, sums: &mut [f64]) {
+unsafe fn chunk_update<N: Normals>(job: Chunk<'_>, sums: &mut [TensorSums]) {
     unsafe {
         let Chunk {
             update,
@@ -142,7 +148,7 @@ unsafe fn chunk_update<N: Normals>(job: Chunk<'_>, sums: &mut [f64]) {
             } else {
                 &mut momentum[start..end]
             };
-            sums[start / TILE] = tile_update::<N>(
+            let (sum_sq, virial) = tile_update::<N>(
                 update,
                 &mut theta[start..end],
                 m,
@@ -151,6 +157,11 @@ unsafe fn chunk_update<N: Normals>(job: Chunk<'_>, sums: &mut [f64]) {
                 ((offset + start) / 4) as u32,
                 c,
             );
+            sums[start / TILE] = TensorSums {
+                sum_sq,
+                sum_thermostat: 0.0,
+                virial,
+            };
             start = end;
         }
     }
@@ -161,19 +172,19 @@ unsafe fn chunk_update<N: Normals>(job: Chunk<'_>, sums: &mut [f64]) {
 /// its own, so the rest stays bit-identical to the portable build and the kernel header).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn chunk_update_avx2(job: Chunk<'_>, sums: &mut [f64]) {
+unsafe fn chunk_update_avx2(job: Chunk<'_>, sums: &mut [TensorSums]) {
     unsafe { chunk_update::<super::noise::Avx2>(job, sums) }
 }
 
 /// The same code for 512-bit vectors (16 Philox blocks or normals per instruction).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
-unsafe fn chunk_update_avx512(job: Chunk<'_>, sums: &mut [f64]) {
+unsafe fn chunk_update_avx512(job: Chunk<'_>, sums: &mut [TensorSums]) {
     unsafe { chunk_update::<Autovec>(job, sums) }
 }
 
 /// [`chunk_update`] on `isa`'s build.
-fn chunk_dispatch(isa: Isa, job: Chunk<'_>, sums: &mut [f64]) {
+fn chunk_dispatch(isa: Isa, job: Chunk<'_>, sums: &mut [TensorSums]) {
     match isa {
         // SAFETY: `isa` is at most what the CPU has (isa::current caps at Isa::best).
         #[cfg(target_arch = "x86_64")]
@@ -219,7 +230,7 @@ fn chunk_ordered_sum<T: Copy + Default + std::ops::Add<Output = T>>(tile_sums: &
 
 /// Applies one fused update to a whole parameter tensor (`theta`, its `momentum` — empty
 /// for SGLD — and its gradient), with noise from `key`. Returns Σ v² after the update
-/// (0 for SGLD), summed per chunk and then over chunks in order.
+/// (0 for SGLD) and Σθ·∇ before it, each summed per chunk and then over chunks in order.
 pub fn step(
     update: Update,
     theta: &mut [f32],
@@ -227,7 +238,7 @@ pub fn step(
     grad: &[f32],
     key: NoiseKey,
     c: StepConsts,
-) -> f64 {
+) -> TensorSums {
     assert_eq!(theta.len(), grad.len(), "gradient of the wrong length");
     assert!(
         !matches!(update, Update::Thermostat { .. }),
@@ -238,7 +249,7 @@ pub fn step(
     }
     let n = theta.len();
     let parts = parts_of(n);
-    let mut tile_sums = vec![0f64; n.div_ceil(TILE)];
+    let mut tile_sums = vec![TensorSums::default(); n.div_ceil(TILE)];
     let isa = isa::current();
     let (t, m, s) = (
         Disjoint::new(theta),
@@ -299,8 +310,8 @@ pub fn exp_f32(x: f32) -> f32 {
 
 /// One tile of the per-element-thermostat update ([`Update::Thermostat`]), with the
 /// composed mSGNHT's f32 operations in its order (e^{−α/2} by [`exp_f32`]). Returns
-/// (Σv², Σα) after the update, summed in eight fixed f64 lanes (vectorisable, and the same
-/// order whatever the threads).
+/// (Σv², Σα) after the update and Σθ·∇ before it, summed in eight fixed f64 lanes
+/// (vectorisable, and the same order whatever the threads).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn thermostat_tile<N: Normals>(
@@ -312,20 +323,23 @@ unsafe fn thermostat_tile<N: Normals>(
     first_block: u32,
     c: StepConsts,
     splitting: bool,
-) -> (f64, f64) {
+) -> TensorSums {
     unsafe {
         let n = theta.len();
         let mut blocks = [[0f32; 4]; BLOCKS];
         normals_tile::<N>(key, first_block, &mut blocks);
         let z = blocks.as_flattened_mut();
+        let mut virial = [0f32; TILE];
         // z is reused for v², and `alpha` holds the new α: both summed below.
-        for ((((t, m), a), &g), z) in theta
+        for (((((t, m), a), &g), z), w) in theta
             .iter_mut()
             .zip(momentum.iter_mut())
             .zip(alpha.iter_mut())
             .zip(grad)
             .zip(z[..n].iter_mut())
+            .zip(&mut virial)
         {
+            *w = *t * g;
             let v = if splitting {
                 let d = exp_f32(*a * -0.5);
                 ((*m * d - g * c.step_size) + *z * c.noise_scale) * d
@@ -337,7 +351,11 @@ unsafe fn thermostat_tile<N: Normals>(
             *a += v * v - c.step_size;
             *z = v * v;
         }
-        (lanes8(&z[..n]), lanes8(alpha))
+        TensorSums {
+            sum_sq: lanes8(&z[..n]),
+            sum_thermostat: lanes8(alpha),
+            virial: lanes8(&virial[..n]),
+        }
     }
 }
 
@@ -372,11 +390,11 @@ struct ThermostatChunk<'a> {
     splitting: bool,
 }
 
-/// The thermostat tiles of one part: each tile's (Σv², Σα) into `sums`.
+/// The thermostat tiles of one part: each tile's sums into `sums`.
 /// # Safety
 /// The CPU has the features `N` needs.
 #[inline(always)]
-unsafe fn thermostat_chunk<N: Normals>(job: ThermostatChunk<'_>, sums: &mut [Pair]) {
+unsafe fn thermostat_chunk<N: Normals>(job: ThermostatChunk<'_>, sums: &mut [TensorSums]) {
     unsafe {
         let ThermostatChunk {
             theta,
@@ -391,7 +409,7 @@ unsafe fn thermostat_chunk<N: Normals>(job: ThermostatChunk<'_>, sums: &mut [Pai
         let mut start = 0;
         while start < theta.len() {
             let end = (start + TILE).min(theta.len());
-            let (a, b) = thermostat_tile::<N>(
+            sums[start / TILE] = thermostat_tile::<N>(
                 &mut theta[start..end],
                 &mut momentum[start..end],
                 &mut alpha[start..end],
@@ -401,20 +419,8 @@ unsafe fn thermostat_chunk<N: Normals>(job: ThermostatChunk<'_>, sums: &mut [Pai
                 c,
                 splitting,
             );
-            sums[start / TILE] = Pair(a, b);
             start = end;
         }
-    }
-}
-
-/// (Σv², Σα) of a tile, added as pairs.
-#[derive(Clone, Copy, Default)]
-struct Pair(f64, f64);
-
-impl std::ops::Add for Pair {
-    type Output = Pair;
-    fn add(self, o: Pair) -> Pair {
-        Pair(self.0 + o.0, self.1 + o.1)
     }
 }
 
@@ -422,19 +428,19 @@ impl std::ops::Add for Pair {
 /// multiply-adds single instructions; the rest the same operations, so the same bits).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn thermostat_chunk_avx2(job: ThermostatChunk<'_>, sums: &mut [Pair]) {
+unsafe fn thermostat_chunk_avx2(job: ThermostatChunk<'_>, sums: &mut [TensorSums]) {
     unsafe { thermostat_chunk::<super::noise::Avx2>(job, sums) }
 }
 
 /// [`thermostat_chunk`] compiled for 512-bit vectors.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
-unsafe fn thermostat_chunk_avx512(job: ThermostatChunk<'_>, sums: &mut [Pair]) {
+unsafe fn thermostat_chunk_avx512(job: ThermostatChunk<'_>, sums: &mut [TensorSums]) {
     unsafe { thermostat_chunk::<Autovec>(job, sums) }
 }
 
 /// [`thermostat_chunk`] on `isa`'s build.
-fn thermostat_dispatch(isa: Isa, job: ThermostatChunk<'_>, sums: &mut [Pair]) {
+fn thermostat_dispatch(isa: Isa, job: ThermostatChunk<'_>, sums: &mut [TensorSums]) {
     match isa {
         // SAFETY: `isa` is at most what the CPU has (isa::current caps at Isa::best).
         #[cfg(target_arch = "x86_64")]
@@ -448,8 +454,8 @@ fn thermostat_dispatch(isa: Isa, job: ThermostatChunk<'_>, sums: &mut [Pair]) {
 }
 
 /// The per-element-thermostat update of a whole parameter tensor (θ, v, α, gradient),
-/// on the pool in the same parts as [`step`]. Returns (Σv², Σα) after the update, summed
-/// over the same fixed chunks.
+/// on the pool in the same parts as [`step`]. Returns (Σv², Σα) after the update and Σθ·∇
+/// before it, summed over the same fixed chunks.
 pub fn thermostat_step(
     theta: &mut [f32],
     momentum: &mut [f32],
@@ -458,14 +464,14 @@ pub fn thermostat_step(
     key: NoiseKey,
     c: StepConsts,
     splitting: bool,
-) -> (f64, f64) {
+) -> TensorSums {
     let n = theta.len();
     assert!(
         grad.len() == n && momentum.len() == n && alpha.len() == n,
         "sampler state of the wrong length"
     );
     let parts = parts_of(n);
-    let mut tile_sums = vec![Pair::default(); n.div_ceil(TILE)];
+    let mut tile_sums = vec![TensorSums::default(); n.div_ceil(TILE)];
     let isa = isa::current();
     let (t, m, al, s) = (
         Disjoint::new(theta),
@@ -497,8 +503,7 @@ pub fn thermostat_step(
         };
         thermostat_dispatch(isa, job, sums);
     });
-    let Pair(squares, alphas) = chunk_ordered_sum(&tile_sums);
-    (squares, alphas)
+    chunk_ordered_sum(&tile_sums)
 }
 
 /// The fused step as a candle in-place op on (θ, ∇Ũ): θ is the destination (the `Var`'s
@@ -507,10 +512,8 @@ pub fn thermostat_step(
 pub struct FusedStepOp<'a> {
     /// The update and the buffers it moves.
     pub lane: RefCell<LentUpdate<'a>>,
-    /// Σ v² after the update, set by the op.
-    pub sum_sq: Cell<f64>,
-    /// Σ α after the update (mSGNHT), set by the op.
-    pub sum_thermostat: Cell<f64>,
+    /// The update's sums, set by the op.
+    pub sums: Cell<TensorSums>,
 }
 
 impl<'a> FusedStepOp<'a> {
@@ -518,8 +521,7 @@ impl<'a> FusedStepOp<'a> {
     pub fn new(lane: LentUpdate<'a>) -> Self {
         FusedStepOp {
             lane: RefCell::new(lane),
-            sum_sq: Cell::new(0.0),
-            sum_thermostat: Cell::new(0.0),
+            sums: Cell::new(TensorSums::default()),
         }
     }
 }
@@ -541,14 +543,14 @@ pub(crate) fn theta_and_grad<'s>(
     Ok((&mut theta[a..b], &grad[ga..gb]))
 }
 
-/// The lent update `lane` of the tensor `theta` (its gradient `grad`) on the CPU: (Σv²,
-/// Σα) after it. One definition for a tensor alone and for each chain's row of a stacked
+/// The lent update `lane` of the tensor `theta` (its gradient `grad`) on the CPU, and its
+/// sums. One definition for a tensor alone and for each chain's row of a stacked
 /// tensor ([`crate::stacked::step`]).
 pub(crate) fn lane_step(
     lane: &mut LentUpdate<'_>,
     theta: &mut [f32],
     grad: &[f32],
-) -> candle_core::Result<(f64, f64)> {
+) -> candle_core::Result<TensorSums> {
     let m: &mut [f32] = match lane.momentum.as_deref_mut() {
         None => &mut [],
         Some(StateBuffer::Host(v)) => v,
@@ -569,10 +571,7 @@ pub(crate) fn lane_step(
             splitting,
         ));
     }
-    Ok((
-        step(lane.update, theta, m, grad, lane.key, lane.consts),
-        0.0,
-    ))
+    Ok(step(lane.update, theta, m, grad, lane.key, lane.consts))
 }
 
 impl InplaceOp2 for FusedStepOp<'_> {
@@ -588,9 +587,8 @@ impl InplaceOp2 for FusedStepOp<'_> {
         l2: &Layout,
     ) -> candle_core::Result<()> {
         let (theta, grad) = theta_and_grad(s1, l1, s2, l2)?;
-        let (sq, sa) = lane_step(&mut self.lane.borrow_mut(), theta, grad)?;
-        self.sum_sq.set(sq);
-        self.sum_thermostat.set(sa);
+        self.sums
+            .set(lane_step(&mut self.lane.borrow_mut(), theta, grad)?);
         Ok(())
     }
 
@@ -603,9 +601,7 @@ impl InplaceOp2 for FusedStepOp<'_> {
         l2: &Layout,
     ) -> candle_core::Result<()> {
         let mut lane = self.lane.borrow_mut();
-        let (sq, sa) = super::cuda::step(s1, l1, s2, l2, &mut lane)?;
-        self.sum_sq.set(sq);
-        self.sum_thermostat.set(sa);
+        self.sums.set(super::cuda::step(s1, l1, s2, l2, &mut lane)?);
         Ok(())
     }
 }

@@ -9,7 +9,7 @@ use candle_core::cuda_backend::{CudaDevice, WrapErr};
 use candle_core::{backend::BackendStorage, CudaStorage, Layout};
 
 use super::buffer::StateBuffer;
-use super::{LentUpdate, Update};
+use super::{LentUpdate, TensorSums, Update};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sampler_step.ptx"));
 const MODULE: &str = "bnn_sampler_step";
@@ -56,14 +56,15 @@ fn on_gpu<'b>(
 }
 
 /// One fused update of the tensor in `theta` (destination) with `grad`, by the update
-/// `lane` lends. Returns Σ v² (0 for SGLD) and, for mSGNHT, Σ α after the update (else 0).
+/// `lane` lends. Returns its sums: Σ v² (0 for SGLD) and, for mSGNHT, Σ α after the update
+/// (else 0), and Σθ·∇ before it.
 pub fn step(
     theta: &mut CudaStorage,
     theta_layout: &Layout,
     grad: &CudaStorage,
     grad_layout: &Layout,
     lane: &mut LentUpdate<'_>,
-) -> candle_core::Result<(f64, f64)> {
+) -> candle_core::Result<TensorSums> {
     let ((a, b), (ga, gb)) = ranges(theta_layout, grad_layout)?;
     let n = (b - a) as u64;
     let dev = theta.device().clone();
@@ -71,6 +72,8 @@ pub fn step(
     let mut theta = theta.as_cuda_slice_mut::<f32>()?.slice_mut(a..b);
     let cfg = launch_config(n, 1);
     let (key, c) = (lane.key, lane.consts);
+    // [Σv², Σα, Σθ·∇], reduced by the kernel.
+    let mut sums = dev.alloc_zeros::<f64>(3)?;
     match lane.update {
         Update::Sgld => {
             let func = dev.get_or_load_custom_func("bnn_sgld_kernel", MODULE, PTX)?;
@@ -83,14 +86,13 @@ pub fn step(
             builder.arg(&key.step);
             builder.arg(&c.step_size);
             builder.arg(&c.noise_scale);
-            // SAFETY: the argument list matches `bnn_sgld_kernel`'s signature and every
-            // pointer covers `n` floats.
+            builder.arg(&mut sums);
+            // SAFETY: the argument list matches `bnn_sgld_kernel`'s signature, every
+            // pointer covers `n` floats and `sums` three doubles.
             unsafe { builder.launch(cfg) }.w()?;
-            Ok((0.0, 0.0))
         }
         Update::Momentum => {
             let momentum = on_gpu(lane.momentum.as_mut(), n, "momentum")?;
-            let mut sum = dev.alloc_zeros::<f64>(1)?;
             let func = dev.get_or_load_custom_func("bnn_momentum_kernel", MODULE, PTX)?;
             let mut builder = func.builder();
             builder.arg(&mut theta);
@@ -104,16 +106,14 @@ pub fn step(
             builder.arg(&c.decay);
             builder.arg(&c.post);
             builder.arg(&c.noise_scale);
-            builder.arg(&mut sum);
+            builder.arg(&mut sums);
             // SAFETY: the argument list matches `bnn_momentum_kernel`'s signature, every
-            // pointer covers `n` floats and `sum` one double.
+            // pointer covers `n` floats and `sums` three doubles.
             unsafe { builder.launch(cfg) }.w()?;
-            Ok((dev.clone_dtoh(&sum)?[0], 0.0))
         }
         Update::Thermostat { splitting } => {
             let momentum = on_gpu(lane.momentum.as_mut(), n, "momentum")?;
             let alpha = on_gpu(lane.thermostat.as_mut(), n, "thermostats")?;
-            let mut sums = dev.alloc_zeros::<f64>(2)?;
             let splitting = i32::from(splitting);
             let func = dev.get_or_load_custom_func("bnn_thermostat_kernel", MODULE, PTX)?;
             let mut builder = func.builder();
@@ -130,12 +130,22 @@ pub fn step(
             builder.arg(&splitting);
             builder.arg(&mut sums);
             // SAFETY: the argument list matches `bnn_thermostat_kernel`'s signature, every
-            // pointer covers `n` floats and `sums` two doubles.
+            // pointer covers `n` floats and `sums` three doubles.
             unsafe { builder.launch(cfg) }.w()?;
-            let sums = dev.clone_dtoh(&sums)?;
-            Ok((sums[0], sums[1]))
         }
     }
+    Ok(sums_of(&dev.clone_dtoh(&sums)?)[0])
+}
+
+/// Each chain's [Σv², Σα, Σθ·∇] as the kernels reduce them, three doubles a chain.
+fn sums_of(raw: &[f64]) -> Vec<TensorSums> {
+    raw.chunks_exact(3)
+        .map(|s| TensorSums {
+            sum_sq: s[0],
+            sum_thermostat: s[1],
+            virial: s[2],
+        })
+        .collect()
 }
 
 /// The device addresses of each lane's momentum and, with `thermostats`, of its αᵢ (each
@@ -176,14 +186,14 @@ fn addresses<'b>(
 
 /// One fused update of K chains' tensors stacked in `theta` (K, …), destination, with
 /// their gradients `grad` (K, …), in one launch: chain k's row by the update `lanes[k]`
-/// lends (its noise key, constants and state buffers). Returns each chain's (Σv², Σα).
+/// lends (its noise key, constants and state buffers). Returns each chain's sums.
 pub fn stacked_step(
     theta: &mut CudaStorage,
     theta_layout: &Layout,
     grad: &CudaStorage,
     grad_layout: &Layout,
     lanes: &mut [LentUpdate<'_>],
-) -> candle_core::Result<Vec<(f64, f64)>> {
+) -> candle_core::Result<Vec<TensorSums>> {
     let ((a, b), (ga, gb)) = ranges(theta_layout, grad_layout)?;
     let k = lanes.len();
     let Some(update) = lanes.first().map(|l| l.update) else {
@@ -218,7 +228,7 @@ pub fn stacked_step(
         .collect();
     let consts = dev.clone_htod(&consts)?;
     let (param, step) = (lanes[0].key.param, lanes[0].key.step);
-    let mut sums = dev.alloc_zeros::<f64>(2 * k)?;
+    let mut sums = dev.alloc_zeros::<f64>(3 * k)?;
     match update {
         Update::Sgld => {
             let func = dev.get_or_load_custom_func("bnn_sgld_stacked_kernel", MODULE, PTX)?;
@@ -230,10 +240,10 @@ pub fn stacked_step(
             builder.arg(&seeds);
             builder.arg(&step);
             builder.arg(&consts);
+            builder.arg(&mut sums);
             // SAFETY: the argument list matches `bnn_sgld_stacked_kernel`'s signature;
-            // θ and ∇ cover K·n floats, `seeds` K values, `consts` 4K.
+            // θ and ∇ cover K·n floats, `seeds` K values, `consts` 4K, `sums` 3K.
             unsafe { builder.launch(cfg) }.w()?;
-            return Ok(vec![(0.0, 0.0); k]);
         }
         Update::Momentum => {
             let stream = dev.cuda_stream();
@@ -251,7 +261,7 @@ pub fn stacked_step(
             builder.arg(&mut sums);
             // SAFETY: the argument list matches `bnn_momentum_stacked_kernel`'s signature;
             // θ and ∇ cover K·n floats, each of the K momentum addresses n floats (checked
-            // by `addresses`), `sums` 2K doubles.
+            // by `addresses`), `sums` 3K doubles.
             unsafe { builder.launch(cfg) }.w()?;
         }
         Update::Thermostat { splitting } => {
@@ -279,6 +289,5 @@ pub fn stacked_step(
             unsafe { builder.launch(cfg) }.w()?;
         }
     }
-    let sums = dev.clone_dtoh(&sums)?;
-    Ok(sums.chunks(2).map(|s| (s[0], s[1])).collect())
+    Ok(sums_of(&dev.clone_dtoh(&sums)?))
 }

@@ -17,6 +17,7 @@ extern "C" {
         decay: f32,
         post: f32,
         noise_scale: f32,
+        virial: *mut f64,
     ) -> f64;
     #[allow(clippy::too_many_arguments)]
     fn bnn_host_thermostat_step(
@@ -32,10 +33,11 @@ extern "C" {
         noise_scale: f32,
         splitting: i32,
         sum_alpha: *mut f64,
+        virial: *mut f64,
     ) -> f64;
 }
 
-use super::{StepConsts, Update};
+use super::{StepConsts, TensorSums, Update};
 use crate::rng::NoiseKey;
 
 /// The header's normals for elements `0..out.len()` of a noise stream.
@@ -45,7 +47,7 @@ pub fn normals(key: NoiseKey, out: &mut [f32]) {
     unsafe { bnn_host_normals(key.seed, key.step, key.param, n, out.as_mut_ptr()) }
 }
 
-/// The header's update of a whole tensor; returns Σ v².
+/// The header's update of a whole tensor; returns Σ v² and Σθ·∇, summed in element order.
 pub fn step(
     update: Update,
     theta: &mut [f32],
@@ -53,7 +55,7 @@ pub fn step(
     grad: &[f32],
     key: NoiseKey,
     c: StepConsts,
-) -> f64 {
+) -> TensorSums {
     let n = u32::try_from(theta.len()).expect("fewer than 2³² elements");
     assert_eq!(grad.len(), theta.len());
     let kind = match update {
@@ -64,9 +66,10 @@ pub fn step(
         }
         Update::Thermostat { .. } => panic!("the mSGNHT update is `thermostat_step`"),
     };
+    let mut virial = 0f64;
     // SAFETY: all three buffers hold `n` floats (checked above; the momentum is only
-    // touched for kind 1, where its length is checked).
-    unsafe {
+    // touched for kind 1, where its length is checked); `virial` is one double.
+    let sum_sq = unsafe {
         bnn_host_step(
             kind,
             theta.as_mut_ptr(),
@@ -80,12 +83,18 @@ pub fn step(
             c.decay,
             c.post,
             c.noise_scale,
+            &mut virial,
         )
+    };
+    TensorSums {
+        sum_sq,
+        sum_thermostat: 0.0,
+        virial,
     }
 }
 
 /// The header's mSGNHT update (per-element thermostat) of a whole tensor; returns
-/// (Σv², Σα) after it, summed in element order.
+/// (Σv², Σα) after it and Σθ·∇ before it, summed in element order.
 pub fn thermostat_step(
     theta: &mut [f32],
     momentum: &mut [f32],
@@ -94,13 +103,14 @@ pub fn thermostat_step(
     key: NoiseKey,
     c: StepConsts,
     splitting: bool,
-) -> (f64, f64) {
+) -> TensorSums {
     let n = u32::try_from(theta.len()).expect("fewer than 2³² elements");
     assert!(
         grad.len() == theta.len() && momentum.len() == theta.len() && alpha.len() == theta.len()
     );
-    let mut sum_alpha = 0f64;
-    // SAFETY: the four buffers hold `n` floats (checked above), `sum_alpha` one double.
+    let (mut sum_alpha, mut virial) = (0f64, 0f64);
+    // SAFETY: the four buffers hold `n` floats (checked above), `sum_alpha` and `virial`
+    // one double each.
     let sum_sq = unsafe {
         bnn_host_thermostat_step(
             theta.as_mut_ptr(),
@@ -115,7 +125,12 @@ pub fn thermostat_step(
             c.noise_scale,
             i32::from(splitting),
             &mut sum_alpha,
+            &mut virial,
         )
     };
-    (sum_sq, sum_alpha)
+    TensorSums {
+        sum_sq,
+        sum_thermostat: sum_alpha,
+        virial,
+    }
 }

@@ -4,8 +4,8 @@
 //! Metal shims). Every `unsafe` block of the project lives in this crate.
 //!
 //! Fused sampler steps: one pass over each parameter buffer updates position, momentum
-//! and injected noise together, with the kinetic-energy reduction computed in the same
-//! pass.
+//! and injected noise together, with the kinetic-energy and virial reductions computed in
+//! the same pass ([`TensorSums`]).
 //!
 //! Layout and soundness: a candle in-place op has one mutable destination. The
 //! destination here is the parameter itself, through `Var::as_detached_tensor()`, which
@@ -50,6 +50,32 @@ pub mod stacked;
 use candle_core::{Tensor, Var};
 
 pub use error::{Error, Result};
+
+/// What one tensor's fused update sums in its pass: Σv² and Σα after it, and the virial
+/// Σθ·∇ at the point where ∇ was evaluated (θ before the update). The virial is what the
+/// configurational temperature θ·∇Ũ/D is made of (E_π[θ·∇U] = D·T for any posterior, by
+/// integration by parts): summed in the pass that already reads θ and ∇, it costs no
+/// pass of its own.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TensorSums {
+    /// Σv² after the update (0 for SGLD).
+    pub sum_sq: f64,
+    /// Σα after the update (mSGNHT; else 0).
+    pub sum_thermostat: f64,
+    /// Σθ·∇ with θ before the update.
+    pub virial: f64,
+}
+
+impl std::ops::Add for TensorSums {
+    type Output = TensorSums;
+    fn add(self, o: TensorSums) -> TensorSums {
+        TensorSums {
+            sum_sq: self.sum_sq + o.sum_sq,
+            sum_thermostat: self.sum_thermostat + o.sum_thermostat,
+            virial: self.virial + o.virial,
+        }
+    }
+}
 
 /// Which element update a fused op applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,24 +158,24 @@ pub trait TensorwiseStep {
         let _ = t;
         Ok(None)
     }
-    /// Tensor t was updated through its lent update: Σv² and Σα after it.
-    fn lent_done(&mut self, t: usize, sum_sq: f64, sum_thermostat: f64) -> Result<()> {
-        let _ = (sum_sq, sum_thermostat);
+    /// Tensor t was updated through its lent update, with these sums.
+    fn lent_done(&mut self, t: usize, sums: TensorSums) -> Result<()> {
+        let _ = sums;
         Err(Error::Config(format!(
             "sampler: tensor {t} reported through a lent update it did not lend"
         )))
     }
     /// The update of tensor t for the weight-gradient product to apply as it stores the
     /// gradient ([`gemm::product_then_update`]), where the sampler can; the caller then
-    /// reports Σv² through [`OpenUpdate::updated`] instead of stepping the tensor. θ and v
-    /// come out bit-identical; Σv² is summed in another order.
+    /// reports the sums through [`OpenUpdate::updated`] instead of stepping the tensor. θ
+    /// and v come out bit-identical; the sums are summed in another order.
     fn inline_update(&mut self, t: usize) -> Result<Option<InlineUpdate<'_>>> {
         let _ = t;
         Ok(None)
     }
-    /// Tensor t was updated inline; `sum_sq` = Σv² after the update.
-    fn inline_done(&mut self, t: usize, sum_sq: f64) -> Result<()> {
-        let _ = sum_sq;
+    /// Tensor t was updated inline, with these sums (Σα = 0: no thermostats inline).
+    fn inline_done(&mut self, t: usize, sums: TensorSums) -> Result<()> {
+        let _ = sums;
         Err(Error::Config(format!(
             "sampler: tensor {t} updated inline without an inline update"
         )))
@@ -206,10 +232,10 @@ impl<S: TensorwiseStep + ?Sized> OpenUpdate<'_, S> {
         self.step.lend_update(t)
     }
 
-    /// Tensor t was updated through its lent update: Σv² and Σα after it.
-    pub fn lent(&mut self, t: usize, sum_sq: f64, sum_thermostat: f64) -> Result<()> {
+    /// Tensor t was updated through its lent update, with these sums.
+    pub fn lent(&mut self, t: usize, sums: TensorSums) -> Result<()> {
         self.check(t)?;
-        self.step.lent_done(t, sum_sq, sum_thermostat)?;
+        self.step.lent_done(t, sums)?;
         self.done[t] = true;
         Ok(())
     }
@@ -220,10 +246,10 @@ impl<S: TensorwiseStep + ?Sized> OpenUpdate<'_, S> {
         self.step.inline_update(t)
     }
 
-    /// Tensor t was updated inline; `sum_sq` = Σv² after the update.
-    pub fn updated(&mut self, t: usize, sum_sq: f64) -> Result<()> {
+    /// Tensor t was updated inline, with these sums.
+    pub fn updated(&mut self, t: usize, sums: TensorSums) -> Result<()> {
         self.check(t)?;
-        self.step.inline_done(t, sum_sq)?;
+        self.step.inline_done(t, sums)?;
         self.done[t] = true;
         Ok(())
     }

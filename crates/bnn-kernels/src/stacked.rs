@@ -13,21 +13,20 @@ use candle_core::{CpuStorage, InplaceOp2, Layout, Tensor};
 
 use crate::cpu::{lane_step, theta_and_grad};
 use crate::error::{Error, Result};
-use crate::LentUpdate;
+use crate::{LentUpdate, TensorSums};
 
 struct StackedStepOp<'l, 'a> {
     lanes: RefCell<&'l mut [LentUpdate<'a>]>,
-    sums: RefCell<Vec<(f64, f64)>>,
+    sums: RefCell<Vec<TensorSums>>,
 }
 
 /// Updates the stacked θ (K, …) in place from the stacked gradient, chain k's row by
-/// `lanes[k]`; returns each chain's (Σv², Σα) after the update (0 where the update has
-/// none).
+/// `lanes[k]`; returns each chain's sums (Σv² and Σα 0 where the update has none).
 pub fn step(
     theta: &Tensor,
     grad: &Tensor,
     lanes: &mut [LentUpdate<'_>],
-) -> Result<Vec<(f64, f64)>> {
+) -> Result<Vec<TensorSums>> {
     let k = lanes.len();
     if theta.dims().first() != Some(&k) || grad.dims() != theta.dims() {
         return Err(Error::Config(format!(

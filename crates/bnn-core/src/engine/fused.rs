@@ -8,7 +8,8 @@ use candle_core::{Device, Tensor, Var};
 
 use crate::error::{Error, Result};
 use crate::kernels::{
-    buffer::StateBuffer, cpu::FusedStepOp, InlineUpdate, LentUpdate, StepConsts, Update,
+    buffer::StateBuffer, cpu::FusedStepOp, InlineUpdate, LentUpdate, StepConsts, TensorSums,
+    Update,
 };
 use crate::rng::NoiseKey;
 use crate::sampler::{
@@ -36,8 +37,10 @@ pub struct Fused {
     /// Number of parameter tensors.
     tensors: usize,
     kinetic: f64,
-    /// The step in progress ([`TensorwiseStep`]): its update and constants, and Σv² and
-    /// Σα per tensor (summed in tensor order at the end, whatever order they came in).
+    /// Σθ·∇ per tensor of the last update ([`Sampler::virials`]).
+    virials: Vec<f64>,
+    /// The step in progress ([`TensorwiseStep`]): its update and constants, and each
+    /// tensor's sums (added in tensor order at the end, whatever order they came in).
     pending: Option<Pending>,
 }
 
@@ -45,8 +48,7 @@ pub struct Fused {
 struct Pending {
     update: Update,
     consts: StepConsts,
-    sum_sq: Vec<f64>,
-    sum_thermostat: Vec<f64>,
+    sums: Vec<TensorSums>,
 }
 
 impl Fused {
@@ -106,6 +108,7 @@ impl Fused {
             n,
             tensors: params.len(),
             kinetic: 0.0,
+            virials: Vec::new(),
             pending: None,
         };
         s.kinetic = s.kinetic_from(sum_sq);
@@ -164,30 +167,27 @@ impl TensorwiseStep for Fused {
         self.pending = Some(Pending {
             update,
             consts,
-            sum_sq: vec![0.0; tensors],
-            sum_thermostat: vec![0.0; tensors],
+            sums: vec![TensorSums::default(); tensors],
         });
         Ok(())
     }
 
     fn step_tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
         let g = g.detach().contiguous()?;
-        let (sq, sa) = {
+        let sums = {
             let op = FusedStepOp::new(self.lent(i)?);
             p.as_detached_tensor().inplace_op2(&g, &op)?;
-            (op.sum_sq.get(), op.sum_thermostat.get())
+            op.sums.get()
         };
-        self.lent_done(i, sq, sa)
+        self.lent_done(i, sums)
     }
 
     fn lend_update(&mut self, i: usize) -> Result<Option<LentUpdate<'_>>> {
         self.lent(i).map(Some)
     }
 
-    fn lent_done(&mut self, i: usize, sum_sq: f64, sum_thermostat: f64) -> Result<()> {
-        let pending = in_update(&mut self.pending)?;
-        pending.sum_sq[i] = sum_sq;
-        pending.sum_thermostat[i] = sum_thermostat;
+    fn lent_done(&mut self, i: usize, sums: TensorSums) -> Result<()> {
+        in_update(&mut self.pending)?.sums[i] = sums;
         Ok(())
     }
 
@@ -208,9 +208,9 @@ impl TensorwiseStep for Fused {
         }))
     }
 
-    fn inline_done(&mut self, index: usize, sum_sq: f64) -> Result<()> {
-        // The inline updates (SGLD, the momentum step) have no thermostats to sum.
-        self.lent_done(index, sum_sq, 0.0)
+    fn inline_done(&mut self, index: usize, sums: TensorSums) -> Result<()> {
+        // (The inline updates, SGLD and the momentum step, have no thermostats to sum.)
+        self.lent_done(index, sums)
     }
 
     fn abandon_update(&mut self) {
@@ -223,8 +223,10 @@ impl TensorwiseStep for Fused {
             .take()
             .ok_or_else(|| Error::Config("sampler: finish without begin".into()))?;
         // Summed in tensor order from 0, as a whole-model step sums them.
-        let sum_sq = pending.sum_sq.iter().fold(0f64, |a, &s| a + s);
-        let sum_thermostat = pending.sum_thermostat.iter().fold(0f64, |a, &s| a + s);
+        let sum_sq = pending.sums.iter().fold(0f64, |a, s| a + s.sum_sq);
+        let sum_thermostat = pending.sums.iter().fold(0f64, |a, s| a + s.sum_thermostat);
+        self.virials.clear();
+        self.virials.extend(pending.sums.iter().map(|s| s.virial));
         if pending.update != Update::Sgld {
             self.kinetic = self.kinetic_from(sum_sq);
         }
@@ -291,6 +293,10 @@ impl Sampler for Fused {
             thermostat: matches!(self.config.kind, SamplerKind::Sgnht | SamplerKind::Msgnht)
                 .then_some(self.thermostat),
         }
+    }
+
+    fn virials(&self) -> &[f64] {
+        &self.virials
     }
 
     fn state(&self) -> Result<SamplerState> {

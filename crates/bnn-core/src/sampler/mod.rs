@@ -255,6 +255,15 @@ pub struct Diagnostics {
     pub thermostat: Option<f64>,
 }
 
+/// Σθ·∇ of one tensor in f64 (the composed samplers' virial; the fused kernels sum it in
+/// their pass).
+pub(crate) fn virial(theta: &Tensor, grad: &Tensor) -> Result<f64> {
+    let f64s = |t: &Tensor| t.detach().to_dtype(candle_core::DType::F64);
+    Ok((f64s(theta)? * f64s(grad)?)?
+        .sum_all()?
+        .to_scalar::<f64>()?)
+}
+
 /// Flat host copies of `tensors` (a state's form).
 pub(crate) fn to_state(tensors: &[Tensor]) -> Result<Vec<Tensor>> {
     tensors
@@ -306,6 +315,15 @@ pub trait Sampler: TensorwiseStep + Send {
     }
     /// Kinetic energy and thermostat as of the last update.
     fn diagnostics(&self) -> Diagnostics;
+    /// The virial Σθ·∇ of each parameter tensor in the last update: θ where its gradient
+    /// was evaluated (before the update), ∇ the gradient the update was given (of Ũ/T).
+    /// Summed over the tensors and divided by their D elements, it is the configurational
+    /// temperature, whose expectation under the posterior is 1 (E_π[θ·∇U] = D·T, by
+    /// integration by parts): a check of the positions where the kinetic energy checks
+    /// the momenta. Empty before the first update, and for SGD and momentum.
+    fn virials(&self) -> &[f64] {
+        &[]
+    }
     /// The state between updates, as plain data.
     fn state(&self) -> Result<SamplerState>;
     /// Continues from `state` (taken from a sampler of the same configuration on the same

@@ -422,9 +422,9 @@ pub fn updates_inline(n: usize) -> bool {
 /// stores its sums: ∇ itself is not stored (`scratch`, m × n, holds the partial sums
 /// when k spans several blocks). θ and v end up bit-identical to [`product`] with the
 /// addend (θ, `prior_scale`) followed by the fused update of [`super::cpu::step`].
-/// Returns Σv² after the update (0 for SGLD), summed per row in a fixed order (see
-/// `nn::update_body`) — the same on every path and thread count, though not in the fused
-/// pass's chunk order. `row_sums` is scratch.
+/// Returns Σv² after the update (0 for SGLD) and Σθ·∇ before it, summed per row in a
+/// fixed order (see `nn::update_body`) — the same on every path and thread count, though
+/// not in the fused pass's chunk order. `row_sums` is scratch.
 ///
 /// # Panics
 /// Where [`updates_inline`] is false for `n`, for k = 0, or on operands of the wrong size.
@@ -441,7 +441,7 @@ pub fn product_then_update(
     prior_scale: f32,
     step: super::InlineUpdate<'_>,
     row_sums: &mut Vec<f64>,
-) -> f64 {
+) -> super::TensorSums {
     assert!(
         updates_inline(n),
         "product_then_update: rows must be whole Philox blocks"
@@ -468,9 +468,9 @@ pub fn product_then_update(
         "product_then_update: rhs must be contiguous along n or k"
     );
     row_sums.clear();
-    row_sums.resize(m, 0.0);
+    row_sums.resize(2 * m, 0.0);
     if m == 0 || n == 0 {
-        return 0.0;
+        return super::TensorSums::default();
     }
     let fuse = nn::Fuse {
         theta: theta.as_mut_ptr(),
@@ -488,7 +488,14 @@ pub fn product_then_update(
     // SAFETY: extents checked above, θ and v are m·n long and borrowed uniquely for the
     // call, n is a multiple of 4, rhs contiguous along n or k.
     unsafe { product_on_current_path(m, n, k, scratch, lhs, rhs, opts, Some(&fuse)) };
-    row_sums.iter().sum()
+    let (squares, virials) = row_sums.chunks_exact(2).fold((0.0, 0.0), |(s, v), r| {
+        (s + r[0], v + r[1])
+    });
+    super::TensorSums {
+        sum_sq: squares,
+        sum_thermostat: 0.0,
+        virial: virials,
+    }
 }
 
 /// The hard checks of [`product`] and [`product_then_update`]: everything after them

@@ -44,7 +44,8 @@ pub(super) enum Store {
 pub(super) struct Fuse {
     pub theta: *mut f32,
     pub momentum: *mut f32,
-    /// Σv² of each row of C, accumulated in column order (see [`update_body`]).
+    /// Σv² and Σθ·∇ of each row of C (two per row), accumulated in column order (see
+    /// [`update_body`]).
     pub row_sums: *mut f64,
     pub update: crate::Update,
     pub consts: crate::StepConsts,
@@ -224,11 +225,12 @@ fn reduce8(l: &[f64; 8]) -> f64 {
 /// λθ (or + the partial sums in C), noise for the tile's Philox blocks, then the fused
 /// element update in the kernel header's f32 operations and order.
 ///
-/// Σv² of a row is summed in groups of 16 columns: lane i of eight f64 lanes takes
-/// columns i and i + 8 of the group, in that order, the lanes are added by [`reduce8`],
-/// and each group's sum is added to the row's total in column order. Column tiles start
-/// on multiples of 16 columns and hold whole groups (but the row's last), so this order,
-/// and Σv², are the same on every path and tiling.
+/// Σv² of a row, and Σθ·∇ (θ before the update: the virial), are each summed in groups of
+/// 16 columns: lane i of eight f64 lanes takes columns i and i + 8 of the group, in that
+/// order, the lanes are added by [`reduce8`], and each group's sum is added to the row's
+/// total in column order. Column tiles start on multiples of 16 columns and hold whole
+/// groups (but the row's last), so this order, and the sums, are the same on every path
+/// and tiling.
 ///
 /// # Safety
 /// The path's features present; pointers as [`Fuse`] says; the tile's rows are whole
@@ -268,10 +270,10 @@ pub(super) unsafe fn update_body<S: Simd, const R: usize, const V: usize>(
         // made the compiler reload the pointers at every vector.
         let (theta_at, momentum_at, c_at) =
             (f.theta.add(at), f.momentum.wrapping_add(at), u.c.add(at));
-        let sums_at = f.row_sums.add(at / n);
+        let sums_at = f.row_sums.add(2 * (at / n));
         for (r, row) in acc.iter().enumerate() {
-            let mut lanes = [0f64; 8];
-            let mut row_sum = *sums_at.add(r);
+            let (mut lanes, mut virial_lanes) = ([0f64; 8], [0f64; 8]);
+            let (mut row_sum, mut row_virial) = (*sums_at.add(2 * r), *sums_at.add(2 * r + 1));
             for (v, &sum) in row.iter().enumerate() {
                 let (m, off) = (masks[v], r * n + S::LANES * v);
                 let full = u.cols >= S::LANES * (v + 1);
@@ -287,6 +289,8 @@ pub(super) unsafe fn update_body<S: Simd, const R: usize, const V: usize>(
                 let zv = S::load(z.as_ptr().add(r * 4 * per_row + S::LANES * v));
                 let kick = S::mul(g, eta);
                 let noise = S::mul(zv, sigma);
+                let tg = S::mul(theta, g);
+                S::add_squares(&mut virial_lanes, if full { tg } else { S::keep(m, tg) });
                 if momentum {
                     // bnn_momentum_step: vn = (v·decay − g·η + z·σ)·post; θ += vn.
                     let old = load(momentum_at.add(off));
@@ -295,23 +299,24 @@ pub(super) unsafe fn update_body<S: Simd, const R: usize, const V: usize>(
                     store(theta_at.add(off), S::add(theta, vn));
                     let vv = S::mul(vn, vn);
                     S::add_squares(&mut lanes, if full { vv } else { S::keep(m, vv) });
-                    let end = col0 + S::LANES * (v + 1);
-                    if end.is_multiple_of(16) || end >= n {
-                        row_sum += reduce8(&lanes);
-                        lanes = [0.0; 8];
-                    }
                 } else {
                     // bnn_sgld: θ ← θ − g·η + z·σ.
                     store(theta_at.add(off), S::add(S::sub(theta, kick), noise));
                 }
-            }
-            if momentum {
-                if lanes != [0.0; 8] {
-                    // Unreachable with the tilings of `product` (see above), but nothing is lost.
+                let end = col0 + S::LANES * (v + 1);
+                if end.is_multiple_of(16) || end >= n {
                     row_sum += reduce8(&lanes);
+                    row_virial += reduce8(&virial_lanes);
+                    (lanes, virial_lanes) = ([0.0; 8], [0.0; 8]);
                 }
-                *sums_at.add(r) = row_sum;
             }
+            // Unreachable with the tilings of `product` (see above), but nothing is lost.
+            if lanes != [0.0; 8] || virial_lanes != [0.0; 8] {
+                row_sum += reduce8(&lanes);
+                row_virial += reduce8(&virial_lanes);
+            }
+            *sums_at.add(2 * r) = row_sum;
+            *sums_at.add(2 * r + 1) = row_virial;
         }
     }
 }

@@ -410,8 +410,8 @@ fn step_stacked(lanes: &mut [Lane], stack: &Stacked, grads: &[Tensor]) -> Result
         }
         let sums = crate::kernels::stacked::step(&p.var.as_detached_tensor(), g, &mut lent)?;
         drop(lent);
-        for (open, (sum_sq, sum_thermostat)) in opens.iter_mut().zip(sums) {
-            open.lent(t, sum_sq, sum_thermostat)?;
+        for (open, sums) in opens.iter_mut().zip(sums) {
+            open.lent(t, sums)?;
         }
     }
     opens.into_iter().try_for_each(|o| o.finish())

@@ -668,7 +668,7 @@ impl MlpBackprop {
             views[2 * k] = None;
             let theta = model.params[2 * k].var.as_detached_tensor();
             let row_sums = &mut self.row_sums;
-            let sum_sq = with_data_mut(&self.grads[2 * k], |scratch| {
+            let sums = with_data_mut(&self.grads[2 * k], |scratch| {
                 with_data_mut(&theta, |theta| {
                     product_then_update(
                         fan_out, fan_in, rows, scratch, delta_t, input_mat, zeros, theta, lw,
@@ -677,7 +677,7 @@ impl MlpBackprop {
                 })
             })??;
             if let Some(step) = step.as_mut() {
-                step.updated(2 * k, sum_sq)?;
+                step.updated(2 * k, sums)?;
                 self.inline_updates += 1;
             }
         }

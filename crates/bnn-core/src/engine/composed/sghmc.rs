@@ -16,7 +16,7 @@ use candle_core::{Tensor, Var};
 
 use crate::error::Result;
 use crate::sampler::{
-    from_state, init_momentum, kinetic_energy, noise_like, to_state, Clock, Diagnostics,
+    virial, from_state, init_momentum, kinetic_energy, noise_like, to_state, Clock, Diagnostics,
     Integrator, Sampler, SamplerConfig, SamplerState, SghmcState, TensorwiseStep,
 };
 
@@ -29,6 +29,8 @@ pub struct ComposedSghmc {
     pub seed: u64,
     /// Updates done.
     pub step: u64,
+    /// Σθ·∇ per tensor of the last update.
+    virials: Vec<f64>,
     /// v = p·h, one tensor per parameter tensor.
     pub momentum: Vec<Tensor>,
     kinetic: f64,
@@ -48,6 +50,7 @@ impl ComposedSghmc {
             config,
             seed,
             step: 0,
+            virials: Vec::new(),
             momentum,
             kinetic,
         })
@@ -60,6 +63,8 @@ impl TensorwiseStep for ComposedSghmc {
     }
 
     fn open_update(&mut self) -> Result<()> {
+        self.virials.clear();
+        self.virials.resize(self.tensor_count(), 0.0);
         Ok(())
     }
 
@@ -72,6 +77,7 @@ impl TensorwiseStep for ComposedSghmc {
         } = self.config;
         let sigma = (2.0 * (alpha - beta) * eta).sqrt();
         let g = &g.detach(); // keep autograd history out of the sampler state
+        self.virials[i] = virial(p.as_tensor(), g)?;
         let z = noise_like(g, self.seed, self.step, i)?;
         let v = &self.momentum[i];
         let v = if self.config.integrator == Integrator::Splitting {
@@ -102,6 +108,10 @@ impl Sampler for ComposedSghmc {
             kinetic_energy: Some(self.kinetic),
             thermostat: None,
         }
+    }
+
+    fn virials(&self) -> &[f64] {
+        &self.virials
     }
 
     fn state(&self) -> Result<SamplerState> {

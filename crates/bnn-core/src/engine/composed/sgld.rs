@@ -7,7 +7,7 @@ use candle_core::{Tensor, Var};
 
 use crate::error::Result;
 use crate::sampler::{
-    noise_like, Clock, Diagnostics, Sampler, SamplerConfig, SamplerState, TensorwiseStep,
+    virial, noise_like, Clock, Diagnostics, Sampler, SamplerConfig, SamplerState, TensorwiseStep,
 };
 
 /// SGLD (Welling and Teh 2011).
@@ -19,6 +19,8 @@ pub struct ComposedSgld {
     pub seed: u64,
     /// Updates done.
     pub step: u64,
+    /// Σθ·∇ per tensor of the last update.
+    virials: Vec<f64>,
     /// Number of parameter tensors.
     tensors: usize,
 }
@@ -30,6 +32,7 @@ impl ComposedSgld {
             config,
             seed,
             step: 0,
+            virials: Vec::new(),
             tensors: params.len(),
         }
     }
@@ -41,6 +44,8 @@ impl TensorwiseStep for ComposedSgld {
     }
 
     fn open_update(&mut self) -> Result<()> {
+        self.virials.clear();
+        self.virials.resize(self.tensor_count(), 0.0);
         Ok(())
     }
 
@@ -48,6 +53,7 @@ impl TensorwiseStep for ComposedSgld {
         let eta = self.config.step_size;
         let sigma = (2.0 * eta).sqrt();
         let g = &g.detach(); // keep autograd history out of the sampler state
+        self.virials[i] = virial(p.as_tensor(), g)?;
         let z = noise_like(g, self.seed, self.step, i)?;
         let theta = ((p.as_detached_tensor() - (g * eta)?)? + (z * sigma)?)?;
         p.set(&theta)?;
@@ -67,6 +73,10 @@ impl Sampler for ComposedSgld {
 
     fn diagnostics(&self) -> Diagnostics {
         Diagnostics::default()
+    }
+
+    fn virials(&self) -> &[f64] {
+        &self.virials
     }
 
     fn state(&self) -> Result<SamplerState> {

@@ -26,7 +26,7 @@ use candle_core::{Tensor, Var};
 
 use crate::error::Result;
 use crate::sampler::{
-    from_state, init_momentum, kinetic_energy, noise_like, to_state, Clock, Diagnostics,
+    virial, from_state, init_momentum, kinetic_energy, noise_like, to_state, Clock, Diagnostics,
     Integrator, MsgnhtState, Sampler, SamplerConfig, SamplerState, SgnhtState, TensorwiseStep,
 };
 
@@ -48,6 +48,8 @@ pub struct ComposedSgnht {
     pub seed: u64,
     /// Updates done.
     pub step: u64,
+    /// Σθ·∇ per tensor of the last update.
+    virials: Vec<f64>,
     /// u = p·h, one tensor per parameter tensor.
     pub momentum: Vec<Tensor>,
     /// The thermostat(s).
@@ -80,6 +82,7 @@ impl ComposedSgnht {
             config,
             seed,
             step: 0,
+            virials: Vec::new(),
             momentum,
             thermostat,
             kinetic,
@@ -155,6 +158,8 @@ impl TensorwiseStep for ComposedSgnht {
     }
 
     fn open_update(&mut self) -> Result<()> {
+        self.virials.clear();
+        self.virials.resize(self.tensor_count(), 0.0);
         Ok(())
     }
 
@@ -165,6 +170,7 @@ impl TensorwiseStep for ComposedSgnht {
         let eta = self.config.step_size;
         let sigma = (2.0 * self.config.diffusion * eta).sqrt();
         let g = &g.detach(); // keep autograd history out of the sampler state
+        self.virials[i] = virial(p.as_tensor(), g)?;
         let z = noise_like(g, self.seed, self.step, i)?;
         let u = &self.momentum[i];
         let u = if self.config.integrator == Integrator::Splitting {
@@ -195,6 +201,10 @@ impl Sampler for ComposedSgnht {
             kinetic_energy: Some(self.kinetic),
             thermostat: self.mean_thermostat().ok(),
         }
+    }
+
+    fn virials(&self) -> &[f64] {
+        &self.virials
     }
 
     fn state(&self) -> Result<SamplerState> {
