@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, RunManifest};
 use crate::error::{Error, Result};
+use crate::train::configurational::{Configurational, CONFIGURATIONAL_BAND};
+use crate::train::diagnostics::DiagnosticRecord;
 
 /// One tensor of a sample file.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -53,6 +55,9 @@ pub struct RunInfo {
     /// run has not finished).
     pub ensemble: Option<serde_json::Value>,
     pub last_sample: Option<serde_json::Value>,
+    /// Each chain's configurational temperature as its last line of `diagnostics.jsonl`
+    /// has it (chains without one are left out): (chain, figures).
+    pub configurational: Vec<(usize, Configurational)>,
 }
 
 /// Reads the header of the safetensors file at `path`, its data checked against the
@@ -112,7 +117,11 @@ pub fn inspect_run(run_dir: &Path) -> Result<RunInfo> {
     let mut samples_per_chain = Vec::new();
     let (mut sample_bytes, mut state_bytes) = (0, 0);
     let mut first = None;
-    for dir in &chains {
+    let mut configurational = Vec::new();
+    for (c, dir) in chains.iter().enumerate() {
+        if let Some(t) = last_configurational(dir) {
+            configurational.push((c, t));
+        }
         let paths = checkpoint::list_samples(dir)?;
         if first.is_none() {
             first = paths.first().cloned();
@@ -157,7 +166,52 @@ pub fn inspect_run(run_dir: &Path) -> Result<RunInfo> {
         last_sample: field("last_sample")
             .filter(|v| !v.is_null())
             .or_else(|| field("regression_last_sample")),
+        configurational,
     })
+}
+
+/// The configurational temperature of the last line of `chain`'s `diagnostics.jsonl`
+/// that has one (none: no file, or a sampler without it).
+fn last_configurational(chain: &Path) -> Option<Configurational> {
+    let text = std::fs::read_to_string(chain.join("diagnostics.jsonl")).ok()?;
+    text.lines().rev().find_map(|l| {
+        serde_json::from_str::<DiagnosticRecord>(l)
+            .ok()?
+            .configurational
+    })
+}
+
+/// One chain's configurational temperature for people: since burn-in with its standard
+/// error, and per tensor (the last interval's during burn-in).
+fn configurational_line(c: &Configurational) -> String {
+    let mut line = match (c.since_burnin, c.standard_error) {
+        (Some(t), Some(se)) => format!("{t:.3} ± {se:.3} since burn-in"),
+        (Some(t), None) => format!("{t:.3} since burn-in"),
+        _ => format!(
+            "{:.3} over the last {} updates (in burn-in)",
+            c.temperature, c.updates
+        ),
+    };
+    let (lo, hi) = CONFIGURATIONAL_BAND;
+    let t = c.since_burnin.unwrap_or(c.temperature);
+    if !(lo..=hi).contains(&t) {
+        line.push_str(&format!(" (outside [{lo}, {hi}]: 1 for a correct sampler)"));
+    }
+    let tensors: Vec<String> = c
+        .per_tensor
+        .iter()
+        .map(|t| {
+            format!(
+                "{} {:.3}",
+                t.tensor,
+                t.since_burnin.unwrap_or(t.temperature)
+            )
+        })
+        .collect();
+    if tensors.len() > 1 {
+        line.push_str(&format!("; {}", tensors.join(", ")));
+    }
+    line
 }
 
 /// A settings value for people: an object as `kind key value …`, strings unquoted.
@@ -297,6 +351,13 @@ pub fn run_table(r: &RunInfo) -> String {
         ),
         None => "-".into(),
     };
+    for (chain, c) in &r.configurational {
+        let which = match r.samples_per_chain.len() {
+            1 => String::new(),
+            _ => format!(" (chain {chain})"),
+        };
+        let _ = writeln!(out, "θ·∇Ũ/(D·T)   {}{which}", configurational_line(c));
+    }
     let _ = writeln!(out, "ensemble     {}", metric(&r.ensemble));
     let _ = writeln!(out, "last sample  {}", metric(&r.last_sample));
     if let Some(f) = &r.first_sample {

@@ -463,6 +463,9 @@ fn dynamics(
             per_tensor,
         ));
     }
+    if let Some(p) = configurational_panel(watched) {
+        panels.push(p);
+    }
     panels.push(count_panel(
         "Step size η",
         "epoch",
@@ -480,6 +483,55 @@ fn dynamics(
         title: "Sampler dynamics".into(),
         panels,
     }
+}
+
+/// θ·∇Ũ/(D·T) against the update: each record's interval (dots), the mean since burn-in
+/// overall and per tensor (lines), and 1, where a correct sampler's mean sits (dashed).
+fn configurational_panel(watched: &[crate::train::diagnostics::DiagnosticRecord]) -> Option<Panel> {
+    let with: Vec<_> = watched
+        .iter()
+        .filter_map(|r| Some((r.step as f64, r.configurational.as_ref()?)))
+        .collect();
+    let (first, _) = with.first()?;
+    let last = with.last().map_or(*first, |w| w.0);
+    let mut series = vec![
+        Series::new(
+            "each record's interval",
+            with.iter().map(|(x, c)| (*x, c.temperature)).collect(),
+            Mark::Points,
+        ),
+        Series::new(
+            "since burn-in",
+            with.iter()
+                .filter_map(|(x, c)| Some((*x, c.since_burnin?)))
+                .collect(),
+            Mark::Line,
+        ),
+    ];
+    if let Some((_, c)) = with.last().filter(|(_, c)| c.per_tensor.len() > 1) {
+        for (i, t) in c.per_tensor.iter().enumerate() {
+            let points = with
+                .iter()
+                .filter_map(|(x, c)| Some((*x, c.per_tensor.get(i)?.since_burnin?)))
+                .collect();
+            series.push(Series::new(
+                &format!("{} since burn-in", t.tensor),
+                points,
+                Mark::Line,
+            ));
+        }
+    }
+    series.push(Series::new(
+        "1 (a correct sampler)",
+        vec![(*first, 1.0), (last, 1.0)],
+        Mark::Dashed,
+    ));
+    Some(panel(
+        "Configurational temperature θ·∇Ũ/(D·T)",
+        "update",
+        "θ·∇Ũ/(D·T)",
+        series,
+    ))
 }
 
 fn ensemble_size(progress: &[crate::ensemble::EnsembleAfter]) -> Figure {

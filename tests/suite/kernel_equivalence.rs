@@ -82,7 +82,11 @@ fn header_step_equals_cpu_op_bit_for_bit() {
                     "Σv²: {s1:?} vs {s2:?}"
                 );
                 // The virial, a sum of terms of both signs: to rounding of Σ|θ·∇|.
-                let scale: f64 = theta_in.iter().zip(&g).map(|(&t, &g)| (t * g).abs() as f64).sum();
+                let scale: f64 = theta_in
+                    .iter()
+                    .zip(&g)
+                    .map(|(&t, &g)| (t * g).abs() as f64)
+                    .sum();
                 assert!(
                     (s1.virial - s2.virial).abs() <= 1e-12 * scale,
                     "Σθ·∇: {s1:?} vs {s2:?}"
@@ -112,7 +116,11 @@ fn header_thermostat_step_equals_cpu_op_bit_for_bit() {
                 let v = random(n, 0.01, &mut rng);
                 let g = random(n, 100.0, &mut rng);
                 let alpha: Vec<f32> = (0..n).map(|_| rng.random_range(-0.5..2.0)).collect();
-                let scale: f64 = theta.iter().zip(&g).map(|(&t, &g)| (t * g).abs() as f64).sum();
+                let scale: f64 = theta
+                    .iter()
+                    .zip(&g)
+                    .map(|(&t, &g)| (t * g).abs() as f64)
+                    .sum();
                 let (mut t1, mut v1, mut a1) = (theta.clone(), v.clone(), alpha.clone());
                 let (mut t2, mut v2, mut a2) = (theta, v, alpha);
                 let s1 = cpu::thermostat_step(&mut t1, &mut v1, &mut a1, &g, key, c, splitting);

@@ -17,6 +17,7 @@ mod fetch;
 mod inspect;
 mod isa;
 mod kernel_equivalence;
+mod minibatch_posterior;
 mod optimizer;
 mod plot;
 mod posterior;

@@ -22,7 +22,7 @@ use bnn::potential::PriorSpec;
 
 use crate::common::run_ok;
 
-fn diabetes() -> Option<PathBuf> {
+pub(crate) fn diabetes() -> Option<PathBuf> {
     table("diabetes.csv")
 }
 
@@ -65,7 +65,7 @@ fn solve(a: &[Vec<f64>], b: &[f64]) -> Vec<f64> {
 }
 
 /// The exact posterior (μ, Σ) of the run in `run`.
-fn exact_posterior(run: &Path) -> (Vec<f64>, Vec<Vec<f64>>) {
+pub(crate) fn exact_posterior(run: &Path) -> (Vec<f64>, Vec<Vec<f64>>) {
     let m = RunManifest::read(run).unwrap();
     let ds = bnn::data::tabular::load(&m.table.unwrap().spec).unwrap();
     let sigma = match m.settings.likelihood.noise() {
@@ -107,7 +107,7 @@ fn exact_posterior(run: &Path) -> (Vec<f64>, Vec<Vec<f64>>) {
 }
 
 /// Each sample's (w, b), in order.
-fn samples(run: &Path) -> Vec<Vec<f64>> {
+pub(crate) fn samples(run: &Path) -> Vec<Vec<f64>> {
     flat_samples(
         &checkpoint::list_samples(run).unwrap(),
         Some(&["fc1.weight", "fc1.bias"]),
@@ -270,7 +270,7 @@ fn msgnht_splitting_samples_the_exact_linear_regression_posterior() {
 }
 
 /// Sample means and covariance of `draws`.
-fn moments(draws: &[Vec<f64>]) -> (Vec<f64>, Vec<Vec<f64>>) {
+pub(crate) fn moments(draws: &[Vec<f64>]) -> (Vec<f64>, Vec<Vec<f64>>) {
     let (k, dim) = (draws.len() as f64, draws[0].len());
     let mean: Vec<f64> = (0..dim)
         .map(|i| draws.iter().map(|v| v[i]).sum::<f64>() / k)

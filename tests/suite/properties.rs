@@ -93,6 +93,7 @@ fn state_file() -> Vec<u8> {
         rollbacks: 0,
         regression: None,
         noise_precision: None,
+        configurational: Default::default(),
     };
     let dir = tempfile::tempdir().unwrap();
     state.save(dir.path()).unwrap();

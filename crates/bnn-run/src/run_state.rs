@@ -21,6 +21,7 @@ use crate::ensemble::{AccumulatorState, Sums};
 use crate::error::{Error, Result};
 use crate::regression::RegressionAccumulator;
 use crate::sampler::{SamplerState, StateScalars};
+use crate::train::configurational::ConfigurationalSums;
 
 /// Format version of the state file.
 const VERSION: u32 = 2;
@@ -91,6 +92,9 @@ struct Scalars {
     /// A regression's noise precision τ.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     noise_precision: Option<f64>,
+    /// The configurational temperature's running sums.
+    #[serde(default)]
+    configurational: ConfigurationalSums,
 }
 
 fn is_zero(v: &f64) -> bool {
@@ -121,6 +125,8 @@ pub struct RunState {
     pub regression: Option<RegressionAccumulator>,
     /// A regression's noise precision τ.
     pub noise_precision: Option<f64>,
+    /// The configurational temperature's running sums (`diagnostics.jsonl`).
+    pub configurational: ConfigurationalSums,
 }
 
 impl RunState {
@@ -137,6 +143,7 @@ impl RunState {
             rollbacks: self.rollbacks,
             regression: self.regression.clone(),
             noise_precision: self.noise_precision,
+            configurational: self.configurational.clone(),
         };
         let mut tensors: Vec<(String, Tensor)> = self
             .params
@@ -185,6 +192,7 @@ impl RunState {
             rollbacks: scalars.rollbacks,
             regression: scalars.regression,
             noise_precision: scalars.noise_precision,
+            configurational: scalars.configurational,
         })
     }
 }

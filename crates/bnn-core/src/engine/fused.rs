@@ -8,8 +8,7 @@ use candle_core::{Device, Tensor, Var};
 
 use crate::error::{Error, Result};
 use crate::kernels::{
-    buffer::StateBuffer, cpu::FusedStepOp, InlineUpdate, LentUpdate, StepConsts, TensorSums,
-    Update,
+    buffer::StateBuffer, cpu::FusedStepOp, InlineUpdate, LentUpdate, StepConsts, TensorSums, Update,
 };
 use crate::rng::NoiseKey;
 use crate::sampler::{

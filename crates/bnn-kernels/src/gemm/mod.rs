@@ -488,9 +488,9 @@ pub fn product_then_update(
     // SAFETY: extents checked above, θ and v are m·n long and borrowed uniquely for the
     // call, n is a multiple of 4, rhs contiguous along n or k.
     unsafe { product_on_current_path(m, n, k, scratch, lhs, rhs, opts, Some(&fuse)) };
-    let (squares, virials) = row_sums.chunks_exact(2).fold((0.0, 0.0), |(s, v), r| {
-        (s + r[0], v + r[1])
-    });
+    let (squares, virials) = row_sums
+        .chunks_exact(2)
+        .fold((0.0, 0.0), |(s, v), r| (s + r[0], v + r[1]));
     super::TensorSums {
         sum_sq: squares,
         sum_thermostat: 0.0,

@@ -249,7 +249,11 @@ fn update_in_the_epilogue_is_bit_identical_to_product_then_fused_step() {
                 );
                 // Σθ·∇ in another order: the same f32 products (the epilogue's ∇ has the
                 // stored gradient's roundings), summed in f64, agree to ~1e-15 of Σ|θ·∇|.
-                let scale: f64 = theta0.iter().zip(&grad).map(|(&t, &g)| (t * g).abs() as f64).sum();
+                let scale: f64 = theta0
+                    .iter()
+                    .zip(&grad)
+                    .map(|(&t, &g)| (t * g).abs() as f64)
+                    .sum();
                 assert!(
                     (sum.virial - sum_ref.virial).abs() <= 1e-12 * scale,
                     "{path} virial {} vs {}",

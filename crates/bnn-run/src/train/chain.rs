@@ -469,7 +469,10 @@ impl<'a, S: ChainSink> Chain<'a, S> {
         let at = self.restore_saved()?;
         self.sink.discard_after(&at)?;
         self.rollbacks = rollbacks;
+        // A fresh watch, but the saved state's configurational sums.
+        let sums = std::mem::take(&mut self.monitor.configurational);
         self.monitor = new_monitor(self.cfg, &self.stepper);
+        self.monitor.configurational = sums;
         self.save(at.clone())?;
         tracing::warn!(
             "{cause} -- rolled back to the state saved at step {} (epoch {}), step size halved \
@@ -638,6 +641,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
         }
         self.kept.kinetic_trace = state.kinetic_trace;
         self.rollbacks = state.rollbacks;
+        self.monitor.configurational = state.configurational;
         Ok(state.progress)
     }
 
@@ -717,6 +721,14 @@ impl<'a, S: ChainSink> Chain<'a, S> {
             sums.ke_sum += ke;
             sums.ke_count += 1;
         }
+        // The configurational temperature counts only the epoch's first update: its
+        // minibatch comes from a fresh permutation, independent of θ, so its θ·∇̃ is
+        // unbiased. The epoch's later minibatches are drawn from what the earlier ones
+        // left, which θ has followed, and bias θ·∇̃ upward (configurational.rs).
+        if sums.updates == 1 {
+            self.monitor
+                .add_virials(epoch, self.stepper.sampler.virials());
+        }
         Ok(diag)
     }
 
@@ -776,6 +788,13 @@ impl<'a, S: ChainSink> Chain<'a, S> {
         };
         let mut record = super::diagnostics::record(step, epoch, inputs)?;
         record.temperature = temperature;
+        let tensors: Vec<(String, usize)> = self
+            .model
+            .params
+            .iter()
+            .map(|p| (p.name.clone(), p.var.elem_count()))
+            .collect();
+        self.monitor.fill_configurational(&mut record, &tensors);
         self.sink.diagnostics(&record)?;
         self.monitor.record(record);
         Ok(())
@@ -906,6 +925,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
                 .then_some(self.stepper.potential.noise_precision),
             kinetic_trace: kept.kinetic_trace.clone(),
             rollbacks: self.rollbacks,
+            configurational: self.monitor.configurational.clone(),
         })
     }
 }

@@ -1,7 +1,8 @@
 //! The sampler watched during training (`--log-every N`, default once per epoch): lines of
 //! `diagnostics.jsonl` with the minibatch potential energy, the kinetic energy per
-//! parameter overall and per parameter tensor, and the thermostat's mean and spread; and
-//! one warning when the temperature is out of control.
+//! parameter overall and per parameter tensor, the thermostat's mean and spread, and the
+//! configurational temperature ([`super::configurational`]); and one warning when the
+//! temperature is out of control, by either measure.
 //!
 //! Why per tensor: a sampler can hold the overall kinetic energy at its target while some
 //! layers are far too hot and others frozen (tried here: scalar SGNHT on MNIST held 0.4–0.6
@@ -13,6 +14,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::configurational::{Configurational, ConfigurationalSums};
 use crate::error::Result;
 use crate::sampler::{self, Sampler};
 
@@ -73,6 +75,10 @@ pub struct DiagnosticRecord {
     /// Replica runs: the temperature the replica held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f64>,
+    /// θ·∇Ũ/(D·T) since the previous record and since burn-in, overall and per tensor
+    /// (samplers with a fused or composed update; absent for SGD and momentum).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configurational: Option<Configurational>,
 }
 
 /// What a chain needs of its model and potential to fill a record.
@@ -140,6 +146,7 @@ pub fn record(step: u64, epoch: usize, inputs: Inputs<'_>) -> Result<DiagnosticR
         thermostat_mean,
         thermostat_spread,
         temperature: None,
+        configurational: None,
     })
 }
 
@@ -158,6 +165,8 @@ pub struct Monitor {
     label: String,
     /// The kinetic energy is checked from this epoch on (0-based; the burn-in's end).
     check_from: usize,
+    /// The configurational temperature's sums (saved with the run).
+    pub configurational: ConfigurationalSums,
 }
 
 impl Monitor {
@@ -172,6 +181,27 @@ impl Monitor {
             warned_kinetic: false,
             warned_thermostat: false,
             label: label.to_string(),
+            configurational: ConfigurationalSums::default(),
+        }
+    }
+
+    /// Adds one update of epoch `epoch` (0-based): its per-tensor virials.
+    pub fn add_virials(&mut self, epoch: usize, virials: &[f64]) {
+        self.configurational.add(virials, epoch >= self.check_from);
+    }
+
+    /// Fills `record`'s configurational temperature for `tensors` (name, elements), and
+    /// warns once when it is out of its band.
+    pub fn fill_configurational(
+        &mut self,
+        record: &mut DiagnosticRecord,
+        tensors: &[(String, usize)],
+    ) {
+        record.configurational = self.configurational.take_record(tensors);
+        if let Some(c) = &record.configurational {
+            if let Some(w) = self.configurational.warning(c, &self.label) {
+                tracing::warn!("{w}");
+            }
         }
     }
 
@@ -315,6 +345,7 @@ mod tests {
             thermostat_mean: thermostat,
             thermostat_spread: thermostat.map(|_| 0.0),
             temperature: None,
+            configurational: None,
         }
     }
 

@@ -3,6 +3,7 @@
 //! metrics, and a summary.
 
 mod chain;
+pub mod configurational;
 pub mod diagnostics;
 pub mod disk;
 mod hmc;

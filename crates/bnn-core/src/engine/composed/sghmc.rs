@@ -16,7 +16,7 @@ use candle_core::{Tensor, Var};
 
 use crate::error::Result;
 use crate::sampler::{
-    virial, from_state, init_momentum, kinetic_energy, noise_like, to_state, Clock, Diagnostics,
+    from_state, init_momentum, kinetic_energy, noise_like, to_state, virial, Clock, Diagnostics,
     Integrator, Sampler, SamplerConfig, SamplerState, SghmcState, TensorwiseStep,
 };
 

@@ -7,7 +7,7 @@ use candle_core::{Tensor, Var};
 
 use crate::error::Result;
 use crate::sampler::{
-    virial, noise_like, Clock, Diagnostics, Sampler, SamplerConfig, SamplerState, TensorwiseStep,
+    noise_like, virial, Clock, Diagnostics, Sampler, SamplerConfig, SamplerState, TensorwiseStep,
 };
 
 /// SGLD (Welling and Teh 2011).

@@ -26,7 +26,7 @@ use candle_core::{Tensor, Var};
 
 use crate::error::Result;
 use crate::sampler::{
-    virial, from_state, init_momentum, kinetic_energy, noise_like, to_state, Clock, Diagnostics,
+    from_state, init_momentum, kinetic_energy, noise_like, to_state, virial, Clock, Diagnostics,
     Integrator, MsgnhtState, Sampler, SamplerConfig, SamplerState, SgnhtState, TensorwiseStep,
 };
 

@@ -1,0 +1,250 @@
+//! The configurational temperature of a chain: the mean of θ·∇Ũ(θ)/(D·T) over its updates,
+//! per parameter tensor and overall, from the virial Σθ·∇ each update's pass already sums
+//! ([`crate::sampler::Sampler::virials`]; no pass of its own).
+//!
+//! Why: by integration by parts E_π[θᵢ ∂ᵢU(θ)] = T for every coordinate of any posterior
+//! π ∝ e^{−U/T} whose density vanishes at infinity, so the mean is 1 for a correct
+//! sampler. The kinetic energy checks the momenta only: a thermostat holds it at ½ while
+//! the positions run too narrow (measured on diabetes' exact posterior at 16× the default
+//! step: kinetic energy in band, variance ratios 0.35–0.83, this temperature 0.83), and
+//! SGLD has no momentum to check at all. The sampler's gradient is a minibatch estimate,
+//! unbiased given θ, so the mean stays an estimate of the same expectation (up to the
+//! correlation of θ with the epoch's remaining minibatches, small at the steps where the
+//! sampler is right).
+//!
+//! It is a check of the average: a Gaussian posterior's θ·∇U/D is the mean over its
+//! eigen-directions of each direction's variance ratio, so directions too hot and too cold
+//! can cancel (docs/guide.md, "Choosing a sampler").
+//!
+//! State: the sums since the last record of `diagnostics.jsonl` and since burn-in, and
+//! the records' interval means since burn-in for the standard error (batch means); saved
+//! with the run so that a resumed run writes the same lines.
+
+use serde::{Deserialize, Serialize};
+
+/// The band outside which the temperature since burn-in warns.
+pub const CONFIGURATIONAL_BAND: (f64, f64) = (0.9, 1.1);
+/// It warns only this many standard errors from 1 too (the batch-means standard error of
+/// the records' interval means since burn-in).
+pub const CONFIGURATIONAL_SIGMAS: f64 = 4.0;
+/// Records since burn-in before it is judged: a batch-means error from fewer is itself
+/// too uncertain.
+pub const CONFIGURATIONAL_MIN_RECORDS: usize = 5;
+
+/// The temperature of one parameter tensor in a record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TensorConfigurational {
+    /// The tensor's name.
+    pub tensor: String,
+    /// Its elements.
+    pub elements: usize,
+    /// θ·∇Ũ/(n·T) averaged over the record's interval.
+    pub temperature: f64,
+    /// Averaged over the updates since burn-in (absent during burn-in).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_burnin: Option<f64>,
+}
+
+/// The configurational temperature in a line of `diagnostics.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Configurational {
+    /// Updates since the previous record (the interval the means below cover).
+    pub updates: u64,
+    /// θ·∇Ũ/(D·T) over all D parameters, averaged over the interval.
+    pub temperature: f64,
+    /// Averaged over the updates since burn-in (absent during burn-in).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_burnin: Option<f64>,
+    /// Its standard error from the records' interval means since burn-in (batch means;
+    /// absent with fewer than two).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standard_error: Option<f64>,
+    /// Per parameter tensor.
+    pub per_tensor: Vec<TensorConfigurational>,
+}
+
+/// The running sums (see the module doc), plain data saved in the run state.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ConfigurationalSums {
+    /// Σθ·∇ per tensor since the last record, and over how many updates.
+    pub interval: Vec<f64>,
+    /// Updates in `interval`.
+    pub interval_updates: u64,
+    /// Σθ·∇ per tensor since burn-in.
+    pub since: Vec<f64>,
+    /// Updates in `since`.
+    pub since_updates: u64,
+    /// The records' overall interval means since burn-in: their count, Σ and Σ².
+    pub batches: usize,
+    /// Σ of the batch means.
+    pub batch_sum: f64,
+    /// Σ of their squares.
+    pub batch_sq: f64,
+    /// The warning was given.
+    #[serde(default)]
+    pub warned: bool,
+}
+
+impl ConfigurationalSums {
+    /// Adds one update's per-tensor virials (none: a sampler without them; nothing
+    /// changes); `sampling`: the update is past burn-in.
+    pub fn add(&mut self, virials: &[f64], sampling: bool) {
+        if virials.is_empty() {
+            return;
+        }
+        add_into(&mut self.interval, virials);
+        self.interval_updates += 1;
+        if sampling {
+            add_into(&mut self.since, virials);
+            self.since_updates += 1;
+        }
+    }
+
+    /// The record of the interval since the last one, for tensors `tensors` (name and
+    /// elements, in order); starts the next interval. `None` when no update in it had
+    /// virials. (The sampler's gradient is already that of Ũ/T, so the means need no T.)
+    pub fn take_record(&mut self, tensors: &[(String, usize)]) -> Option<Configurational> {
+        if self.interval_updates == 0 || self.interval.len() != tensors.len() {
+            return None;
+        }
+        let per =
+            |sums: &[f64], updates: u64, i: usize| sums[i] / (tensors[i].1 as f64 * updates as f64);
+        let d: usize = tensors.iter().map(|t| t.1).sum();
+        let overall =
+            |sums: &[f64], updates: u64| sums.iter().sum::<f64>() / (d as f64 * updates as f64);
+        let interval = overall(&self.interval, self.interval_updates);
+        let sampling = self.since_updates > 0 && self.since.len() == tensors.len();
+        if sampling {
+            self.batches += 1;
+            self.batch_sum += interval;
+            self.batch_sq += interval * interval;
+        }
+        let record = Configurational {
+            updates: self.interval_updates,
+            temperature: interval,
+            since_burnin: sampling.then(|| overall(&self.since, self.since_updates)),
+            standard_error: self.standard_error(),
+            per_tensor: tensors
+                .iter()
+                .enumerate()
+                .map(|(i, (name, elements))| TensorConfigurational {
+                    tensor: name.clone(),
+                    elements: *elements,
+                    temperature: per(&self.interval, self.interval_updates, i),
+                    since_burnin: sampling.then(|| per(&self.since, self.since_updates, i)),
+                })
+                .collect(),
+        };
+        self.interval.iter_mut().for_each(|v| *v = 0.0);
+        self.interval_updates = 0;
+        Some(record)
+    }
+
+    /// The batch-means standard error of the mean since burn-in.
+    fn standard_error(&self) -> Option<f64> {
+        let b = self.batches as f64;
+        (self.batches >= 2).then(|| {
+            let mean = self.batch_sum / b;
+            let var = ((self.batch_sq - b * mean * mean) / (b - 1.0)).max(0.0);
+            (var / b).sqrt()
+        })
+    }
+
+    /// The warning `record` calls for, once per chain: its temperature since burn-in
+    /// outside [`CONFIGURATIONAL_BAND`] beyond [`CONFIGURATIONAL_SIGMAS`] standard errors,
+    /// from [`CONFIGURATIONAL_MIN_RECORDS`] records on. `label` says which chain.
+    pub fn warning(&mut self, record: &Configurational, label: &str) -> Option<String> {
+        let (Some(t), Some(se)) = (record.since_burnin, record.standard_error) else {
+            return None;
+        };
+        let (lo, hi) = CONFIGURATIONAL_BAND;
+        if self.warned
+            || self.batches < CONFIGURATIONAL_MIN_RECORDS
+            || (lo..=hi).contains(&t)
+            || (t - 1.0).abs() <= CONFIGURATIONAL_SIGMAS * se
+        {
+            return None;
+        }
+        self.warned = true;
+        let how = if t > 1.0 {
+            "too wide: the step's discretisation or the gradient noise heats the positions"
+        } else {
+            "too narrow: the thermostat cools the positions to absorb the gradient noise"
+        };
+        Some(format!(
+            "{label}configurational temperature θ·∇Ũ/(D·T) = {t:.3} ± {se:.3} since burn-in, outside [{lo}, {hi}] (1 for a correct sampler, whatever the kinetic energy says): the positions are sampled {how}; a smaller step size (a quarter) should bring it back"
+        ))
+    }
+}
+
+fn add_into(sums: &mut Vec<f64>, values: &[f64]) {
+    if sums.len() != values.len() {
+        sums.clear();
+        sums.resize(values.len(), 0.0);
+    }
+    for (s, v) in sums.iter_mut().zip(values) {
+        *s += v;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensors() -> Vec<(String, usize)> {
+        vec![("w".into(), 3), ("b".into(), 1)]
+    }
+
+    #[test]
+    fn records_average_the_interval_and_the_run_since_burn_in() {
+        let mut s = ConfigurationalSums::default();
+        // Burn-in: θ·∇ = (3, 1) per update, D = 4: temperature 1.
+        s.add(&[3.0, 1.0], false);
+        s.add(&[3.0, 1.0], false);
+        let r = s.take_record(&tensors()).unwrap();
+        assert_eq!((r.updates, r.temperature, r.since_burnin), (2, 1.0, None));
+        // Sampling: (3, 1) and (0, 0) average to (1.5, 0.5) per update: ½.
+        s.add(&[3.0, 1.0], true);
+        s.add(&[0.0, 0.0], true);
+        let r = s.take_record(&tensors()).unwrap();
+        assert_eq!(r.temperature, 0.5);
+        assert_eq!(r.since_burnin, Some(0.5));
+        assert_eq!(r.per_tensor[0].temperature, 0.5);
+        assert_eq!(r.per_tensor[1].since_burnin, Some(0.5));
+        // Nothing since: no record; a sampler without virials adds nothing.
+        s.add(&[], true);
+        assert!(s.take_record(&tensors()).is_none());
+    }
+
+    #[test]
+    fn warns_once_out_of_band_beyond_its_error_and_not_within_it() {
+        // Batches alternating 1.25 and 1.35 around 1.3: far beyond the error, warns once.
+        let mut s = ConfigurationalSums::default();
+        let mut warnings = 0;
+        for i in 0..10 {
+            let t = if i % 2 == 0 { 1.25 } else { 1.35 };
+            s.add(&[3.0 * t, t], true);
+            let r = s.take_record(&tensors()).unwrap();
+            warnings += usize::from(s.warning(&r, "").is_some());
+            if i < CONFIGURATIONAL_MIN_RECORDS - 1 {
+                assert_eq!(warnings, 0, "record {i}");
+            }
+        }
+        assert_eq!(warnings, 1);
+        // Batches spread ±1 around 1.3: the error (0.33 after 10) covers the distance.
+        let mut s = ConfigurationalSums::default();
+        for i in 0..10 {
+            let t = if i % 2 == 0 { 0.3 } else { 2.3 };
+            s.add(&[3.0 * t, t], true);
+            let r = s.take_record(&tensors()).unwrap();
+            assert!(s.warning(&r, "").is_none(), "record {i}: {r:?}");
+        }
+        // In band: never.
+        let mut s = ConfigurationalSums::default();
+        for _ in 0..10 {
+            s.add(&[3.05, 1.05], true);
+            let r = s.take_record(&tensors()).unwrap();
+            assert!(s.warning(&r, "").is_none());
+        }
+    }
+}
