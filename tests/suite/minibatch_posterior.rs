@@ -6,7 +6,9 @@
 //! quiet here, and must leave it and warn at 16× the step. Each test's comment gives the
 //! figures measured at seeds 1–3 that its tolerances rest on.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use bnn::sampler::SamplerKind;
 
 use crate::common::{bnn, stderr};
 use crate::posterior::{diabetes, exact_posterior, moments, samples};
@@ -99,35 +101,11 @@ fn invert(a: &[Vec<f64>]) -> Vec<Vec<f64>> {
 }
 
 /// Runs `bnn train` on the diabetes posterior at batch 100 with `flags` in `dir`: its
-/// folder and stderr.
-pub(crate) fn run(dir: &Path, name: &str, flags: &[&str]) -> Option<(std::path::PathBuf, String)> {
-    let csv = diabetes()?;
-    let csv = csv.to_str().unwrap();
-    let base = [
-        "train",
-        "--csv",
-        csv,
-        "--target",
-        "progression",
-        "--hidden",
-        "",
-        "--noise-std",
-        "54",
-        "--prior",
-        "gaussian",
-        "--prior-std",
-        "1",
-        "--batch-size",
-        "100",
-        "--out",
-        "runs",
-        "--run-name",
-        name,
-    ];
-    let out = bnn(dir, &[&base[..], flags].concat());
-    let err = stderr(&out);
-    assert!(out.status.success(), "{name}: {err}");
-    Some((dir.join("runs").join(name), err))
+/// folder and stderr (None without the data).
+pub(crate) fn run(dir: &Path, name: &str, flags: &[&str]) -> Option<(PathBuf, String)> {
+    diabetes()?;
+    let flags = [&["--batch-size", "100"][..], flags].concat();
+    Some(try_run(dir, name, &flags).unwrap_or_else(|err| panic!("{name}: {err}")))
 }
 
 /// Checks one sampler at its default step: `updates` updates (3 a 100-row epoch of
@@ -226,14 +204,11 @@ fn sgld_samples_the_exact_posterior_with_minibatches() {
 /// kinetic energy to check; measured 1.20).
 #[test]
 fn sixteen_times_the_step_leaves_the_configurational_band_and_warns() {
-    let eta = |kind: bnn::sampler::SamplerKind| {
+    let eta = |kind: SamplerKind| {
         // The table default as `bnn train` scales it: η_MNIST · (60,000 / 24) / N.
         16.0 * kind.defaults().step_size * 60_000.0 / 24.0 / 354.0
     };
-    for (kind, cold) in [
-        (bnn::sampler::SamplerKind::Sgnht, true),
-        (bnn::sampler::SamplerKind::Sgld, false),
-    ] {
+    for (kind, cold) in [(SamplerKind::Sgnht, true), (SamplerKind::Sgld, false)] {
         let d = tempfile::tempdir().unwrap();
         let step = format!("{:e}", eta(kind));
         let flags = [
@@ -269,4 +244,212 @@ fn sixteen_times_the_step_leaves_the_configurational_band_and_warns() {
         let warnings = err.matches("configurational temperature").count();
         assert_eq!(warnings, 1, "{}: {err}", kind.name());
     }
+}
+
+/// The samplers of the sweep: name and flags.
+const SWEPT: [(&str, SamplerKind, &[&str]); 7] = [
+    ("sgld", SamplerKind::Sgld, &["--sampler", "sgld"]),
+    (
+        "sghmc",
+        SamplerKind::Sghmc,
+        &["--sampler", "sghmc", "--integrator", "euler"],
+    ),
+    (
+        "sghmc-s",
+        SamplerKind::Sghmc,
+        &["--sampler", "sghmc", "--integrator", "splitting"],
+    ),
+    (
+        "sgnht-e",
+        SamplerKind::Sgnht,
+        &["--sampler", "sgnht", "--integrator", "euler"],
+    ),
+    (
+        "sgnht-s",
+        SamplerKind::Sgnht,
+        &["--sampler", "sgnht", "--integrator", "splitting"],
+    ),
+    (
+        "msgnht-e",
+        SamplerKind::Msgnht,
+        &["--sampler", "msgnht", "--integrator", "euler"],
+    ),
+    (
+        "msgnht-s",
+        SamplerKind::Msgnht,
+        &["--sampler", "msgnht", "--integrator", "splitting"],
+    ),
+];
+
+/// The sweep behind docs/BENCHMARKS.md's "Minibatch noise on the exact posterior" (a long
+/// run, not a default test): every sampler of [`SWEPT`] at 1×, 4×, 16× and 36× its
+/// default step, batches 32 and 100, seeds 1–3, 2,000 samples after a tenth of burn-in;
+/// 600,000 updates, SGLD enough for 1,000 relaxations of the softest direction. Appends
+/// CSV rows to `$SWEEP_OUT/sweep-B.csv` (default `target/minibatch-sweep`); `BATCHES`
+/// and `SEEDS` (comma lists) split it between processes.
+///
+/// ```sh
+/// BNN_DATA_DIR=../shared/data BATCHES=100 cargo test --release --test suite \
+///     minibatch_posterior::sweep -- --ignored --nocapture
+/// ```
+#[test]
+#[ignore]
+fn sweep() {
+    let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
+    let out = std::path::PathBuf::from(env("SWEEP_OUT", "target/minibatch-sweep"));
+    std::fs::create_dir_all(&out).unwrap();
+    for batch in env("BATCHES", "100,32").split(',') {
+        let b: usize = batch.parse().unwrap();
+        let per_epoch = 354 / b;
+        let csv = out.join(format!("sweep-{b}.csv"));
+        for seed in env("SEEDS", "1,2,3").split(',') {
+            for (name, kind, flags) in SWEPT {
+                for multiple in [1.0f64, 4.0, 16.0, 36.0] {
+                    let eta = multiple * kind.defaults().step_size * 2500.0 / 354.0;
+                    let updates = match name {
+                        "sgld" => 600_000usize.max((1000.0 / (eta * 6.47)) as usize),
+                        _ => 600_000,
+                    };
+                    let epochs = updates / per_epoch;
+                    let d = tempfile::tempdir().unwrap();
+                    let (e, bi) = (epochs.to_string(), (epochs / 10).to_string());
+                    let thin = (per_epoch * epochs * 9 / 10 / 2000).to_string();
+                    let step = format!("{eta:e}");
+                    let schedule = [
+                        "--epochs",
+                        &e,
+                        "--burnin",
+                        &bi,
+                        "--thin",
+                        &thin,
+                        "--seed",
+                        seed,
+                        "--step-size",
+                        &step,
+                        "--batch-size",
+                        batch,
+                    ];
+                    let args = [flags, &schedule[..]].concat();
+                    let row = match try_run(d.path(), name, &args) {
+                        Ok((run, err)) => {
+                            let f = figures(&run);
+                            let warned = err.contains("configurational temperature");
+                            format!(
+                                "{name},{multiple},{b},{seed},{:.4},{:.4},{:.4},{:.4},{:.4},{warned}",
+                                f.ratio.0, f.ratio.1, f.mean_error, f.run_temperature,
+                                f.exact_temperature
+                            )
+                        }
+                        Err(_) => format!("{name},{multiple},{b},{seed},,,,,,diverged"),
+                    };
+                    println!("{row}");
+                    use std::io::Write;
+                    let mut file = std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&csv)
+                        .unwrap();
+                    writeln!(file, "{row}").unwrap();
+                }
+            }
+        }
+    }
+}
+
+/// `bnn train` on the diabetes posterior (no batch size: `flags` give it) in `dir`: its
+/// folder and stderr, or a failed run's stderr.
+fn try_run(dir: &Path, name: &str, flags: &[&str]) -> Result<(PathBuf, String), String> {
+    let csv = diabetes().ok_or("no data")?;
+    let csv = csv.to_str().unwrap();
+    let base = [
+        "train",
+        "--csv",
+        csv,
+        "--target",
+        "progression",
+        "--hidden",
+        "",
+        "--noise-std",
+        "54",
+        "--prior",
+        "gaussian",
+        "--prior-std",
+        "1",
+        "--out",
+        "runs",
+        "--run-name",
+        name,
+    ];
+    let out = bnn(dir, &[&base[..], flags].concat());
+    let err = stderr(&out);
+    match out.status.success() {
+        true => Ok((dir.join("runs").join(name), err)),
+        false => Err(err),
+    }
+}
+
+/// The picture of the sweep's CSV rows (`$SWEEP_OUT/sweep-*.csv`) into
+/// `$SWEEP_OUT/minibatch_sweep.{png,svg}`: per batch size, the smallest and the largest
+/// variance ratio and the run's configurational temperature against the step, one line
+/// per sampler (each point the median over the seeds; diverged runs left out).
+#[test]
+#[ignore]
+fn sweep_picture() {
+    use bnn::plot::render::{self, Figure, Mark, Panel, Series};
+    let out = std::path::PathBuf::from(
+        std::env::var("SWEEP_OUT").unwrap_or_else(|_| "target/minibatch-sweep".into()),
+    );
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    for batch in [100, 32] {
+        let text = std::fs::read_to_string(out.join(format!("sweep-{batch}.csv"))).unwrap();
+        rows.extend(
+            text.lines()
+                .map(|l| l.split(',').map(String::from).collect()),
+        );
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut panels = Vec::new();
+    for batch in ["100", "32"] {
+        for (column, what) in [
+            (4, "smallest variance ratio"),
+            (5, "largest variance ratio"),
+            (7, "configurational temperature"),
+        ] {
+            let series = SWEPT
+                .iter()
+                .map(|(name, _, _)| {
+                    let points = [1.0f64, 4.0, 16.0, 36.0]
+                        .iter()
+                        .filter_map(|&m| {
+                            let values: Vec<f64> = rows
+                                .iter()
+                                .filter(|r| r[0] == *name && r[2] == batch)
+                                .filter(|r| r[1].parse::<f64>().ok() == Some(m))
+                                .filter_map(|r| r[column].parse().ok())
+                                .collect();
+                            (!values.is_empty()).then(|| (m.log2(), median(values)))
+                        })
+                        .collect();
+                    Series::new(name, points, Mark::LinePoints)
+                })
+                .collect();
+            panels.push(Panel {
+                title: format!("batch {batch}: {what}"),
+                x_label: "log₂(step / default)".into(),
+                y_label: what.into(),
+                series,
+                ..Panel::default()
+            });
+        }
+    }
+    let figure = Figure {
+        name: "minibatch_sweep".into(),
+        title: "Diabetes' exact posterior with minibatches: seeds 1–3, medians".into(),
+        panels,
+    };
+    let written = render::write(&figure, &out).unwrap();
+    eprintln!("{written:?}");
 }

@@ -7,18 +7,23 @@
 //! sampler. The kinetic energy checks the momenta only: a thermostat holds it at ½ while
 //! the positions run too narrow (measured on diabetes' exact posterior at 16× the default
 //! step: kinetic energy in band, variance ratios 0.35–0.83, this temperature 0.83), and
-//! SGLD has no momentum to check at all. The sampler's gradient is a minibatch estimate,
-//! unbiased given θ, so the mean stays an estimate of the same expectation (up to the
-//! correlation of θ with the epoch's remaining minibatches, small at the steps where the
-//! sampler is right).
+//! SGLD has no momentum to check at all.
+//!
+//! Which updates count: only each epoch's first. The sampler's gradient is a minibatch
+//! estimate ∇̃, and θ·∇̃ is an unbiased estimate of θ·∇ only where the minibatch is
+//! independent of θ: the epoch's first minibatch comes from a fresh permutation; its later
+//! ones come from what the earlier ones left, which θ has followed, and that biases θ·∇̃
+//! upward (measured on diabetes at 16× the step: +0.17 with every update counted, SGNHT
+//! reading 1.01 while its samples were at 0.84). The epoch's first update sees θ where the
+//! previous epoch left it, which is where `bnn train` keeps its samples.
 //!
 //! It is a check of the average: a Gaussian posterior's θ·∇U/D is the mean over its
 //! eigen-directions of each direction's variance ratio, so directions too hot and too cold
 //! can cancel (docs/guide.md, "Choosing a sampler").
 //!
 //! State: the sums since the last record of `diagnostics.jsonl` and since burn-in, and
-//! the records' interval means since burn-in for the standard error (batch means); saved
-//! with the run so that a resumed run writes the same lines.
+//! the records' interval means since burn-in for the standard errors ([`BatchMeans`]);
+//! saved with the run so that a resumed run writes the same lines.
 
 use serde::{Deserialize, Serialize};
 
@@ -43,6 +48,10 @@ pub struct TensorConfigurational {
     /// Averaged over the updates since burn-in (absent during burn-in).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since_burnin: Option<f64>,
+    /// Its standard error (as [`Configurational::standard_error`]): a small tensor's
+    /// figure is noisy (its few elements' θ·∇̃ carry the minibatch noise undiluted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standard_error: Option<f64>,
 }
 
 /// The configurational temperature in a line of `diagnostics.jsonl`.
@@ -63,16 +72,64 @@ pub struct Configurational {
     pub per_tensor: Vec<TensorConfigurational>,
 }
 
+/// A series of interval means (one per record since burn-in) and the standard error of
+/// their mean, treating them as an AR(1) series: s²/n times (1 + ρ)/(1 − ρ), ρ their
+/// lag-1 autocorrelation. Why not plain batch means: an interval shorter than the chain's
+/// relaxation time leaves consecutive means correlated, and their spread alone then
+/// understates the error (SGLD on diabetes, 2,000-update records against a relaxation of
+/// 4,400 updates, warned on a run that ended at 1.02).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct BatchMeans {
+    /// How many.
+    pub count: usize,
+    /// Their Σ.
+    pub sum: f64,
+    /// Σ of their squares.
+    pub sq: f64,
+    /// Σ of the products of consecutive ones.
+    pub lag: f64,
+    /// The first.
+    pub first: f64,
+    /// The last.
+    pub last: f64,
+}
+
+impl BatchMeans {
+    /// Adds the next interval mean.
+    pub fn push(&mut self, x: f64) {
+        match self.count {
+            0 => self.first = x,
+            _ => self.lag += self.last * x,
+        }
+        self.count += 1;
+        self.sum += x;
+        self.sq += x * x;
+        self.last = x;
+    }
+
+    /// The standard error of their mean (ρ clamped to [0, 0.95]); from three on.
+    pub fn standard_error(&self) -> Option<f64> {
+        let b = self.count as f64;
+        (self.count >= 3).then(|| {
+            let mean = self.sum / b;
+            let var = ((self.sq - b * mean * mean) / (b - 1.0)).max(0.0);
+            // Σ (x_i − m)(x_{i−1} − m) over the b − 1 pairs, from the raw sums: the pairs'
+            // later terms sum to S − x₁, their earlier ones to S − x_b.
+            let pairs = 2.0 * self.sum - self.first - self.last;
+            let lag = self.lag - mean * pairs + (b - 1.0) * mean * mean;
+            let rho = match var > 0.0 {
+                true => (lag / ((b - 1.0) * var)).clamp(0.0, 0.95),
+                false => 0.0,
+            };
+            (var / b * (1.0 + rho) / (1.0 - rho)).sqrt()
+        })
+    }
+}
+
 /// The running sums (see the module doc), plain data saved in the run state.
-///
-/// The standard error treats the records' interval means as an AR(1) series: s²/n times
-/// (1 + ρ)/(1 − ρ), ρ their lag-1 autocorrelation. Why not plain batch means: an interval
-/// shorter than the chain's relaxation time leaves consecutive means correlated, and their
-/// spread alone then understates the error (SGLD on diabetes, 2,000-update records against
-/// a relaxation of 4,400 updates, warned on a run that ended at 1.02).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ConfigurationalSums {
-    /// Σθ·∇ per tensor since the last record, and over how many updates.
+    /// Σθ·∇ per tensor since the last record.
     pub interval: Vec<f64>,
     /// Updates in `interval`.
     pub interval_updates: u64,
@@ -80,23 +137,11 @@ pub struct ConfigurationalSums {
     pub since: Vec<f64>,
     /// Updates in `since`.
     pub since_updates: u64,
-    /// The records' overall interval means since burn-in: their count, Σ and Σ².
-    pub batches: usize,
-    /// Σ of the batch means.
-    pub batch_sum: f64,
-    /// Σ of their squares.
-    pub batch_sq: f64,
-    /// Σ of the products of consecutive ones, and the last.
-    #[serde(default)]
-    pub batch_lag: f64,
-    /// The last batch mean.
-    #[serde(default)]
-    pub batch_last: f64,
-    /// The first.
-    #[serde(default)]
-    pub batch_first: f64,
+    /// The records' interval means since burn-in, overall.
+    pub batches: BatchMeans,
+    /// The same per tensor.
+    pub tensor_batches: Vec<BatchMeans>,
     /// The warning was given.
-    #[serde(default)]
     pub warned: bool,
 }
 
@@ -130,20 +175,18 @@ impl ConfigurationalSums {
         let interval = overall(&self.interval, self.interval_updates);
         let sampling = self.since_updates > 0 && self.since.len() == tensors.len();
         if sampling {
-            match self.batches {
-                0 => self.batch_first = interval,
-                _ => self.batch_lag += self.batch_last * interval,
+            self.batches.push(interval);
+            self.tensor_batches
+                .resize(tensors.len(), BatchMeans::default());
+            for (i, b) in self.tensor_batches.iter_mut().enumerate() {
+                b.push(per(&self.interval, self.interval_updates, i));
             }
-            self.batches += 1;
-            self.batch_sum += interval;
-            self.batch_sq += interval * interval;
-            self.batch_last = interval;
         }
         let record = Configurational {
             updates: self.interval_updates,
             temperature: interval,
             since_burnin: sampling.then(|| overall(&self.since, self.since_updates)),
-            standard_error: self.standard_error(),
+            standard_error: self.batches.standard_error(),
             per_tensor: tensors
                 .iter()
                 .enumerate()
@@ -152,31 +195,16 @@ impl ConfigurationalSums {
                     elements: *elements,
                     temperature: per(&self.interval, self.interval_updates, i),
                     since_burnin: sampling.then(|| per(&self.since, self.since_updates, i)),
+                    standard_error: self
+                        .tensor_batches
+                        .get(i)
+                        .and_then(BatchMeans::standard_error),
                 })
                 .collect(),
         };
         self.interval.iter_mut().for_each(|v| *v = 0.0);
         self.interval_updates = 0;
         Some(record)
-    }
-
-    /// The standard error of the mean since burn-in (AR(1) batch means, see the type's
-    /// doc; ρ clamped to [0, 0.95]).
-    fn standard_error(&self) -> Option<f64> {
-        let b = self.batches as f64;
-        (self.batches >= 3).then(|| {
-            let mean = self.batch_sum / b;
-            let var = ((self.batch_sq - b * mean * mean) / (b - 1.0)).max(0.0);
-            // Σ (x_i − m)(x_{i−1} − m) over the b − 1 pairs, from the raw sums: the pairs'
-            // later terms sum to S − x₁, their earlier ones to S − x_b.
-            let pairs = 2.0 * self.batch_sum - self.batch_first - self.batch_last;
-            let lag = self.batch_lag - mean * pairs + (b - 1.0) * mean * mean;
-            let rho = match var > 0.0 {
-                true => (lag / ((b - 1.0) * var)).clamp(0.0, 0.95),
-                false => 0.0,
-            };
-            (var / b * (1.0 + rho) / (1.0 - rho)).sqrt()
-        })
     }
 
     /// The warning `record` calls for, once per chain: its temperature since burn-in
@@ -188,7 +216,7 @@ impl ConfigurationalSums {
         };
         let (lo, hi) = CONFIGURATIONAL_BAND;
         if self.warned
-            || self.batches < CONFIGURATIONAL_MIN_RECORDS
+            || self.batches.count < CONFIGURATIONAL_MIN_RECORDS
             || (lo..=hi).contains(&t)
             || (t - 1.0).abs() <= CONFIGURATIONAL_SIGMAS * se
         {
