@@ -201,11 +201,11 @@ fn configurational_line(c: &Configurational) -> String {
         .per_tensor
         .iter()
         .map(|t| {
-            format!(
-                "{} {:.3}",
-                t.tensor,
-                t.since_burnin.unwrap_or(t.temperature)
-            )
+            let value = t.since_burnin.unwrap_or(t.temperature);
+            match t.standard_error.filter(|_| t.since_burnin.is_some()) {
+                Some(se) => format!("{} {value:.3} ± {se:.3}", t.tensor),
+                None => format!("{} {value:.3}", t.tensor),
+            }
         })
         .collect();
     if tensors.len() > 1 {

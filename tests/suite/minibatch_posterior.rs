@@ -290,7 +290,7 @@ const SWEPT: [(&str, SamplerKind, &[&str]); 7] = [
 ///
 /// ```sh
 /// BNN_DATA_DIR=../shared/data BATCHES=100 cargo test --release --test suite \
-///     minibatch_posterior::sweep -- --ignored --nocapture
+///     minibatch_posterior::sweep -- --ignored --exact --nocapture
 /// ```
 #[test]
 #[ignore]
