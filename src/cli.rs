@@ -436,6 +436,12 @@ pub struct TrainArgs {
     /// times per chain; the halved step size is saved with the state for --resume).
     #[arg(long, value_enum, default_value_t = D().on_divergence)]
     pub on_divergence: OnDivergence,
+    /// During burn-in, halve the step size whenever the configurational temperature
+    /// θ·∇Ũ/(D·T) stays out of [0.9, 1.1] beyond four standard errors over ten lines of
+    /// diagnostics.jsonl (at most four times); the step kept for sampling is logged and
+    /// saved with the state. Minibatch samplers only.
+    #[arg(long)]
+    pub adapt_step_size: bool,
     /// Record the sampler's diagnostics (minibatch potential energy, kinetic energy per
     /// parameter overall and per tensor, thermostat mean and spread) in
     /// RUN/diagnostics.jsonl every N updates; 0: at each epoch's end.

@@ -27,7 +27,7 @@ pub(crate) fn diabetes() -> Option<PathBuf> {
 }
 
 /// `BNN_DATA_DIR/tabular/<name>`, or None (a failure with BNN_REQUIRE_DATA=1).
-fn table(name: &str) -> Option<PathBuf> {
+pub(crate) fn table(name: &str) -> Option<PathBuf> {
     let required = std::env::var("BNN_REQUIRE_DATA").is_ok_and(|v| v == "1");
     let dir = std::env::var_os("BNN_DATA_DIR").map(|d| PathBuf::from(d).join("tabular"));
     match dir.map(|d| d.join(name)) {
@@ -302,7 +302,7 @@ fn relative_frobenius(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
 
 /// A two-class softmax's identified coordinates: w₁ − w₀ per feature and b₁ − b₀ (the
 /// sum w₁ + w₀ is seen by the prior alone).
-fn logit_differences(theta: &[f64]) -> Vec<f64> {
+pub(crate) fn logit_differences(theta: &[f64]) -> Vec<f64> {
     let d = (theta.len() - 2) / 2;
     let (w, b) = theta.split_at(2 * d);
     (0..d)

@@ -94,6 +94,7 @@ fn state_file() -> Vec<u8> {
         regression: None,
         noise_precision: None,
         configurational: Default::default(),
+        step_halvings: 0,
     };
     let dir = tempfile::tempdir().unwrap();
     state.save(dir.path()).unwrap();

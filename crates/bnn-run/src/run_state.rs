@@ -95,6 +95,9 @@ struct Scalars {
     /// The configurational temperature's running sums.
     #[serde(default)]
     configurational: ConfigurationalSums,
+    /// Halvings of the step by `--adapt-step-size` so far.
+    #[serde(default)]
+    step_halvings: u32,
 }
 
 fn is_zero(v: &f64) -> bool {
@@ -127,6 +130,8 @@ pub struct RunState {
     pub noise_precision: Option<f64>,
     /// The configurational temperature's running sums (`diagnostics.jsonl`).
     pub configurational: ConfigurationalSums,
+    /// Times `--adapt-step-size` halved the step size in burn-in.
+    pub step_halvings: u32,
 }
 
 impl RunState {
@@ -144,6 +149,7 @@ impl RunState {
             regression: self.regression.clone(),
             noise_precision: self.noise_precision,
             configurational: self.configurational.clone(),
+            step_halvings: self.step_halvings,
         };
         let mut tensors: Vec<(String, Tensor)> = self
             .params
@@ -193,6 +199,7 @@ impl RunState {
             regression: scalars.regression,
             noise_precision: scalars.noise_precision,
             configurational: scalars.configurational,
+            step_halvings: scalars.step_halvings,
         })
     }
 }

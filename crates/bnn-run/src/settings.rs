@@ -77,6 +77,14 @@ pub struct Settings {
     /// What a divergence does: stop, or roll back (absent in older runs: stop).
     #[serde(default, skip_serializing_if = "OnDivergence::is_stop")]
     pub on_divergence: OnDivergence,
+    /// Halve the step size during burn-in while the configurational temperature is out of
+    /// its band ([`crate::train::configurational`]; absent in older runs: no).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub adapt_step_size: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// HMC's own settings.
@@ -272,6 +280,7 @@ impl Default for Settings {
             permute_labels: 0.0,
             augment: Augmentation::None,
             on_divergence: OnDivergence::Stop,
+            adapt_step_size: false,
         }
     }
 }
@@ -404,6 +413,15 @@ impl Settings {
             return bad(format!(
                 "--permute-labels must be in [0, 1], got {}",
                 self.permute_labels
+            ));
+        }
+        let kind = self.sampler.kind;
+        if self.adapt_step_size
+            && (!kind.is_sampler() || kind.is_replica_exchange() || kind == SamplerKind::Hmc)
+        {
+            return bad(format!(
+                "--adapt-step-size is for the minibatch samplers (sgld, sghmc, sgnht, msgnht), not --sampler {}",
+                kind.name()
             ));
         }
         if self.on_divergence == OnDivergence::Rollback && self.replicas.is_some() {
@@ -662,6 +680,8 @@ pub struct SettingsLayer {
     pub permute_labels: Option<f64>,
     /// `--on-divergence`.
     pub on_divergence: Option<OnDivergence>,
+    /// `--adapt-step-size`.
+    pub adapt_step_size: Option<bool>,
 }
 
 impl Settings {
@@ -738,6 +758,7 @@ impl Settings {
             permute_labels: pick!(permute_labels, d.permute_labels),
             augment: pick!(augment, d.augment),
             on_divergence: pick!(on_divergence, d.on_divergence),
+            adapt_step_size: pick!(adapt_step_size, d.adapt_step_size),
         }
     }
 }

@@ -225,7 +225,13 @@ pub(super) struct Chain<'a, S: ChainSink = RunFolder> {
     /// Times `--on-divergence rollback` went back to the saved state, each halving the
     /// step size; saved with the state.
     pub rollbacks: u32,
+    /// Times `--adapt-step-size` halved the step size in burn-in; saved with the state.
+    pub step_halvings: u32,
 }
+
+/// At most this many halvings by `--adapt-step-size` (a sixteenth of the step): beyond,
+/// the step is not what is wrong.
+const MAX_STEP_HALVINGS: u32 = 4;
 
 /// The kept samples' running results: the streaming ensembles on the test and validation
 /// sets, and the kinetic energy per parameter at each sample.
@@ -454,12 +460,15 @@ impl<'a, S: ChainSink> Chain<'a, S> {
             labels: None,
             last_nll: f64::NAN,
             rollbacks: 0,
+            step_halvings: 0,
         })
     }
 
-    /// The step size the schedule starts from: the run's, halved at each rollback.
+    /// The step size the schedule starts from: the run's, halved at each rollback and at
+    /// each halving of `--adapt-step-size`.
     pub fn base_step_size(&self) -> f64 {
-        self.cfg.settings.sampler.step_size * 0.5f64.powi(self.rollbacks as i32)
+        let halvings = (self.rollbacks + self.step_halvings) as i32;
+        self.cfg.settings.sampler.step_size * 0.5f64.powi(halvings)
     }
 
     /// After a divergence (`cause`): back to the last saved state, which then records one
@@ -642,6 +651,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
         self.kept.kinetic_trace = state.kinetic_trace;
         self.rollbacks = state.rollbacks;
         self.monitor.configurational = state.configurational;
+        self.step_halvings = state.step_halvings;
         Ok(state.progress)
     }
 
@@ -795,9 +805,34 @@ impl<'a, S: ChainSink> Chain<'a, S> {
             .map(|p| (p.name.clone(), p.var.elem_count()))
             .collect();
         self.monitor.fill_configurational(&mut record, &tensors);
+        if record.configurational.is_some() {
+            self.adapt_step_size(epoch);
+        }
         self.sink.diagnostics(&record)?;
         self.monitor.record(record);
         Ok(())
+    }
+
+    /// `--adapt-step-size`, in burn-in after a record: halves the step when the block of
+    /// records just ended was out of the configurational band.
+    fn adapt_step_size(&mut self, epoch: usize) {
+        let s = &self.cfg.settings;
+        if !s.adapt_step_size || epoch >= s.schedule.burnin {
+            return;
+        }
+        let Some((t, se)) = self.monitor.configurational.burnin_verdict() else {
+            return;
+        };
+        if self.step_halvings >= MAX_STEP_HALVINGS {
+            return;
+        }
+        self.step_halvings += 1;
+        tracing::info!(
+            "burn-in, epoch {}: configurational temperature {t:.3} ± {se:.3} out of [0.9, 1.1]: step size halved to {:e} ({} of at most {MAX_STEP_HALVINGS})",
+            epoch + 1,
+            self.base_step_size(),
+            self.step_halvings
+        );
     }
 
     /// The prior's Gibbs step at the potential's temperature (samplers only: SGD and
@@ -926,6 +961,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
             kinetic_trace: kept.kinetic_trace.clone(),
             rollbacks: self.rollbacks,
             configurational: self.monitor.configurational.clone(),
+            step_halvings: self.step_halvings,
         })
     }
 }

@@ -27,6 +27,9 @@
 
 use serde::{Deserialize, Serialize};
 
+/// A burn-in block whose mean is known to this standard error is judged in band and
+/// closed (`--adapt-step-size`): four of them are the band's half-width.
+pub const SETTLED_ERROR: f64 = 0.025;
 /// The band outside which the temperature since burn-in warns.
 pub const CONFIGURATIONAL_BAND: (f64, f64) = (0.9, 1.1);
 /// It warns only this many standard errors from 1 too (the standard error of the mean
@@ -141,6 +144,13 @@ pub struct ConfigurationalSums {
     pub batches: BatchMeans,
     /// The same per tensor.
     pub tensor_batches: Vec<BatchMeans>,
+    /// During burn-in: the current block of interval means (`--adapt-step-size`).
+    #[serde(default)]
+    pub burnin_block: BatchMeans,
+    /// Burn-in blocks closed since the start or the step size last changed (the first is
+    /// skipped).
+    #[serde(default)]
+    pub burnin_blocks: usize,
     /// The warning was given.
     pub warned: bool,
 }
@@ -174,6 +184,9 @@ impl ConfigurationalSums {
             |sums: &[f64], updates: u64| sums.iter().sum::<f64>() / (d as f64 * updates as f64);
         let interval = overall(&self.interval, self.interval_updates);
         let sampling = self.since_updates > 0 && self.since.len() == tensors.len();
+        if !sampling {
+            self.burnin_block.push(interval);
+        }
         if sampling {
             self.batches.push(interval);
             self.tensor_batches
@@ -205,6 +218,38 @@ impl ConfigurationalSums {
         self.interval.iter_mut().for_each(|v| *v = 0.0);
         self.interval_updates = 0;
         Some(record)
+    }
+
+    /// During burn-in with `--adapt-step-size`, after each record: the mean and standard
+    /// error of the current block of records when it is out of [`CONFIGURATIONAL_BAND`]
+    /// beyond [`CONFIGURATIONAL_SIGMAS`] standard errors (the step should be halved). A
+    /// block is judged from [`CONFIGURATIONAL_MIN_RECORDS`] records on, and grows until
+    /// it is out of band or known to within [`SETTLED_ERROR`] (then a new one starts): a
+    /// sequential test, so that a step slightly too large is caught once enough records
+    /// show it. The first block after the start or a halving is not judged: the chain is
+    /// still settling from where it started or from the old step.
+    pub fn burnin_verdict(&mut self) -> Option<(f64, f64)> {
+        let block = &self.burnin_block;
+        if block.count < CONFIGURATIONAL_MIN_RECORDS {
+            return None;
+        }
+        let (t, se) = (block.sum / block.count as f64, block.standard_error()?);
+        if self.burnin_blocks == 0 {
+            self.burnin_block = BatchMeans::default();
+            self.burnin_blocks = 1;
+            return None;
+        }
+        let (lo, hi) = CONFIGURATIONAL_BAND;
+        if !(lo..=hi).contains(&t) && (t - 1.0).abs() > CONFIGURATIONAL_SIGMAS * se {
+            self.burnin_block = BatchMeans::default();
+            self.burnin_blocks = 0;
+            return Some((t, se));
+        }
+        if se <= SETTLED_ERROR {
+            self.burnin_block = BatchMeans::default();
+            self.burnin_blocks += 1;
+        }
+        None
     }
 
     /// The warning `record` calls for, once per chain: its temperature since burn-in
@@ -308,6 +353,27 @@ mod tests {
                 assert!(se > 2.0 * plain, "{se} against {plain}");
             }
         }
+        // Burn-in blocks: the first is skipped, a hot second one calls for a smaller
+        // step, after which the count starts again.
+        let mut s = ConfigurationalSums::default();
+        let mut verdicts = Vec::new();
+        for i in 0..40 {
+            let t = if i % 2 == 0 { 1.28 } else { 1.32 };
+            s.add(&[3.0 * t, t], false);
+            s.take_record(&tensors()).unwrap();
+            verdicts.push(s.burnin_verdict().is_some());
+        }
+        let at: Vec<usize> = (0..40).filter(|&i| verdicts[i]).collect();
+        assert_eq!(at, vec![19, 39], "{verdicts:?}");
+        // In band and settled: blocks close without a verdict.
+        let mut s = ConfigurationalSums::default();
+        for i in 0..40 {
+            let t = if i % 2 == 0 { 1.01 } else { 0.99 };
+            s.add(&[3.0 * t, t], false);
+            s.take_record(&tensors()).unwrap();
+            assert!(s.burnin_verdict().is_none());
+        }
+        assert!(s.burnin_blocks >= 3, "{}", s.burnin_blocks);
         // In band: never.
         let mut s = ConfigurationalSums::default();
         for _ in 0..10 {

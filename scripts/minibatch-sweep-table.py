@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""The Markdown table of the minibatch sweep's CSV rows (tests/suite/minibatch_posterior.rs,
+`sweep`): per batch size, sampler and step multiple, over seeds 1-3, the per-coordinate
+variance ratio (min-max over coordinates and seeds), the largest mean error, the run's
+configurational temperature and the samples' exact one (ranges over seeds), how many seeds
+warned, and whether the temperature and the variance ratios point the same way.
+
+Direction: the variance ratios' is the side of 1 of their larger excursion (the largest
+ratio's distance above 1 against the smallest's below); the temperature's is the side of 1
+it is on. Rows where every ratio is within 5% of 1 and the temperature within 0.05 are
+"in band" for both.
+
+    python3 scripts/minibatch-sweep-table.py target/minibatch-sweep
+"""
+import csv, sys, os
+from collections import defaultdict
+
+out = sys.argv[1] if len(sys.argv) > 1 else "target/minibatch-sweep"
+rows = defaultdict(list)
+order = []
+for batch in ("100", "32"):
+    path = os.path.join(out, f"sweep-{batch}.csv")
+    for r in csv.reader(open(path)):
+        key = (r[2], r[0], float(r[1]))
+        if key not in rows:
+            order.append(key)
+        rows[key].append(r)
+
+def rng(v, fmt="{:.2f}"):
+    lo, hi = min(v), max(v)
+    return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}–{fmt.format(hi)}"
+
+print("| batch | sampler | step | variance ratio | max mean error (sd) | run θ·∇Ũ/D | samples' θ·∇U/D | warned | direction |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+agree = total = 0
+for key in order:
+    batch, name, mult = key
+    ok = [r for r in rows[key] if r[9] != "diverged"]
+    diverged = len(rows[key]) - len(ok)
+    if not ok:
+        print(f"| {batch} | {name} | {mult:g}× | diverged ({diverged}/{len(rows[key])}) | | | | | |")
+        continue
+    lo = [float(r[4]) for r in ok]; hi = [float(r[5]) for r in ok]
+    err = [float(r[6]) for r in ok]; run = [float(r[7]) for r in ok]; ex = [float(r[8]) for r in ok]
+    warned = sum(r[9] == "true" for r in ok)
+    mn, mx = min(lo), max(hi)
+    t = sorted(run)[len(run) // 2]
+    if mx <= 1.05 and mn >= 0.95 and abs(t - 1) <= 0.05:
+        d = "in band"; same = True
+    else:
+        ratios = "hot" if (mx - 1) > (1 - mn) else "cold"
+        temp = "hot" if t > 1 else "cold"
+        same = ratios == temp
+        d = f"{ratios} / {temp}" + ("" if same else " ✗")
+    agree += same; total += 1
+    note = f" ({diverged} diverged)" if diverged else ""
+    print(f"| {batch} | {name} | {mult:g}× | {mn:.2f}–{mx:.2f}{note} | {max(err):.2f} | {rng(run)} | {rng(ex)} | {warned}/{len(ok)} | {d} |")
+print(f"\nDirection agrees on {agree} of {total} rows.")
