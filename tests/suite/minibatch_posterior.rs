@@ -102,10 +102,14 @@ fn invert(a: &[Vec<f64>]) -> Vec<Vec<f64>> {
 
 /// Runs `bnn train` on the diabetes posterior at batch 100 with `flags` in `dir`: its
 /// folder and stderr (None without the data).
-pub(crate) fn run(dir: &Path, name: &str, flags: &[&str]) -> Option<(PathBuf, String)> {
+fn run(dir: &Path, name: &str, flags: &[&str]) -> Option<(PathBuf, String)> {
+    run_with(dir, name, &[&["--batch-size", "100"][..], flags].concat())
+}
+
+/// [`try_run`] of a run that must succeed (None without the data).
+pub(crate) fn run_with(dir: &Path, name: &str, flags: &[&str]) -> Option<(PathBuf, String)> {
     diabetes()?;
-    let flags = [&["--batch-size", "100"][..], flags].concat();
-    Some(try_run(dir, name, &flags).unwrap_or_else(|err| panic!("{name}: {err}")))
+    Some(try_run(dir, name, flags).unwrap_or_else(|err| panic!("{name}: {err}")))
 }
 
 /// Checks one sampler at its default step: `updates` updates (3 a 100-row epoch of
