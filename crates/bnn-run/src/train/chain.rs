@@ -447,7 +447,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
             s.seed,
             s.batch_size,
         )?;
-        let monitor = new_monitor(cfg, &stepper);
+        let monitor = new_monitor(cfg, &stepper, model.num_params());
         Ok(Chain {
             cfg,
             ds,
@@ -480,7 +480,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
         self.rollbacks = rollbacks;
         // A fresh watch, but the saved state's configurational sums.
         let sums = std::mem::take(&mut self.monitor.configurational);
-        self.monitor = new_monitor(self.cfg, &self.stepper);
+        self.monitor = new_monitor(self.cfg, &self.stepper, self.model.num_params());
         self.monitor.configurational = sums;
         self.save(at.clone())?;
         tracing::warn!(
@@ -773,7 +773,8 @@ impl<'a, S: ChainSink> Chain<'a, S> {
         let record = self.epoch_record(epoch, step, sums, started, Some(&self.kept));
         self.sink.metrics(&record)?;
         log_epoch(&record, None);
-        self.monitor.end_epoch(epoch, record.kinetic_energy);
+        self.monitor
+            .end_epoch(epoch, record.kinetic_energy, sums.ke_count);
         Ok(())
     }
 
@@ -1135,10 +1136,15 @@ pub(super) fn diverged(
 }
 
 /// The sampler's watch for a chain of `cfg` (fresh at a start, a resume or a rollback).
-fn new_monitor(cfg: &TrainConfig, stepper: &Stepper) -> super::diagnostics::Monitor {
+fn new_monitor(
+    cfg: &TrainConfig,
+    stepper: &Stepper,
+    parameters: usize,
+) -> super::diagnostics::Monitor {
     let s = &cfg.settings;
     super::diagnostics::Monitor::new(s.log_every, stepper.sampler.diagnostics().thermostat, "")
         .checking_from(s.schedule.burnin)
+        .of_parameters(parameters)
 }
 
 fn progress_bar(

@@ -531,7 +531,9 @@ fn advance(
             let record = r
                 .chain
                 .epoch_record(epoch, done, &r.sums, r.epoch_started, None);
-            r.chain.monitor.end_epoch(epoch, record.kinetic_energy);
+            r.chain
+                .monitor
+                .end_epoch(epoch, record.kinetic_energy, r.sums.ke_count);
             let line = ReplicaEpoch {
                 replica: j,
                 temperature: t,
