@@ -92,6 +92,8 @@ impl Panel {
 
 /// A tick label without trailing zeros (20, 0.25, 1e-6).
 fn tick(v: f64) -> String {
+    // A tick that is zero but for rounding (−5.6e-17 between −0.2 and 0.2) reads as 0.
+    let v = if v.abs() < 1e-12 { 0.0 } else { v };
     if v != 0.0 && (v.abs() < 1e-3 || v.abs() >= 1e5) {
         return format!("{v:.1e}");
     }

@@ -395,11 +395,12 @@ fn try_run(dir: &Path, name: &str, flags: &[&str]) -> Result<(PathBuf, String), 
 /// The picture of the sweep's CSV rows (`$SWEEP_OUT/sweep-*.csv`) into
 /// `$SWEEP_OUT/minibatch_sweep.{png,svg}`: per batch size, the smallest and the largest
 /// variance ratio and the run's configurational temperature against the step, one line
-/// per sampler (each point the median over the seeds; diverged runs left out).
+/// per sampler (each point the median over the seeds, on a log scale: 0 is right;
+/// diverged runs left out).
 #[test]
 #[ignore]
 fn sweep_picture() {
-    use bnn::plot::render::{self, Figure, Mark, Panel, Series};
+    use bnn::plot::render::{self, Corner, Figure, Mark, Panel, Series};
     let out = std::path::PathBuf::from(
         std::env::var("SWEEP_OUT").unwrap_or_else(|_| "target/minibatch-sweep".into()),
     );
@@ -434,19 +435,25 @@ fn sweep_picture() {
                                 .filter(|r| r[1].parse::<f64>().ok() == Some(m))
                                 .filter_map(|r| r[column].parse().ok())
                                 .collect();
-                            (!values.is_empty()).then(|| (m.log2(), median(values)))
+                            (!values.is_empty()).then(|| (m.log2(), median(values).log10()))
                         })
                         .collect();
                     Series::new(name, points, Mark::LinePoints)
                 })
                 .collect();
-            panels.push(Panel {
+            let mut panel = Panel {
                 title: format!("batch {batch}: {what}"),
                 x_label: "log₂(step / default)".into(),
-                y_label: what.into(),
+                y_label: format!("log₁₀ {what}"),
                 series,
                 ..Panel::default()
-            });
+            };
+            if column != 5 && !(batch == "32" && column == 7) {
+                panel = panel.legend_at(Corner::LowerLeft);
+            } else {
+                panel = panel.legend_at(Corner::UpperLeft);
+            }
+            panels.push(panel);
         }
     }
     let figure = Figure {
