@@ -60,15 +60,16 @@ pub struct TensorConfigurational {
 /// The configurational temperature in a line of `diagnostics.jsonl`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Configurational {
-    /// Updates since the previous record (the interval the means below cover).
+    /// Updates counted since the previous record (each epoch's first: the interval the
+    /// means below cover).
     pub updates: u64,
     /// θ·∇Ũ/(D·T) over all D parameters, averaged over the interval.
     pub temperature: f64,
     /// Averaged over the updates since burn-in (absent during burn-in).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since_burnin: Option<f64>,
-    /// Its standard error from the records' interval means since burn-in (batch means;
-    /// absent with fewer than two).
+    /// Its standard error from the records' interval means since burn-in ([`BatchMeans`];
+    /// absent with fewer than three records).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standard_error: Option<f64>,
     /// Per parameter tensor.
