@@ -370,6 +370,19 @@ impl<P: Params> SgMcmc<P> {
         self.sampler.diagnostics()
     }
 
+    /// θ·∇Ũ/(D·T) of the last update over all D elements of the vars (None before the
+    /// first, and for SGD and momentum): one draw of the configurational temperature,
+    /// whose mean over a chain is 1 when it samples the posterior (E_π[θ·∇U] = D·T, by
+    /// integration by parts), whatever the kinetic energy says. Summed in the update's own
+    /// pass. One update's value carries the minibatch's noise: average it, and over the
+    /// first update of each pass over the data only, where the minibatch is independent
+    /// of θ (later ones bias it upward; docs/guide.md, "Choosing a sampler").
+    pub fn configurational_temperature(&self) -> Option<f64> {
+        let virials = self.sampler.virials();
+        let d: usize = self.vars.iter().map(|v| v.elem_count()).sum();
+        (!virials.is_empty() && d > 0).then(|| virials.iter().sum::<f64>() / d as f64)
+    }
+
     /// λ per var: fixed for a Gaussian prior, the last Gibbs draws under a Gamma one.
     pub fn prior_precisions(&self) -> &[f64] {
         &self.prior.precisions

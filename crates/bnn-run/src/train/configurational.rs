@@ -275,7 +275,7 @@ impl ConfigurationalSums {
             "too narrow: the thermostat cools the positions to absorb the gradient noise"
         };
         Some(format!(
-            "{label}configurational temperature θ·∇Ũ/(D·T) = {t:.3} ± {se:.3} since burn-in, outside [{lo}, {hi}] (1 for a correct sampler, whatever the kinetic energy says): the positions are sampled {how}; a smaller step size (a quarter) should bring it back"
+            "{label}configurational temperature θ·∇Ũ/(D·T) = {t:.3} ± {se:.3} since burn-in, outside [{lo}, {hi}] (1 for a correct sampler, whatever the kinetic energy says): the positions are sampled {how}; a smaller step size (a quarter, or --adapt-step-size) should bring it back"
         ))
     }
 }
