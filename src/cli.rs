@@ -442,6 +442,11 @@ pub struct TrainArgs {
     /// saved with the state. Minibatch samplers only.
     #[arg(long)]
     pub adapt_step_size: bool,
+    /// SGHMC: estimate the gradient noise β̂ = ½ηV̂ from each minibatch's per-example
+    /// gradients (Chen et al. 2014 §3.2), per parameter tensor, and inject that much less
+    /// noise, instead of --noise-estimate; needs the hand-written MLP backward on the CPU.
+    #[arg(long)]
+    pub estimate_noise: bool,
     /// Record the sampler's diagnostics (minibatch potential energy, kinetic energy per
     /// parameter overall and per tensor, thermostat mean and spread) in
     /// RUN/diagnostics.jsonl every N updates; 0: at each epoch's end.

@@ -222,6 +222,7 @@ fn flag_layer(a: &TrainArgs, given: &GivenFlags) -> SettingsLayer {
         permute_labels: typed("permute_labels").then_some(a.permute_labels),
         on_divergence: typed("on_divergence").then_some(a.on_divergence),
         adapt_step_size: typed("adapt_step_size").then_some(a.adapt_step_size),
+        estimate_noise: typed("estimate_noise").then_some(a.estimate_noise),
     }
 }
 

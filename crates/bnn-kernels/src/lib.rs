@@ -180,6 +180,19 @@ pub trait TensorwiseStep {
             "sampler: tensor {t} updated inline without an inline update"
         )))
     }
+    /// Whether the sampler subtracts an estimate of the minibatch gradient's noise from
+    /// the noise it injects (SGHMC's β̂ = ½ηV̂, Chen et al. 2014 §3.2): a backward that can
+    /// form V̂ then reports it per tensor through [`OpenUpdate::gradient_noise`] before
+    /// the tensor's update.
+    fn wants_gradient_noise(&self) -> bool {
+        false
+    }
+    /// Tensor t's tr V̂: the trace, over its elements, of the covariance of this update's
+    /// minibatch gradient (of Ũ/T), from the minibatch's per-example gradients.
+    fn gradient_noise(&mut self, t: usize, trace: f64) -> Result<()> {
+        let _ = (t, trace);
+        Ok(())
+    }
     /// Completes the update once every tensor is done (called by [`OpenUpdate::finish`]).
     fn close_update(&mut self) -> Result<()>;
     /// Drops an update left unfinished (an error part-way): what `open_update` prepared.
@@ -238,6 +251,18 @@ impl<S: TensorwiseStep + ?Sized> OpenUpdate<'_, S> {
         self.step.lent_done(t, sums)?;
         self.done[t] = true;
         Ok(())
+    }
+
+    /// Whether the sampler wants the minibatch gradient's noise
+    /// ([`TensorwiseStep::wants_gradient_noise`]).
+    pub fn wants_gradient_noise(&self) -> bool {
+        self.step.wants_gradient_noise()
+    }
+
+    /// Tensor t's tr V̂ for this update, before t is updated.
+    pub fn gradient_noise(&mut self, t: usize, trace: f64) -> Result<()> {
+        self.check(t)?;
+        self.step.gradient_noise(t, trace)
     }
 
     /// Tensor t's update for its gradient's product to apply, if the sampler has one.

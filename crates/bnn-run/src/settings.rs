@@ -81,6 +81,10 @@ pub struct Settings {
     /// its band ([`crate::train::configurational`]; absent in older runs: no).
     #[serde(default, skip_serializing_if = "is_false")]
     pub adapt_step_size: bool,
+    /// SGHMC: estimate β̂ from each update's minibatch (Chen et al. 2014 §3.2) instead of
+    /// the fixed `noise_estimate` (absent in older runs: no).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub estimate_noise: bool,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -281,6 +285,7 @@ impl Default for Settings {
             augment: Augmentation::None,
             on_divergence: OnDivergence::Stop,
             adapt_step_size: false,
+            estimate_noise: false,
         }
     }
 }
@@ -421,6 +426,12 @@ impl Settings {
         {
             return bad(format!(
                 "--adapt-step-size is for the minibatch samplers (sgld, sghmc, sgnht, msgnht), not --sampler {}",
+                kind.name()
+            ));
+        }
+        if self.estimate_noise && kind != SamplerKind::Sghmc {
+            return bad(format!(
+                "--estimate-noise is for --sampler sghmc (its β̂), not {}",
                 kind.name()
             ));
         }
@@ -682,6 +693,8 @@ pub struct SettingsLayer {
     pub on_divergence: Option<OnDivergence>,
     /// `--adapt-step-size`.
     pub adapt_step_size: Option<bool>,
+    /// `--estimate-noise`.
+    pub estimate_noise: Option<bool>,
 }
 
 impl Settings {
@@ -759,6 +772,7 @@ impl Settings {
             augment: pick!(augment, d.augment),
             on_divergence: pick!(on_divergence, d.on_divergence),
             adapt_step_size: pick!(adapt_step_size, d.adapt_step_size),
+            estimate_noise: pick!(estimate_noise, d.estimate_noise),
         }
     }
 }

@@ -38,6 +38,10 @@ pub struct Fused {
     kinetic: f64,
     /// Σθ·∇ per tensor of the last update ([`Sampler::virials`]).
     virials: Vec<f64>,
+    /// SGHMC with β̂ estimated from each update's minibatch ([`Sampler::estimate_gradient_noise`]).
+    estimate_noise: bool,
+    /// Elements per tensor.
+    sizes: Vec<usize>,
     /// The step in progress ([`TensorwiseStep`]): its update and constants, and each
     /// tensor's sums (added in tensor order at the end, whatever order they came in).
     pending: Option<Pending>,
@@ -48,6 +52,8 @@ struct Pending {
     update: Update,
     consts: StepConsts,
     sums: Vec<TensorSums>,
+    /// With an estimated β̂: each tensor's noise scale √(2(α − β̂_t)η), once reported.
+    noise_scales: Vec<Option<f64>>,
 }
 
 impl Fused {
@@ -108,6 +114,8 @@ impl Fused {
             tensors: params.len(),
             kinetic: 0.0,
             virials: Vec::new(),
+            estimate_noise: false,
+            sizes: params.iter().map(|p| p.elem_count()).collect(),
             pending: None,
         };
         s.kinetic = s.kinetic_from(sum_sq);
@@ -167,6 +175,7 @@ impl TensorwiseStep for Fused {
             update,
             consts,
             sums: vec![TensorSums::default(); tensors],
+            noise_scales: vec![None; tensors],
         });
         Ok(())
     }
@@ -212,6 +221,22 @@ impl TensorwiseStep for Fused {
         self.lent_done(index, sums)
     }
 
+    fn wants_gradient_noise(&self) -> bool {
+        self.estimate_noise
+    }
+
+    /// Chen et al. 2014 eq. (15) with B̂ = ½ηV̂ (§3.2), in v-form: β̂_t = ½·η·V̂_t with V̂_t
+    /// the mean over tensor t's elements of the minibatch gradient's variance, and the
+    /// injected noise √(2(α − β̂_t)η) (none once β̂ reaches α: the gradient's noise alone
+    /// is then more than the friction removes).
+    fn gradient_noise(&mut self, t: usize, trace: f64) -> Result<()> {
+        let c = self.config;
+        let beta = 0.5 * c.step_size * trace / self.sizes[t].max(1) as f64;
+        let scale = (2.0 * (c.friction - beta).max(0.0) * c.step_size).sqrt();
+        in_update(&mut self.pending)?.noise_scales[t] = Some(scale);
+        Ok(())
+    }
+
     fn abandon_update(&mut self) {
         self.pending = None;
     }
@@ -221,6 +246,11 @@ impl TensorwiseStep for Fused {
             .pending
             .take()
             .ok_or_else(|| Error::Config("sampler: finish without begin".into()))?;
+        if let Some(t) = pending.noise_scales.iter().position(|s| s.is_none()) {
+            if self.estimate_noise {
+                return Err(noise_not_reported(t));
+            }
+        }
         // Summed in tensor order from 0, as a whole-model step sums them.
         let sum_sq = pending.sums.iter().fold(0f64, |a, s| a + s.sum_sq);
         let sum_thermostat = pending.sums.iter().fold(0f64, |a, s| a + s.sum_thermostat);
@@ -244,10 +274,19 @@ impl TensorwiseStep for Fused {
 impl Fused {
     /// Tensor i's update of the step in progress, with the sampler's buffers of it.
     fn lent(&mut self, i: usize) -> Result<LentUpdate<'_>> {
+        let estimate = self.estimate_noise;
         let pending = in_update(&mut self.pending)?;
+        let consts = match (estimate, pending.noise_scales[i]) {
+            (false, _) => pending.consts,
+            (true, Some(scale)) => StepConsts {
+                noise_scale: scale as f32,
+                ..pending.consts
+            },
+            (true, None) => return Err(noise_not_reported(i)),
+        };
         Ok(LentUpdate {
             update: pending.update,
-            consts: pending.consts,
+            consts,
             key: NoiseKey {
                 seed: self.seed,
                 step: self.step,
@@ -257,6 +296,13 @@ impl Fused {
             thermostat: self.thermostats.get_mut(i),
         })
     }
+}
+
+/// The error of an update whose backward did not report a tensor's gradient noise.
+pub(crate) fn noise_not_reported(t: usize) -> Error {
+    Error::Config(format!(
+        "sghmc with an estimated noise: the backward pass did not report the gradient noise of parameter tensor {t}; the estimate needs the per-example gradients of the hand-written MLP backward on the CPU (not autograd, a CNN or a GPU)"
+    ))
 }
 
 /// The update in progress.
@@ -296,6 +342,17 @@ impl Sampler for Fused {
 
     fn virials(&self) -> &[f64] {
         &self.virials
+    }
+
+    fn estimate_gradient_noise(&mut self) -> Result<()> {
+        if self.config.kind != SamplerKind::Sghmc {
+            return Err(Error::Config(format!(
+                "an estimated gradient noise (β̂) is for sghmc, not {}",
+                self.config.kind.name()
+            )));
+        }
+        self.estimate_noise = true;
+        Ok(())
     }
 
     fn state(&self) -> Result<SamplerState> {

@@ -324,6 +324,16 @@ pub trait Sampler: TensorwiseStep + Send {
     fn virials(&self) -> &[f64] {
         &[]
     }
+    /// SGHMC: estimate β̂ from each update's minibatch (Chen et al. 2014 §3.2: B̂ = ½ηV̂,
+    /// V̂ the empirical Fisher of the minibatch's per-example gradients, which the backward
+    /// reports per tensor through [`TensorwiseStep::gradient_noise`]) instead of the fixed
+    /// `noise_estimate`. An error for the other samplers.
+    fn estimate_gradient_noise(&mut self) -> Result<()> {
+        Err(Error::Config(format!(
+            "an estimated gradient noise (β̂) is for sghmc, not {}",
+            self.config().kind.name()
+        )))
+    }
     /// The state between updates, as plain data.
     fn state(&self) -> Result<SamplerState>;
     /// Continues from `state` (taken from a sampler of the same configuration on the same

@@ -447,6 +447,10 @@ impl<'a, S: ChainSink> Chain<'a, S> {
             s.seed,
             s.batch_size,
         )?;
+        let mut stepper = stepper;
+        if s.estimate_noise {
+            stepper.sampler.estimate_gradient_noise()?;
+        }
         let monitor = new_monitor(cfg, &stepper, model.num_params());
         Ok(Chain {
             cfg,

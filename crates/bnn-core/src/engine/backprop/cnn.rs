@@ -436,6 +436,8 @@ impl CnnBackprop {
             rows,
             prior_precision,
             prior_factor,
+            // (The convolutions' per-example gradients are not formed: no noise estimate.)
+            noise_fpc: None,
         };
         // The fully connected head.
         for k in (0..layers).rev() {

@@ -568,12 +568,15 @@ impl MlpBackprop {
             None => None,
         };
 
+        // N = s·B·T from the likelihood's scale s = N/(B·T) and the prior's factor 1/T.
+        let n = likelihood_scale * rows as f64 / prior_factor;
         let pass = Pass {
             model,
             x,
             rows,
             prior_precision,
             prior_factor,
+            noise_fpc: Some(((n - rows as f64) / (n - 1.0).max(1.0)).max(0.0)),
         };
         for k in (0..layers).rev() {
             self.backward_layer(k, &pass, &mut views, &mut step)?;
@@ -605,14 +608,22 @@ impl MlpBackprop {
             rows,
             prior_precision,
             prior_factor,
+            noise_fpc,
         } = *pass;
         let (fan_in, fan_out) = (self.widths[k], self.widths[k + 1]);
         let input = if k == 0 {
-            x
+            &x[..rows * fan_in]
         } else {
             &self.acts[k - 1][..rows * fan_in]
         };
         let delta = &self.delta[..rows * fan_out];
+        if let (Some(step), Some(fpc)) = (step.as_mut(), noise_fpc) {
+            if step.wants_gradient_noise() {
+                let (weights, bias) = gradient_noise(delta, input, rows, fpc);
+                step.gradient_noise(2 * k, weights)?;
+                step.gradient_noise(2 * k + 1, bias)?;
+            }
+        }
         let lw = (prior_factor * prior_precision[2 * k]) as f32;
         let lb = (prior_factor * prior_precision[2 * k + 1]) as f32;
         let zeros = input_zeros(&self.input_nonzero, self.sparse_input, k)
@@ -710,6 +721,27 @@ pub(super) struct Pass<'a> {
     pub rows: usize,
     pub prior_precision: &'a [f64],
     pub prior_factor: f64,
+    /// The finite-population factor (N − B)/(N − 1) of a minibatch's gradient noise, where
+    /// the pass reports it to the sampler ([`gradient_noise`]); None where it does not.
+    pub noise_fpc: Option<f64>,
+}
+
+/// tr V̂ of a layer's weight and bias gradients from the minibatch's per-example
+/// contributions c_i (Chen et al. 2014 §3.2's empirical Fisher): the weight gradient is
+/// Σ_i δ_i x_iᵀ, so ‖c_i‖² = ‖δ_i‖²·‖x_i‖² and the bias's ‖c_i‖² = ‖δ_i‖² (δ carries
+/// the likelihood's scale N/(B·T)). Var(Σ_i c_i) ≈ fpc · Σ_i ‖c_i‖²: B draws, each
+/// contributing its variance; the squared mean left in Σ‖c_i‖² is ‖∇‖²/B, at equilibrium
+/// (the data's gradient balancing the prior's) a fraction 1/B of the noise or less.
+pub(super) fn gradient_noise(delta: &[f32], input: &[f32], rows: usize, fpc: f64) -> (f64, f64) {
+    let (fan_out, fan_in) = (delta.len() / rows.max(1), input.len() / rows.max(1));
+    let (mut weights, mut bias) = (0f64, 0f64);
+    for (d, x) in delta.chunks_exact(fan_out).zip(input.chunks_exact(fan_in)) {
+        let dd: f64 = d.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+        let xx: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+        weights += dd * xx;
+        bias += dd;
+    }
+    (fpc * weights, fpc * bias)
 }
 
 impl Pass<'_> {

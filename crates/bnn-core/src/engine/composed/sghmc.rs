@@ -34,6 +34,9 @@ pub struct ComposedSghmc {
     /// v = p·h, one tensor per parameter tensor.
     pub momentum: Vec<Tensor>,
     kinetic: f64,
+    /// β̂ estimated from each update's minibatch, and this update's noise scales.
+    estimate_noise: bool,
+    noise_scales: Vec<Option<f64>>,
 }
 
 impl ComposedSghmc {
@@ -53,6 +56,8 @@ impl ComposedSghmc {
             virials: Vec::new(),
             momentum,
             kinetic,
+            estimate_noise: false,
+            noise_scales: Vec::new(),
         })
     }
 }
@@ -65,6 +70,20 @@ impl TensorwiseStep for ComposedSghmc {
     fn open_update(&mut self) -> Result<()> {
         self.virials.clear();
         self.virials.resize(self.tensor_count(), 0.0);
+        self.noise_scales.clear();
+        self.noise_scales.resize(self.tensor_count(), None);
+        Ok(())
+    }
+
+    fn wants_gradient_noise(&self) -> bool {
+        self.estimate_noise
+    }
+
+    /// β̂_t = ½·η·V̂_t and the injected noise √(2(α − β̂_t)η), as the fused update.
+    fn gradient_noise(&mut self, t: usize, trace: f64) -> Result<()> {
+        let c = self.config;
+        let beta = 0.5 * c.step_size * trace / self.momentum[t].elem_count().max(1) as f64;
+        self.noise_scales[t] = Some((2.0 * (c.friction - beta).max(0.0) * c.step_size).sqrt());
         Ok(())
     }
 
@@ -75,7 +94,14 @@ impl TensorwiseStep for ComposedSghmc {
             noise_estimate: beta,
             ..
         } = self.config;
-        let sigma = (2.0 * (alpha - beta) * eta).sqrt();
+        let sigma = match (
+            self.estimate_noise,
+            self.noise_scales.get(i).copied().flatten(),
+        ) {
+            (false, _) => (2.0 * (alpha - beta) * eta).sqrt(),
+            (true, Some(scale)) => scale,
+            (true, None) => return Err(crate::engine::fused::noise_not_reported(i)),
+        };
         let g = &g.detach(); // keep autograd history out of the sampler state
         self.virials[i] = virial(p.as_tensor(), g)?;
         let z = noise_like(g, self.seed, self.step, i)?;
@@ -112,6 +138,17 @@ impl Sampler for ComposedSghmc {
 
     fn virials(&self) -> &[f64] {
         &self.virials
+    }
+
+    fn estimate_gradient_noise(&mut self) -> Result<()> {
+        if self.config.kind != crate::sampler::SamplerKind::Sghmc {
+            return Err(crate::error::Error::Config(format!(
+                "an estimated gradient noise (β̂) is for sghmc, not {}",
+                self.config.kind.name()
+            )));
+        }
+        self.estimate_noise = true;
+        Ok(())
     }
 
     fn state(&self) -> Result<SamplerState> {
