@@ -677,12 +677,12 @@ fn adapting_the_step_in_burn_in_brings_sixteen_times_it_back_into_band() {
 }
 
 /// `--estimate-noise` (SGHMC's β̂ = ½ηV̂ from each minibatch's per-example gradients,
-/// Chen et al. 2014 §3.2) removes the gradient noise's heat: at 16× the default step the
-/// configurational temperature falls from 2.04 to 0.94 (seed 1), at the default step from
-/// 1.05 to 0.93. It over-corrects in between (1.15 → 0.65 at 4×): Chen's correction
-/// assumes noise independent from update to update, and an epoch's minibatches, drawn
-/// without replacement, are anti-correlated (docs/BENCHMARKS.md has the sweep). A
-/// backward without per-example gradients (autograd here) is refused at the first update.
+/// Chen et al. 2014 §3.2) removes the gradient noise's heat from the average: at 16× the
+/// default step the configurational temperature falls from 2.04 to 0.94 (seed 1). Only
+/// the average: one β̂ per tensor starves the directions with less noise than the
+/// tensor's mean, whose variance ratios fall to 0.01–0.75, and it over-corrects at
+/// smaller steps (1.15 → 0.65 at 4×; docs/BENCHMARKS.md has the sweep). A backward
+/// without per-example gradients (autograd here) is refused at the first update.
 #[test]
 fn an_estimated_gradient_noise_removes_sghmcs_heat() {
     let temperature = |flags: &[&str]| {
