@@ -502,27 +502,13 @@ fn sweep_picture() {
 #[test]
 #[ignore]
 fn logistic_sweep() {
-    use crate::posterior::{logit_differences, table};
+    use crate::posterior::{logistic_regression, logit_differences, table};
     let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
     let out = PathBuf::from(env("SWEEP_OUT", "target/minibatch-sweep"));
     std::fs::create_dir_all(&out).unwrap();
     let csv_path = table("breast-cancer.csv").expect("breast-cancer.csv");
     let csv = csv_path.to_str().unwrap();
-    let base = [
-        "train",
-        "--csv",
-        csv,
-        "--target",
-        "malignant_is_0",
-        "--hidden",
-        "",
-        "--prior",
-        "gaussian",
-        "--split-seed",
-        "0",
-        "--out",
-        "runs",
-    ];
+    let base = logistic_regression(csv);
     let identified = |run: &Path| -> Vec<Vec<f64>> {
         samples(run).iter().map(|t| logit_differences(t)).collect()
     };

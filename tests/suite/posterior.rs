@@ -292,6 +292,26 @@ pub(crate) fn logit_differences(theta: &[f64]) -> Vec<f64> {
         .collect()
 }
 
+/// `bnn train`'s Bayesian logistic regression of the breast-cancer table `csv` (no
+/// hidden layer, 2-class softmax, N(0, 1) prior, the split of seed 0), into `runs/`.
+pub(crate) fn logistic_regression(csv: &str) -> [&str; 13] {
+    [
+        "train",
+        "--csv",
+        csv,
+        "--target",
+        "malignant_is_0",
+        "--hidden",
+        "",
+        "--prior",
+        "gaussian",
+        "--split-seed",
+        "0",
+        "--out",
+        "runs",
+    ]
+}
+
 /// Classification's twin of the exact check: Bayesian logistic regression (no hidden
 /// layer, 2-class softmax, N(0, 1) prior) of breast-cancer.csv, whose posterior has no
 /// closed form, so HMC is held against a longer chain of itself with another seed: 2,000
@@ -314,16 +334,7 @@ fn hmc_logistic_regression_agrees_with_a_longer_chain_of_itself() {
     let d = tempfile::tempdir().unwrap();
     let csv = csv.to_str().unwrap();
     let chain = |name: &str, seed: &str, iterations: &str| {
-        let args = [
-            "train",
-            "--csv",
-            csv,
-            "--target",
-            "malignant_is_0",
-            "--hidden",
-            "",
-            "--prior",
-            "gaussian",
+        let hmc = [
             "--sampler",
             "hmc",
             "--trajectory-length",
@@ -334,15 +345,12 @@ fn hmc_logistic_regression_agrees_with_a_longer_chain_of_itself() {
             "500",
             "--thin",
             "1",
-            "--split-seed",
-            "0",
             "--seed",
             seed,
-            "--out",
-            "runs",
             "--run-name",
             name,
         ];
+        let args = [&logistic_regression(csv)[..], &hmc[..]].concat();
         run_ok(d.path(), &args);
         samples(&d.path().join("runs").join(name))
     };
