@@ -34,6 +34,10 @@ def rng(v, fmt="{:.2f}"):
 
 print("| batch | sampler | step | variance ratio | max mean error (sd) | run θ·∇Ũ/D | samples' θ·∇U/D | warned | direction |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+# Rows in the sweep's order (batch, sampler, step), whatever order the runs were made in.
+SAMPLERS = ["sgld", "sghmc", "sghmc-s", "sghmc-b", "sgnht-e", "sgnht-s", "msgnht-e", "msgnht-s"]
+batches = list(dict.fromkeys(k[0] for k in order))
+order.sort(key=lambda k: (batches.index(k[0]), SAMPLERS.index(k[1]) if k[1] in SAMPLERS else 99, k[2]))
 agree = total = 0
 for key in order:
     batch, name, mult = key
