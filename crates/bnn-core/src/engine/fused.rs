@@ -248,7 +248,7 @@ impl TensorwiseStep for Fused {
             .ok_or_else(|| Error::Config("sampler: finish without begin".into()))?;
         if let Some(t) = pending.noise_scales.iter().position(|s| s.is_none()) {
             if self.estimate_noise {
-                return Err(noise_not_reported(t));
+                return Err(crate::sampler::noise_not_reported(t));
             }
         }
         // Summed in tensor order from 0, as a whole-model step sums them.
@@ -282,7 +282,7 @@ impl Fused {
                 noise_scale: scale as f32,
                 ..pending.consts
             },
-            (true, None) => return Err(noise_not_reported(i)),
+            (true, None) => return Err(crate::sampler::noise_not_reported(i)),
         };
         Ok(LentUpdate {
             update: pending.update,
@@ -296,13 +296,6 @@ impl Fused {
             thermostat: self.thermostats.get_mut(i),
         })
     }
-}
-
-/// The error of an update whose backward did not report a tensor's gradient noise.
-pub(crate) fn noise_not_reported(t: usize) -> Error {
-    Error::Config(format!(
-        "sghmc with an estimated noise: the backward pass did not report the gradient noise of parameter tensor {t}; the estimate needs the per-example gradients of the hand-written MLP backward on the CPU (not autograd, a CNN or a GPU)"
-    ))
 }
 
 /// The update in progress.

@@ -255,6 +255,14 @@ pub struct Diagnostics {
     pub thermostat: Option<f64>,
 }
 
+/// The error of an update whose backward did not report a tensor's gradient noise
+/// ([`Sampler::estimate_gradient_noise`]).
+pub(crate) fn noise_not_reported(t: usize) -> Error {
+    Error::Config(format!(
+        "sghmc with an estimated noise: the backward pass did not report the gradient noise of parameter tensor {t}; the estimate needs the per-example gradients of the hand-written MLP backward on the CPU (not autograd, a CNN or a GPU)"
+    ))
+}
+
 /// Σθ·∇ of one tensor in f64 (the composed samplers' virial; the fused kernels sum it in
 /// their pass).
 pub(crate) fn virial(theta: &Tensor, grad: &Tensor) -> Result<f64> {

@@ -100,7 +100,7 @@ impl TensorwiseStep for ComposedSghmc {
         ) {
             (false, _) => (2.0 * (alpha - beta) * eta).sqrt(),
             (true, Some(scale)) => scale,
-            (true, None) => return Err(crate::engine::fused::noise_not_reported(i)),
+            (true, None) => return Err(crate::sampler::noise_not_reported(i)),
         };
         let g = &g.detach(); // keep autograd history out of the sampler state
         self.virials[i] = virial(p.as_tensor(), g)?;
