@@ -13,8 +13,8 @@
 //! estimate ∇̃, and θ·∇̃ is an unbiased estimate of θ·∇ only where the minibatch is
 //! independent of θ: the epoch's first minibatch comes from a fresh permutation; its later
 //! ones come from what the earlier ones left, which θ has followed, and that biases θ·∇̃
-//! upward (measured on diabetes at 16× the step: +0.17 with every update counted, SGNHT
-//! reading 1.01 while its samples were at 0.84). The epoch's first update sees θ where the
+//! upward (measured on diabetes at 16× the step: SGNHT read 1.01 with every update
+//! counted, 0.76 with the epochs' first, its samples 0.73). The epoch's first update sees θ where the
 //! previous epoch left it, which is where `bnn train` keeps its samples.
 //!
 //! It is a check of the average: a Gaussian posterior's θ·∇U/D is the mean over its
