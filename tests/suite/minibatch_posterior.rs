@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use bnn::sampler::SamplerKind;
 
 use crate::common::{bnn, stderr};
-use crate::posterior::{diabetes, exact_posterior, moments, samples};
+use crate::posterior::{diabetes, exact_posterior, invert, moments, samples};
 
 /// What one run gives against the exact posterior.
 #[derive(Debug)]
@@ -70,34 +70,6 @@ fn run_temperature(run: &Path) -> f64 {
     last["configurational"]["since_burnin"]
         .as_f64()
         .unwrap_or_else(|| panic!("no configurational temperature in {last}"))
-}
-
-/// Σ⁻¹ by Gauss–Jordan on [Σ | I].
-fn invert(a: &[Vec<f64>]) -> Vec<Vec<f64>> {
-    let n = a.len();
-    let mut m: Vec<Vec<f64>> = (0..n)
-        .map(|i| {
-            let mut row = a[i].clone();
-            row.extend((0..n).map(|j| f64::from(u8::from(i == j))));
-            row
-        })
-        .collect();
-    for c in 0..n {
-        let p = (c..n)
-            .max_by(|&x, &y| m[x][c].abs().total_cmp(&m[y][c].abs()))
-            .unwrap();
-        m.swap(c, p);
-        let pivot = m[c][c];
-        m[c].iter_mut().for_each(|x| *x /= pivot);
-        let row = m[c].clone();
-        for (r, other) in m.iter_mut().enumerate() {
-            if r != c {
-                let f = other[c];
-                other.iter_mut().zip(&row).for_each(|(x, y)| *x -= f * y);
-            }
-        }
-    }
-    m.into_iter().map(|r| r[n..].to_vec()).collect()
 }
 
 /// Runs `bnn train` on the diabetes posterior at batch 100 with `flags` in `dir`: its

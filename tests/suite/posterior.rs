@@ -93,17 +93,19 @@ pub(crate) fn exact_posterior(run: &Path) -> (Vec<f64>, Vec<Vec<f64>>) {
         }
     }
     (0..d).for_each(|i| a[i][i] += 1.0 / (s * s));
-    let cov = (0..d)
-        .map(|j| {
-            solve(
-                &a,
-                &(0..d)
-                    .map(|k| f64::from(u8::from(k == j)))
-                    .collect::<Vec<_>>(),
-            )
-        })
-        .collect();
-    (solve(&a, &b), cov)
+    (solve(&a, &b), invert(&a))
+}
+
+/// The inverse of a small symmetric positive-definite `a`, a column at a time (being
+/// symmetric, the columns are its rows).
+pub(crate) fn invert(a: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    let n = a.len();
+    let unit = |j: usize| {
+        (0..n)
+            .map(|k| f64::from(u8::from(k == j)))
+            .collect::<Vec<_>>()
+    };
+    (0..n).map(|j| solve(a, &unit(j))).collect()
 }
 
 /// Each sample's (w, b), in order.

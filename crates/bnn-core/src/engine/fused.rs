@@ -225,14 +225,9 @@ impl TensorwiseStep for Fused {
         self.estimate_noise
     }
 
-    /// Chen et al. 2014 eq. (15) with B̂ = ½ηV̂ (§3.2), in v-form: β̂_t = ½·η·V̂_t with V̂_t
-    /// the mean over tensor t's elements of the minibatch gradient's variance, and the
-    /// injected noise √(2(α − β̂_t)η) (none once β̂ reaches α: the gradient's noise alone
-    /// is then more than the friction removes).
+    /// Tensor t's noise scale with β̂ estimated ([`crate::sampler::estimated_noise_scale`]).
     fn gradient_noise(&mut self, t: usize, trace: f64) -> Result<()> {
-        let c = self.config;
-        let beta = 0.5 * c.step_size * trace / self.sizes[t].max(1) as f64;
-        let scale = (2.0 * (c.friction - beta).max(0.0) * c.step_size).sqrt();
+        let scale = crate::sampler::estimated_noise_scale(&self.config, trace, self.sizes[t]);
         in_update(&mut self.pending)?.noise_scales[t] = Some(scale);
         Ok(())
     }
@@ -338,12 +333,7 @@ impl Sampler for Fused {
     }
 
     fn estimate_gradient_noise(&mut self) -> Result<()> {
-        if self.config.kind != SamplerKind::Sghmc {
-            return Err(Error::Config(format!(
-                "an estimated gradient noise (β̂) is for sghmc, not {}",
-                self.config.kind.name()
-            )));
-        }
+        crate::sampler::only_sghmc_estimates_noise(self.config.kind)?;
         self.estimate_noise = true;
         Ok(())
     }

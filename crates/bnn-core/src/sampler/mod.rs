@@ -255,6 +255,27 @@ pub struct Diagnostics {
     pub thermostat: Option<f64>,
 }
 
+/// Refuses an estimated gradient noise (β̂) for any sampler but SGHMC.
+pub(crate) fn only_sghmc_estimates_noise(kind: SamplerKind) -> Result<()> {
+    match kind {
+        SamplerKind::Sghmc => Ok(()),
+        other => Err(Error::Config(format!(
+            "an estimated gradient noise (β̂) is for sghmc, not {}",
+            other.name()
+        ))),
+    }
+}
+
+/// SGHMC's injected-noise scale with β̂ estimated from tensor's gradient noise: Chen et al.
+/// 2014 eq. (15) with B̂ = ½ηV̂ (§3.2), in v-form β̂ = ½·η·V̂ with V̂ = `trace` / `elements`
+/// (the mean over the tensor's elements of the minibatch gradient's variance), and the
+/// noise √(2(α − β̂)η) — none once β̂ reaches α, the gradient's noise alone then being
+/// more than the friction removes.
+pub(crate) fn estimated_noise_scale(config: &SamplerConfig, trace: f64, elements: usize) -> f64 {
+    let beta = 0.5 * config.step_size * trace / elements.max(1) as f64;
+    (2.0 * (config.friction - beta).max(0.0) * config.step_size).sqrt()
+}
+
 /// The error of an update whose backward did not report a tensor's gradient noise
 /// ([`Sampler::estimate_gradient_noise`]).
 pub(crate) fn noise_not_reported(t: usize) -> Error {
@@ -337,10 +358,10 @@ pub trait Sampler: TensorwiseStep + Send {
     /// reports per tensor through [`TensorwiseStep::gradient_noise`]) instead of the fixed
     /// `noise_estimate`. An error for the other samplers.
     fn estimate_gradient_noise(&mut self) -> Result<()> {
-        Err(Error::Config(format!(
-            "an estimated gradient noise (β̂) is for sghmc, not {}",
-            self.config().kind.name()
-        )))
+        only_sghmc_estimates_noise(self.config().kind)?;
+        Err(Error::Config(
+            "this sghmc update cannot estimate its gradient noise".into(),
+        ))
     }
     /// The state between updates, as plain data.
     fn state(&self) -> Result<SamplerState>;

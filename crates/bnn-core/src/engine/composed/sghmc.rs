@@ -79,11 +79,11 @@ impl TensorwiseStep for ComposedSghmc {
         self.estimate_noise
     }
 
-    /// β̂_t = ½·η·V̂_t and the injected noise √(2(α − β̂_t)η), as the fused update.
+    /// Tensor t's noise scale with β̂ estimated, as the fused update's.
     fn gradient_noise(&mut self, t: usize, trace: f64) -> Result<()> {
-        let c = self.config;
-        let beta = 0.5 * c.step_size * trace / self.momentum[t].elem_count().max(1) as f64;
-        self.noise_scales[t] = Some((2.0 * (c.friction - beta).max(0.0) * c.step_size).sqrt());
+        let elements = self.momentum[t].elem_count();
+        let scale = crate::sampler::estimated_noise_scale(&self.config, trace, elements);
+        self.noise_scales[t] = Some(scale);
         Ok(())
     }
 
@@ -141,12 +141,7 @@ impl Sampler for ComposedSghmc {
     }
 
     fn estimate_gradient_noise(&mut self) -> Result<()> {
-        if self.config.kind != crate::sampler::SamplerKind::Sghmc {
-            return Err(crate::error::Error::Config(format!(
-                "an estimated gradient noise (β̂) is for sghmc, not {}",
-                self.config.kind.name()
-            )));
-        }
+        crate::sampler::only_sghmc_estimates_noise(self.config.kind)?;
         self.estimate_noise = true;
         Ok(())
     }
