@@ -225,7 +225,7 @@ impl TensorwiseStep for Fused {
         self.estimate_noise
     }
 
-    /// Tensor t's noise scale with β̂ estimated ([`crate::sampler::estimated_noise_scale`]).
+    /// Tensor t's noise scale with β̂ estimated (`sampler::estimated_noise_scale`).
     fn gradient_noise(&mut self, t: usize, trace: f64) -> Result<()> {
         let scale = crate::sampler::estimated_noise_scale(&self.config, trace, self.sizes[t]);
         in_update(&mut self.pending)?.noise_scales[t] = Some(scale);
