@@ -9,16 +9,89 @@ use bnn::data::tabular::TaskKind;
 use bnn::model::Activation;
 use bnn::potential::Backward;
 use bnn::sampler::ladder::PairSchedule;
-use bnn::sampler::replica::ReplicaThermostat;
+use bnn::sampler::replica::{ReplicaOptions, ReplicaThermostat};
 use bnn::sampler::{Integrator, Kernel, SamplerKind};
-use bnn::settings::{ChainLayout, OnDivergence, Settings};
+use bnn::settings::{ChainLayout, HmcOptions, OnDivergence, Settings, SettingsLayer};
 
-/// `bnn train`'s defaults, defined once in [`Settings`]'s `Default`.
-#[allow(non_snake_case)]
-fn D() -> Settings {
-    Settings::default()
-}
 use bnn::synthetic::PotentialKind;
+
+/// The command line: [`Cli`] with the help of each flag of `bnn train` (and of the replica
+/// flags of `bnn sample`) that has no value of its own ending in the default it takes,
+/// read from the library's one definition of it ([`Settings`]' `Default`,
+/// [`ReplicaOptions`]' and [`HmcOptions`]'), keyed by the flag's id (its field name).
+pub fn command() -> clap::Command {
+    use serde_json::{json, to_value, Value};
+    let object = |v: Value| match v {
+        Value::Object(m) => m,
+        _ => serde_json::Map::new(),
+    };
+    let mut replicas = object(to_value(ReplicaOptions::default()).unwrap_or_default());
+    if let Some(t) = replicas.remove("thermostat") {
+        replicas.insert("replica_thermostat".into(), t);
+    }
+    let mut train = object(to_value(SettingsLayer::of(&Settings::default())).unwrap_or_default());
+    // The sampler's own settings follow the sampler (their help says so), and augmenting
+    // is off unless asked for: no single default to show.
+    let per_sampler = [
+        "step_size",
+        "friction",
+        "diffusion",
+        "noise_estimate",
+        "integrator",
+    ];
+    for id in per_sampler.iter().chain(&["augment"]) {
+        train.remove(*id);
+    }
+    train.extend(object(to_value(HmcOptions::default()).unwrap_or_default()));
+    train.extend(replicas.clone());
+    train.extend(object(json!({
+        "prior_std": bnn::potential::PriorSpec::DEFAULT_STD,
+        "gamma_shape": bnn::potential::PriorSpec::DEFAULT_SHAPE,
+        "gamma_rate": bnn::potential::PriorSpec::DEFAULT_RATE,
+    })));
+    <Cli as clap::CommandFactory>::command()
+        .mut_subcommand("train", |c| with_defaults(c, &train))
+        .mut_subcommand("sample", |c| with_defaults(c, &replicas))
+}
+
+/// `cmd` with `[default: …]` after the help of each argument `defaults` has a value for
+/// (a switch's `false` and an absent value are not shown).
+fn with_defaults(
+    mut cmd: clap::Command,
+    defaults: &serde_json::Map<String, serde_json::Value>,
+) -> clap::Command {
+    use serde_json::Value;
+    let shown = |v: &Value| match v {
+        Value::Null | Value::Bool(false) | Value::Object(_) => None,
+        Value::String(s) => Some(s.clone()),
+        Value::Array(a) => Some(
+            a.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+        other => Some(other.to_string()),
+    };
+    let ids: Vec<String> = cmd
+        .get_arguments()
+        .map(|a| a.get_id().to_string())
+        .collect();
+    for id in ids {
+        let Some(value) = defaults.get(&id).and_then(shown) else {
+            continue;
+        };
+        cmd = cmd.mut_arg(id, |a| {
+            let help = a.get_help().map(ToString::to_string).unwrap_or_default();
+            let long = a.get_long_help().map(ToString::to_string);
+            let a = a.help(format!("{help} [default: {value}]"));
+            match long {
+                Some(l) => a.long_help(format!("{l}\n\n[default: {value}]")),
+                None => a,
+            }
+        });
+    }
+    cmd
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -127,27 +200,60 @@ pub struct SampleArgs {
     pub replicas: ReplicaArgs,
 }
 
-/// The replica-exchange flags of `bnn sample` and `bnn train` (renhd and reld only).
+/// The replica-exchange flags of `bnn sample` and `bnn train` (renhd and reld only); an
+/// absent flag takes [`ReplicaOptions`]' default.
 #[derive(Debug, Clone, Args)]
 pub struct ReplicaArgs {
     /// renhd/reld: rungs of the temperature ladder, T₀ = 1 included.
-    #[arg(long, default_value_t = 7)]
-    pub replicas: usize,
+    #[arg(long)]
+    pub replicas: Option<usize>,
     /// renhd/reld: τ of the ladder T_j = τ^j, or `auto` to adapt it during burn-in.
-    #[arg(long, default_value = "1.5")]
-    pub ladder: String,
+    #[arg(long, value_parser = ladder)]
+    pub ladder: Option<Ladder>,
     /// renhd/reld with --ladder auto: the swap rate per pair to aim at.
-    #[arg(long, default_value_t = 0.3)]
-    pub target_swap_rate: f64,
+    #[arg(long)]
+    pub target_swap_rate: Option<f64>,
     /// renhd/reld: updates between exchange rounds (N of Algorithm 2).
-    #[arg(long, default_value_t = 200)]
-    pub exchange_every: usize,
+    #[arg(long)]
+    pub exchange_every: Option<usize>,
     /// renhd/reld: deo (even/odd alternation) or random (one adjacent pair per round).
-    #[arg(long, value_enum, default_value_t = PairSchedule::Deo)]
-    pub pairs: PairSchedule,
+    #[arg(long, value_enum)]
+    pub pairs: Option<PairSchedule>,
     /// renhd: one scalar thermostat per replica (the paper's) or one per parameter.
-    #[arg(long, value_enum, default_value_t = ReplicaThermostat::Scalar)]
-    pub replica_thermostat: ReplicaThermostat,
+    #[arg(long, value_enum)]
+    pub replica_thermostat: Option<ReplicaThermostat>,
+}
+
+impl ReplicaArgs {
+    /// The options these flags give, each absent one at its default.
+    pub fn options(&self) -> ReplicaOptions {
+        let d = ReplicaOptions::default();
+        ReplicaOptions {
+            replicas: self.replicas.unwrap_or(d.replicas),
+            ladder: self.ladder.map_or(d.ladder, |l| l.0),
+            target_swap_rate: self.target_swap_rate.unwrap_or(d.target_swap_rate),
+            exchange_every: self.exchange_every.unwrap_or(d.exchange_every),
+            pairs: self.pairs.unwrap_or(d.pairs),
+            thermostat: self.replica_thermostat.unwrap_or(d.thermostat),
+        }
+    }
+}
+
+/// `--ladder`'s value: τ of a fixed geometric ladder, or `None` for `auto`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ladder(pub Option<f64>);
+
+/// Parses `--ladder`: `auto` or τ > 1.
+fn ladder(text: &str) -> Result<Ladder, String> {
+    if text == "auto" {
+        return Ok(Ladder(None));
+    }
+    match text.parse::<f64>() {
+        Ok(tau) if tau > 1.0 && tau.is_finite() => Ok(Ladder(Some(tau))),
+        _ => Err(format!(
+            "--ladder must be `auto` or a number above 1, got `{text}`"
+        )),
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -322,42 +428,42 @@ pub struct TrainArgs {
     #[arg(long, value_enum)]
     pub activation: Option<Activation>,
 
-    /// Prior on the weights.
-    #[arg(long, value_enum, default_value_t = PriorKind::Gamma)]
-    pub prior: PriorKind,
+    /// Prior on the weights (default: gamma; gaussian when only --prior-std is given).
+    #[arg(long, value_enum)]
+    pub prior: Option<PriorKind>,
     /// σ of the Gaussian prior N(0, σ²).
-    #[arg(long, default_value_t = 1.0)]
-    pub prior_std: f64,
+    #[arg(long)]
+    pub prior_std: Option<f64>,
     /// Shape of the Gamma hyper-prior on precisions (--prior gamma).
-    #[arg(long, default_value_t = 1.0)]
-    pub gamma_shape: f64,
+    #[arg(long)]
+    pub gamma_shape: Option<f64>,
     /// Rate of the Gamma hyper-prior on precisions (--prior gamma).
-    #[arg(long, default_value_t = 1.0)]
-    pub gamma_rate: f64,
+    #[arg(long)]
+    pub gamma_rate: Option<f64>,
     /// Posterior temperature T: samples exp(−U/T).
-    #[arg(long, default_value_t = D().temperature)]
-    pub temperature: f64,
+    #[arg(long)]
+    pub temperature: Option<f64>,
 
     /// Sampler (or MAP baseline).
-    #[arg(long, value_enum, default_value_t = D().sampler.kind)]
-    pub sampler: SamplerKind,
+    #[arg(long, value_enum)]
+    pub sampler: Option<SamplerKind>,
     /// Update implementation: one fused pass (default) or composed candle ops (reference).
-    #[arg(long, value_enum, default_value_t = D().kernel)]
-    pub kernel: Kernel,
+    #[arg(long, value_enum)]
+    pub kernel: Option<Kernel>,
     /// Gradient implementation: the hand-written CPU backward (custom), candle's autograd
     /// (the reference), or auto (custom on the CPU, autograd elsewhere).
-    #[arg(long, value_enum, default_value_t = D().backward)]
-    pub backward: Backward,
+    #[arg(long, value_enum)]
+    pub backward: Option<Backward>,
     /// η: step size multiplying ∇U (default depends on the sampler).
     #[arg(long)]
     pub step_size: Option<f64>,
     /// HMC (`--sampler hmc`): the trajectory length τ; each trajectory takes ⌈τ/ε⌉
     /// leapfrog steps.
-    #[arg(long, default_value_t = 0.5)]
-    pub trajectory_length: f64,
+    #[arg(long)]
+    pub trajectory_length: Option<f64>,
     /// HMC: the acceptance rate burn-in's dual averaging aims the step size at.
-    #[arg(long, default_value_t = 0.8)]
-    pub target_accept: f64,
+    #[arg(long)]
+    pub target_accept: Option<f64>,
     /// HMC: start the chains from a finished run's samples (chain k of K takes the
     /// ⌈(k+1)·n/K⌉-th of its n samples, chains pooled in order) instead of the prior's
     /// draw, e.g. from an SG-MCMC run of the same model and data, so that the burn-in
@@ -379,40 +485,40 @@ pub struct TrainArgs {
     pub diffusion: Option<f64>,
 
     /// Minibatch size |S|.
-    #[arg(long, default_value_t = D().batch_size)]
-    pub batch_size: usize,
+    #[arg(long)]
+    pub batch_size: Option<usize>,
     /// Passes over the training set.
-    #[arg(long, default_value_t = D().epochs)]
-    pub epochs: usize,
+    #[arg(long)]
+    pub epochs: Option<usize>,
     /// Epochs before the first sample is kept.
-    #[arg(long, default_value_t = D().schedule.burnin)]
-    pub burnin: usize,
+    #[arg(long)]
+    pub burnin: Option<usize>,
     /// Keep one sample every THIN updates after burn-in.
-    #[arg(long, default_value_t = D().schedule.thin)]
-    pub thin: usize,
+    #[arg(long)]
+    pub thin: Option<usize>,
     /// Step decay: multiply η by --decay-factor from these epochs on (default: from the
     /// 21st epoch, as Li et al. 2016 do; `--decay-at` with no value: constant step size).
-    #[arg(long, value_delimiter = ',', default_values_t = D().schedule.decay_at, num_args = 0..)]
-    pub decay_at: Vec<usize>,
+    #[arg(long, value_delimiter = ',', num_args = 0..)]
+    pub decay_at: Option<Vec<usize>>,
     /// Factor of each step decay.
-    #[arg(long, default_value_t = D().schedule.decay_factor)]
-    pub decay_factor: f64,
+    #[arg(long)]
+    pub decay_factor: Option<f64>,
     /// Cyclical step size: this many cosine cycles over the run (0: none).
-    #[arg(long, default_value_t = D().schedule.cycles)]
-    pub cycles: usize,
+    #[arg(long)]
+    pub cycles: Option<usize>,
     /// With --cycles: keep samples only in this last fraction of each cycle.
-    #[arg(long, default_value_t = D().schedule.sample_fraction)]
-    pub sample_fraction: f64,
+    #[arg(long)]
+    pub sample_fraction: Option<f64>,
     /// Polynomial decay η_t = η·(b/(b + t))^γ: the exponent γ (0: none; Welling & Teh
     /// use 0.55).
-    #[arg(long, default_value_t = D().schedule.poly_gamma)]
-    pub poly_gamma: f64,
+    #[arg(long)]
+    pub poly_gamma: Option<f64>,
     /// Polynomial decay: b, in updates.
-    #[arg(long, default_value_t = D().schedule.poly_steps)]
-    pub poly_steps: f64,
+    #[arg(long)]
+    pub poly_steps: Option<f64>,
     /// Seed of initialisation, minibatch order and injected noise.
-    #[arg(long, default_value_t = D().seed)]
-    pub seed: u64,
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// Folder that holds runs.
     #[arg(long, default_value = "checkpoints")]
     pub out: PathBuf,
@@ -429,13 +535,13 @@ pub struct TrainArgs {
     pub resume: Option<PathBuf>,
     /// Save the run's state (for --resume) every N updates; 0: once per epoch. It is also
     /// saved at the end and on SIGINT/SIGTERM.
-    #[arg(long, default_value_t = D().checkpoint_every, value_name = "N")]
-    pub checkpoint_every: usize,
+    #[arg(long, value_name = "N")]
+    pub checkpoint_every: Option<usize>,
     /// When the chain diverges (a non-finite loss, kinetic energy or parameter): stop, or
     /// roll back to the last saved state with half the step size and go on (at most 3
     /// times per chain; the halved step size is saved with the state for --resume).
-    #[arg(long, value_enum, default_value_t = D().on_divergence)]
-    pub on_divergence: OnDivergence,
+    #[arg(long, value_enum)]
+    pub on_divergence: Option<OnDivergence>,
     /// During burn-in, halve the step size whenever the configurational temperature
     /// θ·∇Ũ/(D·T) stays out of [0.9, 1.1] beyond four standard errors over ten lines of
     /// diagnostics.jsonl (at most four times); the step kept for sampling is logged and
@@ -450,25 +556,25 @@ pub struct TrainArgs {
     /// Record the sampler's diagnostics (minibatch potential energy, kinetic energy per
     /// parameter overall and per tensor, thermostat mean and spread) in
     /// RUN/diagnostics.jsonl every N updates; 0: at each epoch's end.
-    #[arg(long, default_value_t = D().log_every, value_name = "N")]
-    pub log_every: usize,
+    #[arg(long, value_name = "N")]
+    pub log_every: Option<usize>,
     /// Run K independent chains side by side (seeds derived from --seed; chain 0 has
     /// --seed itself), in RUN/chain-<k>/; the ensemble pools them, and the summary adds
     /// each chain's figures, split-R-hat and ESS.
-    #[arg(long, default_value_t = D().chains, value_name = "K")]
-    pub chains: usize,
+    #[arg(long, value_name = "K")]
+    pub chains: Option<usize>,
     /// How the K chains compute: stacked (one network with a chain axis: one batched
     /// product per layer for all chains, each chain keeping its seed, minibatch order and
     /// noise), apart (each chain its own network), or auto (stacked on a GPU under sgld,
     /// sghmc, sgnht or msgnht; apart on the CPU).
-    #[arg(long, value_enum, default_value_t = D().chain_layout)]
-    pub chain_layout: ChainLayout,
+    #[arg(long, value_enum)]
+    pub chain_layout: Option<ChainLayout>,
     #[command(flatten)]
     pub replicas: ReplicaArgs,
     /// At the start of each epoch, permute the labels of this fraction of the training
     /// examples among themselves (seeded per epoch; Luo et al. §4.2's label noise).
-    #[arg(long, default_value_t = D().permute_labels, value_name = "P")]
-    pub permute_labels: f64,
+    #[arg(long, value_name = "P")]
+    pub permute_labels: Option<f64>,
     /// Device for parameters, minibatches and sampler state.
     #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
     pub device: DeviceKind,

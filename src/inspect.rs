@@ -134,7 +134,7 @@ pub fn inspect_run(run_dir: &Path) -> Result<RunInfo> {
     for slots in ["replicas", "stacked"] {
         state_bytes += bytes_under(&run_dir.join(slots));
     }
-    let summary: Option<serde_json::Value> = match run_dir.join("summary.json") {
+    let summary: Option<serde_json::Value> = match run_dir.join(crate::checkpoint::files::SUMMARY) {
         p if p.is_file() => {
             let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
             Some(serde_json::from_str(&text).map_err(|e| {
@@ -173,7 +173,7 @@ pub fn inspect_run(run_dir: &Path) -> Result<RunInfo> {
 /// The configurational temperature of the last line of `chain`'s `diagnostics.jsonl`
 /// that has one (none: no file, or a sampler without it).
 fn last_configurational(chain: &Path) -> Option<Configurational> {
-    let text = std::fs::read_to_string(chain.join("diagnostics.jsonl")).ok()?;
+    let text = std::fs::read_to_string(chain.join(crate::checkpoint::files::DIAGNOSTICS)).ok()?;
     text.lines().rev().find_map(|l| {
         serde_json::from_str::<DiagnosticRecord>(l)
             .ok()?

@@ -1,4 +1,4 @@
-use clap::{CommandFactory, FromArgMatches};
+use clap::FromArgMatches;
 
 mod cli;
 mod commands;
@@ -10,7 +10,7 @@ static ALLOC: bnn::alloc::CacheLineAligned = bnn::alloc::CacheLineAligned;
 fn main() {
     // The command line is parsed once: the typed values, and which flags were typed (a
     // preset fills the others; --resume accepts only some).
-    let matches = cli::Cli::command().get_matches();
+    let matches = cli::command().get_matches();
     let cli = cli::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let given = cli::given_train_flags(&matches);
     let level = match (cli.quiet, cli.verbose) {

@@ -66,9 +66,17 @@ pub fn step(kind: SamplerKind, sizes: &[usize], repeats: usize) -> Result<Vec<St
     let mut rows = Vec::new();
     let mut rng = rand::rngs::StdRng::seed_from_u64(0);
     let config = kind.defaults();
+    // Bytes moved per parameter: θ and ∇ read, θ written; with a momentum, v read and
+    // written too; with a thermostat per element, ξ read and written as well.
     let bytes_per_param = match kind {
-        SamplerKind::Sgld => 12,
-        _ => 20,
+        SamplerKind::Sgld | SamplerKind::Sgd => 12,
+        SamplerKind::Sghmc
+        | SamplerKind::Sgnht
+        | SamplerKind::Momentum
+        | SamplerKind::Renhd
+        | SamplerKind::Reld
+        | SamplerKind::Hmc => 20,
+        SamplerKind::Msgnht => 28,
     };
     for &n in sizes {
         let theta: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
@@ -284,13 +292,7 @@ fn bench_stepper(
 ) -> Result<(Stepper, f64)> {
     let model = Network::new(spec, ds.train.dim(), NUM_CLASSES, seed, &Device::Cpu)?;
     let flop = step_flop(&model, batch);
-    let prior = Prior::new(
-        PriorSpec::Gamma {
-            shape: 1.0,
-            rate: 1.0,
-        },
-        model.params.len(),
-    )?;
+    let prior = Prior::new(PriorSpec::DEFAULT, model.params.len())?;
     let potential = Potential::new(ds.train.len(), 1.0, prior)?;
     let stepper = Stepper::new(&model, potential, config, kernel, backward, seed, batch)?;
     Ok((stepper, flop))

@@ -5,13 +5,12 @@ mod train;
 
 use crate::cli::{
     Command, CompareArgs, DataArgs, DataCommand, DeviceKind, EvalArgs, GivenFlags, InspectArgs,
-    PlotArgs, PredictArgs, ReplicaArgs, SampleArgs, ShiftKind,
+    PlotArgs, PredictArgs, SampleArgs, ShiftKind,
 };
 use bnn::checkpoint::RunManifest;
 use bnn::data::{self, registry};
 use bnn::error::{Error, Result};
 use bnn::ranks::Ranks;
-use bnn::sampler::replica::ReplicaOptions;
 
 /// Runs a parsed command (`given`: the flags of `bnn train` the user typed); returns the
 /// JSON document to print last on stdout.
@@ -184,7 +183,7 @@ fn sample_command(a: SampleArgs) -> Result<String> {
         chains: a.chains,
         bins: a.bins,
         seed: a.seed,
-        replicas: replica_options(&a.replicas)?,
+        replicas: a.replicas.options(),
         noise_variance: a.noise_variance,
     };
     let (report, samples) = bnn::synthetic::run(&opts)?;
@@ -204,31 +203,6 @@ fn sample_command(a: SampleArgs) -> Result<String> {
         }
     }
     json(&report)
-}
-
-/// The replica-exchange options of the flags.
-fn replica_options(a: &ReplicaArgs) -> Result<ReplicaOptions> {
-    Ok(ReplicaOptions {
-        replicas: a.replicas,
-        ladder: ladder_of(&a.ladder)?,
-        target_swap_rate: a.target_swap_rate,
-        exchange_every: a.exchange_every,
-        pairs: a.pairs,
-        thermostat: a.replica_thermostat,
-    })
-}
-
-/// `--ladder`: `auto` (adapted during burn-in) or τ > 1.
-fn ladder_of(text: &str) -> Result<Option<f64>> {
-    if text == "auto" {
-        return Ok(None);
-    }
-    match text.parse::<f64>() {
-        Ok(tau) if tau > 1.0 && tau.is_finite() => Ok(Some(tau)),
-        _ => Err(Error::Config(format!(
-            "--ladder must be `auto` or a number above 1, got `{text}`"
-        ))),
-    }
 }
 
 /// The candle device for `--device`; a build without that backend says how to get it.

@@ -13,16 +13,13 @@ use bnn::ranks::Ranks;
 use bnn::settings::{Preset, ResumeChanges, Settings, SettingsLayer};
 use bnn::train::{self, TrainConfig};
 
-use super::{device_of, json, replica_options};
+use super::{device_of, json};
 use crate::cli::{DeviceKind, GivenFlags, PriorKind, TrainArgs};
 
-/// Builds the model spec: the preset of `--config` (or the default MLP-100), then
-/// `--hidden` and `--activation` on top.
-fn model_spec(args: &TrainArgs) -> Result<ModelSpec> {
-    let mut spec = match preset_of(args)? {
-        Some(preset) => preset.model,
-        None => ModelSpec::default(),
-    };
+/// The network: the preset's (or the default MLP-100), then `--hidden` and `--activation`
+/// on top.
+fn model_spec(args: &TrainArgs, preset: Option<ModelSpec>) -> Result<ModelSpec> {
+    let mut spec = preset.unwrap_or_default();
     if let Some(h) = &args.hidden {
         spec.hidden = h.0.clone();
     }
@@ -101,13 +98,12 @@ impl ResumeFields {
                     .join(", ")
             )));
         }
-        let typed = |id: &str| given.contains(id);
         Ok(ResumeFields {
             changes: ResumeChanges {
-                epochs: typed("epochs").then_some(args.epochs),
-                checkpoint_every: typed("checkpoint_every").then_some(args.checkpoint_every),
-                log_every: typed("log_every").then_some(args.log_every),
-                on_divergence: typed("on_divergence").then_some(args.on_divergence),
+                epochs: args.epochs,
+                checkpoint_every: args.checkpoint_every,
+                log_every: args.log_every,
+                on_divergence: args.on_divergence,
             },
             data_dir: args.data.data_dir.clone(),
             offline: args.offline,
@@ -172,101 +168,131 @@ fn preset_of(args: &TrainArgs) -> Result<Option<Preset>> {
     }
 }
 
-/// The `[train]` layer of `args`' preset (empty without one).
-fn preset_layer(args: &TrainArgs) -> Result<SettingsLayer> {
-    Ok(preset_of(args)?.map(|p| p.train).unwrap_or_default())
+/// What the command line asks for, read once: the preset's `[train]` layer, the flags'
+/// layer over it, and the network (the preset's `[model]` under `--hidden` and
+/// `--activation`).
+struct Layers {
+    preset: SettingsLayer,
+    flags: SettingsLayer,
+    model: ModelSpec,
 }
 
-/// The flags typed, as a layer of settings: a flag left at its default is absent, so that
-/// a preset's value shows through.
-fn flag_layer(a: &TrainArgs, given: &GivenFlags) -> SettingsLayer {
-    let typed = |id: &str| given.contains(id);
-    let prior = ["prior", "prior_std", "gamma_shape", "gamma_rate"]
-        .iter()
-        .any(|id| typed(id))
-        .then_some(match a.prior {
-            PriorKind::Gaussian => PriorSpec::Gaussian { std: a.prior_std },
-            PriorKind::Gamma => PriorSpec::Gamma {
-                shape: a.gamma_shape,
-                rate: a.gamma_rate,
-            },
-        });
+impl Layers {
+    fn of(args: &TrainArgs) -> Result<Self> {
+        let (model, preset) = match preset_of(args)? {
+            Some(p) => (Some(p.model), p.train),
+            None => (None, SettingsLayer::default()),
+        };
+        Ok(Layers {
+            preset,
+            flags: flag_layer(args),
+            model: model_spec(args, model)?,
+        })
+    }
+
+    /// Whether the flags or the preset set the field `f` reads.
+    fn sets<T>(&self, f: impl Fn(&SettingsLayer) -> &Option<T>) -> bool {
+        f(&self.flags).is_some() || f(&self.preset).is_some()
+    }
+}
+
+/// The flags, as a layer of settings: a flag not given is absent, so that a preset's
+/// value shows through.
+fn flag_layer(a: &TrainArgs) -> SettingsLayer {
     SettingsLayer {
-        sampler: typed("sampler").then_some(a.sampler),
+        sampler: a.sampler,
         step_size: a.step_size,
         friction: a.friction,
         diffusion: a.diffusion,
         noise_estimate: a.noise_estimate,
         integrator: a.integrator,
-        batch_size: typed("batch_size").then_some(a.batch_size),
-        epochs: typed("epochs").then_some(a.epochs),
-        burnin: typed("burnin").then_some(a.burnin),
-        thin: typed("thin").then_some(a.thin),
-        decay_at: typed("decay_at").then(|| a.decay_at.clone()),
-        decay_factor: typed("decay_factor").then_some(a.decay_factor),
-        prior,
-        temperature: typed("temperature").then_some(a.temperature),
+        batch_size: a.batch_size,
+        epochs: a.epochs,
+        burnin: a.burnin,
+        thin: a.thin,
+        decay_at: a.decay_at.clone(),
+        decay_factor: a.decay_factor,
+        prior: prior_flags(a),
+        temperature: a.temperature,
         augment: a.augment,
-        standardize: typed("standardize").then_some(a.standardize),
-        chains: typed("chains").then_some(a.chains),
-        chain_layout: typed("chain_layout").then_some(a.chain_layout),
-        kernel: typed("kernel").then_some(a.kernel),
-        backward: typed("backward").then_some(a.backward),
-        seed: typed("seed").then_some(a.seed),
-        cycles: typed("cycles").then_some(a.cycles),
-        sample_fraction: typed("sample_fraction").then_some(a.sample_fraction),
-        poly_gamma: typed("poly_gamma").then_some(a.poly_gamma),
-        poly_steps: typed("poly_steps").then_some(a.poly_steps),
-        checkpoint_every: typed("checkpoint_every").then_some(a.checkpoint_every),
-        log_every: typed("log_every").then_some(a.log_every),
-        permute_labels: typed("permute_labels").then_some(a.permute_labels),
-        on_divergence: typed("on_divergence").then_some(a.on_divergence),
-        adapt_step_size: typed("adapt_step_size").then_some(a.adapt_step_size),
-        estimate_noise: typed("estimate_noise").then_some(a.estimate_noise),
+        // A switch typed says yes; one not typed leaves the preset's word.
+        standardize: a.standardize.then_some(true),
+        chains: a.chains,
+        chain_layout: a.chain_layout,
+        kernel: a.kernel,
+        backward: a.backward,
+        seed: a.seed,
+        cycles: a.cycles,
+        sample_fraction: a.sample_fraction,
+        poly_gamma: a.poly_gamma,
+        poly_steps: a.poly_steps,
+        checkpoint_every: a.checkpoint_every,
+        log_every: a.log_every,
+        permute_labels: a.permute_labels,
+        on_divergence: a.on_divergence,
+        adapt_step_size: a.adapt_step_size.then_some(true),
+        estimate_noise: a.estimate_noise.then_some(true),
     }
 }
 
-/// The settings of `args`, resolved once: `bnn train`'s defaults ([`Settings`]'s
-/// `Default`, which the flags' defaults show), then the `--config` preset, then the flags
-/// typed ([`Settings::resolve`]); the network from the preset's `[model]` and
-/// `--hidden`/`--activation`, the replicas from their flags. Also whether the pixels are
-/// standardised (a property of the data, set by a flag or a preset).
-fn settings_of(args: &TrainArgs, given: &GivenFlags) -> Result<(Settings, bool)> {
-    settings_on(Settings::default(), args, given)
+/// The prior the prior flags give, if any is given: `--prior` (else gaussian when only
+/// `--prior-std` is given, else gamma), each parameter not given at its default.
+fn prior_flags(a: &TrainArgs) -> Option<PriorSpec> {
+    let gamma_given = a.gamma_shape.is_some() || a.gamma_rate.is_some();
+    let kind = match a.prior {
+        Some(kind) => kind,
+        None if a.prior_std.is_some() && !gamma_given => PriorKind::Gaussian,
+        None if a.prior_std.is_some() || gamma_given => PriorKind::Gamma,
+        None => return None,
+    };
+    Some(match kind {
+        PriorKind::Gaussian => PriorSpec::Gaussian {
+            std: a.prior_std.unwrap_or(PriorSpec::DEFAULT_STD),
+        },
+        PriorKind::Gamma => PriorSpec::Gamma {
+            shape: a.gamma_shape.unwrap_or(PriorSpec::DEFAULT_SHAPE),
+            rate: a.gamma_rate.unwrap_or(PriorSpec::DEFAULT_RATE),
+        },
+    })
 }
 
-/// [`settings_of`] on the defaults `d` (a table's, [`Settings::for_table`]).
-fn settings_on(d: Settings, args: &TrainArgs, given: &GivenFlags) -> Result<(Settings, bool)> {
-    let (preset, flags) = (preset_layer(args)?, flag_layer(args, given));
-    let resolved = Settings::resolve_on(d, &preset, &flags);
+/// The settings of `args`, resolved once on the defaults `d` (`bnn train`'s,
+/// [`Settings`]'s `Default`, or a table's, [`Settings::for_table`]): the preset over
+/// them, the flags over both ([`Settings::resolve_on`]); the replicas and HMC's options
+/// from their flags.
+fn settings_on(d: Settings, args: &TrainArgs, layers: &Layers) -> Result<Settings> {
+    let d = Settings {
+        model: layers.model.clone(),
+        ..d
+    };
+    let resolved = Settings::resolve_on(d, &layers.preset, &layers.flags);
     resolved.sampler.validate().map_err(bnn::Error::for_flag)?;
     bnn::potential::Prior::new(resolved.prior, 1)?;
-    let replicas = match resolved.sampler.kind.is_replica_exchange() {
-        true => Some(replica_options(&args.replicas)?),
-        false => None,
-    };
-    let standardize = flags.standardize.or(preset.standardize).unwrap_or(false);
+    let replicas = resolved
+        .sampler
+        .kind
+        .is_replica_exchange()
+        .then(|| args.replicas.options());
     if args.init_from.is_some() && resolved.hmc.is_none() {
         return Err(Error::Config(
             "--init-from starts the chains of --sampler hmc only".into(),
         ));
     }
-    let hmc = resolved.hmc.map(|_| bnn::settings::HmcOptions {
-        trajectory_length: args.trajectory_length,
-        target_accept: args.target_accept,
+    let hmc = resolved.hmc.map(|h| bnn::settings::HmcOptions {
+        trajectory_length: args.trajectory_length.unwrap_or(h.trajectory_length),
+        target_accept: args.target_accept.unwrap_or(h.target_accept),
         init_from: args.init_from.clone(),
     });
     let mut settings = Settings {
-        model: model_spec(args)?,
         replicas,
         hmc,
         ..resolved
     };
     if settings.hmc.is_some() {
-        let (e, b, t) = (flags.epochs, flags.burnin, flags.thin);
-        settings.fit_hmc_schedule(e.is_some(), b.is_some(), t.is_some());
+        let f = &layers.flags;
+        settings.fit_hmc_schedule(f.epochs.is_some(), f.burnin.is_some(), f.thin.is_some());
     }
-    Ok((settings, standardize))
+    Ok(settings)
 }
 
 /// The table (or toy) `args` names, if any: where it is, its target and its split.
@@ -298,6 +324,7 @@ fn table_spec(args: &TrainArgs, seed: u64) -> Option<TableSpec> {
 fn table_config(
     args: &TrainArgs,
     given: &GivenFlags,
+    layers: &Layers,
     spec: &TableSpec,
 ) -> Result<(Settings, data::Dataset)> {
     if given.contains("dataset") || args.data.data_dir.is_some() {
@@ -312,17 +339,16 @@ fn table_config(
     }
     let ds = tabular::load(spec)?;
     let n = ds.train.len();
-    let (mut settings, _) = settings_on(Settings::for_table(n), args, given)?;
-    let (preset, flags) = (preset_layer(args)?, flag_layer(args, given));
+    let mut settings = settings_on(Settings::for_table(n), args, layers)?;
     // HMC's ε is a leapfrog step on the full-data potential, adapted in burn-in: not a
     // minibatch step to scale.
     let hmc = settings.sampler.kind == bnn::sampler::SamplerKind::Hmc;
-    if flags.step_size.is_none() && preset.step_size.is_none() && !hmc {
+    if !layers.sets(|l| &l.step_size) && !hmc {
         settings.scale_step_size(n, ds.task.is_regression());
     }
     // Burn-in and thinning follow the epochs asked for, unless given themselves.
-    let burnin_given = flags.burnin.or(preset.burnin).is_some();
-    let thin_given = flags.thin.or(preset.thin).is_some();
+    let burnin_given = layers.sets(|l| &l.burnin);
+    let thin_given = layers.sets(|l| &l.thin);
     if !hmc {
         settings.fit_table_schedule(n, burnin_given, thin_given);
     }
@@ -357,9 +383,11 @@ fn train_config(
     quiet: bool,
     command_line: Vec<String>,
 ) -> Result<(TrainConfig, data::Dataset)> {
-    let (settings, ds) = match table_spec(args, flag_layer(args, given).seed.unwrap_or(args.seed)) {
-        Some(spec) => table_config(args, given, &spec)?,
-        None => image_config(args, given)?,
+    let layers = Layers::of(args)?;
+    let seed = layers.flags.seed.or(layers.preset.seed);
+    let (settings, ds) = match table_spec(args, seed.unwrap_or(Settings::default().seed)) {
+        Some(spec) => table_config(args, given, &layers, &spec)?,
+        None => image_config(args, &layers)?,
     };
     let run_name = args.run_name.clone().unwrap_or_else(|| {
         format!(
@@ -382,8 +410,10 @@ fn train_config(
 }
 
 /// The settings and data of an image run.
-fn image_config(args: &TrainArgs, given: &GivenFlags) -> Result<(Settings, data::Dataset)> {
-    let (settings, standardize) = settings_of(args, given)?;
+fn image_config(args: &TrainArgs, layers: &Layers) -> Result<(Settings, data::Dataset)> {
+    let settings = settings_on(Settings::default(), args, layers)?;
+    // A property of the data, set by the flag or the preset.
+    let standardize = layers.flags.standardize.or(layers.preset.standardize);
     let opts = LoadOptions {
         data_dir: args.data.data_dir.clone(),
         offline: args.offline,
@@ -393,7 +423,7 @@ fn image_config(args: &TrainArgs, given: &GivenFlags) -> Result<(Settings, data:
         builtin_fallback: true,
     };
     let mut ds = data::load(&args.data.dataset, &opts)?;
-    if standardize {
+    if standardize.unwrap_or(false) {
         let s = data::Standardization::of(&ds.train, data::Standardization::DEFAULT_FLOOR)?;
         ds.set_standardization(Some(s))?;
     }
@@ -403,20 +433,17 @@ fn image_config(args: &TrainArgs, given: &GivenFlags) -> Result<(Settings, data:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::{CommandFactory, FromArgMatches};
+    use clap::FromArgMatches;
 
     /// The settings of `bnn train` with `flags`, as the program resolves them.
     fn settings_for(flags: &[&str]) -> Settings {
         let argv = ["bnn", "train"].iter().chain(flags);
-        let matches = crate::cli::Cli::command()
-            .try_get_matches_from(argv)
-            .unwrap();
-        let given = crate::cli::given_train_flags(&matches);
+        let matches = crate::cli::command().try_get_matches_from(argv).unwrap();
         let cli = crate::cli::Cli::from_arg_matches(&matches).unwrap();
         let crate::cli::Command::Train(args) = cli.command else {
             panic!("not `bnn train`")
         };
-        settings_of(&args, &given).unwrap().0
+        settings_on(Settings::default(), &args, &Layers::of(&args).unwrap()).unwrap()
     }
 
     /// The flags' defaults are `Settings::default()`, defined once: `bnn train` with no

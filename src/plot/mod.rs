@@ -46,12 +46,13 @@ struct SummaryView {
 /// Draws every picture the run in `run_dir` has data for into `out` (default
 /// `run_dir/plots`).
 pub fn plot_run(run_dir: &Path, out: Option<&Path>) -> Result<PlotReport> {
-    let summary: SummaryView = read_json(&run_dir.join("summary.json")).map_err(|e| {
-        Error::Checkpoint(format!(
-            "{e}; is {} a finished `bnn train` run?",
-            run_dir.display()
-        ))
-    })?;
+    let summary: SummaryView = read_json(&run_dir.join(crate::checkpoint::files::SUMMARY))
+        .map_err(|e| {
+            Error::Checkpoint(format!(
+                "{e}; is {} a finished `bnn train` run?",
+                run_dir.display()
+            ))
+        })?;
     let out_dir = out.map_or_else(|| run_dir.join("plots"), Path::to_path_buf);
     std::fs::create_dir_all(&out_dir)
         .map_err(|e| Error::Checkpoint(format!("cannot create {}: {e}", out_dir.display())))?;
@@ -69,9 +70,9 @@ pub fn plot_run(run_dir: &Path, out: Option<&Path>) -> Result<PlotReport> {
             "learning_curves, dynamics: an HMC run (metrics.jsonl: one line per iteration)".into(),
         );
     } else {
-        let epochs = read_epochs(&chains[0].join("metrics.jsonl"))?;
+        let epochs = read_epochs(&chains[0].join(crate::checkpoint::files::METRICS))?;
         figures.push(learning_curves(&epochs));
-        let diagnostics_path = chains[0].join("diagnostics.jsonl");
+        let diagnostics_path = chains[0].join(crate::checkpoint::files::DIAGNOSTICS);
         let watched: Vec<crate::train::diagnostics::DiagnosticRecord> =
             match diagnostics_path.is_file() {
                 true => read_jsonl(&diagnostics_path)?,
@@ -104,7 +105,7 @@ pub fn plot_run(run_dir: &Path, out: Option<&Path>) -> Result<PlotReport> {
     } else if chains.len() > 1 {
         let traces = chains
             .iter()
-            .map(|d| read_epochs(&d.join("metrics.jsonl")))
+            .map(|d| read_epochs(&d.join(crate::checkpoint::files::METRICS)))
             .collect::<Result<Vec<_>>>()?;
         figures.push(chain_traces(&traces, &summary));
     } else {
@@ -667,7 +668,9 @@ fn replicas(r: &ReplicaReport, run_dir: &Path) -> Result<Figure> {
     let mut held = Vec::new();
     let mut j = 0;
     loop {
-        let path: PathBuf = run_dir.join(format!("replica-{j}")).join("metrics.jsonl");
+        let path: PathBuf = run_dir
+            .join(format!("replica-{j}"))
+            .join(crate::checkpoint::files::METRICS);
         if !path.is_file() {
             break;
         }

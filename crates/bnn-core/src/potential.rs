@@ -65,6 +65,20 @@ pub enum PriorSpec {
     },
 }
 
+impl PriorSpec {
+    /// The default prior: precisions λ_l ~ Gamma(1, 1) (Chen et al.'s reference code).
+    pub const DEFAULT: PriorSpec = PriorSpec::Gamma {
+        shape: Self::DEFAULT_SHAPE,
+        rate: Self::DEFAULT_RATE,
+    };
+    /// The Gamma hyper-prior's shape α when not given.
+    pub const DEFAULT_SHAPE: f64 = 1.0;
+    /// The Gamma hyper-prior's rate β when not given.
+    pub const DEFAULT_RATE: f64 = 1.0;
+    /// σ of a Gaussian prior asked for without one: N(0, 1).
+    pub const DEFAULT_STD: f64 = 1.0;
+}
+
 /// The prior's current state: one precision λ per parameter tensor.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Prior {

@@ -65,12 +65,15 @@ impl RunManifest {
     pub fn write(&self, run_dir: &Path) -> Result<()> {
         let json = serde_json::to_string_pretty(self)
             .map_err(|e| Error::Checkpoint(format!("serialising run.json: {e}")))?;
-        write_atomic(&run_dir.join("run.json"), json.as_bytes())
+        write_atomic(
+            &run_dir.join(crate::checkpoint::files::RUN),
+            json.as_bytes(),
+        )
     }
 
     /// Reads `RUN/run.json`.
     pub fn read(run_dir: &Path) -> Result<Self> {
-        let path = run_dir.join("run.json");
+        let path = run_dir.join(crate::checkpoint::files::RUN);
         let text = std::fs::read_to_string(&path).map_err(|e| {
             Error::Checkpoint(format!(
                 "{}: cannot read the run manifest ({e}); is {} a folder made by `bnn train`?",
@@ -82,6 +85,19 @@ impl RunManifest {
             Error::Checkpoint(format!("{}: corrupt run manifest: {e}", path.display()))
         })
     }
+}
+
+/// The names of a run folder's files, written once: the writers here and the readers
+/// (`bnn inspect`, `bnn plot`, resume) join them to a run's or a chain's folder.
+pub mod files {
+    /// The run's record: its settings, data and command line ([`super::RunManifest`]).
+    pub const RUN: &str = "run.json";
+    /// The run's result, written at its end.
+    pub const SUMMARY: &str = "summary.json";
+    /// A line per epoch of a chain (or replica).
+    pub const METRICS: &str = "metrics.jsonl";
+    /// A line of the sampler's diagnostics every `log_every` updates.
+    pub const DIAGNOSTICS: &str = "diagnostics.jsonl";
 }
 
 /// The folder of chain `k` of a multi-chain run.

@@ -235,6 +235,77 @@ pub fn load_ood_data(
     })
 }
 
+/// What a classification run's samples are evaluated on.
+struct Splits<'a> {
+    ds: &'a Dataset,
+    ood: Option<&'a Split>,
+    rotated: &'a [Split],
+    num_classes: usize,
+}
+
+/// One chain's ensembles on each split, and its last sample's predictions (test, OOD).
+struct ChainEval {
+    test: Accumulator,
+    valid: Option<Accumulator>,
+    ood: Option<Accumulator>,
+    rotated: Vec<Accumulator>,
+    last_test: Vec<f32>,
+    last_ood: Vec<f32>,
+}
+
+/// Evaluates the samples of the chain in `dir` (of the run in `run_dir`) on `on`.
+fn evaluate_chain(
+    run_dir: &Path,
+    dir: &Path,
+    model: &Network,
+    device: &Device,
+    on: &Splits<'_>,
+) -> Result<ChainEval> {
+    let paths = checkpoint::list_samples(dir)?;
+    if paths.is_empty() {
+        return Err(Error::Checkpoint(format!(
+            "{}: no samples (sample-*.safetensors) in {}",
+            run_dir.display(),
+            checkpoint::samples_dir(dir).display()
+        )));
+    }
+    let (ds, k) = (on.ds, on.num_classes);
+    let mut e = ChainEval {
+        test: Accumulator::with_classes(&ds.test.labels, k)?,
+        valid: match ds.valid.as_ref() {
+            Some(v) => Some(Accumulator::with_classes(&v.labels, k)?),
+            None => None,
+        },
+        ood: on.ood.map(|o| Accumulator::new(&o.labels)),
+        rotated: on
+            .rotated
+            .iter()
+            .map(|r| Accumulator::new(&r.labels))
+            .collect(),
+        last_test: Vec::new(),
+        last_ood: Vec::new(),
+    };
+    for path in &paths {
+        let sample = checkpoint::load_sample(path, device)?;
+        model
+            .load(&sample.tensors)
+            .map_err(|err| Error::Checkpoint(format!("{}: {err}", path.display())))?;
+        e.last_test = ensemble::predict(model, &ds.test, device)?;
+        e.test.add(&e.last_test)?;
+        if let (Some(acc), Some(v)) = (e.valid.as_mut(), ds.valid.as_ref()) {
+            acc.add(&ensemble::predict(model, v, device)?)?;
+        }
+        if let (Some(acc), Some(o)) = (e.ood.as_mut(), on.ood) {
+            e.last_ood = ensemble::predict(model, o, device)?;
+            acc.add(&e.last_ood)?;
+        }
+        for (acc, split) in e.rotated.iter_mut().zip(on.rotated) {
+            acc.add(&ensemble::predict(model, split, device)?)?;
+        }
+    }
+    Ok(e)
+}
+
 /// Evaluates every sample of the run in `run_dir` on `ds` (and on what `extras` asks).
 pub fn evaluate_run(
     run_dir: &Path,
@@ -263,52 +334,21 @@ pub fn evaluate_run(
     let (mut tests, mut valids) = (Vec::new(), Vec::new());
     let (mut oods, mut rotations) = (Vec::new(), vec![Vec::new(); rotated.len()]);
     let (mut last_test, mut last_ood) = (Vec::new(), Vec::new());
+    let on = Splits {
+        ds,
+        ood: extras.ood.as_ref().map(|o| &o.test),
+        rotated: &rotated,
+        num_classes: manifest.num_classes,
+    };
     for dir in checkpoint::chain_dirs(run_dir) {
-        let paths = checkpoint::list_samples(&dir)?;
-        if paths.is_empty() {
-            return Err(Error::Checkpoint(format!(
-                "{}: no samples (sample-*.safetensors) in {}",
-                run_dir.display(),
-                checkpoint::samples_dir(&dir).display()
-            )));
-        }
-        let mut test = Accumulator::with_classes(&ds.test.labels, manifest.num_classes)?;
-        let mut valid = match ds.valid.as_ref() {
-            Some(v) => Some(Accumulator::with_classes(&v.labels, manifest.num_classes)?),
-            None => None,
-        };
-        let mut ood = extras
-            .ood
-            .as_ref()
-            .map(|o| Accumulator::new(&o.test.labels));
-        let mut turned: Vec<Accumulator> = rotated
-            .iter()
-            .map(|r| Accumulator::new(&r.labels))
-            .collect();
-        for path in &paths {
-            let sample = checkpoint::load_sample(path, &device)?;
-            model
-                .load(&sample.tensors)
-                .map_err(|e| Error::Checkpoint(format!("{}: {e}", path.display())))?;
-            last_test = ensemble::predict(&model, &ds.test, &device)?;
-            test.add(&last_test)?;
-            if let (Some(acc), Some(v)) = (valid.as_mut(), ds.valid.as_ref()) {
-                acc.add(&ensemble::predict(&model, v, &device)?)?;
-            }
-            if let (Some(acc), Some(o)) = (ood.as_mut(), extras.ood.as_ref()) {
-                last_ood = ensemble::predict(&model, &o.test, &device)?;
-                acc.add(&last_ood)?;
-            }
-            for (acc, split) in turned.iter_mut().zip(&rotated) {
-                acc.add(&ensemble::predict(&model, split, &device)?)?;
-            }
-        }
-        tests.push(test);
-        valids.extend(valid);
-        oods.extend(ood);
-        for (all, acc) in rotations.iter_mut().zip(turned) {
+        let chain = evaluate_chain(run_dir, &dir, &model, &device, &on)?;
+        tests.push(chain.test);
+        valids.extend(chain.valid);
+        oods.extend(chain.ood);
+        for (all, acc) in rotations.iter_mut().zip(chain.rotated) {
             all.push(acc);
         }
+        (last_test, last_ood) = (chain.last_test, chain.last_ood);
     }
     let test = Accumulator::pooled(&tests)?;
     let valid = match valids.is_empty() {

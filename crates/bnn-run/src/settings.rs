@@ -256,10 +256,7 @@ impl Default for Settings {
             sampler: SamplerKind::Sghmc.defaults(),
             kernel: Kernel::Fused,
             backward: Backward::Auto,
-            prior: PriorSpec::Gamma {
-                shape: 1.0,
-                rate: 1.0,
-            },
+            prior: PriorSpec::DEFAULT,
             likelihood: Likelihood::Categorical,
             temperature: 1.0,
             batch_size: 100,
@@ -374,6 +371,14 @@ impl Settings {
     /// Checks every setting, for a training set of `train_examples`; the message names
     /// the flag.
     pub fn validate(&self, train_examples: usize) -> Result<()> {
+        self.validate_schedule(train_examples)?;
+        self.validate_method()?;
+        self.model.validate()?;
+        self.sampler.validate().map_err(Error::for_flag)
+    }
+
+    /// Checks the minibatches, the epochs, the schedule, the chains and the label noise.
+    fn validate_schedule(&self, train_examples: usize) -> Result<()> {
         let bad = |m: String| Err(Error::Config(m));
         if self.batch_size == 0 || self.batch_size > train_examples {
             return bad(format!(
@@ -420,6 +425,13 @@ impl Settings {
                 self.permute_labels
             ));
         }
+        Ok(())
+    }
+
+    /// Checks the settings that only some methods take: step adaptation, the noise
+    /// estimate, rollback, and replica exchange's options.
+    fn validate_method(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Config(m));
         let kind = self.sampler.kind;
         if self.adapt_step_size
             && (!kind.is_sampler() || kind.is_replica_exchange() || kind == SamplerKind::Hmc)
@@ -463,8 +475,7 @@ impl Settings {
                 ))
             }
         }
-        self.model.validate()?;
-        self.sampler.validate().map_err(Error::for_flag)
+        Ok(())
     }
 }
 
@@ -695,6 +706,48 @@ pub struct SettingsLayer {
     pub adapt_step_size: Option<bool>,
     /// `--estimate-noise`.
     pub estimate_noise: Option<bool>,
+}
+
+impl SettingsLayer {
+    /// Every field `s` has, as a layer (`standardize` absent: a property of the data, not
+    /// of [`Settings`]): resolved over any defaults, it gives `s`'s values back. The CLI
+    /// shows `bnn train`'s defaults from it.
+    pub fn of(s: &Settings) -> SettingsLayer {
+        let (c, sch) = (&s.sampler, &s.schedule);
+        SettingsLayer {
+            sampler: Some(c.kind),
+            step_size: Some(c.step_size),
+            friction: Some(c.friction),
+            diffusion: Some(c.diffusion),
+            noise_estimate: Some(c.noise_estimate),
+            integrator: Some(c.integrator),
+            batch_size: Some(s.batch_size),
+            epochs: Some(s.epochs),
+            burnin: Some(sch.burnin),
+            thin: Some(sch.thin),
+            decay_at: Some(sch.decay_at.clone()),
+            decay_factor: Some(sch.decay_factor),
+            prior: Some(s.prior),
+            temperature: Some(s.temperature),
+            augment: Some(s.augment),
+            standardize: None,
+            chains: Some(s.chains),
+            chain_layout: Some(s.chain_layout),
+            kernel: Some(s.kernel),
+            backward: Some(s.backward),
+            seed: Some(s.seed),
+            cycles: Some(sch.cycles),
+            sample_fraction: Some(sch.sample_fraction),
+            poly_gamma: Some(sch.poly_gamma),
+            poly_steps: Some(sch.poly_steps),
+            checkpoint_every: Some(s.checkpoint_every),
+            log_every: Some(s.log_every),
+            permute_labels: Some(s.permute_labels),
+            on_divergence: Some(s.on_divergence),
+            adapt_step_size: Some(s.adapt_step_size),
+            estimate_noise: Some(s.estimate_noise),
+        }
+    }
 }
 
 impl Settings {

@@ -148,7 +148,15 @@ impl Fused {
                 c.friction,
                 (2.0 * (c.friction - c.noise_estimate) * c.step_size).sqrt(),
             ),
-            _ => (self.thermostat, (2.0 * c.diffusion * c.step_size).sqrt()),
+            SamplerKind::Sgnht | SamplerKind::Msgnht => {
+                (self.thermostat, (2.0 * c.diffusion * c.step_size).sqrt())
+            }
+            // Not built with a fused update (`update_of` refuses them): no step runs.
+            SamplerKind::Sgd
+            | SamplerKind::Momentum
+            | SamplerKind::Renhd
+            | SamplerKind::Reld
+            | SamplerKind::Hmc => (0.0, 0.0),
         }
     }
 
@@ -307,9 +315,13 @@ fn update_of(kind: SamplerKind, integrator: Integrator) -> Result<Update> {
         SamplerKind::Msgnht => Ok(Update::Thermostat {
             splitting: integrator == Integrator::Splitting,
         }),
-        other => Err(Error::Config(format!(
+        SamplerKind::Sgd
+        | SamplerKind::Momentum
+        | SamplerKind::Renhd
+        | SamplerKind::Reld
+        | SamplerKind::Hmc => Err(Error::Config(format!(
             "no fused kernel for {}; use the composed implementation",
-            other.name()
+            kind.name()
         ))),
     }
 }
@@ -373,12 +385,22 @@ impl Sampler for Fused {
                 mean_thermostat: self.thermostat,
                 kinetic,
             }),
-            _ if self.momentum.is_empty() => SamplerState::Sgld(clock),
-            _ => SamplerState::Sghmc(SghmcState {
+            SamplerKind::Sgld => SamplerState::Sgld(clock),
+            SamplerKind::Sghmc => SamplerState::Sghmc(SghmcState {
                 clock,
                 momentum,
                 kinetic,
             }),
+            SamplerKind::Sgd
+            | SamplerKind::Momentum
+            | SamplerKind::Renhd
+            | SamplerKind::Reld
+            | SamplerKind::Hmc => {
+                return Err(Error::Config(format!(
+                    "no fused state for {}",
+                    self.config.kind.name()
+                )))
+            }
         })
     }
 

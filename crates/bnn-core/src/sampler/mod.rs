@@ -61,6 +61,21 @@ pub enum SamplerKind {
     Hmc,
 }
 
+/// What kind of run a [`SamplerKind`] makes ([`SamplerKind::method`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// Minibatch updates of one chain (or K chains apart or stacked): the SG-MCMC samplers
+    /// and the MAP baselines.
+    Chain,
+    /// Replicas of `replica` on a temperature ladder, swapped by a noise-tolerant test.
+    ReplicaExchange {
+        /// The sampler each replica runs.
+        replica: SamplerKind,
+    },
+    /// Full-batch HMC with a Metropolis–Hastings correction.
+    Hmc,
+}
+
 impl SamplerKind {
     /// The name as typed (`sghmc`) and recorded in `run.json`.
     pub fn name(self) -> &'static str {
@@ -77,17 +92,36 @@ impl SamplerKind {
         }
     }
 
+    /// How a run of it goes: the one place that sorts the kinds, so that a new kind is
+    /// placed here and every dispatch on [`Method`] follows.
+    pub fn method(self) -> Method {
+        match self {
+            SamplerKind::Sgld
+            | SamplerKind::Sghmc
+            | SamplerKind::Sgnht
+            | SamplerKind::Msgnht
+            | SamplerKind::Sgd
+            | SamplerKind::Momentum => Method::Chain,
+            SamplerKind::Renhd => Method::ReplicaExchange {
+                replica: SamplerKind::Sgnht,
+            },
+            SamplerKind::Reld => Method::ReplicaExchange {
+                replica: SamplerKind::Sghmc,
+            },
+            SamplerKind::Hmc => Method::Hmc,
+        }
+    }
+
     /// Whether it runs replicas on a temperature ladder.
     pub fn is_replica_exchange(self) -> bool {
-        matches!(self, SamplerKind::Renhd | SamplerKind::Reld)
+        matches!(self.method(), Method::ReplicaExchange { .. })
     }
 
     /// The sampler each replica runs: SGNHT for RENHD, SGHMC for RELD; itself otherwise.
     pub fn replica_kind(self) -> SamplerKind {
-        match self {
-            SamplerKind::Renhd => SamplerKind::Sgnht,
-            SamplerKind::Reld => SamplerKind::Sghmc,
-            k => k,
+        match self.method() {
+            Method::ReplicaExchange { replica } => replica,
+            Method::Chain | Method::Hmc => self,
         }
     }
 
@@ -95,7 +129,13 @@ impl SamplerKind {
     pub fn default_integrator(self) -> Integrator {
         match self {
             SamplerKind::Sgnht | SamplerKind::Msgnht => Integrator::Splitting,
-            _ => Integrator::Euler,
+            SamplerKind::Sgld
+            | SamplerKind::Sghmc
+            | SamplerKind::Sgd
+            | SamplerKind::Momentum
+            | SamplerKind::Renhd
+            | SamplerKind::Reld
+            | SamplerKind::Hmc => Integrator::Euler,
         }
     }
 
@@ -418,8 +458,13 @@ pub fn build(config: SamplerConfig, params: &[Var], seed: u64) -> Result<Box<dyn
     Ok(match config.kind {
         SamplerKind::Sgld => Box::new(composed::ComposedSgld::init(config, params, seed)),
         SamplerKind::Sghmc => Box::new(composed::ComposedSghmc::init(config, params, seed)?),
-        SamplerKind::Sgnht => Box::new(composed::ComposedSgnht::init(config, params, seed, false)?),
-        SamplerKind::Msgnht => Box::new(composed::msgnht::init(config, params, seed)?),
+        // mSGNHT: SGNHT's updates with the thermostat kept element-wise.
+        SamplerKind::Sgnht | SamplerKind::Msgnht => Box::new(composed::ComposedSgnht::init(
+            config,
+            params,
+            seed,
+            config.kind == SamplerKind::Msgnht,
+        )?),
         SamplerKind::Sgd | SamplerKind::Momentum => {
             Box::new(composed::ComposedSgd::init(config, params)?)
         }

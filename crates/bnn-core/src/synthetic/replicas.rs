@@ -34,127 +34,178 @@ const MAX_EVALUATIONS: usize = 1 << 16;
 /// Runs the replicas; the samples (and the report's statistics) are those of whichever
 /// replica holds T₀ = 1 at each step after burn-in.
 pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
-    let ro = &opts.replicas;
     check(opts)?;
     let mut ladder = new_ladder(opts)?;
     let pot = super::Potential::new(opts.potential, opts.seed);
-    let dim = pot.dim();
     // One chain: the T = 1 replica's samples.
     let single = SampleOptions {
         chains: 1,
         ..opts.clone()
     };
     let start = super::start_point(&single, &pot);
-    let thetas: Vec<Var> = (0..ro.replicas)
-        .map(|_| Var::from_vec(start.clone(), dim, &Device::Cpu))
-        .collect::<candle_core::Result<_>>()?;
-    let epsilon = opts.h * opts.h;
-    let c = match opts.sampler {
-        SamplerKind::Renhd => opts.diffusion * opts.h,
-        _ => opts.friction * opts.h,
-    };
-    let grad_sd = gradient_noise_sd(opts);
-    let energy_sd = noise_variance(opts).unwrap_or(0.0).sqrt();
+    let mut walk = Walk::new(opts, &pot, &start)?;
     let compensation = Compensation::paper();
+    let energies = Energies {
+        pot: &pot,
+        noise_sd: noise_variance(opts).unwrap_or(0.0).sqrt(),
+        compensation: &compensation,
+    };
     let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed ^ crate::rng::EXCHANGE_STREAM);
-    let kept = opts.steps - opts.burnin;
-    let mut samples = Vec::with_capacity(kept * dim);
-    let mut z = vec![0f32; dim];
-    let mut step = 0;
-    let mut diverged_at = None;
-    // Per temperature index: Σx, Σx² of the first coordinate, and the count, after burn-in.
-    let mut moments = vec![(0f64, 0f64, 0usize); ro.replicas];
-    // Each replica's position, read once after each of its updates (an Euler sampler's
-    // init does not move θ, so it stays valid across the rebuild of a round).
-    let mut positions: Vec<Vec<f64>> = vec![start.iter().map(|&v| v as f64).collect(); ro.replicas];
-    'rounds: while step < opts.steps {
-        if step >= opts.burnin {
+    while walk.step < opts.steps {
+        if walk.step >= opts.burnin {
             ladder.freeze();
         }
-        let round = ladder.rounds;
+        if !walk.round(&ladder)? {
+            break;
+        }
+        exchange(&mut ladder, &mut rng, &walk.positions, &energies)?;
+    }
+    walk.report(&single, ladder)
+}
+
+/// The replicas' walk between exchanges, and what it keeps.
+struct Walk<'a> {
+    opts: &'a SampleOptions,
+    pot: &'a super::Potential,
+    /// Each replica's parameters.
+    thetas: Vec<Var>,
+    /// Each replica's position, read once after each of its updates (an Euler sampler's
+    /// init does not move θ, so it stays valid across the rebuild of a round).
+    positions: Vec<Vec<f64>>,
+    /// The paper's c: RENHD's diffusion or RELD's friction, per unit of h.
+    c: f64,
+    /// Updates done.
+    step: usize,
+    /// The T = 1 replica's positions after burn-in.
+    samples: Vec<f32>,
+    /// Per temperature index: Σx, Σx² of the first coordinate, and the count, after
+    /// burn-in.
+    moments: Vec<(f64, f64, usize)>,
+    /// The step at which the T = 1 replica left the finite numbers.
+    diverged_at: Option<usize>,
+}
+
+impl<'a> Walk<'a> {
+    fn new(opts: &'a SampleOptions, pot: &'a super::Potential, start: &[f32]) -> Result<Self> {
+        let (n, dim) = (opts.replicas.replicas, pot.dim());
+        let thetas: Vec<Var> = (0..n)
+            .map(|_| Var::from_vec(start.to_vec(), dim, &Device::Cpu))
+            .collect::<candle_core::Result<_>>()?;
+        // RENHD's replicas are thermostats (c is the diffusion), RELD's Langevin (the
+        // friction).
+        let c = match opts.sampler {
+            SamplerKind::Renhd | SamplerKind::Sgnht | SamplerKind::Msgnht => {
+                opts.diffusion * opts.h
+            }
+            SamplerKind::Reld
+            | SamplerKind::Sghmc
+            | SamplerKind::Sgld
+            | SamplerKind::Sgd
+            | SamplerKind::Momentum
+            | SamplerKind::Hmc => opts.friction * opts.h,
+        };
+        Ok(Walk {
+            opts,
+            pot,
+            thetas,
+            positions: vec![start.iter().map(|&v| v as f64).collect(); n],
+            c,
+            step: 0,
+            samples: Vec::with_capacity((opts.steps - opts.burnin) * dim),
+            moments: vec![(0.0, 0.0, 0); n],
+            diverged_at: None,
+        })
+    }
+
+    /// One round: each replica's sampler built afresh at its temperature, then updates up
+    /// to the next exchange. False when the T = 1 replica diverged.
+    fn round(&mut self, ladder: &Ladder) -> Result<bool> {
+        let (opts, ro) = (self.opts, &self.opts.replicas);
         // Temperatures change only in exchanges, between rounds.
         let temps: Vec<f64> = (0..ro.replicas).map(|r| ladder.temperature_of(r)).collect();
+        let epsilon = opts.h * opts.h;
         let mut samplers = (0..ro.replicas)
             .map(|r| {
-                let config = replica_config(opts.sampler, ro.thermostat, epsilon, c, temps[r]);
-                let seed = crate::rng::replica_round_seed(opts.seed, r, round);
-                sampler::build_with(
-                    config,
-                    std::slice::from_ref(&thetas[r]),
-                    seed,
-                    Kernel::Fused,
-                )
+                let config = replica_config(opts.sampler, ro.thermostat, epsilon, self.c, temps[r]);
+                let seed = crate::rng::replica_round_seed(opts.seed, r, ladder.rounds);
+                let theta = std::slice::from_ref(&self.thetas[r]);
+                sampler::build_with(config, theta, seed, Kernel::Fused)
             })
             .collect::<Result<Vec<_>>>()?;
-        let until = (step + ro.exchange_every).min(opts.steps);
-        while step < until {
+        let until = (self.step + ro.exchange_every).min(opts.steps);
+        while self.step < until {
             for (r, s) in samplers.iter_mut().enumerate() {
-                NoiseKey {
-                    seed: opts.seed ^ crate::rng::SYNTHETIC_GRADIENT_STREAM,
-                    step: step as u64,
-                    param: r as u32,
-                }
-                .fill(&mut z);
-                let g: Vec<f32> = pot
-                    .gradient(&positions[r], &[])
-                    .iter()
-                    .zip(&z)
-                    .map(|(g, &z)| ((g + grad_sd * z as f64) / temps[r]) as f32)
-                    .collect();
-                s.step(
-                    std::slice::from_ref(&thetas[r]),
-                    &[Tensor::from_vec(g, dim, &Device::Cpu)?],
-                )?;
-                positions[r] = thetas[r]
-                    .as_tensor()
-                    .to_vec1::<f32>()?
-                    .iter()
-                    .map(|&v| v as f64)
-                    .collect();
+                self.update(r, s.as_mut(), temps[r])?;
             }
-            let cold = &positions[ladder.holder[0]];
+            let cold = &self.positions[ladder.holder[0]];
             if cold.iter().any(|v| !v.is_finite()) {
-                diverged_at = Some(step);
-                break 'rounds;
+                self.diverged_at = Some(self.step);
+                return Ok(false);
             }
-            if step >= opts.burnin {
-                // Exact: the positions are f32 values held as f64.
-                samples.extend(cold.iter().map(|&v| v as f32));
-                for (i, &r) in ladder.holder.iter().enumerate() {
-                    let x = positions[r][0];
-                    let m = &mut moments[i];
-                    *m = (m.0 + x, m.1 + x * x, m.2 + 1);
-                }
+            if self.step >= opts.burnin {
+                self.keep(ladder);
             }
-            step += 1;
+            self.step += 1;
         }
-        let energies = Energies {
-            pot: &pot,
-            noise_sd: energy_sd,
-            compensation: &compensation,
+        Ok(true)
+    }
+
+    /// Replica `r`'s update at temperature `t`: the noisy ∇U/T at its position.
+    fn update(&mut self, r: usize, s: &mut dyn sampler::Sampler, t: f64) -> Result<()> {
+        let dim = self.pot.dim();
+        let mut z = vec![0f32; dim];
+        NoiseKey {
+            seed: self.opts.seed ^ crate::rng::SYNTHETIC_GRADIENT_STREAM,
+            step: self.step as u64,
+            param: r as u32,
+        }
+        .fill(&mut z);
+        let grad_sd = gradient_noise_sd(self.opts);
+        let g: Vec<f32> = (self.pot.gradient(&self.positions[r], &[]).iter())
+            .zip(&z)
+            .map(|(g, &z)| ((g + grad_sd * z as f64) / t) as f32)
+            .collect();
+        let theta = std::slice::from_ref(&self.thetas[r]);
+        s.step(theta, &[Tensor::from_vec(g, dim, &Device::Cpu)?])?;
+        self.positions[r] = (self.thetas[r].as_tensor().to_vec1::<f32>()?.iter())
+            .map(|&v| v as f64)
+            .collect();
+        Ok(())
+    }
+
+    /// Keeps the T = 1 replica's position and each temperature's moments.
+    fn keep(&mut self, ladder: &Ladder) {
+        // Exact: the positions are f32 values held as f64.
+        let cold = &self.positions[ladder.holder[0]];
+        self.samples.extend(cold.iter().map(|&v| v as f32));
+        for (i, &r) in ladder.holder.iter().enumerate() {
+            let x = self.positions[r][0];
+            let m = &mut self.moments[i];
+            *m = (m.0 + x, m.1 + x * x, m.2 + 1);
+        }
+    }
+
+    /// The report of the T = 1 replica's samples, with the ladder's swap rates and each
+    /// temperature's variance.
+    fn report(self, single: &SampleOptions, ladder: Ladder) -> Result<(SampleReport, Vec<f32>)> {
+        let dim = self.pot.dim();
+        let got = self.samples.len() / dim;
+        let mut report = summarise(self.pot, single, &self.samples, got, dim)?;
+        report.options = self.opts.clone();
+        report.swap_rates = Some(ladder.swap_rates());
+        let variance = |&(s, s2, n): &(f64, f64, usize)| {
+            let n = n.max(1) as f64;
+            s2 / n - (s / n).powi(2)
         };
-        exchange(&mut ladder, &mut rng, &positions, &energies)?;
+        report.temperature_variances = Some(self.moments.iter().map(variance).collect());
+        report.ladder = Some(ladder);
+        if let Some(step) = self.diverged_at {
+            tracing::warn!(step, "the T = 1 replica diverged; try a smaller --h");
+            report.kl = f64::INFINITY;
+            report.diverged_at = self.diverged_at;
+        }
+        Ok((report, self.samples))
     }
-    let got = samples.len() / dim;
-    let mut report = summarise(&pot, &single, &samples, got, dim)?;
-    report.options = opts.clone();
-    report.swap_rates = Some(ladder.swap_rates());
-    report.temperature_variances = Some(
-        moments
-            .iter()
-            .map(|&(s, s2, n)| {
-                let n = n.max(1) as f64;
-                s2 / n - (s / n).powi(2)
-            })
-            .collect(),
-    );
-    report.ladder = Some(ladder);
-    if let Some(step) = diverged_at {
-        tracing::warn!(step, "the T = 1 replica diverged; try a smaller --h");
-        report.kl = f64::INFINITY;
-        report.diverged_at = diverged_at;
-    }
-    Ok((report, samples))
 }
 
 /// Refuses options that give no ladder to run.

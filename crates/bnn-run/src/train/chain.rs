@@ -102,102 +102,83 @@ pub const NOISE_PRECISION_KEY: &str = "noise_precision";
 /// How often `--on-divergence rollback` may roll a chain back.
 pub(super) const MAX_ROLLBACKS: u32 = 3;
 
+/// Where a chain's walk stands: its update count and seconds, and the run's constants
+/// the loop needs.
+struct Walk {
+    batches: usize,
+    total_steps: u64,
+    /// Updates between saved states.
+    every: u64,
+    step: u64,
+    step_seconds: f64,
+    /// Training seconds of the earlier runs of a resumed run, and this run's start.
+    seconds_before: f64,
+    started: Instant,
+}
+
+impl Walk {
+    fn train_seconds(&self) -> f64 {
+        self.seconds_before + self.started.elapsed().as_secs_f64()
+    }
+}
+
 /// Runs `chain` from where `at` says it stands to the end of the run.
 fn run_from<S: ChainSink>(chain: &mut Chain<S>, at: Position) -> Result<ChainOutcome> {
     let (cfg, ds) = (chain.cfg, chain.ds);
     let s = &cfg.settings;
     let batches = ds.train.len() / s.batch_size;
-    let total_steps = (batches * s.epochs) as u64;
-    let every = match s.checkpoint_every {
-        0 => batches,
-        k => k,
-    } as u64;
+    let mut w = Walk {
+        batches,
+        total_steps: (batches * s.epochs) as u64,
+        every: match s.checkpoint_every {
+            0 => batches,
+            k => k,
+        } as u64,
+        step: at.step,
+        step_seconds: at.step_seconds,
+        seconds_before: at.train_seconds,
+        started: Instant::now(),
+    };
     // The minibatch order of the epochs done: the shuffle stream replayed.
     let mut shuffle = rand::rngs::StdRng::seed_from_u64(s.seed ^ rng::SHUFFLE_STREAM);
     let mut order: Vec<usize> = (0..ds.train.len()).collect();
     for _ in 0..at.epoch {
         order.shuffle(&mut shuffle);
     }
-    let started = Instant::now();
-    let elapsed = || at.train_seconds + started.elapsed().as_secs_f64();
-    let (mut step, mut step_seconds) = (at.step, at.step_seconds);
-
     for epoch in at.epoch..s.epochs {
         let epoch_start = Instant::now();
         order.shuffle(&mut shuffle);
         chain.relabel(epoch);
         let resumed = epoch == at.epoch;
-        let mut sums = if resumed {
-            at.clone()
-        } else {
-            Position::default()
+        let mut sums = match resumed {
+            true => at.clone(),
+            false => Position::default(),
         };
-        let bar = progress_bar(cfg.progress, batches as u64, epoch, s.epochs);
         let first_batch = if resumed { at.batch } else { 0 };
-        for (b, idx) in order
-            .chunks_exact(s.batch_size)
-            .enumerate()
-            .skip(first_batch)
-        {
-            let t0 = Instant::now();
-            let eta = s
-                .schedule
-                .step_size_of(chain.base_step_size(), step, total_steps, epoch);
-            let diag = chain.update(idx, eta, &mut sums, step, epoch)?;
-            step += 1;
-            chain.watch(step, epoch, b + 1 == batches, None)?;
-            step_seconds += t0.elapsed().as_secs_f64();
-            if s.schedule.keeps_sample(step, total_steps, epoch) {
-                chain.keep_sample(step, epoch, eta, diag, None)?;
-            }
-            if b % 20 == 0 {
-                bar.set_position(b as u64);
-                let images = ((b + 1 - first_batch) * s.batch_size) as f64;
-                let rate = images / epoch_start.elapsed().as_secs_f64().max(1e-9);
-                bar.set_message(format!("{rate:.0} img/s {}", progress_message(&sums, diag)));
-            }
-            // Mid-epoch checkpoints; one due at the epoch's last update waits for the
-            // epoch's end (the prior's Gibbs step and the metrics line).
-            let signal = signals::pending();
-            if b + 1 < batches && (signal.is_some() || step.is_multiple_of(every)) {
-                chain.save(Position {
-                    epoch,
-                    batch: b + 1,
-                    step,
-                    step_seconds,
-                    train_seconds: elapsed(),
-                    ..sums.clone()
-                })?;
-                if let Some(signal) = signal {
-                    bar.finish_and_clear();
-                    return Err(interrupted(signal, step, chain.sink.location()));
-                }
-            }
-        }
-        bar.finish_and_clear();
-        chain.end_epoch(epoch, step, &sums, epoch_start)?;
+        run_batches(chain, &mut w, (&order, first_batch), epoch, &mut sums)?;
+        chain.end_epoch(epoch, w.step, &sums, epoch_start)?;
         let signal = signals::pending();
         let last = epoch + 1 == s.epochs;
-        if signal.is_some() || step.is_multiple_of(every) || last {
+        if signal.is_some() || w.step.is_multiple_of(w.every) || last {
             chain.save(Position {
                 epoch: epoch + 1,
                 batch: 0,
-                step,
-                step_seconds,
-                train_seconds: elapsed(),
+                step: w.step,
+                step_seconds: w.step_seconds,
+                train_seconds: w.train_seconds(),
                 ..Position::default()
             })?;
             if let (Some(signal), false) = (signal, last) {
-                return Err(interrupted(signal, step, chain.sink.location()));
+                return Err(interrupted(signal, w.step, chain.sink.location()));
             }
         }
     }
     Ok(ChainOutcome {
         seed: s.seed,
         num_params: chain.model.num_params(),
-        steps: step,
-        step_seconds,
-        train_seconds: elapsed(),
+        steps: w.step,
+        step_seconds: w.step_seconds,
+        train_seconds: w.train_seconds(),
         backward: chain.stepper.backward,
         test: chain.kept.test.clone(),
         valid: chain.kept.valid.clone(),
@@ -205,6 +186,63 @@ fn run_from<S: ChainSink>(chain: &mut Chain<S>, at: Position) -> Result<ChainOut
         kinetic_trace: std::mem::take(&mut chain.kept.kinetic_trace),
         rollbacks: chain.rollbacks,
     })
+}
+
+/// Epoch `epoch`'s updates over the minibatches of `order` from `first_batch` on, with
+/// the samples kept and the states saved mid-epoch (every `--checkpoint-every` updates
+/// and on a signal; then the run stops with an error naming it).
+fn run_batches<S: ChainSink>(
+    chain: &mut Chain<S>,
+    w: &mut Walk,
+    (order, first_batch): (&[usize], usize),
+    epoch: usize,
+    sums: &mut Position,
+) -> Result<()> {
+    let s = &chain.cfg.settings;
+    let epoch_start = Instant::now();
+    let bar = progress_bar(chain.cfg.progress, w.batches as u64, epoch, s.epochs);
+    for (b, idx) in order
+        .chunks_exact(s.batch_size)
+        .enumerate()
+        .skip(first_batch)
+    {
+        let t0 = Instant::now();
+        let eta = s
+            .schedule
+            .step_size_of(chain.base_step_size(), w.step, w.total_steps, epoch);
+        let diag = chain.update(idx, eta, sums, w.step, epoch)?;
+        w.step += 1;
+        chain.watch(w.step, epoch, b + 1 == w.batches, None)?;
+        w.step_seconds += t0.elapsed().as_secs_f64();
+        if s.schedule.keeps_sample(w.step, w.total_steps, epoch) {
+            chain.keep_sample(w.step, epoch, eta, diag, None)?;
+        }
+        if b % 20 == 0 {
+            bar.set_position(b as u64);
+            let images = ((b + 1 - first_batch) * s.batch_size) as f64;
+            let rate = images / epoch_start.elapsed().as_secs_f64().max(1e-9);
+            bar.set_message(format!("{rate:.0} img/s {}", progress_message(sums, diag)));
+        }
+        // Mid-epoch checkpoints; one due at the epoch's last update waits for the
+        // epoch's end (the prior's Gibbs step and the metrics line).
+        let signal = signals::pending();
+        if b + 1 < w.batches && (signal.is_some() || w.step.is_multiple_of(w.every)) {
+            chain.save(Position {
+                epoch,
+                batch: b + 1,
+                step: w.step,
+                step_seconds: w.step_seconds,
+                train_seconds: w.train_seconds(),
+                ..sums.clone()
+            })?;
+            if let Some(signal) = signal {
+                bar.finish_and_clear();
+                return Err(interrupted(signal, w.step, chain.sink.location()));
+            }
+        }
+    }
+    bar.finish_and_clear();
+    Ok(())
 }
 
 /// A chain's model, its update, its running results, and where it hands them on.
@@ -1052,8 +1090,11 @@ pub(super) fn interrupted(signal: i32, step: u64, run_dir: &Path) -> Error {
 /// updates, metrics lines of later epochs) and temporary files a kill left behind; they
 /// are written again, identically.
 pub(super) fn discard_after(run_dir: &Path, at: &Position) -> Result<()> {
-    let metrics_path = &run_dir.join("metrics.jsonl");
-    trim_diagnostics(&run_dir.join("diagnostics.jsonl"), at.step)?;
+    let metrics_path = &run_dir.join(crate::checkpoint::files::METRICS);
+    trim_diagnostics(
+        &run_dir.join(crate::checkpoint::files::DIAGNOSTICS),
+        at.step,
+    )?;
     // A replica's folder has no samples of its own.
     let samples = if checkpoint::samples_dir(run_dir).is_dir() {
         checkpoint::list_samples_by_step(run_dir)?

@@ -41,9 +41,18 @@ pub fn need(cfg: &TrainConfig, ds: &Dataset, num_params: usize, existing: u64) -
     let sample_bytes = 4 * p + HEADER_BYTES;
     // Replica exchange keeps every replica's parameters and momenta in its one state.
     let networks = s.replicas.as_ref().map_or(1, |r| r.replicas.max(1)) as u64;
+    // θ and a momentum-sized array (kept by every sampler's state, measured or not), and
+    // mSGNHT's thermostat per element.
     let per_network = match s.sampler.kind {
         SamplerKind::Msgnht => 12 * p,
-        _ => 8 * p,
+        SamplerKind::Sgld
+        | SamplerKind::Sghmc
+        | SamplerKind::Sgnht
+        | SamplerKind::Sgd
+        | SamplerKind::Momentum
+        | SamplerKind::Renhd
+        | SamplerKind::Reld
+        | SamplerKind::Hmc => 8 * p,
     };
     let examples = (ds.test.len() + ds.valid.as_ref().map_or(0, |v| v.len())) as u64;
     let ensemble = 8 * (NUM_CLASSES as u64 + 1) * examples;

@@ -256,6 +256,39 @@ fn start_from(from: &Path, model: &Network, (k, of): (usize, usize)) -> Result<V
 /// a large data set takes seconds, and 2,000 of them would be too long to lose.
 const SAVE_EVERY_SECONDS: f64 = 10.0;
 
+/// One iteration of `chain`: a trajectory, then the step size adapted in burn-in or the
+/// sample kept after it (every `--thin` iterations).
+fn iterate(
+    cfg: &TrainConfig,
+    ds: &Dataset,
+    chain: &mut HmcChain,
+    (model, potential): (&Network, &Potential),
+    energy: &mut FullBatch<'_>,
+    sink: &mut RunFolder,
+) -> Result<Transition> {
+    let s = &cfg.settings;
+    let (burnin, thin) = (s.schedule.burnin, s.schedule.thin.max(1));
+    let it = chain.iteration;
+    let t = chain.hmc.step(it as u64, &mut chain.theta, energy)?;
+    chain.gradients += t.steps as u64 + 1;
+    chain.divergences += usize::from(t.divergent);
+    chain.iteration += 1;
+    if it < burnin {
+        chain.hmc.step_size = chain.adapt.update(t.accept_prob);
+        if it + 1 == burnin {
+            chain.hmc.step_size = chain.adapt.final_step_size();
+        }
+    } else if (it + 1 - burnin).is_multiple_of(thin) {
+        load_flat(model, &chain.theta)?;
+        let tau = potential.noise_precision;
+        let (step, eps) = (it as u64 + 1, t.step_size);
+        let d = Diagnostics::default();
+        let sample = write_sample(cfg, ds, sink, model, step, it, eps, d, tau, None)?;
+        chain.kept.add(sample)?;
+    }
+    Ok(t)
+}
+
 /// One HMC chain of `cfg` on `ds` in `run_dir`, as [`super::chain::run_chain`] runs a
 /// minibatch chain (same files, same outcome, `--resume` from its saved state);
 /// `write_manifest` for a single-chain run; `k`: the chain's index and the run's number of
@@ -292,28 +325,17 @@ pub(super) fn run_hmc_chain(
     let elapsed = |c: &HmcChain| c.seconds_before + started.elapsed().as_secs_f64();
     let mut energy = FullBatch::new(&model, &ds.train, &potential)?;
     let mut sink = RunFolder::new(run_dir);
-    let (burnin, thin) = (s.schedule.burnin, s.schedule.thin.max(1));
-    let metrics = run_dir.join("metrics.jsonl");
+    let metrics = run_dir.join(crate::checkpoint::files::METRICS);
     let mut saved = Instant::now();
     while chain.iteration < s.epochs {
-        let it = chain.iteration;
-        let t = chain.hmc.step(it as u64, &mut chain.theta, &mut energy)?;
-        chain.gradients += t.steps as u64 + 1;
-        chain.divergences += usize::from(t.divergent);
-        chain.iteration += 1;
-        if it < burnin {
-            chain.hmc.step_size = chain.adapt.update(t.accept_prob);
-            if it + 1 == burnin {
-                chain.hmc.step_size = chain.adapt.final_step_size();
-            }
-        } else if (it + 1 - burnin).is_multiple_of(thin) {
-            load_flat(&model, &chain.theta)?;
-            let tau = potential.noise_precision;
-            let (step, eps) = (it as u64 + 1, t.step_size);
-            let d = Diagnostics::default();
-            let sample = write_sample(cfg, ds, &mut sink, &model, step, it, eps, d, tau, None)?;
-            chain.kept.add(sample)?;
-        }
+        let t = iterate(
+            cfg,
+            ds,
+            &mut chain,
+            (&model, &potential),
+            &mut energy,
+            &mut sink,
+        )?;
         append_line(&metrics, &to_json(&record(&t, &chain))?)?;
         let signal = signals::pending();
         let last = chain.iteration == s.epochs;

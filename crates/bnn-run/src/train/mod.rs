@@ -36,7 +36,7 @@ use crate::model::Network;
 use crate::potential::Backward;
 use crate::ranks::Ranks;
 use crate::regression::{RegressionAccumulator, RegressionMetrics};
-use crate::sampler::SamplerKind;
+use crate::sampler::Method;
 use crate::settings::{ChainLayout, Settings};
 use chain::run_chain;
 pub use chain::{run_chain_in, ChainOutcome, NOISE_PRECISION_KEY};
@@ -333,9 +333,11 @@ fn train_checked(
         return finish(cfg, ds, vec![cold], Some(report)).map(Some);
     }
     if cfg.settings.chains <= 1 {
-        let chain = match cfg.settings.sampler.kind {
-            SamplerKind::Hmc => hmc::run_hmc_chain(cfg, ds, run_dir, true, (0, 1))?,
-            _ => run_chain(cfg, ds, run_dir, true, cfg.settings.seed)?,
+        let chain = match cfg.settings.sampler.kind.method() {
+            Method::Hmc => hmc::run_hmc_chain(cfg, ds, run_dir, true, (0, 1))?,
+            Method::Chain | Method::ReplicaExchange { .. } => {
+                run_chain(cfg, ds, run_dir, true, cfg.settings.seed)?
+            }
         };
         return finish(cfg, ds, vec![chain], None).map(Some);
     }
@@ -375,11 +377,13 @@ fn run_chains(cfg: &TrainConfig, ds: &Dataset, ks: &[usize]) -> Result<Vec<(usiz
         chain_cfg.progress = false;
         let _span = tracing::info_span!("chain", k).entered();
         let dir = checkpoint::chain_dir(run_dir, k);
-        let out = match cfg.settings.sampler.kind {
-            SamplerKind::Hmc => {
+        let out = match cfg.settings.sampler.kind.method() {
+            Method::Hmc => {
                 hmc::run_hmc_chain(&chain_cfg, ds, &dir, false, (k, cfg.settings.chains))
             }
-            _ => run_chain(&chain_cfg, ds, &dir, false, cfg.settings.seed),
+            Method::Chain | Method::ReplicaExchange { .. } => {
+                run_chain(&chain_cfg, ds, &dir, false, cfg.settings.seed)
+            }
         };
         if let Ok(mut slot) = results[i].lock() {
             *slot = Some(out);
@@ -427,7 +431,7 @@ fn clear_run(run_dir: &std::path::Path) -> Result<()> {
     let Ok(entries) = std::fs::read_dir(run_dir) else {
         return Ok(());
     };
-    let manifest = run_dir.join("run.json");
+    let manifest = run_dir.join(crate::checkpoint::files::RUN);
     if manifest.exists() {
         std::fs::remove_file(&manifest).map_err(|e| Error::io(&manifest, e))?;
     }
@@ -435,10 +439,10 @@ fn clear_run(run_dir: &std::path::Path) -> Result<()> {
         let name = entry.file_name().to_string_lossy().into_owned();
         let path = entry.path();
         let ours_file = [
-            "summary.json",
-            "metrics.jsonl",
+            crate::checkpoint::files::SUMMARY,
+            crate::checkpoint::files::METRICS,
             "replicas.json",
-            "diagnostics.jsonl",
+            crate::checkpoint::files::DIAGNOSTICS,
             "stacked.json",
         ]
         .contains(&name.as_str());
@@ -454,6 +458,62 @@ fn clear_run(run_dir: &std::path::Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Chain `k`'s own figures, for the summary of a run of several.
+fn chain_summary((k, c): (usize, &ChainOutcome)) -> ChainSummary {
+    ChainSummary {
+        chain: k,
+        seed: c.seed,
+        samples: c
+            .regression
+            .as_ref()
+            .map_or(c.test.samples(), |r| r.samples()),
+        ensemble: c.test.metrics(),
+        regression: c.regression.as_ref().and_then(|r| r.metrics()),
+        last_sample: c.test.last_sample,
+        valid_ensemble: c.valid.as_ref().and_then(|a| a.metrics()),
+        steps_per_second: c.steps as f64 / c.step_seconds.max(1e-9),
+    }
+}
+
+/// Split-R̂ and ESS of the chains' per-sample test log-likelihood and kinetic energy,
+/// logged.
+fn chain_diagnostics(chains: &[ChainOutcome]) -> ChainDiagnostics {
+    // The test log-likelihood of each sample alone, and the kinetic energy at it.
+    let loglik: Vec<Vec<f64>> = chains
+        .iter()
+        .map(|c| {
+            let nll = c
+                .regression
+                .as_ref()
+                .map_or(c.test.sample_nll(), |r| r.sample_nll());
+            nll.iter().map(|n| -n).collect()
+        })
+        .collect();
+    let kinetic: Vec<Vec<f64>> = chains.iter().map(|c| c.kinetic_trace.clone()).collect();
+    let d = ChainDiagnostics {
+        test_log_likelihood: convergence::diagnose(&loglik),
+        kinetic_energy: convergence::diagnose(&kinetic),
+    };
+    let show = |c: &Option<Convergence>| {
+        c.as_ref().map_or("n/a (too few samples)".to_string(), |c| {
+            let means: Vec<String> = c.chain_means.iter().map(|m| format!("{m:.4}")).collect();
+            format!(
+                "R-hat {:.3}, ESS {:.0}, chain means {}",
+                c.rhat,
+                c.ess,
+                means.join(", ")
+            )
+        })
+    };
+    tracing::info!(
+        "{} chains: test log-likelihood per sample: {}; kinetic energy: {}",
+        chains.len(),
+        show(&d.test_log_likelihood),
+        show(&d.kinetic_energy)
+    );
+    d
 }
 
 /// The run's summary from its chains (pooled when there are several; then also each
@@ -480,64 +540,11 @@ fn finish(
         None => None,
     };
     let several = chains.len() > 1;
-    let per_chain: Vec<ChainSummary> = if several {
-        chains
-            .iter()
-            .enumerate()
-            .map(|(k, c)| ChainSummary {
-                chain: k,
-                seed: c.seed,
-                samples: c
-                    .regression
-                    .as_ref()
-                    .map_or(c.test.samples(), |r| r.samples()),
-                ensemble: c.test.metrics(),
-                regression: c.regression.as_ref().and_then(|r| r.metrics()),
-                last_sample: c.test.last_sample,
-                valid_ensemble: c.valid.as_ref().and_then(|a| a.metrics()),
-                steps_per_second: c.steps as f64 / c.step_seconds.max(1e-9),
-            })
-            .collect()
-    } else {
-        Vec::new()
+    let per_chain: Vec<ChainSummary> = match several {
+        true => chains.iter().enumerate().map(chain_summary).collect(),
+        false => Vec::new(),
     };
-    let convergence = several.then(|| {
-        // The test log-likelihood of each sample alone, and the kinetic energy at it.
-        let loglik: Vec<Vec<f64>> = chains
-            .iter()
-            .map(|c| {
-                let nll = c
-                    .regression
-                    .as_ref()
-                    .map_or(c.test.sample_nll(), |r| r.sample_nll());
-                nll.iter().map(|n| -n).collect()
-            })
-            .collect();
-        let kinetic: Vec<Vec<f64>> = chains.iter().map(|c| c.kinetic_trace.clone()).collect();
-        ChainDiagnostics {
-            test_log_likelihood: convergence::diagnose(&loglik),
-            kinetic_energy: convergence::diagnose(&kinetic),
-        }
-    });
-    if let Some(d) = &convergence {
-        let show = |c: &Option<Convergence>| {
-            c.as_ref().map_or("n/a (too few samples)".to_string(), |c| {
-                let means: Vec<String> = c.chain_means.iter().map(|m| format!("{m:.4}")).collect();
-                format!(
-                    "R-hat {:.3}, ESS {:.0}, chain means {}",
-                    c.rhat,
-                    c.ess,
-                    means.join(", ")
-                )
-            })
-        };
-        tracing::info!(
-            "{} chains: test log-likelihood per sample: {}; kinetic energy: {}",
-            chains.len(),
-            show(&d.test_log_likelihood),
-            show(&d.kinetic_energy)
-        );
-    }
+    let convergence = several.then(|| chain_diagnostics(&chains));
     let steps: u64 = chains.iter().map(|c| c.steps).sum();
     let summary = Summary {
         dataset: ds.name.clone(),
@@ -571,6 +578,9 @@ fn finish(
     };
     let json = serde_json::to_string_pretty(&summary)
         .map_err(|e| Error::Checkpoint(format!("serialising summary: {e}")))?;
-    crate::atomic::write_atomic(&run_dir.join("summary.json"), json.as_bytes())?;
+    crate::atomic::write_atomic(
+        &run_dir.join(crate::checkpoint::files::SUMMARY),
+        json.as_bytes(),
+    )?;
     Ok(summary)
 }

@@ -71,14 +71,14 @@ impl ChainSink for RunFolder {
 
     fn metrics(&mut self, record: &EpochRecord) -> Result<()> {
         super::chain::append_line(
-            &self.dir.join("metrics.jsonl"),
+            &self.dir.join(crate::checkpoint::files::METRICS),
             &super::chain::to_json(record)?,
         )
     }
 
     fn diagnostics(&mut self, record: &DiagnosticRecord) -> Result<()> {
         super::chain::append_line(
-            &self.dir.join("diagnostics.jsonl"),
+            &self.dir.join(crate::checkpoint::files::DIAGNOSTICS),
             &super::chain::to_json(record)?,
         )
     }

@@ -134,28 +134,18 @@ pub(super) fn run_stacked(cfg: &TrainConfig, ds: &Dataset) -> Result<Vec<ChainOu
         resident: Resident::of(cfg, ds)?,
     };
     let cfgs = chain_settings(cfg);
-    let mut lanes = Vec::with_capacity(cfgs.len());
-    for (k, c) in cfgs.iter().enumerate() {
-        let dir = checkpoint::chain_dir(&cfg.run_dir, k);
-        std::fs::create_dir_all(checkpoint::samples_dir(&dir)).map_err(|e| Error::io(&dir, e))?;
-        lanes.push(Lane {
-            chain: Chain::new(c, ds, RunFolder::new(&dir), s.seed)?,
-            shuffle: rand::rngs::StdRng::seed_from_u64(c.settings.seed ^ rng::SHUFFLE_STREAM),
-            order: (0..ds.train.len()).collect(),
-            sums: Position::default(),
-            epoch_started: Instant::now(),
-            batch: Batch::default(),
-        });
-    }
-    let (mut step, seconds_before, mut saves) = match cfg.resume {
+    let mut lanes = new_lanes(&plan, &cfgs)?;
+    let (step, seconds_before, mut saves) = match cfg.resume {
         true => restore(&plan, &mut lanes)?,
         false => (0, 0.0, 0),
     };
     let nets: Vec<_> = lanes.iter().map(|l| &l.chain.model).collect();
     let stack = Stacked::new(&nets)?;
     let num_params = lanes[0].chain.model.num_params();
-    let started = Instant::now();
-    let elapsed = || seconds_before + started.elapsed().as_secs_f64();
+    let clock = Clock {
+        seconds_before,
+        started: Instant::now(),
+    };
     if !cfg.resume {
         // The state before the first update, then run.json: from here on the run can be
         // resumed whenever it stops.
@@ -173,7 +163,68 @@ pub(super) fn run_stacked(cfg: &TrainConfig, ds: &Dataset) -> Result<Vec<ChainOu
         s.sampler.kind.name(),
         cfg.device
     );
-    let every = match s.checkpoint_every {
+    let (step, step_seconds) = run_updates(&plan, &mut lanes, &stack, (step, saves), &clock)?;
+    Ok(lanes
+        .into_iter()
+        .map(|mut l| ChainOutcome {
+            seed: l.chain.cfg.settings.seed,
+            num_params,
+            steps: step,
+            step_seconds,
+            train_seconds: clock.elapsed(),
+            backward: Backward::Autograd,
+            test: l.chain.kept.test.clone(),
+            valid: l.chain.kept.valid.clone(),
+            regression: l.chain.kept.regression.clone(),
+            kinetic_trace: std::mem::take(&mut l.chain.kept.kinetic_trace),
+            rollbacks: 0,
+        })
+        .collect())
+}
+
+/// Training seconds: those of the earlier runs of a resumed run, and this one's.
+struct Clock {
+    seconds_before: f64,
+    started: Instant,
+}
+
+impl Clock {
+    fn elapsed(&self) -> f64 {
+        self.seconds_before + self.started.elapsed().as_secs_f64()
+    }
+}
+
+/// A lane per chain settings in `cfgs`, each with its folder made.
+fn new_lanes<'a>(plan: &Plan<'a>, cfgs: &'a [TrainConfig]) -> Result<Vec<Lane<'a>>> {
+    let (cfg, ds) = (plan.cfg, plan.ds);
+    let mut lanes = Vec::with_capacity(cfgs.len());
+    for (k, c) in cfgs.iter().enumerate() {
+        let dir = checkpoint::chain_dir(&cfg.run_dir, k);
+        std::fs::create_dir_all(checkpoint::samples_dir(&dir)).map_err(|e| Error::io(&dir, e))?;
+        lanes.push(Lane {
+            chain: Chain::new(c, ds, RunFolder::new(&dir), cfg.settings.seed)?,
+            shuffle: rand::rngs::StdRng::seed_from_u64(c.settings.seed ^ rng::SHUFFLE_STREAM),
+            order: (0..ds.train.len()).collect(),
+            sums: Position::default(),
+            epoch_started: Instant::now(),
+            batch: Batch::default(),
+        });
+    }
+    Ok(lanes)
+}
+
+/// The updates from `step` to the run's end, the state saved every `--checkpoint-every`
+/// updates, at the end and on a signal (then the run stops with an error naming it): the
+/// updates done and the seconds spent in them.
+fn run_updates(
+    plan: &Plan,
+    lanes: &mut [Lane],
+    stack: &Stacked,
+    (mut step, mut saves): (u64, usize),
+    clock: &Clock,
+) -> Result<(u64, f64)> {
+    let (cfg, batches) = (plan.cfg, plan.batches);
+    let every = match cfg.settings.checkpoint_every {
         0 => batches,
         k => k as u64,
     };
@@ -191,27 +242,19 @@ pub(super) fn run_stacked(cfg: &TrainConfig, ds: &Dataset) -> Result<Vec<ChainOu
             }
         }
         let t0 = Instant::now();
-        let diags = update(&plan, &mut lanes, &stack, step, epoch)?;
+        let diags = update(plan, lanes, stack, step, epoch)?;
         step_seconds += t0.elapsed().as_secs_f64();
         step += 1;
         let last_of_epoch = b + 1 == batches;
-        after_update(
-            &plan,
-            &mut lanes,
-            &stack,
-            step,
-            epoch,
-            last_of_epoch,
-            &diags,
-        )?;
+        after_update(plan, lanes, stack, step, epoch, last_of_epoch, &diags)?;
         if step % 20 == 0 || step == plan.total_steps {
             bar.set_position(step);
         }
         let signal = signals::pending();
         let last = step == plan.total_steps;
         if signal.is_some() || step.is_multiple_of(every) || last {
-            sync(&lanes, &stack)?;
-            save(&plan, &lanes, step, (step_seconds, elapsed()), saves)?;
+            sync(lanes, stack)?;
+            save(plan, lanes, step, (step_seconds, clock.elapsed()), saves)?;
             saves += 1;
             if let (Some(signal), false) = (signal, last) {
                 bar.finish_and_clear();
@@ -220,22 +263,7 @@ pub(super) fn run_stacked(cfg: &TrainConfig, ds: &Dataset) -> Result<Vec<ChainOu
         }
     }
     bar.finish_and_clear();
-    Ok(lanes
-        .into_iter()
-        .map(|mut l| ChainOutcome {
-            seed: l.chain.cfg.settings.seed,
-            num_params,
-            steps: step,
-            step_seconds,
-            train_seconds: elapsed(),
-            backward: Backward::Autograd,
-            test: l.chain.kept.test.clone(),
-            valid: l.chain.kept.valid.clone(),
-            regression: l.chain.kept.regression.clone(),
-            kinetic_trace: std::mem::take(&mut l.chain.kept.kinetic_trace),
-            rollbacks: 0,
-        })
-        .collect())
+    Ok((step, step_seconds))
 }
 
 /// Refuses a stack of networks like `net` that cannot fit in the device's free memory,

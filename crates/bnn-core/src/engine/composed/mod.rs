@@ -1,7 +1,6 @@
 //! The reference updates, composed from ordinary candle tensor ops (one op per term of
 //! the papers' equations): what the fused kernels are checked against noise for noise.
 
-pub mod msgnht;
 pub mod sgd;
 pub mod sghmc;
 pub mod sgld;

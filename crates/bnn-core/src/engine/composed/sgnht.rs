@@ -1,7 +1,7 @@
 //! Stochastic gradient Nosé–Hoover thermostats: SGNHT with one scalar thermostat (Ding et
 //! al. 2014, eqs. (5)–(6), Algorithm 1) and mSGNHT with one thermostat per parameter
-//! element (Li et al. 2016 §2.1, eq. (2); see `msgnht.rs`), each with the Euler or the
-//! symmetric splitting integrator.
+//! element (mSGNHT; Gan et al. 2015, Li et al. 2016 §2.1, eq. (2): dξ = (p ⊙ p − 1) dt,
+//! friction ξ ⊙ p), each with the Euler or the symmetric splitting integrator.
 //!
 //! Variables in the reformulation u = p·h, η = h², α = ξ·h, a = A·h of Ding et al. §5.2 /
 //! App. F (Algorithm 2); n is the number of parameters and ⊙ the element-wise product.

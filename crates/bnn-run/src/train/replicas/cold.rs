@@ -78,7 +78,10 @@ fn replay(events: Vec<Event>, cold: &mut Kept, cold_dir: &std::path::Path) -> Re
                 r.test_regression = cold.regression.as_ref().and_then(|a| a.metrics());
                 r.test_last_sample = cold.test.last_sample;
                 r.valid_ensemble = cold.valid.as_ref().and_then(|a| a.metrics());
-                append_line(&cold_dir.join("metrics.jsonl"), &to_json(&line)?)?;
+                append_line(
+                    &cold_dir.join(crate::checkpoint::files::METRICS),
+                    &to_json(&line)?,
+                )?;
                 log_epoch(&line.record, Some(line.temperature));
             }
         }

@@ -118,6 +118,23 @@ struct Plan<'a> {
     cold_dir: PathBuf,
 }
 
+/// Where the replicas' loop stands: the update count, the report, the seconds of earlier
+/// runs of a resumed run, the states saved, and when this run started.
+struct Progress {
+    step: u64,
+    report: ReplicaReport,
+    seconds_before: f64,
+    saves: usize,
+    started: Instant,
+}
+
+impl Progress {
+    /// Training seconds so far, over this run and the earlier ones.
+    fn train_seconds(&self) -> f64 {
+        self.seconds_before + self.started.elapsed().as_secs_f64()
+    }
+}
+
 /// Runs the replicas of `cfg` on `ds`, replica j on rank j mod R; at rank 0 the T = 1
 /// chain's outcome and the replicas' report (`None` on the other ranks).
 pub(super) fn run_replicas(
@@ -130,7 +147,6 @@ pub(super) fn run_replicas(
         .replicas
         .as_ref()
         .ok_or_else(|| Error::Config("replica exchange without its options".into()))?;
-    let run_dir = &cfg.run_dir;
     let batches = (ds.train.len() / s.batch_size) as u64;
     let plan = Plan {
         cfg,
@@ -140,7 +156,7 @@ pub(super) fn run_replicas(
         total_steps: batches * s.epochs as u64,
         epsilon: s.sampler.step_size,
         c: noise_coefficient(&s.sampler),
-        cold_dir: checkpoint::chain_dir(run_dir, 0),
+        cold_dir: checkpoint::chain_dir(&cfg.run_dir, 0),
     };
     let (cfgs, dirs) = replica_settings(&plan);
     let mut replicas = new_replicas(&plan, &cfgs, &dirs, &ranks.dealt(options.replicas))?;
@@ -153,42 +169,98 @@ pub(super) fn run_replicas(
     let backward = first.chain.stepper.backward;
     let state_floats = sampler_floats(first) + num_params;
     let mut cold = Kept::new(ds)?;
-    let (mut step, mut report, seconds_before, mut saves) = if cfg.resume {
-        restore(&plan, &mut replicas, &mut cold, ranks)?
-    } else {
-        std::fs::create_dir_all(checkpoint::samples_dir(&plan.cold_dir))
-            .map_err(|e| Error::io(&plan.cold_dir, e))?;
-        (0, new_report(options, num_params)?, 0.0, 0)
-    };
-    let root = ranks.is_root();
-    let started = Instant::now();
-    if !cfg.resume {
-        // The state before the first update, then run.json: from here on the run can be
-        // resumed whenever it stops.
-        save(&plan, &replicas, &cold, &report, 0, 0.0, saves, ranks)?;
-        saves += 1;
-    }
-    if root {
-        super::manifest(cfg, ds, num_params).write(run_dir)?;
+    let mut progress = begin(&plan, &mut replicas, &mut cold, num_params, ranks)?;
+    if ranks.is_root() {
+        super::manifest(cfg, ds, num_params).write(&cfg.run_dir)?;
         announce(&plan, num_params, state_floats, ranks.size());
     }
+    run_rounds(&plan, &mut replicas, &mut cold, &mut progress, ranks)?;
+    // Wall time in updates, over every replica of every rank (in rank order).
+    let local: f64 = replicas.iter().flatten().map(|r| r.step_seconds).sum();
+    let step_seconds: f64 = ranks.all_gather(&[local]).iter().flatten().sum();
+    if !ranks.is_root() {
+        return Ok(None);
+    }
+    log_summary(&progress.report);
+    let outcome = ChainOutcome {
+        seed: s.seed,
+        num_params,
+        steps: progress.report.gradient_evaluations,
+        step_seconds,
+        train_seconds: progress.train_seconds(),
+        backward,
+        test: cold.test,
+        valid: cold.valid,
+        regression: cold.regression,
+        kinetic_trace: cold.kinetic_trace,
+        rollbacks: 0,
+    };
+    Ok(Some((outcome, progress.report)))
+}
+
+/// The loop's start: a resumed run's saved state, or a new run's folders and the state
+/// before the first update (from then on the run can be resumed whenever it stops).
+fn begin(
+    plan: &Plan,
+    replicas: &mut [Option<Replica>],
+    cold: &mut Kept,
+    num_params: usize,
+    ranks: &Ranks,
+) -> Result<Progress> {
+    if plan.cfg.resume {
+        let (step, report, seconds_before, saves) = restore(plan, replicas, cold, ranks)?;
+        return Ok(Progress {
+            step,
+            report,
+            seconds_before,
+            saves,
+            started: Instant::now(),
+        });
+    }
+    std::fs::create_dir_all(checkpoint::samples_dir(&plan.cold_dir))
+        .map_err(|e| Error::io(&plan.cold_dir, e))?;
+    let report = new_report(plan.options, num_params)?;
+    let started = Instant::now();
+    save(plan, replicas, cold, &report, 0, 0.0, 0, ranks)?;
+    Ok(Progress {
+        step: 0,
+        report,
+        seconds_before: 0.0,
+        saves: 1,
+        started,
+    })
+}
+
+/// The rounds to the run's end: updates, exchanges, their log, and the state saved when a
+/// round passed a multiple of the checkpoint interval, at the end, or on a signal (then
+/// the run stops with an error naming it).
+fn run_rounds(
+    plan: &Plan,
+    replicas: &mut [Option<Replica>],
+    cold: &mut Kept,
+    p: &mut Progress,
+    ranks: &Ranks,
+) -> Result<()> {
+    let s = &plan.cfg.settings;
+    let root = ranks.is_root();
     let every = match s.checkpoint_every {
-        0 => batches,
+        0 => plan.batches,
         k => k as u64,
     };
     let compensation = Compensation::paper();
-    let bar = crate::progress::bar(cfg.progress && root, plan.total_steps, "replicas");
-    while step < plan.total_steps {
-        let from = step;
-        step = run_round(&plan, &mut replicas, &mut report, &mut cold, step, ranks)?;
-        swap::exchange(&plan, &replicas, &mut report, &compensation, ranks)?;
+    let bar = crate::progress::bar(plan.cfg.progress && root, plan.total_steps, "replicas");
+    while p.step < plan.total_steps {
+        let from = p.step;
+        p.step = run_round(plan, replicas, &mut p.report, cold, p.step, ranks)?;
+        swap::exchange(plan, replicas, &mut p.report, &compensation, ranks)?;
+        let report = &mut p.report;
         report.ladder.end_round();
         report.swap_rates = report.ladder.swap_rates();
         report.expected_swap_rates = report.ladder.expected_swap_rates();
         if root {
-            log_round(&plan, &report, from, step)?;
+            log_round(plan, report, from, p.step)?;
         }
-        bar.set_position(step);
+        bar.set_position(p.step);
         bar.set_message(format!(
             "T0 samples {} swap rates {}",
             cold.samples(),
@@ -197,49 +269,22 @@ pub(super) fn run_replicas(
         // Every rank stops at the same round when any of them was signalled.
         let signal = signals::pending();
         let stop = ranks.any(signal.is_some());
-        let last = step == plan.total_steps;
+        let last = p.step == plan.total_steps;
         // Due when the round passed a multiple of the checkpoint interval.
-        if stop || last || from / every < step / every {
-            let train_seconds = seconds_before + started.elapsed().as_secs_f64();
+        if stop || last || from / every < p.step / every {
+            let seconds = p.train_seconds();
             save(
-                &plan,
-                &replicas,
-                &cold,
-                &report,
-                step,
-                train_seconds,
-                saves,
-                ranks,
+                plan, replicas, cold, &p.report, p.step, seconds, p.saves, ranks,
             )?;
-            saves += 1;
+            p.saves += 1;
             if stop && !last {
                 bar.finish_and_clear();
-                return Err(interrupted(signal.unwrap_or(15), step, run_dir));
+                return Err(interrupted(signal.unwrap_or(15), p.step, &plan.cfg.run_dir));
             }
         }
     }
     bar.finish_and_clear();
-    // Wall time in updates, over every replica of every rank (in rank order).
-    let local: f64 = replicas.iter().flatten().map(|r| r.step_seconds).sum();
-    let step_seconds: f64 = ranks.all_gather(&[local]).iter().flatten().sum();
-    if !root {
-        return Ok(None);
-    }
-    log_summary(&report);
-    let outcome = ChainOutcome {
-        seed: s.seed,
-        num_params,
-        steps: report.gradient_evaluations,
-        step_seconds,
-        train_seconds: seconds_before + started.elapsed().as_secs_f64(),
-        backward,
-        test: cold.test,
-        valid: cold.valid,
-        regression: cold.regression,
-        kinetic_trace: cold.kinetic_trace,
-        rollbacks: 0,
-    };
-    Ok(Some((outcome, report)))
+    Ok(())
 }
 
 /// Each replica's own settings — its seed, and its sampler at T = 1 (rebuilt each
@@ -431,7 +476,7 @@ fn log_round(plan: &Plan, report: &ReplicaReport, from: u64, step: u64) -> Resul
         "swap_rates": report.swap_rates,
     });
     append_line(
-        &plan.cfg.run_dir.join("diagnostics.jsonl"),
+        &plan.cfg.run_dir.join(crate::checkpoint::files::DIAGNOSTICS),
         &line.to_string(),
     )
 }
@@ -539,7 +584,10 @@ fn advance(
                 temperature: t,
                 record,
             };
-            append_line(&r.chain.sink.dir.join("metrics.jsonl"), &to_json(&line)?)?;
+            append_line(
+                &r.chain.sink.dir.join(crate::checkpoint::files::METRICS),
+                &to_json(&line)?,
+            )?;
             if cold {
                 r.events.push(Event::Epoch(Box::new(line)));
             }
@@ -641,7 +689,10 @@ fn restore(
         // Rank 0: replica 0's state carries the T₀ ensembles.
         *cold = std::mem::replace(&mut r0.chain.kept, Kept::new(plan.ds)?);
         super::chain::discard_after(&plan.cold_dir, &r0.sums)?;
-        super::chain::trim_diagnostics(&run_dir.join("diagnostics.jsonl"), record.step)?;
+        super::chain::trim_diagnostics(
+            &run_dir.join(crate::checkpoint::files::DIAGNOSTICS),
+            record.step,
+        )?;
         tracing::info!(
             epoch = r0.sums.epoch + 1,
             batch = r0.sums.batch,

@@ -24,6 +24,7 @@ use crate::ensemble;
 use crate::error::{Error, Result};
 use crate::ranks::Ranks;
 use crate::rng;
+use crate::sampler::ladder::Ladder;
 
 /// The first minibatch of an exchange estimate (Algorithm 1 grows it from here).
 const FIRST_EXCHANGE_BATCH: usize = 256;
@@ -78,6 +79,55 @@ impl Request {
     }
 }
 
+/// Pair `i`'s estimate before its first evaluation: its replicas, its own shuffle of the
+/// examples (seeded by the run, the round and the pair), and the scale of ΔẼ.
+fn new_estimate(plan: &Plan, ladder: &Ladder, round: u64, i: usize) -> Estimate {
+    let seed = plan.cfg.settings.seed;
+    let n_all = plan.ds.train.len();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rng::exchange_pair_seed(seed, round, i));
+    let mut order: Vec<usize> = (0..n_all).collect();
+    order.shuffle(&mut rng);
+    let (t_a, t_b) = (ladder.temperatures[i], ladder.temperatures[i + 1]);
+    Estimate {
+        i,
+        a: ladder.holder[i],
+        b: ladder.holder[i + 1],
+        rng,
+        order,
+        scale: energy_difference(1.0, 0.0, t_a, t_b) / plan.cfg.settings.temperature,
+        prior_difference: 0.0,
+        d: Vec::new(),
+        n: FIRST_EXCHANGE_BATCH.min(n_all),
+        done: None,
+    }
+}
+
+/// The evaluations the unsettled estimates need next, in the order they are read: the
+/// priors (first stage only), then the energies of each pair's two replicas.
+fn requests_of(estimates: &[Estimate], first: bool) -> Vec<Request> {
+    let mut requests = Vec::new();
+    for (k, e) in estimates
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.done.is_none())
+    {
+        if first {
+            requests.push(Request::Prior { replica: e.a });
+            requests.push(Request::Prior { replica: e.b });
+        }
+        for replica in [e.a, e.b] {
+            let (from, to) = (e.d.len(), e.n);
+            requests.push(Request::Energies {
+                replica,
+                e: k,
+                from,
+                to,
+            });
+        }
+    }
+    requests
+}
+
 /// The exchange round after the updates: each of the round's pairs of adjacent
 /// temperatures tries to swap (eq. 17); the ladder records the outcomes in pair order (and
 /// adapts, if it adapts). `replicas[j]` is `Some` on the rank that holds replica j.
@@ -92,53 +142,14 @@ pub(super) fn exchange(
     let (seed, round) = (plan.cfg.settings.seed, report.ladder.rounds);
     let mut round_rng = rand::rngs::StdRng::seed_from_u64(rng::exchange_round_seed(seed, round));
     let pairs = report.ladder.pairs(&mut round_rng);
-    let ladder = &report.ladder;
-    let n_all = plan.ds.train.len();
     let mut estimates: Vec<Estimate> = pairs
         .iter()
-        .map(|&i| {
-            let mut rng =
-                rand::rngs::StdRng::seed_from_u64(rng::exchange_pair_seed(seed, round, i));
-            let mut order: Vec<usize> = (0..n_all).collect();
-            order.shuffle(&mut rng);
-            let (t_a, t_b) = (ladder.temperatures[i], ladder.temperatures[i + 1]);
-            Estimate {
-                i,
-                a: ladder.holder[i],
-                b: ladder.holder[i + 1],
-                rng,
-                order,
-                scale: energy_difference(1.0, 0.0, t_a, t_b) / plan.cfg.settings.temperature,
-                prior_difference: 0.0,
-                d: Vec::new(),
-                n: FIRST_EXCHANGE_BATCH.min(n_all),
-                done: None,
-            }
-        })
+        .map(|&i| new_estimate(plan, &report.ladder, round, i))
         .collect();
+    let n_all = plan.ds.train.len();
     let mut first = true;
     while estimates.iter().any(|e| e.done.is_none()) {
-        let mut requests = Vec::new();
-        for (k, e) in estimates
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| e.done.is_none())
-        {
-            // In the order they are read below: the priors (first stage), then energies.
-            if first {
-                requests.push(Request::Prior { replica: e.a });
-                requests.push(Request::Prior { replica: e.b });
-            }
-            for replica in [e.a, e.b] {
-                let (from, to) = (e.d.len(), e.n);
-                requests.push(Request::Energies {
-                    replica,
-                    e: k,
-                    from,
-                    to,
-                });
-            }
-        }
+        let requests = requests_of(&estimates, first);
         let mut answers = answer(plan, replicas, &estimates, &requests, ranks, report)?.into_iter();
         for e in estimates.iter_mut().filter(|e| e.done.is_none()) {
             let mut next = || {
