@@ -121,8 +121,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         last.nll
     );
 
-    // The last sample as a posterior-sample file (readable by `bnn_core::load_sample` and
-    // Python's safetensors), its tensors by the VarMap's names.
+    save_last_sample(&varmap, &dev)
+}
+
+/// The last sample as a posterior-sample file (readable by `bnn_core::load_sample` and
+/// Python's safetensors), its tensors by the VarMap's names; read back.
+fn save_last_sample(varmap: &VarMap, dev: &Device) -> Result<(), Box<dyn std::error::Error>> {
     let path = std::env::temp_dir().join("bnn-own-model-sample.safetensors");
     let tensors: Vec<(String, Tensor)> = {
         let map = varmap
@@ -138,7 +142,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let meta = BTreeMap::from([("model".to_string(), "784-64-32-10 tanh".to_string())]);
     bnn_core::write_sample_file(&path, &tensors, &meta)?;
-    let back = bnn_core::load_sample(&path, &dev)?;
+    let back = bnn_core::load_sample(&path, dev)?;
     println!(
         "last sample: {} ({} tensors)",
         path.display(),

@@ -114,7 +114,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             band.add(&mean, &vec![1.0 / noise.precision; grid.len()])?;
         }
     }
-    let pred = band.predictive();
+    report(&grid, &band.predictive(), band.samples(), out)
+}
+
+/// Prints the predictive σ on the data, in the gap and outside, writes the band as CSV to
+/// `out` if given, and fails unless the band widens off the data.
+fn report(
+    grid: &[f32],
+    pred: &[(f64, f64)],
+    samples: usize,
+    out: Option<String>,
+) -> Result<(), Box<dyn std::error::Error>> {
     let sd_at = |x0: f32| {
         let i = grid
             .iter()
@@ -124,15 +134,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let on_data: Vec<f64> = grid
         .iter()
-        .zip(&pred)
+        .zip(pred)
         .filter(|(g, _)| (0.3..=1.0).contains(&g.abs()))
         .map(|(_, p)| p.1.sqrt())
         .collect();
     let data_sd = on_data.iter().sum::<f64>() / on_data.len() as f64;
-    println!(
-        "{} samples; predictive σ: {data_sd:.3} on the data (mean),",
-        band.samples()
-    );
+    println!("{samples} samples; predictive σ: {data_sd:.3} on the data (mean),");
     println!(
         "  {:.3} at x = 0 (the gap), {:.3} at x = −1.5, {:.3} at x = 1.5",
         sd_at(0.0),
@@ -141,7 +148,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     if let Some(path) = out {
         let mut csv = String::from("x,mean,sd\n");
-        for (g, (m, v)) in grid.iter().zip(&pred) {
+        for (g, (m, v)) in grid.iter().zip(pred) {
             csv.push_str(&format!("{g},{m},{}\n", v.sqrt()));
         }
         std::fs::write(&path, csv)?;

@@ -272,6 +272,45 @@ pub fn file_table(f: &FileInfo) -> String {
     out
 }
 
+/// The sampler and its settings as recorded; HMC's minibatch-sampler fields (friction,
+/// diffusion, …) mean nothing, so its own are shown instead.
+fn sampler_line(s: &serde_json::Value) -> String {
+    let get = |k: &str| s.get(k).map_or("-".to_string(), words);
+    let sampler = s.get("sampler");
+    match sampler.and_then(|v| v.get("kind")).and_then(|k| k.as_str()) {
+        Some("hmc") => {
+            let eps = sampler
+                .and_then(|v| v.get("step_size"))
+                .map_or("-".into(), words);
+            format!(
+                "hmc  first step_size {eps} (adapted in burn-in)  {}",
+                get("hmc")
+            )
+        }
+        _ => get("sampler"),
+    }
+}
+
+/// An ensemble's figures: RMSE, NLL and coverage for a regression, accuracy, NLL and ECE
+/// for classes.
+fn metric_line(v: &Option<serde_json::Value>) -> String {
+    match v {
+        Some(m) if m.get("rmse").is_some() => format!(
+            "RMSE {:.4}  NLL {:.4}  95% coverage {:.4}",
+            m["rmse"].as_f64().unwrap_or(f64::NAN),
+            m["nll"].as_f64().unwrap_or(f64::NAN),
+            m["coverage"][2].as_f64().unwrap_or(f64::NAN)
+        ),
+        Some(m) => format!(
+            "accuracy {:.4}  NLL {:.4}  ECE {:.4}",
+            m["accuracy"].as_f64().unwrap_or(f64::NAN),
+            m["nll"].as_f64().unwrap_or(f64::NAN),
+            m["ece"].as_f64().unwrap_or(f64::NAN)
+        ),
+        None => "-".into(),
+    }
+}
+
 /// The table `bnn inspect --run` prints.
 pub fn run_table(r: &RunInfo) -> String {
     let mut out = String::new();
@@ -284,23 +323,7 @@ pub fn run_table(r: &RunInfo) -> String {
         "model        {} ({} parameters)",
         r.model, r.num_params
     );
-    // HMC's minibatch-sampler fields (friction, diffusion, …) mean nothing; its own do.
-    let sampler = s.get("sampler");
-    match sampler.and_then(|v| v.get("kind")).and_then(|k| k.as_str()) {
-        Some("hmc") => {
-            let eps = sampler
-                .and_then(|v| v.get("step_size"))
-                .map_or("-".into(), words);
-            let _ = writeln!(
-                out,
-                "sampler      hmc  first step_size {eps} (adapted in burn-in)  {}",
-                get("hmc")
-            );
-        }
-        _ => {
-            let _ = writeln!(out, "sampler      {}", get("sampler"));
-        }
-    }
+    let _ = writeln!(out, "sampler      {}", sampler_line(s));
     let _ = writeln!(
         out,
         "prior        {}   temperature {}",
@@ -336,21 +359,6 @@ pub fn run_table(r: &RunInfo) -> String {
         mb(r.state_bytes),
         mb(r.total_bytes)
     );
-    let metric = |v: &Option<serde_json::Value>| match v {
-        Some(m) if m.get("rmse").is_some() => format!(
-            "RMSE {:.4}  NLL {:.4}  95% coverage {:.4}",
-            m["rmse"].as_f64().unwrap_or(f64::NAN),
-            m["nll"].as_f64().unwrap_or(f64::NAN),
-            m["coverage"][2].as_f64().unwrap_or(f64::NAN)
-        ),
-        Some(m) => format!(
-            "accuracy {:.4}  NLL {:.4}  ECE {:.4}",
-            m["accuracy"].as_f64().unwrap_or(f64::NAN),
-            m["nll"].as_f64().unwrap_or(f64::NAN),
-            m["ece"].as_f64().unwrap_or(f64::NAN)
-        ),
-        None => "-".into(),
-    };
     for (chain, c) in &r.configurational {
         let which = match r.samples_per_chain.len() {
             1 => String::new(),
@@ -358,8 +366,8 @@ pub fn run_table(r: &RunInfo) -> String {
         };
         let _ = writeln!(out, "θ·∇Ũ/(D·T)   {}{which}", configurational_line(c));
     }
-    let _ = writeln!(out, "ensemble     {}", metric(&r.ensemble));
-    let _ = writeln!(out, "last sample  {}", metric(&r.last_sample));
+    let _ = writeln!(out, "ensemble     {}", metric_line(&r.ensemble));
+    let _ = writeln!(out, "last sample  {}", metric_line(&r.last_sample));
     if let Some(f) = &r.first_sample {
         let _ = writeln!(out, "first sample {} ({})", f.path, mb(f.bytes));
         tensor_table(&mut out, f);

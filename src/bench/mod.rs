@@ -181,8 +181,6 @@ pub struct TrainBenchOptions {
 /// warm-up repeat; the median of `repeats`.
 pub fn train(opts: &TrainBenchOptions) -> Result<Vec<TrainBench>> {
     let ds = crate::data::load_builtin()?;
-    let n = ds.train.len();
-    let mut rows = Vec::new();
     let mut runs: Vec<(ModelSpec, usize)> = Vec::new();
     for hidden in &opts.hidden {
         let spec = ModelSpec {
@@ -195,88 +193,95 @@ pub fn train(opts: &TrainBenchOptions) -> Result<Vec<TrainBench>> {
     for spec in &opts.presets {
         runs.extend(opts.batches.iter().map(|&b| (spec.clone(), b)));
     }
+    let mut rows = Vec::new();
     for (spec, batch) in runs {
         for &kind in &opts.samplers {
-            let mut config = kind.defaults();
-            config.integrator = opts.integrator;
-            let chains = opts.chains.max(1);
-            let mut steppers = Vec::with_capacity(chains);
-            let mut flop = 0.0;
-            for k in 0..chains {
-                let seed = crate::rng::chain_seed(0, k);
-                let (stepper, step) = bench_stepper(
-                    &spec,
-                    &ds,
-                    config,
-                    (opts.kernel, opts.backward),
-                    seed,
-                    batch,
-                )?;
-                if k == 0 {
-                    flop = step;
-                }
-                steppers.push(std::sync::Mutex::new((stepper, 0usize)));
-            }
-            let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-            let mut order: Vec<usize> = (0..n).collect();
-            order.shuffle(&mut rng);
-            let steps = (opts.steps * 100 / batch).max(10);
-            let one = |(stepper, cursor): &mut (Stepper, usize)| -> Result<()> {
-                for _ in 0..steps {
-                    if *cursor + batch > n {
-                        *cursor = 0;
-                    }
-                    stepper.step(&ds.train, None, &order[*cursor..*cursor + batch], None)?;
-                    *cursor += batch;
-                }
-                Ok(())
-            };
-            let run = || -> Result<()> {
-                if chains == 1 {
-                    let mut s = steppers[0].lock().map_err(|_| poisoned())?;
-                    return one(&mut s);
-                }
-                // One chain per pool job: each chain's own products then run serially.
-                let failed = std::sync::Mutex::new(None);
-                crate::pool::run(chains, &|k| {
-                    let result = steppers[k]
-                        .lock()
-                        .map_err(|_| poisoned())
-                        .and_then(|mut s| one(&mut s));
-                    if let (Err(e), Ok(mut f)) = (result, failed.lock()) {
-                        *f = Some(e);
-                    }
-                });
-                match failed.into_inner().ok().flatten() {
-                    Some(e) => Err(e),
-                    None => Ok(()),
-                }
-            };
-            let secs = time(opts.repeats, run)?;
-            let backward = steppers[0].lock().map_err(|_| poisoned())?.0.backward;
-            let steps = steps * chains;
-            let sps = steps as f64 / secs;
-            rows.push(TrainBench {
-                model: spec.label(),
-                batch,
-                sampler: kind.name().to_string(),
-                integrator: config.integrator,
-                backward,
-                kernel: opts.kernel,
-                isa: crate::kernels::isa::current().name().to_string(),
-                threads: crate::pool::threads(),
-                steps_per_second: sps,
-                images_per_second: sps * batch as f64,
-                ms_per_step: 1e3 / sps,
-                flop_per_step: flop,
-                gflop_per_second: flop * sps / 1e9,
-                repeats: opts.repeats,
-                steps_per_repeat: steps,
-                chains,
-            });
+            rows.push(train_row(opts, &ds, &spec, batch, kind)?);
         }
     }
     Ok(rows)
+}
+
+/// The row of `spec` at `batch` under `kind`: `opts.chains` steppers timed together.
+fn train_row(
+    opts: &TrainBenchOptions,
+    ds: &crate::data::Dataset,
+    spec: &ModelSpec,
+    batch: usize,
+    kind: SamplerKind,
+) -> Result<TrainBench> {
+    let n = ds.train.len();
+    let mut config = kind.defaults();
+    config.integrator = opts.integrator;
+    let chains = opts.chains.max(1);
+    let mut steppers = Vec::with_capacity(chains);
+    let mut flop = 0.0;
+    for k in 0..chains {
+        let seed = crate::rng::chain_seed(0, k);
+        let (stepper, step) =
+            bench_stepper(spec, ds, config, (opts.kernel, opts.backward), seed, batch)?;
+        if k == 0 {
+            flop = step;
+        }
+        steppers.push(std::sync::Mutex::new((stepper, 0usize)));
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let mut order: Vec<usize> = (0..n).collect();
+    order.shuffle(&mut rng);
+    let steps = (opts.steps * 100 / batch).max(10);
+    let one = |(stepper, cursor): &mut (Stepper, usize)| -> Result<()> {
+        for _ in 0..steps {
+            if *cursor + batch > n {
+                *cursor = 0;
+            }
+            stepper.step(&ds.train, None, &order[*cursor..*cursor + batch], None)?;
+            *cursor += batch;
+        }
+        Ok(())
+    };
+    let run = || -> Result<()> {
+        if chains == 1 {
+            let mut s = steppers[0].lock().map_err(|_| poisoned())?;
+            return one(&mut s);
+        }
+        // One chain per pool job: each chain's own products then run serially.
+        let failed = std::sync::Mutex::new(None);
+        crate::pool::run(chains, &|k| {
+            let result = steppers[k]
+                .lock()
+                .map_err(|_| poisoned())
+                .and_then(|mut s| one(&mut s));
+            if let (Err(e), Ok(mut f)) = (result, failed.lock()) {
+                *f = Some(e);
+            }
+        });
+        match failed.into_inner().ok().flatten() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    };
+    let secs = time(opts.repeats, run)?;
+    let backward = steppers[0].lock().map_err(|_| poisoned())?.0.backward;
+    let steps = steps * chains;
+    let sps = steps as f64 / secs;
+    Ok(TrainBench {
+        model: spec.label(),
+        batch,
+        sampler: kind.name().to_string(),
+        integrator: config.integrator,
+        backward,
+        kernel: opts.kernel,
+        isa: crate::kernels::isa::current().name().to_string(),
+        threads: crate::pool::threads(),
+        steps_per_second: sps,
+        images_per_second: sps * batch as f64,
+        ms_per_step: 1e3 / sps,
+        flop_per_step: flop,
+        gflop_per_second: flop * sps / 1e9,
+        repeats: opts.repeats,
+        steps_per_repeat: steps,
+        chains,
+    })
 }
 
 /// The stepper of one benchmark chain of `spec` at `batch` on `ds`'s training images

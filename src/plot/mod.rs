@@ -62,99 +62,176 @@ pub fn plot_run(run_dir: &Path, out: Option<&Path>) -> Result<PlotReport> {
     let manifest = crate::checkpoint::RunManifest::read(run_dir)?;
     let hmc = manifest.settings.sampler.kind == crate::sampler::SamplerKind::Hmc;
 
-    let mut figures = Vec::new();
-    let mut skipped = Vec::new();
-    if hmc {
-        // Its metrics.jsonl has a line per iteration (acceptance, ε, ΔH), not per epoch.
-        skipped.push(
-            "learning_curves, dynamics: an HMC run (metrics.jsonl: one line per iteration)".into(),
-        );
-    } else {
-        let epochs = read_epochs(&chains[0].join(crate::checkpoint::files::METRICS))?;
-        figures.push(learning_curves(&epochs));
-        let diagnostics_path = chains[0].join(crate::checkpoint::files::DIAGNOSTICS);
-        let watched: Vec<crate::train::diagnostics::DiagnosticRecord> =
-            match diagnostics_path.is_file() {
-                true => read_jsonl(&diagnostics_path)?,
-                false => Vec::new(),
-            };
-        figures.push(dynamics(&epochs, &watched));
-    }
-    let progress = match &evaluated {
-        Some(e) if !e.progress.is_empty() => e.progress.clone(),
-        _ => summary.progress.clone(),
-    };
-    match progress.is_empty() {
-        true => skipped.push("ensemble_size: the run kept no samples".into()),
-        false => figures.push(ensemble_size(&progress)),
-    }
-    match evaluated
-        .as_ref()
-        .and_then(|e| e.uncertainty.clone())
-        .or(summary.uncertainty.clone())
-    {
-        Some(u) => figures.push(reliability(&u.reliability, summary.ensemble.map(|m| m.ece))),
-        None => skipped
-            .push("reliability: no uncertainty in summary.json; run `bnn eval --run RUN`".into()),
-    }
-    if summary.replica_exchange.is_some() {
-        // Its chain-0 is the T = 1 samples, not a chain of its own.
-        skipped.push("chains: a replica-exchange run (see replicas)".into());
-    } else if hmc {
-        skipped.push("chains: an HMC run (its R-hat is in summary.json)".into());
-    } else if chains.len() > 1 {
-        let traces = chains
-            .iter()
-            .map(|d| read_epochs(&d.join(crate::checkpoint::files::METRICS)))
-            .collect::<Result<Vec<_>>>()?;
-        figures.push(chain_traces(&traces, &summary));
-    } else {
-        skipped.push("chains: a single-chain run (`--chains K` draws each chain)".into());
-    }
+    let mut p = Pictures::default();
+    p.training(&chains, hmc)?;
+    p.ensemble(&summary, evaluated.as_ref());
+    p.chains(&chains, &summary, hmc)?;
     match &summary.replica_exchange {
-        Some(r) => figures.push(replicas(r, run_dir)?),
-        None => {
-            skipped.push("replicas: not a replica-exchange run (`--sampler renhd|reld`)".into())
-        }
+        Some(r) => p.figures.push(replicas(r, run_dir)?),
+        None => p
+            .skipped
+            .push("replicas: not a replica-exchange run (`--sampler renhd|reld`)".into()),
     }
-    match optional_json::<ShiftReport>(&eval_dir.join("shift-rotate.json"))? {
-        Some(s) => figures.push(rotation(&s)),
-        None => skipped.push(
-            "rotation: no eval/shift-rotate.json; run `bnn eval --run RUN --shift rotate`".into(),
-        ),
-    }
-    let mut oods = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(&eval_dir) {
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with("ood-") && name.ends_with(".json") {
-                oods.push(e.path());
-            }
-        }
-    }
-    oods.sort();
-    if oods.is_empty() {
-        skipped.push("ood: no eval/ood-*.json; run `bnn eval --run RUN --ood-dataset NAME`".into());
-    }
-    for path in oods {
-        figures.push(ood(&read_json::<OodReport>(&path)?));
-    }
+    p.evaluations(&eval_dir)?;
     match regression_band(run_dir)? {
-        Ok(f) => figures.push(f),
-        Err(why) => skipped.push(format!("regression_band: {why}")),
+        Ok(f) => p.figures.push(f),
+        Err(why) => p.skipped.push(format!("regression_band: {why}")),
     }
     let mut written = Vec::new();
-    for f in &figures {
-        for p in render::write(f, &out_dir)? {
-            written.push(p.display().to_string());
+    for f in &p.figures {
+        for path in render::write(f, &out_dir)? {
+            written.push(path.display().to_string());
         }
     }
     Ok(PlotReport {
         run_dir: run_dir.display().to_string(),
         out_dir: out_dir.display().to_string(),
         written,
-        skipped,
+        skipped: p.skipped,
     })
+}
+
+/// The pictures a run has data for, and why each other one is not drawn.
+#[derive(Default)]
+struct Pictures {
+    figures: Vec<Figure>,
+    skipped: Vec<String>,
+}
+
+impl Pictures {
+    /// The learning curves and the sampler's dynamics, from the first chain's lines.
+    fn training(&mut self, chains: &[PathBuf], hmc: bool) -> Result<()> {
+        if hmc {
+            // Its metrics.jsonl has a line per iteration (acceptance, ε, ΔH), not per epoch.
+            self.skipped.push(
+                "learning_curves, dynamics: an HMC run (metrics.jsonl: one line per iteration)"
+                    .into(),
+            );
+            return Ok(());
+        }
+        let epochs = read_epochs(&chains[0].join(crate::checkpoint::files::METRICS))?;
+        self.figures.push(learning_curves(&epochs));
+        let diagnostics_path = chains[0].join(crate::checkpoint::files::DIAGNOSTICS);
+        let watched: Vec<crate::train::diagnostics::DiagnosticRecord> =
+            match diagnostics_path.is_file() {
+                true => read_jsonl(&diagnostics_path)?,
+                false => Vec::new(),
+            };
+        self.figures.push(dynamics(&epochs, &watched));
+        Ok(())
+    }
+
+    /// The ensemble's size curve and reliability, from `bnn eval`'s report if there is
+    /// one, else from the summary.
+    fn ensemble(&mut self, summary: &SummaryView, evaluated: Option<&EvalReport>) {
+        let progress = match evaluated {
+            Some(e) if !e.progress.is_empty() => e.progress.clone(),
+            _ => summary.progress.clone(),
+        };
+        match progress.is_empty() {
+            true => self
+                .skipped
+                .push("ensemble_size: the run kept no samples".into()),
+            false => self.figures.push(ensemble_size(&progress)),
+        }
+        match evaluated
+            .and_then(|e| e.uncertainty.clone())
+            .or(summary.uncertainty.clone())
+        {
+            Some(u) => self
+                .figures
+                .push(reliability(&u.reliability, summary.ensemble.map(|m| m.ece))),
+            None => self.skipped.push(
+                "reliability: no uncertainty in summary.json; run `bnn eval --run RUN`".into(),
+            ),
+        }
+    }
+
+    /// Each chain's trace, for a run of several minibatch chains.
+    fn chains(&mut self, chains: &[PathBuf], summary: &SummaryView, hmc: bool) -> Result<()> {
+        if summary.replica_exchange.is_some() {
+            // Its chain-0 is the T = 1 samples, not a chain of its own.
+            self.skipped
+                .push("chains: a replica-exchange run (see replicas)".into());
+        } else if hmc {
+            self.skipped
+                .push("chains: an HMC run (its R-hat is in summary.json)".into());
+        } else if chains.len() > 1 {
+            let traces = chains
+                .iter()
+                .map(|d| read_epochs(&d.join(crate::checkpoint::files::METRICS)))
+                .collect::<Result<Vec<_>>>()?;
+            self.figures.push(chain_traces(&traces, summary));
+        } else {
+            self.skipped
+                .push("chains: a single-chain run (`--chains K` draws each chain)".into());
+        }
+        Ok(())
+    }
+
+    /// What `bnn eval` wrote: the rotated test sets and each out-of-distribution set.
+    fn evaluations(&mut self, eval_dir: &Path) -> Result<()> {
+        match optional_json::<ShiftReport>(&eval_dir.join("shift-rotate.json"))? {
+            Some(s) => self.figures.push(rotation(&s)),
+            None => self.skipped.push(
+                "rotation: no eval/shift-rotate.json; run `bnn eval --run RUN --shift rotate`"
+                    .into(),
+            ),
+        }
+        let mut oods = Vec::new();
+        if let Ok(entries) = std::fs::read_dir(eval_dir) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with("ood-") && name.ends_with(".json") {
+                    oods.push(e.path());
+                }
+            }
+        }
+        oods.sort();
+        if oods.is_empty() {
+            self.skipped.push(
+                "ood: no eval/ood-*.json; run `bnn eval --run RUN --ood-dataset NAME`".into(),
+            );
+        }
+        for path in oods {
+            self.figures.push(ood(&read_json::<OodReport>(&path)?));
+        }
+        Ok(())
+    }
+}
+
+/// A panel of the predictive mean `centre` on `grid` with its ±2σ band (σ = `sd`) over
+/// the training `data`.
+fn band_panel(
+    title: &str,
+    grid: &[f64],
+    (centre, sd): (&[f64], &[f64]),
+    data: &[(f64, f64)],
+) -> Panel {
+    let upper = grid
+        .iter()
+        .zip(centre.iter().zip(sd))
+        .map(|(&x, (c, d))| (x, c + 2.0 * d));
+    let lower = grid
+        .iter()
+        .zip(centre.iter().zip(sd))
+        .map(|(&x, (c, d))| (x, c - 2.0 * d));
+    let shade: Vec<(f64, f64)> = upper
+        .collect::<Vec<_>>()
+        .into_iter()
+        .chain(lower.rev())
+        .collect();
+    let line: Vec<(f64, f64)> = grid.iter().copied().zip(centre.iter().copied()).collect();
+    panel(
+        title,
+        "x",
+        "y",
+        vec![
+            Series::new("±2σ", shade, Mark::Band),
+            Series::new("predictive mean", line, Mark::Line),
+            Series::new("training data", data.to_vec(), Mark::Points),
+        ],
+    )
 }
 
 /// The 1-D regression picture: the training data, the ensemble's predictive mean and its
@@ -194,32 +271,8 @@ fn regression_band(run_dir: &Path) -> Result<std::result::Result<Figure, String>
     let out = run_dir.join("eval").join("regression_band.json");
     std::fs::create_dir_all(run_dir.join("eval")).map_err(|e| Error::io(&out, e))?;
     crate::atomic::write_atomic(&out, json.as_bytes())?;
-    let panel_of = |title: &str, centre: &[f64], sd: &[f64]| {
-        let upper = grid
-            .iter()
-            .zip(centre.iter().zip(sd))
-            .map(|(&x, (c, d))| (x, c + 2.0 * d));
-        let lower = grid
-            .iter()
-            .zip(centre.iter().zip(sd))
-            .map(|(&x, (c, d))| (x, c - 2.0 * d));
-        let shade: Vec<(f64, f64)> = upper
-            .collect::<Vec<_>>()
-            .into_iter()
-            .chain(lower.rev())
-            .collect();
-        let line: Vec<(f64, f64)> = grid.iter().copied().zip(centre.iter().copied()).collect();
-        panel(
-            title,
-            "x",
-            "y",
-            vec![
-                Series::new("±2σ", shade, Mark::Band),
-                Series::new("predictive mean", line, Mark::Line),
-                Series::new("training data", data.clone(), Mark::Points),
-            ],
-        )
-    };
+    let panel_of =
+        |title: &str, centre: &[f64], sd: &[f64]| band_panel(title, &grid, (centre, sd), &data);
     // One y range for both, so that the two bands compare by eye.
     let edges = |m: &[f64], sd: &[f64]| -> Vec<f64> {
         m.iter()

@@ -185,19 +185,18 @@ fn extent(values: impl Iterator<Item = f64>) -> (f64, f64) {
     (lo - pad, hi + pad)
 }
 
-fn draw_panel<DB: DrawingBackend>(
-    area: &DrawingArea<DB, Shift>,
-    panel: &Panel,
-) -> std::result::Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+/// The panel's x and y ranges: its points with a margin, a bar's width, and zero under
+/// bars; the y range given if any.
+fn ranges(panel: &Panel) -> ((f64, f64), (f64, f64)) {
     let half_bar = |s: &Series| match s.mark {
         Mark::Bars(w) => w / 2.0,
         _ => 0.0,
     };
-    let (x0, x1) = extent(panel.series.iter().flat_map(|s| {
+    let x = extent(panel.series.iter().flat_map(|s| {
         let h = half_bar(s);
         s.points.iter().flat_map(move |p| [p.0 - h, p.0 + h])
     }));
-    let (y0, y1) = panel.y_range.unwrap_or_else(|| {
+    let y = panel.y_range.unwrap_or_else(|| {
         let bars = panel.series.iter().any(|s| matches!(s.mark, Mark::Bars(_)));
         let (lo, hi) = extent(
             panel
@@ -212,6 +211,14 @@ fn draw_panel<DB: DrawingBackend>(
             (lo, hi)
         }
     });
+    (x, y)
+}
+
+fn draw_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    panel: &Panel,
+) -> std::result::Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let ((x0, x1), (y0, y1)) = ranges(panel);
     let mut chart = ChartBuilder::on(area)
         .caption(&panel.title, ("sans-serif", 20))
         .margin(12)

@@ -331,21 +331,9 @@ pub struct StackedEvaluation {
     pub grads: Vec<Tensor>,
 }
 
-/// [`Potential::evaluate`] of K chains in one computation: chain k's network is row k of
-/// `model`, its minibatch row k of `x` (K, B, input_dim) and of `y` (K, B: class indices
-/// as u32, or a regression's standardised targets as f32), its potential `potentials[k]`
-/// (its own prior precisions and noise precision; one temperature for all). Autograd runs
-/// once on Σ_k N·NLL_k: the chains share no parameter, so the gradient's row k is chain
-/// k's alone, and the prior's λ_k θ_k and the 1/T are added after, as in
-/// [`Potential::evaluate`], so that row k matches the chain evaluated by itself up to the
-/// summation order of the batched products.
-pub fn evaluate_stacked(
-    potentials: &[&Potential],
-    model: &crate::model::stacked::Stacked,
-    x: &Tensor,
-    y: &Tensor,
-) -> Result<StackedEvaluation> {
-    let k = model.chains;
+/// The first of `k` stacked chains' potentials, once they are checked to be `k` and to
+/// share the temperature and the data set size.
+fn shared_potential<'a>(potentials: &[&'a Potential], k: usize) -> Result<&'a Potential> {
     let first = potentials
         .first()
         .filter(|_| potentials.len() == k)
@@ -363,6 +351,25 @@ pub fn evaluate_stacked(
             "stacked chains share one temperature and one dataset".into(),
         ));
     }
+    Ok(first)
+}
+
+/// [`Potential::evaluate`] of K chains in one computation: chain k's network is row k of
+/// `model`, its minibatch row k of `x` (K, B, input_dim) and of `y` (K, B: class indices
+/// as u32, or a regression's standardised targets as f32), its potential `potentials[k]`
+/// (its own prior precisions and noise precision; one temperature for all). Autograd runs
+/// once on Σ_k N·NLL_k: the chains share no parameter, so the gradient's row k is chain
+/// k's alone, and the prior's λ_k θ_k and the 1/T are added after, as in
+/// [`Potential::evaluate`], so that row k matches the chain evaluated by itself up to the
+/// summation order of the batched products.
+pub fn evaluate_stacked(
+    potentials: &[&Potential],
+    model: &crate::model::stacked::Stacked,
+    x: &Tensor,
+    y: &Tensor,
+) -> Result<StackedEvaluation> {
+    let k = model.chains;
+    let first = shared_potential(potentials, k)?;
     let dev = x.device();
     let per_chain = |f: &dyn Fn(&Potential) -> f64| -> Result<Tensor> {
         let v: Vec<f32> = potentials.iter().map(|p| f(p) as f32).collect();

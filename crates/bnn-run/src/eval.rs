@@ -306,6 +306,27 @@ fn evaluate_chain(
     Ok(e)
 }
 
+/// The rotated test sets' report (none without rotations): each angle's pooled
+/// ensemble, from the chains' accumulators `per_angle`.
+fn shift_report(
+    angles: &[f64],
+    per_angle: &[Vec<Accumulator>],
+    samples: usize,
+) -> Result<Option<ShiftReport>> {
+    if angles.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(ShiftReport {
+        shift: "rotate".into(),
+        samples,
+        points: angles
+            .iter()
+            .zip(per_angle)
+            .map(|(&angle, accs)| shift_point(angle, &Accumulator::pooled(accs)?))
+            .collect::<Result<_>>()?,
+    }))
+}
+
 /// Evaluates every sample of the run in `run_dir` on `ds` (and on what `extras` asks).
 pub fn evaluate_run(
     run_dir: &Path,
@@ -365,19 +386,7 @@ pub fn evaluate_run(
         )?),
         None => None,
     };
-    let shift = match rotated.is_empty() {
-        true => None,
-        false => Some(ShiftReport {
-            shift: "rotate".into(),
-            samples: test.samples(),
-            points: extras
-                .rotations
-                .iter()
-                .zip(&rotations)
-                .map(|(&angle, accs)| shift_point(angle, &Accumulator::pooled(accs)?))
-                .collect::<Result<_>>()?,
-        }),
-    };
+    let shift = shift_report(&extras.rotations, &rotations, test.samples())?;
     Ok(EvalReport {
         run_dir: run_dir.display().to_string(),
         dataset: manifest.dataset.clone(),

@@ -285,6 +285,11 @@ impl ModelSpec {
                 self.hidden
             )));
         }
+        self.validate_kind()
+    }
+
+    /// Refuses fields that the spec's kind does not take, or takes otherwise.
+    fn validate_kind(&self) -> Result<()> {
         match self.kind {
             ModelKind::Mlp if !self.conv.is_empty() => Err(Error::Config(
                 "`conv` is for kind = \"cnn\"; an MLP has no convolutions".into(),

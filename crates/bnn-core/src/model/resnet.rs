@@ -108,6 +108,45 @@ pub struct ParamPlan {
     pub init: Init,
 }
 
+/// A convolution named `name` of geometry `g`: its weight, then its bias (no
+/// normalisation) or its FRN's γ, β, τ, appended to `plans`; the layer indexes them.
+fn conv(name: &str, g: ConvGeometry, norm: Norm, plans: &mut Vec<ParamPlan>) -> ConvLayer {
+    let weight = plans.len();
+    let fan_in = g.patch();
+    plans.push(ParamPlan {
+        name: format!("{name}.weight"),
+        shape: vec![g.out_channels, g.in_channels, g.kernel, g.kernel],
+        init: Init::Uniform { fan_in },
+    });
+    let (mut bias, mut frn) = (None, None);
+    match norm {
+        Norm::None => {
+            bias = Some(plans.len());
+            plans.push(ParamPlan {
+                name: format!("{name}.bias"),
+                shape: vec![g.out_channels],
+                init: Init::Uniform { fan_in },
+            });
+        }
+        Norm::Frn => {
+            frn = Some(plans.len());
+            for (what, value) in [("gamma", 1.0), ("beta", 0.0), ("tau", 0.0)] {
+                plans.push(ParamPlan {
+                    name: format!("{name}.frn.{what}"),
+                    shape: vec![g.out_channels],
+                    init: Init::Constant(value),
+                });
+            }
+        }
+    }
+    ConvLayer {
+        geometry: g,
+        weight,
+        bias,
+        frn,
+    }
+}
+
 impl ResnetLayout {
     /// The layers of `spec` (a ResNet) on images of shape `image` with `classes` outputs,
     /// and the parameters to create, in the network's order.
@@ -123,42 +162,6 @@ impl ResnetLayout {
             )));
         }
         let mut plans = Vec::new();
-        let conv = |name: &str, g: ConvGeometry, norm: Norm, plans: &mut Vec<ParamPlan>| {
-            let weight = plans.len();
-            let fan_in = g.patch();
-            plans.push(ParamPlan {
-                name: format!("{name}.weight"),
-                shape: vec![g.out_channels, g.in_channels, g.kernel, g.kernel],
-                init: Init::Uniform { fan_in },
-            });
-            let (mut bias, mut frn) = (None, None);
-            match norm {
-                Norm::None => {
-                    bias = Some(plans.len());
-                    plans.push(ParamPlan {
-                        name: format!("{name}.bias"),
-                        shape: vec![g.out_channels],
-                        init: Init::Uniform { fan_in },
-                    });
-                }
-                Norm::Frn => {
-                    frn = Some(plans.len());
-                    for (what, value) in [("gamma", 1.0), ("beta", 0.0), ("tau", 0.0)] {
-                        plans.push(ParamPlan {
-                            name: format!("{name}.frn.{what}"),
-                            shape: vec![g.out_channels],
-                            init: Init::Constant(value),
-                        });
-                    }
-                }
-            }
-            ConvLayer {
-                geometry: g,
-                weight,
-                bias,
-                frn,
-            }
-        };
         let widths = &spec.stages;
         let stem = conv(
             "stem",
