@@ -248,7 +248,7 @@ impl Potential {
     }
 
     /// [`Potential::evaluate_fast`] and, given a sampler's `step`, its update, each
-    /// parameter tensor as soon as its gradient is final ([`Backprop::loss_and_grad_then`]).
+    /// parameter tensor as soon as its gradient is final ([`Pass::loss_and_grad_then`](crate::engine::backprop::Pass::loss_and_grad_then)).
     pub fn evaluate_fast_then(
         &self,
         backprop: &mut Backprop,

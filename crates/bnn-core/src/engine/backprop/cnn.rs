@@ -20,11 +20,12 @@
 //! their channels (or rows) over the step's two threads. Buffers are allocated once and
 //! grow only when a larger minibatch comes.
 
+use super::Pass;
 use candle_core::Tensor;
 
 use super::mlp::{
     activation_backward, bias_gradient, dense_forward, fc_shapes_match, held, lock_params,
-    prepare_grads, softmax_xent, with_data_mut, BatchLoss, CpuView, Pass,
+    prepare_grads, softmax_xent, with_data_mut, BatchLoss, CpuView, PassInputs,
 };
 use crate::error::{Error, Result};
 use crate::kernels::gemm::{product, Mat, Options, Zeros};
@@ -264,12 +265,6 @@ impl CnnBackprop {
         Ok(bp)
     }
 
-    /// The gradients of the last backward pass, in the model's order (empty before the
-    /// first), overwritten in place by the next.
-    pub fn grads(&self) -> &[Tensor] {
-        &self.grads
-    }
-
     /// Grows the buffers to `rows` (once; no-op afterwards).
     fn reserve(&mut self, rows: usize) {
         if rows <= self.capacity {
@@ -327,14 +322,6 @@ impl CnnBackprop {
         lock_params(model)
     }
 
-    /// Forward pass on `rows` images `x` (row-major); returns the logits (rows × classes).
-    pub fn forward(&mut self, model: &Network, x: &[f32], rows: usize) -> Result<&[f32]> {
-        let views = self.prepare(model, x, rows)?;
-        self.forward_with(&views, x, rows)?;
-        let classes = self.widths[self.widths.len() - 1];
-        Ok(&self.acts[self.acts.len() - 1][..rows * classes])
-    }
-
     fn forward_with(
         &mut self,
         views: &[Option<CpuView<'_>>],
@@ -383,100 +370,13 @@ impl CnnBackprop {
         Ok(())
     }
 
-    /// Forward and backward pass on a minibatch, as [`super::mlp::MlpBackprop::loss_and_grad_then`]:
-    /// the mean NLL and correct count; ∇ = `likelihood_scale`·Σᵢ∇(−log p(yᵢ|xᵢ,θ)) +
-    /// `prior_factor`·`prior_precision[t]`·θ_t into [`CnnBackprop::grads`]; given a
-    /// sampler's `step`, each tensor updated once its gradient is final and θ_t no longer
-    /// read (last layer first). No update when the loss is not finite.
-    #[allow(clippy::too_many_arguments)]
-    pub fn loss_and_grad_then(
-        &mut self,
-        model: &Network,
-        x: &[f32],
-        labels: &[u32],
-        likelihood_scale: f64,
-        prior_precision: &[f64],
-        prior_factor: f64,
-        step: Option<&mut dyn TensorwiseStep>,
-    ) -> Result<BatchLoss> {
-        let rows = labels.len();
-        prepare_grads(model, prior_precision, &mut self.grads)?;
-        let mut views = self.prepare(model, x, rows)?;
-        self.forward_with(&views, x, rows)?;
-        let convs = self.convs.len();
-        let layers = self.widths.len() - 1;
-        let classes = self.widths[layers];
-        let (nll, correct) = softmax_xent(
-            &self.acts[layers - 1][..rows * classes],
-            labels,
-            classes,
-            likelihood_scale as f32,
-            &mut self.delta[..rows * classes],
-        )?;
-
-        let mut step = match step.filter(|_| nll.is_finite()) {
-            Some(s) => Some(crate::kernels::begin(s)?),
-            None => None,
-        };
-        // Updates tensors `ts` once nothing reads them any more.
-        let mut hand_over =
-            |views: &mut Vec<Option<CpuView<'_>>>, grads: &[Tensor], ts: [usize; 2]| {
-                if let Some(step) = step.as_mut() {
-                    for t in ts {
-                        views[t] = None;
-                        step.tensor(t, &model.params[t].var, &grads[t])?;
-                    }
-                }
-                Ok::<(), Error>(())
-            };
-
-        let pass = Pass {
-            model,
-            x,
-            rows,
-            prior_precision,
-            prior_factor,
-            // (The convolutions' per-example gradients are not formed: no noise estimate.)
-            noise_fpc: None,
-        };
-        // The fully connected head.
-        for k in (0..layers).rev() {
-            let t = self.dense_backward(k, &pass, &views)?;
-            hand_over(&mut views, &self.grads, [t, t + 1])?;
-        }
-
-        // Back to the last pooled output, in its (C × B × H_p²) layout.
-        let last = self.convs[convs - 1];
-        let (channels, pp) = (last.out_channels, last.pool_side() * last.pool_side());
-        swap_outer(
-            &self.features_err,
-            &mut self.pooled_err[convs - 1],
-            rows,
-            channels,
-            pp,
-        );
-
-        for l in (0..convs).rev() {
-            self.conv_backward(l, &pass, &views)?;
-            hand_over(&mut views, &self.grads, [2 * l, 2 * l + 1])?;
-        }
-        if let Some(step) = step {
-            step.finish()?;
-        }
-        Ok(BatchLoss {
-            nll: nll / rows.max(1) as f64,
-            correct,
-            sq_error: 0.0,
-        })
-    }
-
     /// Dense layer `k` of the head: ∇W and ∇b (the prior's term added as they are stored)
     /// and the input error for the layer below (for the first: of the flattened features).
     /// Returns the index of its weight tensor.
     fn dense_backward(
         &mut self,
         k: usize,
-        pass: &Pass<'_>,
+        pass: &PassInputs<'_>,
         views: &[Option<CpuView<'_>>],
     ) -> Result<usize> {
         let (rows, convs) = (pass.rows, self.convs.len());
@@ -532,7 +432,7 @@ impl CnnBackprop {
     fn conv_backward(
         &mut self,
         l: usize,
-        pass: &Pass<'_>,
+        pass: &PassInputs<'_>,
         views: &[Option<CpuView<'_>>],
     ) -> Result<()> {
         let rows = pass.rows;
@@ -584,5 +484,108 @@ impl CnnBackprop {
             col2im(cols, &s, rows, &mut before[l - 1]);
         }
         Ok(())
+    }
+}
+
+impl Pass for CnnBackprop {
+    /// The gradients of the last backward pass, in the model's order (empty before the
+    /// first), overwritten in place by the next.
+    fn grads(&self) -> &[Tensor] {
+        &self.grads
+    }
+
+    /// Forward pass on `rows` images `x` (row-major); returns the logits (rows × classes).
+    fn forward(&mut self, model: &Network, x: &[f32], rows: usize) -> Result<&[f32]> {
+        let views = self.prepare(model, x, rows)?;
+        self.forward_with(&views, x, rows)?;
+        let classes = self.widths[self.widths.len() - 1];
+        Ok(&self.acts[self.acts.len() - 1][..rows * classes])
+    }
+
+    /// Forward and backward pass on a minibatch, as [`super::mlp::MlpBackprop::loss_and_grad_then`]:
+    /// the mean NLL and correct count; ∇ = `likelihood_scale`·Σᵢ∇(−log p(yᵢ|xᵢ,θ)) +
+    /// `prior_factor`·`prior_precision[t]`·θ_t into [`CnnBackprop::grads`]; given a
+    /// sampler's `step`, each tensor updated once its gradient is final and θ_t no longer
+    /// read (last layer first). No update when the loss is not finite.
+    #[allow(clippy::too_many_arguments)]
+    fn loss_and_grad_then(
+        &mut self,
+        model: &Network,
+        x: &[f32],
+        labels: &[u32],
+        likelihood_scale: f64,
+        prior_precision: &[f64],
+        prior_factor: f64,
+        step: Option<&mut dyn TensorwiseStep>,
+    ) -> Result<BatchLoss> {
+        let rows = labels.len();
+        prepare_grads(model, prior_precision, &mut self.grads)?;
+        let mut views = self.prepare(model, x, rows)?;
+        self.forward_with(&views, x, rows)?;
+        let convs = self.convs.len();
+        let layers = self.widths.len() - 1;
+        let classes = self.widths[layers];
+        let (nll, correct) = softmax_xent(
+            &self.acts[layers - 1][..rows * classes],
+            labels,
+            classes,
+            likelihood_scale as f32,
+            &mut self.delta[..rows * classes],
+        )?;
+
+        let mut step = match step.filter(|_| nll.is_finite()) {
+            Some(s) => Some(crate::kernels::begin(s)?),
+            None => None,
+        };
+        // Updates tensors `ts` once nothing reads them any more.
+        let mut hand_over =
+            |views: &mut Vec<Option<CpuView<'_>>>, grads: &[Tensor], ts: [usize; 2]| {
+                if let Some(step) = step.as_mut() {
+                    for t in ts {
+                        views[t] = None;
+                        step.tensor(t, &model.params[t].var, &grads[t])?;
+                    }
+                }
+                Ok::<(), Error>(())
+            };
+
+        let pass = PassInputs {
+            model,
+            x,
+            rows,
+            prior_precision,
+            prior_factor,
+            // (The convolutions' per-example gradients are not formed: no noise estimate.)
+            noise_fpc: None,
+        };
+        // The fully connected head.
+        for k in (0..layers).rev() {
+            let t = self.dense_backward(k, &pass, &views)?;
+            hand_over(&mut views, &self.grads, [t, t + 1])?;
+        }
+
+        // Back to the last pooled output, in its (C × B × H_p²) layout.
+        let last = self.convs[convs - 1];
+        let (channels, pp) = (last.out_channels, last.pool_side() * last.pool_side());
+        swap_outer(
+            &self.features_err,
+            &mut self.pooled_err[convs - 1],
+            rows,
+            channels,
+            pp,
+        );
+
+        for l in (0..convs).rev() {
+            self.conv_backward(l, &pass, &views)?;
+            hand_over(&mut views, &self.grads, [2 * l, 2 * l + 1])?;
+        }
+        if let Some(step) = step {
+            step.finish()?;
+        }
+        Ok(BatchLoss {
+            nll: nll / rows.max(1) as f64,
+            correct,
+            sq_error: 0.0,
+        })
     }
 }

@@ -27,6 +27,7 @@
 //! Δₖ·Wₖ is computed first, then ∇Wₖ is completed tile by tile and θ, v updated from the
 //! registers, so that ∇Wₖ is never stored and θ is read once.
 
+use super::Pass;
 use candle_core::{CpuStorage, InplaceOp1, Layout, Storage, Tensor};
 
 use crate::error::{Error, Result};
@@ -389,12 +390,6 @@ impl MlpBackprop {
         })
     }
 
-    /// The gradients of the last [`MlpBackprop::loss_and_grad`], in the model's order
-    /// (empty before the first). They are overwritten in place by the next call.
-    pub fn grads(&self) -> &[Tensor] {
-        &self.grads
-    }
-
     fn check(&self, model: &Network, x: &[f32], rows: usize) -> Result<()> {
         if !fc_shapes_match(model, &self.widths, 0) {
             return Err(Error::Config(
@@ -438,23 +433,6 @@ impl MlpBackprop {
                 d.resize(rows * max_width, 0.0);
             }
         }
-    }
-
-    /// The zero map of the first layer's input, for the gather of the next minibatch to
-    /// record as it writes the rows ([`crate::data::Split::gather_recording`]): the next
-    /// forward pass takes it as the map of its input instead of reading the input again.
-    /// The caller fills it with exactly that input.
-    pub fn next_input_map(&mut self) -> &mut NonZero {
-        self.input_recorded = true;
-        &mut self.input_nonzero
-    }
-
-    /// Forward pass on `rows` inputs `x` (row-major); returns the logits (rows × classes).
-    pub fn forward(&mut self, model: &Network, x: &[f32], rows: usize) -> Result<&[f32]> {
-        let views = self.prepare(model, x, rows)?;
-        self.forward_with(&views, x, rows)?;
-        let classes = *self.widths.last().unwrap_or(&0);
-        Ok(&self.acts[self.acts.len() - 1][..rows * classes])
     }
 
     fn forward_with(
@@ -508,89 +486,6 @@ impl MlpBackprop {
         )
     }
 
-    /// [`MlpBackprop::loss_and_grad`] and, given a sampler's `step`, one whole update of
-    /// it: each parameter tensor t is updated ([`OpenUpdate::tensor`](crate::kernels::OpenUpdate::tensor)) as soon as ∇_t
-    /// is final and the pass no longer reads θ_t (a layer's weights and bias once its input
-    /// error is computed, last layer first), while ∇_t is still in cache; a large weight
-    /// tensor whose update the sampler gives ([`OpenUpdate::inline`](crate::kernels::OpenUpdate::inline)) inside ∇_t's
-    /// product. No update is made when the loss is not finite (the parameters then stay
-    /// as they were).
-    #[allow(clippy::too_many_arguments)]
-    pub fn loss_and_grad_then(
-        &mut self,
-        model: &Network,
-        x: &[f32],
-        labels: &[u32],
-        likelihood_scale: f64,
-        prior_precision: &[f64],
-        prior_factor: f64,
-        step: Option<&mut dyn TensorwiseStep>,
-    ) -> Result<BatchLoss> {
-        let targets = Targets::Classes(labels);
-        let prior = (prior_precision, prior_factor);
-        self.targets_then(model, x, targets, likelihood_scale, prior, step)
-    }
-
-    /// [`MlpBackprop::loss_and_grad_then`] for any task: `targets` are class indices
-    /// (softmax cross-entropy) or real values (Gaussian NLL at their noise precision τ,
-    /// Δ = s·τ·(f − y), one output); `prior` is (λ per tensor, factor).
-    pub fn targets_then(
-        &mut self,
-        model: &Network,
-        x: &[f32],
-        targets: Targets<'_>,
-        likelihood_scale: f64,
-        (prior_precision, prior_factor): (&[f64], f64),
-        step: Option<&mut dyn TensorwiseStep>,
-    ) -> Result<BatchLoss> {
-        let rows = targets.len();
-        prepare_grads(model, prior_precision, &mut self.grads)?;
-        let mut views = self.prepare(model, x, rows)?;
-        self.forward_with(&views, x, rows)?;
-
-        let layers = self.widths.len() - 1;
-        let outputs = self.widths[layers];
-        let out = &self.acts[layers - 1][..rows * outputs];
-        let delta = &mut self.delta[..rows * outputs];
-        let scale = likelihood_scale as f32;
-        let (nll, correct, sq_error) = match targets {
-            Targets::Classes(labels) => {
-                let (nll, correct) = softmax_xent(out, labels, outputs, scale, delta)?;
-                (nll, correct, 0.0)
-            }
-            Targets::Values { y, precision } => {
-                let (nll, sse) = gaussian_error(out, y, precision, scale, delta)?;
-                (nll, 0, sse)
-            }
-        };
-        let mut step = match step.filter(|_| nll.is_finite()) {
-            Some(s) => Some(crate::kernels::begin(s)?),
-            None => None,
-        };
-
-        // N = s·B·T from the likelihood's scale s = N/(B·T) and the prior's factor 1/T.
-        let n = likelihood_scale * rows as f64 / prior_factor;
-        let pass = Pass {
-            model,
-            x,
-            rows,
-            prior_precision,
-            prior_factor,
-            noise_fpc: Some(((n - rows as f64) / (n - 1.0).max(1.0)).max(0.0)),
-        };
-        for k in (0..layers).rev() {
-            self.backward_layer(k, &pass, &mut views, &mut step)?;
-        }
-        if let Some(step) = step {
-            step.finish()?;
-        }
-        Ok(BatchLoss {
-            nll: nll / rows.max(1) as f64,
-            correct,
-            sq_error,
-        })
-    }
-
     /// Layer `k`'s part of the backward pass: ∇W and ∇b (the prior's term added as they
     /// are stored), the input error for the layer below, and the sampler's updates of the
     /// layer's tensors as soon as nothing reads them any more (W inside its gradient's
@@ -598,11 +493,11 @@ impl MlpBackprop {
     fn backward_layer(
         &mut self,
         k: usize,
-        pass: &Pass<'_>,
+        pass: &PassInputs<'_>,
         views: &mut [Option<CpuView<'_>>],
         step: &mut Option<OpenUpdate<'_, dyn TensorwiseStep + '_>>,
     ) -> Result<()> {
-        let Pass {
+        let PassInputs {
             model,
             x,
             rows,
@@ -712,10 +607,124 @@ impl MlpBackprop {
     }
 }
 
+impl Pass for MlpBackprop {
+    fn loss_and_grad_then(
+        &mut self,
+        model: &Network,
+        x: &[f32],
+        labels: &[u32],
+        likelihood_scale: f64,
+        prior_precision: &[f64],
+        prior_factor: f64,
+        step: Option<&mut dyn TensorwiseStep>,
+    ) -> Result<BatchLoss> {
+        let prior = (prior_precision, prior_factor);
+        self.targets_then(
+            model,
+            x,
+            Targets::Classes(labels),
+            likelihood_scale,
+            prior,
+            step,
+        )
+    }
+
+    /// The gradients of the last [`MlpBackprop::loss_and_grad`], in the model's order
+    /// (empty before the first). They are overwritten in place by the next call.
+    fn grads(&self) -> &[Tensor] {
+        &self.grads
+    }
+
+    /// Forward pass on `rows` inputs `x` (row-major); returns the logits (rows × classes).
+    fn forward(&mut self, model: &Network, x: &[f32], rows: usize) -> Result<&[f32]> {
+        let views = self.prepare(model, x, rows)?;
+        self.forward_with(&views, x, rows)?;
+        let classes = *self.widths.last().unwrap_or(&0);
+        Ok(&self.acts[self.acts.len() - 1][..rows * classes])
+    }
+
+    /// [`MlpBackprop::loss_and_grad_then`] for any task: `targets` are class indices
+    /// (softmax cross-entropy) or real values (Gaussian NLL at their noise precision τ,
+    /// Δ = s·τ·(f − y), one output); `prior` is (λ per tensor, factor).
+    fn targets_then(
+        &mut self,
+        model: &Network,
+        x: &[f32],
+        targets: Targets<'_>,
+        likelihood_scale: f64,
+        (prior_precision, prior_factor): (&[f64], f64),
+        step: Option<&mut dyn TensorwiseStep>,
+    ) -> Result<BatchLoss> {
+        let rows = targets.len();
+        prepare_grads(model, prior_precision, &mut self.grads)?;
+        let mut views = self.prepare(model, x, rows)?;
+        self.forward_with(&views, x, rows)?;
+
+        let layers = self.widths.len() - 1;
+        let outputs = self.widths[layers];
+        let out = &self.acts[layers - 1][..rows * outputs];
+        let delta = &mut self.delta[..rows * outputs];
+        let scale = likelihood_scale as f32;
+        let (nll, correct, sq_error) = match targets {
+            Targets::Classes(labels) => {
+                let (nll, correct) = softmax_xent(out, labels, outputs, scale, delta)?;
+                (nll, correct, 0.0)
+            }
+            Targets::Values { y, precision } => {
+                let (nll, sse) = gaussian_error(out, y, precision, scale, delta)?;
+                (nll, 0, sse)
+            }
+        };
+        let mut step = match step.filter(|_| nll.is_finite()) {
+            Some(s) => Some(crate::kernels::begin(s)?),
+            None => None,
+        };
+
+        // N = s·B·T from the likelihood's scale s = N/(B·T) and the prior's factor 1/T.
+        let n = likelihood_scale * rows as f64 / prior_factor;
+        let pass = PassInputs {
+            model,
+            x,
+            rows,
+            prior_precision,
+            prior_factor,
+            noise_fpc: Some(((n - rows as f64) / (n - 1.0).max(1.0)).max(0.0)),
+        };
+        for k in (0..layers).rev() {
+            self.backward_layer(k, &pass, &mut views, &mut step)?;
+        }
+        if let Some(step) = step {
+            step.finish()?;
+        }
+        Ok(BatchLoss {
+            nll: nll / rows.max(1) as f64,
+            correct,
+            sq_error,
+        })
+    }
+
+    /// The zero map of the first layer's input, for the gather of the next minibatch to
+    /// record as it writes the rows ([`crate::data::Split::gather_recording`]): the next
+    /// forward pass takes it as the map of its input instead of reading the input again.
+    /// The caller fills it with exactly that input.
+    fn next_input_map(&mut self) -> Option<&mut NonZero> {
+        self.input_recorded = true;
+        Some(&mut self.input_nonzero)
+    }
+
+    fn set_inline_update(&mut self, on: bool) {
+        self.inline_update = on;
+    }
+
+    fn inline_updates(&self) -> u64 {
+        self.inline_updates
+    }
+}
+
 /// What every layer of one backward pass reads: the model, the minibatch, its size, and
 /// the prior's precisions with their factor.
 #[derive(Clone, Copy)]
-pub(super) struct Pass<'a> {
+pub(super) struct PassInputs<'a> {
     pub model: &'a Network,
     pub x: &'a [f32],
     pub rows: usize,
@@ -744,7 +753,7 @@ pub(super) fn gradient_noise(delta: &[f32], input: &[f32], rows: usize, fpc: f64
     (fpc * weights, fpc * bias)
 }
 
-impl Pass<'_> {
+impl PassInputs<'_> {
     /// The prior's factor times λ of parameter tensor `t`: ∇ of its term.
     pub fn prior(&self, t: usize) -> f32 {
         (self.prior_factor * self.prior_precision[t]) as f32

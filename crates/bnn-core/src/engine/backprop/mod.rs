@@ -7,143 +7,110 @@ pub mod mlp;
 pub mod resnet;
 pub mod resnet_split;
 
-/// The hand-written CPU forward and backward pass of a network: the MLP's or the CNN's.
-#[derive(Debug)]
-pub enum Backprop {
-    /// The MLP's pass.
-    Mlp(mlp::MlpBackprop),
-    /// The CNN's pass.
-    Cnn(cnn::CnnBackprop),
-    /// Boxed: its buffers' bookkeeping is larger than the others'.
-    Resnet(Box<resnet_split::SplitResnet>),
-}
+use candle_core::Tensor;
 
-impl Backprop {
-    /// Buffers for `model` at minibatches of up to `batch` rows.
-    pub fn new(model: &crate::model::Network, batch: usize) -> crate::error::Result<Self> {
-        Ok(if model.resnet.is_some() {
-            Backprop::Resnet(Box::new(resnet_split::SplitResnet::new(model, batch)?))
-        } else if model.convs.is_empty() {
-            Backprop::Mlp(mlp::MlpBackprop::new(model, batch)?)
-        } else {
-            Backprop::Cnn(cnn::CnnBackprop::new(model, batch)?)
-        })
-    }
+use crate::error::{Error, Result};
+use crate::kernels::gemm::NonZero;
+use crate::kernels::TensorwiseStep;
+use crate::likelihood::Targets;
+use crate::model::Network;
+use mlp::BatchLoss;
 
-    /// The gradients of the last backward pass, in the model's order.
-    pub fn grads(&self) -> &[candle_core::Tensor] {
-        match self {
-            Backprop::Mlp(b) => b.grads(),
-            Backprop::Cnn(b) => b.grads(),
-            Backprop::Resnet(b) => b.grads(),
-        }
-    }
+/// A hand-written CPU forward and backward pass of a network, with its reused buffers:
+/// the MLP's, the CNN's or the ResNet's. [`Backprop::new`] picks the one of a model.
+pub trait Pass: std::fmt::Debug + Send {
+    /// The gradients of the last backward pass, in the model's order (empty before the
+    /// first), overwritten in place by the next.
+    fn grads(&self) -> &[Tensor];
 
-    /// Whether the MLP's large weight tensors are updated inside their gradient's product
-    /// ([`mlp::MlpBackprop::inline_update`]; the CNN never does).
-    pub fn set_inline_update(&mut self, on: bool) {
-        if let Backprop::Mlp(b) = self {
-            b.inline_update = on;
-        }
-    }
+    /// Logits of `rows` inputs `x` (row-major), rows × classes.
+    fn forward(&mut self, model: &Network, x: &[f32], rows: usize) -> Result<&[f32]>;
 
-    /// Weight tensors updated inside their gradient's product so far.
-    pub fn inline_updates(&self) -> u64 {
-        match self {
-            Backprop::Mlp(b) => b.inline_updates,
-            Backprop::Cnn(_) | Backprop::Resnet(_) => 0,
-        }
-    }
-
-    /// Logits of `rows` inputs `x` (row-major).
-    pub fn forward(
-        &mut self,
-        model: &crate::model::Network,
-        x: &[f32],
-        rows: usize,
-    ) -> crate::error::Result<&[f32]> {
-        match self {
-            Backprop::Mlp(b) => b.forward(model, x, rows),
-            Backprop::Cnn(b) => b.forward(model, x, rows),
-            Backprop::Resnet(b) => b.forward(model, x, rows),
-        }
-    }
-
-    /// Loss and gradients of a minibatch and, given a sampler's `step`, its update tensor
-    /// by tensor ([`mlp::MlpBackprop::loss_and_grad_then`]).
+    /// Forward and backward pass on a minibatch of class `labels`: the mean NLL and the
+    /// correct count; ∇ = `likelihood_scale`·Σᵢ∇(−log p(yᵢ|xᵢ,θ)) +
+    /// `prior_factor`·`prior_precision[t]`·θ_t into [`Pass::grads`]. Given a sampler's
+    /// `step`, one whole update of it: each parameter tensor t is updated
+    /// ([`OpenUpdate::tensor`](crate::kernels::OpenUpdate::tensor)) as soon as ∇_t is final
+    /// and the pass no longer reads θ_t (last layer first), while ∇_t is still in cache;
+    /// the MLP's large weight tensors inside ∇_t's product where the sampler gives their
+    /// update ([`OpenUpdate::inline`](crate::kernels::OpenUpdate::inline)). No update is
+    /// made when the loss is not finite (the parameters then stay as they were).
     #[allow(clippy::too_many_arguments)]
-    pub fn loss_and_grad_then(
+    fn loss_and_grad_then(
         &mut self,
-        model: &crate::model::Network,
+        model: &Network,
         x: &[f32],
         labels: &[u32],
         likelihood_scale: f64,
         prior_precision: &[f64],
         prior_factor: f64,
-        step: Option<&mut dyn crate::kernels::TensorwiseStep>,
-    ) -> crate::error::Result<mlp::BatchLoss> {
-        match self {
-            Backprop::Mlp(b) => b.loss_and_grad_then(
-                model,
-                x,
-                labels,
-                likelihood_scale,
-                prior_precision,
-                prior_factor,
-                step,
-            ),
-            Backprop::Cnn(b) => b.loss_and_grad_then(
-                model,
-                x,
-                labels,
-                likelihood_scale,
-                prior_precision,
-                prior_factor,
-                step,
-            ),
-            Backprop::Resnet(b) => b.loss_and_grad_then(
-                model,
-                x,
-                labels,
-                likelihood_scale,
-                prior_precision,
-                prior_factor,
-                step,
-            ),
-        }
-    }
+        step: Option<&mut dyn TensorwiseStep>,
+    ) -> Result<BatchLoss>;
 
-    /// The first layer's zero map for the next minibatch's gather to record
-    /// ([`mlp::MlpBackprop::next_input_map`]); none where the pass keeps no map (the
-    /// convolutional networks).
-    pub fn next_input_map(&mut self) -> Option<&mut crate::kernels::gemm::NonZero> {
-        match self {
-            Backprop::Mlp(b) => Some(b.next_input_map()),
-            _ => None,
-        }
-    }
-
-    /// [`Backprop::loss_and_grad_then`] for any task's targets; real-valued targets (a
-    /// Gaussian likelihood) need the MLP's pass.
-    pub fn targets_then(
+    /// [`Pass::loss_and_grad_then`] for any task's targets; `prior` is (λ per tensor,
+    /// factor). Real-valued targets (a Gaussian likelihood) need the MLP's pass.
+    fn targets_then(
         &mut self,
-        model: &crate::model::Network,
+        model: &Network,
         x: &[f32],
-        targets: crate::likelihood::Targets<'_>,
+        targets: Targets<'_>,
         likelihood_scale: f64,
         prior: (&[f64], f64),
-        step: Option<&mut dyn crate::kernels::TensorwiseStep>,
-    ) -> crate::error::Result<mlp::BatchLoss> {
-        use crate::likelihood::Targets;
-        match (self, targets) {
-            (Backprop::Mlp(b), t) => b.targets_then(model, x, t, likelihood_scale, prior, step),
-            (b, Targets::Classes(labels)) => {
-                b.loss_and_grad_then(model, x, labels, likelihood_scale, prior.0, prior.1, step)
+        step: Option<&mut dyn TensorwiseStep>,
+    ) -> Result<BatchLoss> {
+        match targets {
+            Targets::Classes(labels) => {
+                self.loss_and_grad_then(model, x, labels, likelihood_scale, prior.0, prior.1, step)
             }
-            (_, Targets::Values { .. }) => Err(crate::error::Error::Config(
+            Targets::Values { .. } => Err(Error::Config(
                 "regression runs on an MLP (--hidden); the convolutional networks classify images"
                     .into(),
             )),
         }
+    }
+
+    /// The first layer's zero map for the next minibatch's gather to record; none where
+    /// the pass keeps no map (the convolutional networks).
+    fn next_input_map(&mut self) -> Option<&mut NonZero> {
+        None
+    }
+
+    /// Whether large weight tensors are updated inside their gradient's product (the
+    /// MLP's; the others never are).
+    fn set_inline_update(&mut self, _on: bool) {}
+
+    /// Weight tensors updated inside their gradient's product so far.
+    fn inline_updates(&self) -> u64 {
+        0
+    }
+}
+
+/// The hand-written pass of a model, chosen by its kind; it derefs to [`Pass`].
+#[derive(Debug)]
+pub struct Backprop(Box<dyn Pass>);
+
+impl Backprop {
+    /// Buffers for `model` at minibatches of up to `batch` rows.
+    pub fn new(model: &Network, batch: usize) -> Result<Self> {
+        Ok(Backprop(if model.resnet.is_some() {
+            Box::new(resnet_split::SplitResnet::new(model, batch)?)
+        } else if model.convs.is_empty() {
+            Box::new(mlp::MlpBackprop::new(model, batch)?)
+        } else {
+            Box::new(cnn::CnnBackprop::new(model, batch)?)
+        }))
+    }
+}
+
+impl std::ops::Deref for Backprop {
+    type Target = dyn Pass;
+    fn deref(&self) -> &Self::Target {
+        self.0.as_ref()
+    }
+}
+
+impl std::ops::DerefMut for Backprop {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.0.as_mut()
     }
 }

@@ -11,6 +11,7 @@
 //! of threads (one thread runs the halves one after the other), so that the sums, and so
 //! the samples, do not depend on the thread count.
 
+use super::Pass;
 use candle_core::Tensor;
 use std::sync::Mutex;
 
@@ -54,12 +55,6 @@ impl SplitResnet {
         })
     }
 
-    /// The gradients of the last backward pass, in the model's order (empty before the
-    /// first), overwritten in place by the next.
-    pub fn grads(&self) -> &[Tensor] {
-        &self.grads
-    }
-
     /// Runs `f` on each part's pass, its rows and its slice of `x`, side by side.
     fn on_parts<R: Send>(
         &self,
@@ -89,9 +84,17 @@ impl SplitResnet {
             })
             .collect()
     }
+}
+
+impl Pass for SplitResnet {
+    /// The gradients of the last backward pass, in the model's order (empty before the
+    /// first), overwritten in place by the next.
+    fn grads(&self) -> &[Tensor] {
+        &self.grads
+    }
 
     /// Forward pass on `rows` images `x`; returns the logits (rows × classes).
-    pub fn forward(&mut self, model: &Network, x: &[f32], rows: usize) -> Result<&[f32]> {
+    fn forward(&mut self, model: &Network, x: &[f32], rows: usize) -> Result<&[f32]> {
         let logits = self.on_parts(x, rows, |half, r, x| {
             Ok(half.forward(model, x, r.len())?.to_vec())
         })?;
@@ -104,7 +107,7 @@ impl SplitResnet {
     /// whole minibatch's scale, summed, plus the prior's term once; then, given a
     /// sampler's `step`, every tensor updated (the loss finite).
     #[allow(clippy::too_many_arguments)]
-    pub fn loss_and_grad_then(
+    fn loss_and_grad_then(
         &mut self,
         model: &Network,
         x: &[f32],
