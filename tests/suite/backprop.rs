@@ -2,6 +2,7 @@
 //! against central finite differences.
 
 use bnn::engine::backprop::Backprop;
+use bnn::likelihood::Targets;
 use bnn::model::{Activation, ModelKind, ModelSpec, Network};
 use bnn::potential::{Potential, Prior, PriorSpec};
 use candle_core::{Device, Tensor};
@@ -86,7 +87,9 @@ fn custom_backward_equals_autograd() {
         let mut bp = Backprop::new(&m, 13).unwrap();
         for (rows, seed) in [(13, 1), (5, 2), (40, 3)] {
             let (x, y) = batch(rows, seed);
-            let fast = pot.evaluate_fast(&mut bp, &m, &x, &y).unwrap();
+            let fast = bp
+                .evaluate_then(&pot, &m, &x, Targets::Classes(&y), None)
+                .unwrap();
             let xt = Tensor::from_slice(&x, (rows, DIM), &Device::Cpu).unwrap();
             let yt = Tensor::from_slice(&y, rows, &Device::Cpu).unwrap();
             let reference = pot.evaluate(&m, &xt, &yt).unwrap();
@@ -134,8 +137,8 @@ fn gaussian_custom_backward_equals_autograd() {
         let mut bp = Backprop::new(&m, 13).unwrap();
         let (x, _) = batch(13, 6);
         let y: Vec<f32> = (0..13).map(|i| (i as f32 * 0.37).sin()).collect();
-        let fast = pot
-            .evaluate_targets_then(&mut bp, &m, &x, pot.targets(&[], &y), None)
+        let fast = bp
+            .evaluate_then(&pot, &m, &x, pot.targets(&[], &y), None)
             .unwrap();
         let xt = Tensor::from_slice(&x, (13, DIM), &Device::Cpu).unwrap();
         let yt = Tensor::from_slice(&y, 13, &Device::Cpu).unwrap();
@@ -208,7 +211,8 @@ fn tempered_potential(
 fn check_finite_differences(m: &Network, x: &[f32], y: &[u32], h: f32) {
     let pot = potential(m, 20);
     let mut bp = Backprop::new(m, y.len()).unwrap();
-    pot.evaluate_fast(&mut bp, m, x, y).unwrap();
+    bp.evaluate_then(&pot, m, x, Targets::Classes(y), None)
+        .unwrap();
     let grads: Vec<Vec<f32>> = bp.grads().iter().map(flat).collect();
     let mut checked = 0;
     for (t, p) in m.params.iter().enumerate() {
@@ -256,11 +260,14 @@ fn repeated_steps_overwrite_rather_than_accumulate() {
     let pot = potential(&m, 100);
     let mut bp = Backprop::new(&m, 7).unwrap();
     let (x, y) = batch(7, 1);
-    pot.evaluate_fast(&mut bp, &m, &x, &y).unwrap();
+    bp.evaluate_then(&pot, &m, &x, Targets::Classes(&y), None)
+        .unwrap();
     let first: Vec<Vec<f32>> = bp.grads().iter().map(flat).collect();
     let (x2, y2) = batch(7, 2);
-    pot.evaluate_fast(&mut bp, &m, &x2, &y2).unwrap();
-    pot.evaluate_fast(&mut bp, &m, &x, &y).unwrap();
+    bp.evaluate_then(&pot, &m, &x2, Targets::Classes(&y2), None)
+        .unwrap();
+    bp.evaluate_then(&pot, &m, &x, Targets::Classes(&y), None)
+        .unwrap();
     let again: Vec<Vec<f32>> = bp.grads().iter().map(flat).collect();
     assert_eq!(first, again);
 }
@@ -271,12 +278,18 @@ fn mismatched_inputs_are_errors() {
     let pot = potential(&m, 100);
     let mut bp = Backprop::new(&m, 7).unwrap();
     let (x, y) = batch(7, 1);
-    assert!(pot.evaluate_fast(&mut bp, &m, &x[1..], &y).is_err());
+    assert!(bp
+        .evaluate_then(&pot, &m, &x[1..], Targets::Classes(&y), None)
+        .is_err());
     let bad_label = vec![CLASSES as u32; 7];
-    let e = pot.evaluate_fast(&mut bp, &m, &x, &bad_label).unwrap_err();
+    let e = bp
+        .evaluate_then(&pot, &m, &x, Targets::Classes(&bad_label), None)
+        .unwrap_err();
     assert!(e.to_string().contains("out of range"), "{e}");
     let other = net(&[11], Activation::Relu, 2);
-    assert!(pot.evaluate_fast(&mut bp, &other, &x, &y).is_err());
+    assert!(bp
+        .evaluate_then(&pot, &other, &x, Targets::Classes(&y), None)
+        .is_err());
 }
 
 /// The flattened gradients of the custom backward and of autograd on (x, y), 784 inputs
@@ -287,7 +300,8 @@ fn both_gradients(m: &Network, x: &[f32], y: &[u32]) -> Vec<(Vec<f32>, Vec<f32>)
     prior.precisions = (0..m.params.len()).map(|i| 3.0 + 7.0 * i as f64).collect();
     let (pot, rows) = (Potential::new(60_000, 1.0, prior).unwrap(), y.len());
     let mut bp = Backprop::new(m, rows).unwrap();
-    pot.evaluate_fast(&mut bp, m, x, y).unwrap();
+    bp.evaluate_then(&pot, m, x, Targets::Classes(y), None)
+        .unwrap();
     let xt = Tensor::from_slice(x, (rows, 784), &Device::Cpu).unwrap();
     let yt = Tensor::from_slice(y, rows, &Device::Cpu).unwrap();
     let reference = pot.evaluate(m, &xt, &yt).unwrap();
@@ -588,7 +602,9 @@ fn cnn_backward_equals_autograd() {
         let mut bp = Backprop::new(&m, 9).unwrap();
         for (rows, seed) in [(9, 1), (4, 2), (23, 3)] {
             let (x, y) = inputs(rows, side * side, seed);
-            let fast = pot.evaluate_fast(&mut bp, &m, &x, &y).unwrap();
+            let fast = bp
+                .evaluate_then(&pot, &m, &x, Targets::Classes(&y), None)
+                .unwrap();
             let xt = Tensor::from_slice(&x, (rows, side * side), &Device::Cpu).unwrap();
             let yt = Tensor::from_slice(&y, rows, &Device::Cpu).unwrap();
             let reference = pot.evaluate(&m, &xt, &yt).unwrap();

@@ -3,6 +3,7 @@
 //! differences, which check candle's strided convolution backward too.
 
 use bnn::engine::backprop::Backprop;
+use bnn::likelihood::Targets;
 use bnn::model::resnet::Norm;
 use bnn::model::{Activation, ModelKind, ModelSpec, Network};
 use bnn::potential::{Potential, Prior, PriorSpec};
@@ -98,7 +99,9 @@ fn check_against_autograd(m: &Network, image: [usize; 3], rows: &[usize]) {
     let mut bp = Backprop::new(m, rows[0]).unwrap();
     for (i, &n) in rows.iter().enumerate() {
         let (x, y) = images(n, image, 7 + i as u64);
-        let fast = pot.evaluate_fast(&mut bp, m, &x, &y).unwrap();
+        let fast = bp
+            .evaluate_then(&pot, m, &x, Targets::Classes(&y), None)
+            .unwrap();
         let xt = Tensor::from_slice(&x, (n, dim), &Device::Cpu).unwrap();
         let yt = Tensor::from_slice(&y, n, &Device::Cpu).unwrap();
         let reference = pot.evaluate(m, &xt, &yt).unwrap();
@@ -187,7 +190,8 @@ fn finite_differences(norm: Norm, act: Activation) {
     let pot = potential(&m);
     let (x, y) = images(3, image, 11);
     let mut bp = Backprop::new(&m, 3).unwrap();
-    pot.evaluate_fast(&mut bp, &m, &x, &y).unwrap();
+    bp.evaluate_then(&pot, &m, &x, Targets::Classes(&y), None)
+        .unwrap();
     let grads: Vec<Vec<f32>> = bp.grads().iter().map(flat).collect();
     // Ũ/T = (N/n·Σ NLL + Σ λ‖θ‖²/2)/T, the NLL in f64 from the logits (the f32 loss's
     // rounding, ~1e-7 of U ≈ 3,000, would be 0.015 of a difference over 2h).

@@ -11,8 +11,6 @@ use rand::SeedableRng;
 use rand_distr::Distribution;
 use serde::{Deserialize, Serialize};
 
-use crate::engine::backprop::mlp::BatchLoss;
-use crate::engine::backprop::Backprop;
 use crate::error::{Error, Result};
 use crate::likelihood::{Likelihood, Targets, HALF_LOG_2PI};
 use crate::model::Network;
@@ -233,53 +231,6 @@ impl Potential {
     /// s = N/(|S|·T): the factor on Σ_{i∈S} ∇(−log p(yᵢ|xᵢ,θ)) in ∇Ũ/T.
     pub fn likelihood_scale(&self, batch: usize) -> f64 {
         self.n_data as f64 / (batch as f64 * self.temperature)
-    }
-
-    /// The same gradient as [`Potential::evaluate`] by the hand-written CPU backward: the
-    /// gradients land in `backprop.grads()`; `x` is the minibatch, row-major.
-    pub fn evaluate_fast(
-        &self,
-        backprop: &mut Backprop,
-        model: &Network,
-        x: &[f32],
-        y: &[u32],
-    ) -> Result<BatchLoss> {
-        self.evaluate_fast_then(backprop, model, x, y, None)
-    }
-
-    /// [`Potential::evaluate_fast`] and, given a sampler's `step`, its update, each
-    /// parameter tensor as soon as its gradient is final ([`Pass::loss_and_grad_then`](crate::engine::backprop::Pass::loss_and_grad_then)).
-    pub fn evaluate_fast_then(
-        &self,
-        backprop: &mut Backprop,
-        model: &Network,
-        x: &[f32],
-        y: &[u32],
-        step: Option<&mut dyn crate::kernels::TensorwiseStep>,
-    ) -> Result<BatchLoss> {
-        backprop.loss_and_grad_then(
-            model,
-            x,
-            y,
-            self.likelihood_scale(y.len()),
-            &self.prior.precisions,
-            1.0 / self.temperature,
-            step,
-        )
-    }
-
-    /// [`Potential::evaluate_fast_then`] for any task's targets ([`Potential::targets`]).
-    pub fn evaluate_targets_then(
-        &self,
-        backprop: &mut Backprop,
-        model: &Network,
-        x: &[f32],
-        targets: Targets<'_>,
-        step: Option<&mut dyn crate::kernels::TensorwiseStep>,
-    ) -> Result<BatchLoss> {
-        let prior = (&self.prior.precisions[..], 1.0 / self.temperature);
-        let scale = self.likelihood_scale(targets.len());
-        backprop.targets_then(model, x, targets, scale, prior, step)
     }
 
     /// Gradient of the tempered minibatch potential: autograd on the likelihood term

@@ -1,9 +1,9 @@
 //! One training update (gather, forward, backward, sampler step) with its reused buffers.
 
-use candle_core::{Device, Tensor, Var};
+use candle_core::{Device, Var};
 
 use crate::backprop::mlp::BatchLoss;
-use crate::backprop::Backprop;
+use crate::backprop::{pass_for, Pass};
 use crate::data::augment::{self, Augment};
 use crate::data::Split;
 use crate::error::Result;
@@ -23,7 +23,8 @@ pub struct Stepper {
     pub sampler: Box<dyn Sampler>,
     /// The gradient implementation in use (`auto` resolved).
     pub backward: Backward,
-    backprop: Option<Backprop>,
+    /// The forward and backward pass (`backward`'s).
+    pass: Box<dyn Pass>,
     /// With the custom backward: update each layer as soon as its gradient is ready
     /// (default), instead of after the whole backward.
     pub by_layer: bool,
@@ -90,17 +91,14 @@ impl Stepper {
         let vars = model.vars();
         let device = vars.first().map_or(Device::Cpu, |v| v.device().clone());
         let backward = backward.resolve(&device)?;
-        let backprop = match backward {
-            Backward::Custom => Some(Backprop::new(model, batch)?),
-            _ => None,
-        };
+        let pass = pass_for(model, batch, backward, &device)?;
         Ok(Stepper {
             model: model.clone(),
             sampler: sampler::build_with(sampler, &vars, seed, kernel)?,
             vars,
             potential,
             backward,
-            backprop,
+            pass,
             by_layer: true,
             batch: Batch::default(),
         })
@@ -109,14 +107,12 @@ impl Stepper {
     /// With `by_layer`: whether large weight tensors are updated inside their gradient's
     /// product (default) rather than in a pass of their own.
     pub fn set_inline_update(&mut self, on: bool) {
-        if let Some(bp) = self.backprop.as_mut() {
-            bp.set_inline_update(on);
-        }
+        self.pass.set_inline_update(on);
     }
 
     /// Weight tensors updated inside their gradient's product so far.
     pub fn inline_updates(&self) -> u64 {
-        self.backprop.as_ref().map_or(0, |bp| bp.inline_updates())
+        self.pass.inline_updates()
     }
 
     /// Replaces the sampler (a replica's, at the start of an exchange round) with a new one
@@ -145,70 +141,26 @@ impl Stepper {
         let regression = !self.potential.likelihood.is_categorical();
         // With --augment the forward pass makes the zero map (of the shifted images).
         let map = match augment {
-            None => self.backprop.as_mut().and_then(|bp| bp.next_input_map()),
+            None => self.pass.next_input_map(),
             Some(_) => None,
         };
         self.batch
             .gather(split, idx, labels, augment, map, regression);
-        if let Some(bp) = self.backprop.as_mut() {
-            let targets = self.potential.targets(&self.batch.y, &self.batch.v);
-            if self.by_layer {
-                // Each layer is updated as soon as its gradient is ready (while it is in
-                // cache); θ and v bit-identical to the whole-model step below.
-                let step: &mut dyn TensorwiseStep = self.sampler.as_mut();
-                return self.potential.evaluate_targets_then(
-                    bp,
-                    &self.model,
-                    &self.batch.x,
-                    targets,
-                    Some(step),
-                );
-            }
-            let loss = self.potential.evaluate_targets_then(
-                bp,
-                &self.model,
-                &self.batch.x,
-                targets,
-                None,
-            )?;
-            if loss.nll.is_finite() {
-                self.sampler.step(&self.vars, bp.grads())?;
-            }
-            return Ok(loss);
-        }
-        let device = self.vars[0].device();
-        let x = Tensor::from_slice(&self.batch.x, (idx.len(), split.dim()), device)?;
-        let y = match regression {
-            true => Tensor::from_slice(&self.batch.v, idx.len(), device)?,
-            false => Tensor::from_slice(&self.batch.y, idx.len(), device)?,
+        let targets = self.potential.targets(&self.batch.y, &self.batch.v);
+        // By layer, each tensor is updated as soon as its gradient is ready (while it is
+        // in cache); θ and v bit-identical to the whole-model step after the pass.
+        let in_pass = self.by_layer && self.pass.updates_in_pass();
+        let step: Option<&mut dyn TensorwiseStep> = match in_pass {
+            true => Some(self.sampler.as_mut()),
+            false => None,
         };
-        let eval = self.potential.evaluate(&self.model, &x, &y)?;
-        if eval.nll.is_finite() {
-            self.sampler.step(&self.vars, &eval.grads)?;
+        let (model, x) = (&self.model, &self.batch.x);
+        let loss = self
+            .pass
+            .evaluate_then(&self.potential, model, x, targets, step)?;
+        if !in_pass && loss.nll.is_finite() {
+            self.sampler.step(&self.vars, self.pass.grads())?;
         }
-        if regression {
-            let f = eval.logits.flatten_all()?.to_vec1::<f32>()?;
-            let sq_error = f
-                .iter()
-                .zip(&self.batch.v)
-                .map(|(f, y)| ((f - y) as f64).powi(2))
-                .sum();
-            return Ok(BatchLoss {
-                nll: eval.nll,
-                correct: 0,
-                sq_error,
-            });
-        }
-        let pred = eval.logits.argmax(1)?.to_vec1::<u32>()?;
-        let correct = pred
-            .iter()
-            .zip(&self.batch.y)
-            .filter(|(p, y)| p == y)
-            .count();
-        Ok(BatchLoss {
-            nll: eval.nll,
-            correct,
-            sq_error: 0.0,
-        })
+        Ok(loss)
     }
 }

@@ -1,5 +1,5 @@
 //! The MLP's forward and backward pass written by hand for the CPU: the fast path of
-//! [`crate::potential::Potential::evaluate_fast`].
+//! [`crate::engine::backprop::Pass::evaluate_then`].
 //!
 //! Why not candle's autograd: it builds a graph per step, allocates every intermediate
 //! and every gradient anew, and computes gradients nobody needs (for the input images,
@@ -27,7 +27,8 @@
 //! Δₖ·Wₖ is computed first, then ∇Wₖ is completed tile by tile and θ, v updated from the
 //! registers, so that ∇Wₖ is never stored and θ is read once.
 
-use super::Pass;
+use super::{HandPass, Pass};
+use crate::potential::Potential;
 use candle_core::{CpuStorage, InplaceOp1, Layout, Storage, Tensor};
 
 use crate::error::{Error, Result};
@@ -608,6 +609,50 @@ impl MlpBackprop {
 }
 
 impl Pass for MlpBackprop {
+    /// The gradients of the last [`MlpBackprop::loss_and_grad`], in the model's order
+    /// (empty before the first). They are overwritten in place by the next call.
+    fn grads(&self) -> &[Tensor] {
+        &self.grads
+    }
+
+    /// Forward pass on `rows` inputs `x` (row-major); returns the logits (rows × classes).
+    fn forward(&mut self, model: &Network, x: &[f32], rows: usize) -> Result<&[f32]> {
+        let views = self.prepare(model, x, rows)?;
+        self.forward_with(&views, x, rows)?;
+        let classes = *self.widths.last().unwrap_or(&0);
+        Ok(&self.acts[self.acts.len() - 1][..rows * classes])
+    }
+
+    /// The zero map of the first layer's input, for the gather of the next minibatch to
+    /// record as it writes the rows ([`crate::data::Split::gather_recording`]): the next
+    /// forward pass takes it as the map of its input instead of reading the input again.
+    /// The caller fills it with exactly that input.
+    fn next_input_map(&mut self) -> Option<&mut NonZero> {
+        self.input_recorded = true;
+        Some(&mut self.input_nonzero)
+    }
+
+    fn set_inline_update(&mut self, on: bool) {
+        self.inline_update = on;
+    }
+
+    fn inline_updates(&self) -> u64 {
+        self.inline_updates
+    }
+
+    fn evaluate_then(
+        &mut self,
+        potential: &Potential,
+        model: &Network,
+        x: &[f32],
+        targets: Targets<'_>,
+        step: Option<&mut dyn TensorwiseStep>,
+    ) -> Result<BatchLoss> {
+        super::evaluate_by_hand(self, potential, model, x, targets, step)
+    }
+}
+
+impl HandPass for MlpBackprop {
     fn loss_and_grad_then(
         &mut self,
         model: &Network,
@@ -627,20 +672,6 @@ impl Pass for MlpBackprop {
             prior,
             step,
         )
-    }
-
-    /// The gradients of the last [`MlpBackprop::loss_and_grad`], in the model's order
-    /// (empty before the first). They are overwritten in place by the next call.
-    fn grads(&self) -> &[Tensor] {
-        &self.grads
-    }
-
-    /// Forward pass on `rows` inputs `x` (row-major); returns the logits (rows × classes).
-    fn forward(&mut self, model: &Network, x: &[f32], rows: usize) -> Result<&[f32]> {
-        let views = self.prepare(model, x, rows)?;
-        self.forward_with(&views, x, rows)?;
-        let classes = *self.widths.last().unwrap_or(&0);
-        Ok(&self.acts[self.acts.len() - 1][..rows * classes])
     }
 
     /// [`MlpBackprop::loss_and_grad_then`] for any task: `targets` are class indices
@@ -701,23 +732,6 @@ impl Pass for MlpBackprop {
             correct,
             sq_error,
         })
-    }
-
-    /// The zero map of the first layer's input, for the gather of the next minibatch to
-    /// record as it writes the rows ([`crate::data::Split::gather_recording`]): the next
-    /// forward pass takes it as the map of its input instead of reading the input again.
-    /// The caller fills it with exactly that input.
-    fn next_input_map(&mut self) -> Option<&mut NonZero> {
-        self.input_recorded = true;
-        Some(&mut self.input_nonzero)
-    }
-
-    fn set_inline_update(&mut self, on: bool) {
-        self.inline_update = on;
-    }
-
-    fn inline_updates(&self) -> u64 {
-        self.inline_updates
     }
 }
 

@@ -446,7 +446,7 @@ impl ResnetBackprop {
     }
 
     /// Forward and backward pass on a minibatch, as
-    /// [`super::Pass::loss_and_grad_then`]: the mean NLL and correct count; ∇
+    /// [`super::HandPass::loss_and_grad_then`]: the mean NLL and correct count; ∇
     /// = `likelihood_scale`·Σᵢ∇(−log p(yᵢ|xᵢ,θ)) + `prior_factor`·`prior_precision[t]`·θ_t
     /// into [`ResnetBackprop::grads`]; given a sampler's `step`, each tensor updated once
     /// its gradient is final and θ_t no longer read. No update when the loss is not finite.
