@@ -368,6 +368,15 @@ impl Settings {
         self.sampler.step_size *= per_example / n_train.max(1) as f64;
     }
 
+    /// Updates between saved states: `--checkpoint-every`, or an epoch of `batches`
+    /// minibatches when it is 0.
+    pub fn checkpoint_interval(&self, batches: u64) -> u64 {
+        match self.checkpoint_every {
+            0 => batches,
+            k => k as u64,
+        }
+    }
+
     /// Checks every setting, for a training set of `train_examples`; the message names
     /// the flag.
     pub fn validate(&self, train_examples: usize) -> Result<()> {

@@ -130,10 +130,7 @@ fn run_from<S: ChainSink>(chain: &mut Chain<S>, at: Position) -> Result<ChainOut
     let mut w = Walk {
         batches,
         total_steps: (batches * s.epochs) as u64,
-        every: match s.checkpoint_every {
-            0 => batches,
-            k => k,
-        } as u64,
+        every: s.checkpoint_interval(batches as u64),
         step: at.step,
         step_seconds: at.step_seconds,
         seconds_before: at.train_seconds,

@@ -224,10 +224,7 @@ fn run_updates(
     clock: &Clock,
 ) -> Result<(u64, f64)> {
     let (cfg, batches) = (plan.cfg, plan.batches);
-    let every = match cfg.settings.checkpoint_every {
-        0 => batches,
-        k => k as u64,
-    };
+    let every = cfg.settings.checkpoint_interval(batches);
     let bar = crate::progress::bar(cfg.progress, plan.total_steps, "stacked chains");
     let mut step_seconds = lanes[0].sums.step_seconds;
     while step < plan.total_steps {

@@ -243,10 +243,7 @@ fn run_rounds(
 ) -> Result<()> {
     let s = &plan.cfg.settings;
     let root = ranks.is_root();
-    let every = match s.checkpoint_every {
-        0 => plan.batches,
-        k => k as u64,
-    };
+    let every = s.checkpoint_interval(plan.batches);
     let compensation = Compensation::paper();
     let bar = crate::progress::bar(plan.cfg.progress && root, plan.total_steps, "replicas");
     while p.step < plan.total_steps {
