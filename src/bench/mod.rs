@@ -66,18 +66,9 @@ pub fn step(kind: SamplerKind, sizes: &[usize], repeats: usize) -> Result<Vec<St
     let mut rows = Vec::new();
     let mut rng = rand::rngs::StdRng::seed_from_u64(0);
     let config = kind.defaults();
-    // Bytes moved per parameter: θ and ∇ read, θ written; with a momentum, v read and
-    // written too; with a thermostat per element, ξ read and written as well.
-    let bytes_per_param = match kind {
-        SamplerKind::Sgld | SamplerKind::Sgd => 12,
-        SamplerKind::Sghmc
-        | SamplerKind::Sgnht
-        | SamplerKind::Momentum
-        | SamplerKind::Renhd
-        | SamplerKind::Reld
-        | SamplerKind::Hmc => 20,
-        SamplerKind::Msgnht => 28,
-    };
+    // Bytes moved per parameter: ∇ read, θ and each of the state's arrays read and
+    // written, f32 each.
+    let bytes_per_param = 4 * (1 + 2 * (1 + kind.state_arrays()));
     for &n in sizes {
         let theta: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
         let grad: Vec<f32> = (0..n).map(|_| rng.random_range(-1e3..1e3)).collect();

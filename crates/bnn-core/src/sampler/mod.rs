@@ -112,6 +112,37 @@ impl SamplerKind {
         }
     }
 
+    /// Arrays of one value per parameter that its state keeps besides θ: none for SGLD,
+    /// SGD and HMC (whose momentum is drawn afresh each trajectory), the momentum p for
+    /// SGHMC, SGNHT, momentum and the replicas' samplers, and mSGNHT's thermostat ξ per
+    /// element besides.
+    pub fn state_arrays(self) -> usize {
+        match self {
+            SamplerKind::Sgld | SamplerKind::Sgd | SamplerKind::Hmc => 0,
+            SamplerKind::Sghmc
+            | SamplerKind::Sgnht
+            | SamplerKind::Momentum
+            | SamplerKind::Renhd
+            | SamplerKind::Reld => 1,
+            SamplerKind::Msgnht => 2,
+        }
+    }
+
+    /// Whether its friction is a thermostat ξ driven by the kinetic energy, with the
+    /// diffusion a as its noise (SGNHT, mSGNHT and RENHD's replicas), rather than a
+    /// constant friction (SGHMC, RELD's replicas, momentum) or none.
+    pub fn is_thermostat(self) -> bool {
+        match self {
+            SamplerKind::Sgnht | SamplerKind::Msgnht | SamplerKind::Renhd => true,
+            SamplerKind::Sgld
+            | SamplerKind::Sghmc
+            | SamplerKind::Sgd
+            | SamplerKind::Momentum
+            | SamplerKind::Reld
+            | SamplerKind::Hmc => false,
+        }
+    }
+
     /// Whether it runs replicas on a temperature ladder.
     pub fn is_replica_exchange(self) -> bool {
         matches!(self.method(), Method::ReplicaExchange { .. })

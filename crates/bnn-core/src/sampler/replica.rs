@@ -117,9 +117,8 @@ pub fn replica_config(
 
 /// c of a replica-exchange sampler's config: RENHD's diffusion, RELD's friction (at T = 1).
 pub fn noise_coefficient(config: &SamplerConfig) -> f64 {
-    match config.kind {
-        SamplerKind::Reld | SamplerKind::Sghmc => config.friction,
-        SamplerKind::Renhd | SamplerKind::Sgnht | SamplerKind::Msgnht => config.diffusion,
-        SamplerKind::Sgld | SamplerKind::Sgd | SamplerKind::Momentum | SamplerKind::Hmc => 0.0,
+    match config.kind.is_thermostat() {
+        true => config.diffusion,
+        false => config.friction,
     }
 }

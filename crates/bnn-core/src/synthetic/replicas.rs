@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::rng::NoiseKey;
 use crate::sampler::ladder::Ladder;
 use crate::sampler::replica::replica_config;
-use crate::sampler::{self, Kernel, SamplerKind};
+use crate::sampler::{self, Kernel};
 
 pub use crate::sampler::replica::ReplicaOptions;
 
@@ -93,16 +93,9 @@ impl<'a> Walk<'a> {
             .collect::<candle_core::Result<_>>()?;
         // RENHD's replicas are thermostats (c is the diffusion), RELD's Langevin (the
         // friction).
-        let c = match opts.sampler {
-            SamplerKind::Renhd | SamplerKind::Sgnht | SamplerKind::Msgnht => {
-                opts.diffusion * opts.h
-            }
-            SamplerKind::Reld
-            | SamplerKind::Sghmc
-            | SamplerKind::Sgld
-            | SamplerKind::Sgd
-            | SamplerKind::Momentum
-            | SamplerKind::Hmc => opts.friction * opts.h,
+        let c = match opts.sampler.is_thermostat() {
+            true => opts.diffusion * opts.h,
+            false => opts.friction * opts.h,
         };
         Ok(Walk {
             opts,

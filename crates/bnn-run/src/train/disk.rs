@@ -7,7 +7,6 @@ use std::path::Path;
 
 use crate::data::{Dataset, NUM_CLASSES};
 use crate::error::{Error, Result};
-use crate::sampler::SamplerKind;
 
 use super::TrainConfig;
 
@@ -41,19 +40,8 @@ pub fn need(cfg: &TrainConfig, ds: &Dataset, num_params: usize, existing: u64) -
     let sample_bytes = 4 * p + HEADER_BYTES;
     // Replica exchange keeps every replica's parameters and momenta in its one state.
     let networks = s.replicas.as_ref().map_or(1, |r| r.replicas.max(1)) as u64;
-    // θ and a momentum-sized array (kept by every sampler's state, measured or not), and
-    // mSGNHT's thermostat per element.
-    let per_network = match s.sampler.kind {
-        SamplerKind::Msgnht => 12 * p,
-        SamplerKind::Sgld
-        | SamplerKind::Sghmc
-        | SamplerKind::Sgnht
-        | SamplerKind::Sgd
-        | SamplerKind::Momentum
-        | SamplerKind::Renhd
-        | SamplerKind::Reld
-        | SamplerKind::Hmc => 8 * p,
-    };
+    // θ and the sampler's arrays (momentum, thermostats), f32 each.
+    let per_network = 4 * p * (1 + s.sampler.kind.state_arrays() as u64);
     let examples = (ds.test.len() + ds.valid.as_ref().map_or(0, |v| v.len())) as u64;
     let ensemble = 8 * (NUM_CLASSES as u64 + 1) * examples;
     let state_bytes = networks * per_network + ensemble + HEADER_BYTES;

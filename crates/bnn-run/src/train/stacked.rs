@@ -308,7 +308,7 @@ fn stacked_bytes(
     resident: usize,
     kind: crate::sampler::SamplerKind,
 ) -> u64 {
-    let copies = 6 + usize::from(kind == crate::sampler::SamplerKind::Msgnht);
+    let copies = 5 + kind.state_arrays().max(1);
     let per_example: usize = net
         .convs
         .iter()
