@@ -6,6 +6,7 @@ use bnn::engine::backprop::Backprop;
 use bnn::likelihood::Targets;
 use bnn::model::resnet::Norm;
 use bnn::model::{Activation, ModelKind, ModelSpec, Network};
+use bnn::potential::pass::Pass;
 use bnn::potential::{Potential, Prior, PriorSpec};
 use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng};

@@ -22,7 +22,7 @@ pub(crate) const CNN_EVAL_BATCH: usize = 256;
 
 /// Softmax outputs of `model` on every example of `split` (row-major n × classes). On
 /// the CPU the forward pass is the hand-written one of the training step
-/// ([`Pass::forward`](crate::engine::backprop::Pass::forward)); `bnn train` and `bnn eval` both come here, so they agree
+/// ([`HandPass::forward`](crate::engine::backprop::HandPass::forward)); `bnn train` and `bnn eval` both come here, so they agree
 /// exactly.
 pub fn predict(model: &Network, split: &Split, device: &Device) -> Result<Vec<f32>> {
     let classes = model.num_classes;

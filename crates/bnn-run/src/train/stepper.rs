@@ -3,12 +3,12 @@
 use candle_core::{Device, Var};
 
 use crate::backprop::mlp::BatchLoss;
-use crate::backprop::{pass_for, Pass};
 use crate::data::augment::{self, Augment};
 use crate::data::Split;
 use crate::error::Result;
 use crate::kernels::gemm::NonZero;
 use crate::model::Network;
+use crate::potential::pass::{pass_for, Pass};
 use crate::potential::{Backward, Potential};
 use crate::sampler::{self, Kernel, Sampler, SamplerConfig, TensorwiseStep};
 

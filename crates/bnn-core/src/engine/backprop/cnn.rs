@@ -20,9 +20,7 @@
 //! their channels (or rows) over the step's two threads. Buffers are allocated once and
 //! grow only when a larger minibatch comes.
 
-use super::{HandPass, Pass};
-use crate::likelihood::Targets;
-use crate::potential::Potential;
+use super::HandPass;
 use candle_core::Tensor;
 
 use super::mlp::{
@@ -489,7 +487,7 @@ impl CnnBackprop {
     }
 }
 
-impl Pass for CnnBackprop {
+impl HandPass for CnnBackprop {
     /// The gradients of the last backward pass, in the model's order (empty before the
     /// first), overwritten in place by the next.
     fn grads(&self) -> &[Tensor] {
@@ -504,19 +502,6 @@ impl Pass for CnnBackprop {
         Ok(&self.acts[self.acts.len() - 1][..rows * classes])
     }
 
-    fn evaluate_then(
-        &mut self,
-        potential: &Potential,
-        model: &Network,
-        x: &[f32],
-        targets: Targets<'_>,
-        step: Option<&mut dyn TensorwiseStep>,
-    ) -> Result<BatchLoss> {
-        super::evaluate_by_hand(self, potential, model, x, targets, step)
-    }
-}
-
-impl HandPass for CnnBackprop {
     /// Forward and backward pass on a minibatch, as [`super::mlp::MlpBackprop::loss_and_grad_then`]:
     /// the mean NLL and correct count; ∇ = `likelihood_scale`·Σᵢ∇(−log p(yᵢ|xᵢ,θ)) +
     /// `prior_factor`·`prior_precision[t]`·θ_t into [`CnnBackprop::grads`]; given a

@@ -1,5 +1,5 @@
 //! The MLP's forward and backward pass written by hand for the CPU: the fast path of
-//! [`crate::engine::backprop::Pass::evaluate_then`].
+//! [`crate::potential::pass::Pass::evaluate_then`].
 //!
 //! Why not candle's autograd: it builds a graph per step, allocates every intermediate
 //! and every gradient anew, and computes gradients nobody needs (for the input images,
@@ -27,8 +27,7 @@
 //! Δₖ·Wₖ is computed first, then ∇Wₖ is completed tile by tile and θ, v updated from the
 //! registers, so that ∇Wₖ is never stored and θ is read once.
 
-use super::{HandPass, Pass};
-use crate::potential::Potential;
+use super::HandPass;
 use candle_core::{CpuStorage, InplaceOp1, Layout, Storage, Tensor};
 
 use crate::error::{Error, Result};
@@ -608,7 +607,7 @@ impl MlpBackprop {
     }
 }
 
-impl Pass for MlpBackprop {
+impl HandPass for MlpBackprop {
     /// The gradients of the last [`MlpBackprop::loss_and_grad`], in the model's order
     /// (empty before the first). They are overwritten in place by the next call.
     fn grads(&self) -> &[Tensor] {
@@ -640,19 +639,6 @@ impl Pass for MlpBackprop {
         self.inline_updates
     }
 
-    fn evaluate_then(
-        &mut self,
-        potential: &Potential,
-        model: &Network,
-        x: &[f32],
-        targets: Targets<'_>,
-        step: Option<&mut dyn TensorwiseStep>,
-    ) -> Result<BatchLoss> {
-        super::evaluate_by_hand(self, potential, model, x, targets, step)
-    }
-}
-
-impl HandPass for MlpBackprop {
     fn loss_and_grad_then(
         &mut self,
         model: &Network,

@@ -1,58 +1,36 @@
-//! The forward and backward passes of the networks behind one [`Pass`] trait: the
-//! hand-written CPU passes ([`HandPass`]: the MLP's, the CNN's, the ResNet's), on the
-//! project's product kernel ([`crate::kernels::gemm`]) and thread pool, and candle's
-//! autograd ([`autograd`]), the reference and the pass off the CPU.
+//! The hand-written forward and backward passes of the networks on the CPU ([`HandPass`]:
+//! the MLP's, the CNN's, the ResNet's), on the project's product kernel
+//! ([`crate::kernels::gemm`]) and thread pool. The training step sees them, and candle's
+//! autograd, as one `potential::pass::Pass`.
 //! Model side: they need the network, which the kernels must not see.
 
-pub mod autograd;
 pub mod cnn;
 pub mod mlp;
 pub mod resnet;
 pub mod resnet_split;
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 
 use crate::error::{Error, Result};
 use crate::kernels::gemm::NonZero;
 use crate::kernels::TensorwiseStep;
 use crate::likelihood::Targets;
 use crate::model::Network;
-use crate::potential::{Backward, Potential};
 use mlp::BatchLoss;
 
-/// A forward and backward pass of a network: the hand-written CPU passes ([`HandPass`])
-/// or candle's autograd ([`autograd::Autograd`], on any device). [`pass_for`] picks the
-/// one `--backward` names; the training step calls only this.
-pub trait Pass: std::fmt::Debug + Send {
+/// A hand-written CPU forward and backward pass, with its reused buffers: the MLP's, the
+/// CNN's or the ResNet's. [`Backprop::new`] picks the one of a model; the training step
+/// sees it as a `potential::pass::Pass`.
+pub trait HandPass: std::fmt::Debug + Send {
     /// The gradients of the last backward pass, in the model's order (empty before the
-    /// first), overwritten by the next.
+    /// first), overwritten in place by the next.
     fn grads(&self) -> &[Tensor];
 
     /// Logits of `rows` inputs `x` (row-major), rows × classes.
     fn forward(&mut self, model: &Network, x: &[f32], rows: usize) -> Result<&[f32]>;
 
-    /// ∇Ũ(θ)/T of `potential` on the minibatch `x` with `targets` into [`Pass::grads`]:
-    /// the likelihood's gradient at N/(|S|·T), the prior's λθ/T. Given a sampler's `step`
-    /// and a pass that [`updates_in_pass`](Pass::updates_in_pass), its update too, each
-    /// tensor as soon as its gradient is final ([`HandPass::loss_and_grad_then`]); no
-    /// update when the loss is not finite.
-    fn evaluate_then(
-        &mut self,
-        potential: &Potential,
-        model: &Network,
-        x: &[f32],
-        targets: Targets<'_>,
-        step: Option<&mut dyn TensorwiseStep>,
-    ) -> Result<BatchLoss>;
-
-    /// Whether [`Pass::evaluate_then`] can update the parameters tensor by tensor (the
-    /// hand-written passes); otherwise the sampler steps on [`Pass::grads`] after it.
-    fn updates_in_pass(&self) -> bool {
-        true
-    }
-
     /// The first layer's zero map for the next minibatch's gather to record; none where
-    /// the pass keeps no map (the convolutional networks, autograd).
+    /// the pass keeps no map (the convolutional networks).
     fn next_input_map(&mut self) -> Option<&mut NonZero> {
         None
     }
@@ -65,14 +43,10 @@ pub trait Pass: std::fmt::Debug + Send {
     fn inline_updates(&self) -> u64 {
         0
     }
-}
 
-/// A hand-written CPU forward and backward pass, with its reused buffers: the MLP's, the
-/// CNN's or the ResNet's. [`Backprop::new`] picks the one of a model.
-pub trait HandPass: Pass {
     /// Forward and backward pass on a minibatch of class `labels`: the mean NLL and the
     /// correct count; ∇ = `likelihood_scale`·Σᵢ∇(−log p(yᵢ|xᵢ,θ)) +
-    /// `prior_factor`·`prior_precision[t]`·θ_t into [`Pass::grads`]. Given a sampler's
+    /// `prior_factor`·`prior_precision[t]`·θ_t into [`HandPass::grads`]. Given a sampler's
     /// `step`, one whole update of it: each parameter tensor t is updated
     /// ([`OpenUpdate::tensor`](crate::kernels::OpenUpdate::tensor)) as soon as ∇_t is final
     /// and the pass no longer reads θ_t (last layer first), while ∇_t is still in cache;
@@ -114,21 +88,6 @@ pub trait HandPass: Pass {
     }
 }
 
-/// [`Pass::evaluate_then`] of a hand-written pass: the likelihood's sum scaled by
-/// N/(|S|·T) ([`Potential::likelihood_scale`]), the prior's λ by 1/T.
-pub fn evaluate_by_hand<P: HandPass + ?Sized>(
-    pass: &mut P,
-    potential: &Potential,
-    model: &Network,
-    x: &[f32],
-    targets: Targets<'_>,
-    step: Option<&mut dyn TensorwiseStep>,
-) -> Result<BatchLoss> {
-    let prior = (&potential.prior.precisions[..], 1.0 / potential.temperature);
-    let scale = potential.likelihood_scale(targets.len());
-    pass.targets_then(model, x, targets, scale, prior, step)
-}
-
 /// The hand-written pass of a model, chosen by its kind; it derefs to [`HandPass`].
 #[derive(Debug)]
 pub struct Backprop(Box<dyn HandPass>);
@@ -156,19 +115,5 @@ impl std::ops::Deref for Backprop {
 impl std::ops::DerefMut for Backprop {
     fn deref_mut(&mut self) -> &mut Self::Target {
         self.0.as_mut()
-    }
-}
-
-/// The pass `backward` names for `model` on `device` (`auto`: the hand-written one on the
-/// CPU, autograd elsewhere), with buffers for minibatches of up to `batch` rows.
-pub fn pass_for(
-    model: &Network,
-    batch: usize,
-    backward: Backward,
-    device: &Device,
-) -> Result<Box<dyn Pass>> {
-    match backward.resolve(device)? {
-        Backward::Custom => Ok(Backprop::new(model, batch)?.0),
-        Backward::Autograd | Backward::Auto => Ok(Box::new(autograd::Autograd::new(device))),
     }
 }

@@ -11,9 +11,7 @@
 //! of threads (one thread runs the halves one after the other), so that the sums, and so
 //! the samples, do not depend on the thread count.
 
-use super::{HandPass, Pass};
-use crate::likelihood::Targets;
-use crate::potential::Potential;
+use super::HandPass;
 use candle_core::Tensor;
 use std::sync::Mutex;
 
@@ -88,7 +86,7 @@ impl SplitResnet {
     }
 }
 
-impl Pass for SplitResnet {
+impl HandPass for SplitResnet {
     /// The gradients of the last backward pass, in the model's order (empty before the
     /// first), overwritten in place by the next.
     fn grads(&self) -> &[Tensor] {
@@ -105,19 +103,6 @@ impl Pass for SplitResnet {
         Ok(&self.logits)
     }
 
-    fn evaluate_then(
-        &mut self,
-        potential: &Potential,
-        model: &Network,
-        x: &[f32],
-        targets: Targets<'_>,
-        step: Option<&mut dyn TensorwiseStep>,
-    ) -> Result<BatchLoss> {
-        super::evaluate_by_hand(self, potential, model, x, targets, step)
-    }
-}
-
-impl HandPass for SplitResnet {
     /// As [`ResnetBackprop::loss_and_grad_then`]: each half's likelihood gradient at the
     /// whole minibatch's scale, summed, plus the prior's term once; then, given a
     /// sampler's `step`, every tensor updated (the loss finite).

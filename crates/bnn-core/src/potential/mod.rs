@@ -6,6 +6,8 @@
 //! Algorithms"; tutorial eq. 7), optionally tempered: the samplers target exp(−U/T), so
 //! the gradient they receive is ∇Ũ/T.
 
+pub mod pass;
+
 use candle_core::{Tensor, Var};
 use rand::SeedableRng;
 use rand_distr::Distribution;
