@@ -463,4 +463,48 @@ mod tests {
         };
         assert_eq!(typed, want);
     }
+
+    /// The prior's flags: each parameter not given takes its default, and `--prior-std`
+    /// alone asks for the Gaussian prior (it used to be dropped for the Gamma default).
+    #[test]
+    fn prior_flags_fill_in_their_defaults() {
+        let prior = |flags: &[&str]| settings_for(flags).prior;
+        assert_eq!(prior(&[]), PriorSpec::DEFAULT);
+        assert_eq!(
+            prior(&["--prior-std", "0.5"]),
+            PriorSpec::Gaussian { std: 0.5 }
+        );
+        assert_eq!(
+            prior(&["--prior", "gaussian"]),
+            PriorSpec::Gaussian {
+                std: PriorSpec::DEFAULT_STD
+            }
+        );
+        assert_eq!(
+            prior(&["--gamma-shape", "2"]),
+            PriorSpec::Gamma {
+                shape: 2.0,
+                rate: PriorSpec::DEFAULT_RATE
+            }
+        );
+        // Named, the kind wins over a parameter of the other kind.
+        assert_eq!(
+            prior(&["--prior", "gamma", "--prior-std", "0.5"]),
+            PriorSpec::DEFAULT
+        );
+    }
+
+    /// The replica flags fill in `ReplicaOptions`' defaults, and `--ladder auto` is the
+    /// adapting ladder.
+    #[test]
+    fn replica_flags_fill_in_their_defaults() {
+        let s = settings_for(&["--sampler", "renhd", "--ladder", "auto", "--replicas", "4"]);
+        let want = bnn::sampler::replica::ReplicaOptions {
+            replicas: 4,
+            ladder: None,
+            ..Default::default()
+        };
+        assert_eq!(s.replicas, Some(want));
+        assert_eq!(settings_for(&["--sampler", "sghmc"]).replicas, None);
+    }
 }
