@@ -30,8 +30,8 @@ pub fn command() -> clap::Command {
         replicas.insert("replica_thermostat".into(), t);
     }
     let mut train = object(to_value(SettingsLayer::of(&Settings::default())).unwrap_or_default());
-    // The sampler's own settings follow the sampler (their help says so), and augmenting
-    // is off unless asked for: no single default to show.
+    // The sampler's own settings take the sampler's defaults (`SamplerKind::defaults`),
+    // and augmenting is off unless asked for: no single default to show.
     let per_sampler = [
         "step_size",
         "friction",
