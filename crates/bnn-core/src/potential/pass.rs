@@ -21,9 +21,6 @@ pub trait Pass: std::fmt::Debug + Send {
     /// first), overwritten by the next.
     fn grads(&self) -> &[Tensor];
 
-    /// Logits of `rows` inputs `x` (row-major), rows × classes.
-    fn forward(&mut self, model: &Network, x: &[f32], rows: usize) -> Result<&[f32]>;
-
     /// ∇Ũ(θ)/T of `potential` on the minibatch `x` with `targets` into [`Pass::grads`]:
     /// the likelihood's gradient at N/(|S|·T), the prior's λθ/T. Given a sampler's `step`
     /// and a pass that [`updates_in_pass`](Pass::updates_in_pass), its update too, each
@@ -80,10 +77,6 @@ impl Pass for Backprop {
         HandPass::grads(&**self)
     }
 
-    fn forward(&mut self, model: &Network, x: &[f32], rows: usize) -> Result<&[f32]> {
-        HandPass::forward(&mut **self, model, x, rows)
-    }
-
     fn evaluate_then(
         &mut self,
         potential: &Potential,
@@ -122,12 +115,11 @@ pub fn pass_for(
     }
 }
 
-/// Autograd on `device`, with the gradients and logits of its last pass.
+/// Autograd on `device`, with the gradients of its last pass.
 #[derive(Debug)]
 pub struct Autograd {
     device: Device,
     grads: Vec<Tensor>,
-    logits: Vec<f32>,
 }
 
 impl Autograd {
@@ -136,7 +128,6 @@ impl Autograd {
         Autograd {
             device: device.clone(),
             grads: Vec::new(),
-            logits: Vec::new(),
         }
     }
 }
@@ -144,12 +135,6 @@ impl Autograd {
 impl Pass for Autograd {
     fn grads(&self) -> &[Tensor] {
         &self.grads
-    }
-
-    fn forward(&mut self, model: &Network, x: &[f32], rows: usize) -> Result<&[f32]> {
-        let xt = Tensor::from_slice(x, (rows, model.input_dim), &self.device)?;
-        self.logits = model.forward(&xt)?.flatten_all()?.to_vec1::<f32>()?;
-        Ok(&self.logits)
     }
 
     /// The gradient only: the sampler steps on it after ([`Pass::updates_in_pass`]).
@@ -169,26 +154,24 @@ impl Pass for Autograd {
         };
         let eval = potential.evaluate(model, &xt, &yt)?;
         self.grads = eval.grads;
-        match targets {
+        let (correct, sq_error) = match targets {
             Targets::Values { y, .. } => {
                 let f = eval.logits.flatten_all()?.to_vec1::<f32>()?;
-                let sq_error = f.iter().zip(y).map(|(f, y)| ((f - y) as f64).powi(2)).sum();
-                Ok(BatchLoss {
-                    nll: eval.nll,
-                    correct: 0,
-                    sq_error,
-                })
+                (
+                    0,
+                    f.iter().zip(y).map(|(f, y)| ((f - y) as f64).powi(2)).sum(),
+                )
             }
             Targets::Classes(labels) => {
                 let pred = eval.logits.argmax(1)?.to_vec1::<u32>()?;
-                let correct = pred.iter().zip(labels).filter(|(p, y)| p == y).count();
-                Ok(BatchLoss {
-                    nll: eval.nll,
-                    correct,
-                    sq_error: 0.0,
-                })
+                (pred.iter().zip(labels).filter(|(p, y)| p == y).count(), 0.0)
             }
-        }
+        };
+        Ok(BatchLoss {
+            nll: eval.nll,
+            correct,
+            sq_error,
+        })
     }
 
     fn updates_in_pass(&self) -> bool {

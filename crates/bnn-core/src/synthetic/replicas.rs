@@ -74,6 +74,9 @@ struct Walk<'a> {
     positions: Vec<Vec<f64>>,
     /// The paper's c: RENHD's diffusion or RELD's friction, per unit of h.
     c: f64,
+    /// The gradient noise's standard deviation, and the buffer of its standard normals.
+    grad_sd: f64,
+    z: Vec<f32>,
     /// Updates done.
     step: usize,
     /// The T = 1 replica's positions after burn-in.
@@ -103,6 +106,8 @@ impl<'a> Walk<'a> {
             thetas,
             positions: vec![start.iter().map(|&v| v as f64).collect(); n],
             c,
+            grad_sd: gradient_noise_sd(opts),
+            z: vec![0f32; dim],
             step: 0,
             samples: Vec::with_capacity((opts.steps - opts.burnin) * dim),
             moments: vec![(0.0, 0.0, 0); n],
@@ -146,17 +151,15 @@ impl<'a> Walk<'a> {
     /// Replica `r`'s update at temperature `t`: the noisy ∇U/T at its position.
     fn update(&mut self, r: usize, s: &mut dyn sampler::Sampler, t: f64) -> Result<()> {
         let dim = self.pot.dim();
-        let mut z = vec![0f32; dim];
         NoiseKey {
             seed: self.opts.seed ^ crate::rng::SYNTHETIC_GRADIENT_STREAM,
             step: self.step as u64,
             param: r as u32,
         }
-        .fill(&mut z);
-        let grad_sd = gradient_noise_sd(self.opts);
+        .fill(&mut self.z);
         let g: Vec<f32> = (self.pot.gradient(&self.positions[r], &[]).iter())
-            .zip(&z)
-            .map(|(g, &z)| ((g + grad_sd * z as f64) / t) as f32)
+            .zip(&self.z)
+            .map(|(g, &z)| ((g + self.grad_sd * z as f64) / t) as f32)
             .collect();
         let theta = std::slice::from_ref(&self.thetas[r]);
         s.step(theta, &[Tensor::from_vec(g, dim, &Device::Cpu)?])?;

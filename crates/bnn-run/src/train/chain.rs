@@ -152,7 +152,8 @@ fn run_from<S: ChainSink>(chain: &mut Chain<S>, at: Position) -> Result<ChainOut
             false => Position::default(),
         };
         let first_batch = if resumed { at.batch } else { 0 };
-        run_batches(chain, &mut w, (&order, first_batch), epoch, &mut sums)?;
+        let at_batch = (&order[..], first_batch);
+        run_batches(chain, &mut w, at_batch, (epoch, epoch_start), &mut sums)?;
         chain.end_epoch(epoch, w.step, &sums, epoch_start)?;
         let signal = signals::pending();
         let last = epoch + 1 == s.epochs;
@@ -192,11 +193,10 @@ fn run_batches<S: ChainSink>(
     chain: &mut Chain<S>,
     w: &mut Walk,
     (order, first_batch): (&[usize], usize),
-    epoch: usize,
+    (epoch, epoch_start): (usize, Instant),
     sums: &mut Position,
 ) -> Result<()> {
     let s = &chain.cfg.settings;
-    let epoch_start = Instant::now();
     let bar = progress_bar(chain.cfg.progress, w.batches as u64, epoch, s.epochs);
     for (b, idx) in order
         .chunks_exact(s.batch_size)
