@@ -85,7 +85,9 @@ fn fused_steps_on_cuda_match_the_cpu() {
             noise_estimate: 0.0,
             diffusion,
             integrator,
-        };
+        }
+        .params()
+        .unwrap();
         let mut on_cpu = sampler::build_with(config, &cpu_params, 11, Kernel::Fused).unwrap();
         let mut on_gpu = sampler::build_with(config, &gpu_params, 11, Kernel::Fused).unwrap();
         for _ in 0..10 {

@@ -15,7 +15,7 @@ use crate::data::NUM_CLASSES;
 use crate::error::Result;
 use crate::model::{ModelSpec, Network};
 use crate::potential::{Backward, Potential, Prior, PriorSpec};
-use crate::sampler::{self, Integrator, Kernel, SamplerKind};
+use crate::sampler::{self, Integrator, Kernel, SamplerKind, SamplerParams};
 use crate::train::Stepper;
 
 mod gemm;
@@ -65,7 +65,7 @@ fn time<F: FnMut() -> Result<()>>(repeats: usize, mut f: F) -> Result<f64> {
 pub fn step(kind: SamplerKind, sizes: &[usize], repeats: usize) -> Result<Vec<StepBench>> {
     let mut rows = Vec::new();
     let mut rng = rand::rngs::StdRng::seed_from_u64(0);
-    let config = kind.defaults();
+    let config = SamplerParams::defaults(kind)?;
     // Bytes moved per parameter: ∇ read, θ and each of the state's arrays read and
     // written, f32 each.
     let bytes_per_param = 4 * (1 + 2 * (1 + kind.state_arrays()));
@@ -290,7 +290,15 @@ fn bench_stepper(
     let flop = step_flop(&model, batch);
     let prior = Prior::new(PriorSpec::DEFAULT, model.params.len())?;
     let potential = Potential::new(ds.train.len(), 1.0, prior)?;
-    let stepper = Stepper::new(&model, potential, config, kernel, backward, seed, batch)?;
+    let stepper = Stepper::new(
+        &model,
+        potential,
+        config.params()?,
+        kernel,
+        backward,
+        seed,
+        batch,
+    )?;
     Ok((stepper, flop))
 }
 

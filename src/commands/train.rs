@@ -266,6 +266,7 @@ fn settings_on(d: Settings, args: &TrainArgs, layers: &Layers) -> Result<Setting
         ..d
     };
     let resolved = Settings::resolve_on(d, &layers.preset, &layers.flags);
+    refuse_foreign_flags(resolved.sampler.kind, &layers.flags)?;
     resolved.sampler.validate().map_err(bnn::Error::for_flag)?;
     bnn::potential::Prior::new(resolved.prior, 1)?;
     let replicas = resolved
@@ -293,6 +294,35 @@ fn settings_on(d: Settings, args: &TrainArgs, layers: &Layers) -> Result<Setting
         settings.fit_hmc_schedule(f.epochs.is_some(), f.burnin.is_some(), f.thin.is_some());
     }
     Ok(settings)
+}
+
+/// A sampler flag typed for a sampler that has no such parameter (`--friction` with
+/// sgnht) is an error, not a value recorded and never used.
+fn refuse_foreign_flags(kind: bnn::sampler::SamplerKind, flags: &SettingsLayer) -> Result<()> {
+    let typed = [
+        ("friction", flags.friction.is_some()),
+        ("diffusion", flags.diffusion.is_some()),
+        ("noise_estimate", flags.noise_estimate.is_some()),
+    ];
+    for (field, given) in typed {
+        if given && !kind.own_fields().contains(&field) {
+            let own: Vec<String> = kind
+                .own_fields()
+                .iter()
+                .map(|f| format!("--{}", f.replace('_', "-")))
+                .collect();
+            let own = match own.is_empty() {
+                true => "only --step-size".to_string(),
+                false => format!("--step-size and {}", own.join(", ")),
+            };
+            return Err(Error::Config(format!(
+                "--{} does not apply to {}, which takes {own}",
+                field.replace('_', "-"),
+                kind.name()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The table (or toy) `args` names, if any: where it is, its target and its split.
@@ -437,13 +467,62 @@ mod tests {
 
     /// The settings of `bnn train` with `flags`, as the program resolves them.
     fn settings_for(flags: &[&str]) -> Settings {
+        try_settings_for(flags).unwrap()
+    }
+
+    /// [`settings_for`], or the error it gives.
+    fn try_settings_for(flags: &[&str]) -> Result<Settings> {
         let argv = ["bnn", "train"].iter().chain(flags);
         let matches = crate::cli::command().try_get_matches_from(argv).unwrap();
         let cli = crate::cli::Cli::from_arg_matches(&matches).unwrap();
         let crate::cli::Command::Train(args) = cli.command else {
             panic!("not `bnn train`")
         };
-        settings_on(Settings::default(), &args, &Layers::of(&args).unwrap()).unwrap()
+        settings_on(Settings::default(), &args, &Layers::of(&args).unwrap())
+    }
+
+    /// A sampler flag its sampler does not read is refused, naming what it takes; the
+    /// sampler's own flags pass.
+    #[test]
+    fn a_flag_of_another_sampler_is_refused() {
+        for (flags, needle) in [
+            (
+                &["--sampler", "sgnht", "--friction", "0.3"][..],
+                "--friction does not apply to sgnht, which takes --step-size and --diffusion",
+            ),
+            (
+                &["--sampler", "sgld", "--diffusion", "0.1"][..],
+                "--diffusion does not apply to sgld, which takes only --step-size",
+            ),
+            (
+                &["--sampler", "momentum", "--noise-estimate", "0.01"][..],
+                "--noise-estimate does not apply to momentum",
+            ),
+        ] {
+            let e = try_settings_for(flags).unwrap_err().to_string();
+            assert!(e.contains(needle), "{flags:?}: {e}");
+        }
+        let s = settings_for(&[
+            "--sampler",
+            "sghmc",
+            "--friction",
+            "0.2",
+            "--noise-estimate",
+            "0.01",
+        ]);
+        assert_eq!((s.sampler.friction, s.sampler.noise_estimate), (0.2, 0.01));
+        assert_eq!(
+            settings_for(&["--sampler", "reld", "--friction", "0.3"])
+                .sampler
+                .friction,
+            0.3
+        );
+        assert_eq!(
+            settings_for(&["--sampler", "renhd", "--diffusion", "0.3"])
+                .sampler
+                .diffusion,
+            0.3
+        );
     }
 
     /// The flags' defaults are `Settings::default()`, defined once: `bnn train` with no

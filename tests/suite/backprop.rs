@@ -372,7 +372,7 @@ fn training_steps_agree_between_backward_paths() {
     for backward in [Backward::Custom, Backward::Autograd] {
         let m = mlp(784, 10, &[400, 400], Activation::Relu, 3);
         let pot = Potential::new(ds.train.len(), 1.0, gamma_prior(&m)).unwrap();
-        let config = SamplerKind::Msgnht.defaults();
+        let config = SamplerKind::Msgnht.defaults().params().unwrap();
         steppers.push(Stepper::new(&m, pot, config, Kernel::Fused, backward, 5, 100).unwrap());
         models.push(m);
     }
@@ -438,6 +438,7 @@ fn layer_by_layer_update_is_bit_identical_to_the_whole_step() {
             let pot = Potential::new(ds.train.len(), 1.0, gamma_prior(&m)).unwrap();
             let mut config = kind.defaults();
             config.integrator = integrator;
+            let config = config.params().unwrap();
             let mut s = Stepper::new(&m, pot, config, kernel, Backward::Custom, 8, 50).unwrap();
             s.by_layer = by_layer;
             s.set_inline_update(inline);
@@ -516,7 +517,7 @@ fn layer_by_layer_update_is_bit_identical_to_the_whole_step() {
     let m = mlp(784, 10, &[16], Activation::Relu, 1);
     let vars = m.vars();
     let mut s = bnn::sampler::build_with(
-        SamplerKind::Sghmc.defaults(),
+        SamplerKind::Sghmc.defaults().params().unwrap(),
         &vars,
         0,
         bnn::sampler::Kernel::Fused,

@@ -366,7 +366,9 @@ fn fused_equals_composed_reference() {
                 noise_estimate: 0.0,
                 diffusion,
                 integrator,
-            };
+            }
+            .params()
+            .unwrap();
             let (pa, grads) = params(&mut rng);
             let pb: Vec<Var> = pa
                 .iter()
@@ -421,8 +423,8 @@ fn fused_momentum_matches_composed_momentum() {
         .iter()
         .map(|p| Var::from_tensor(&p.as_tensor().copy().unwrap()).unwrap())
         .collect();
-    let config = SamplerKind::Sghmc.defaults();
-    assert_eq!(config.integrator, bnn::sampler::Integrator::Euler);
+    let config = SamplerKind::Sghmc.defaults().params().unwrap();
+    assert_eq!(config.integrator(), bnn::sampler::Integrator::Euler);
     let mut a = Fused::init(config, &pa, 9).unwrap();
     let mut b = bnn::engine::composed::ComposedSghmc::init(config, &pb, 9).unwrap();
     for _ in 0..3 {

@@ -88,10 +88,10 @@ fn sghmc_as_an_optimizer_gives_the_library_paths_bits() {
     let reference = mlp_preset(3);
     let prior = Prior::new(cfg.posterior.prior, reference.params.len()).unwrap();
     let potential = Potential::new(N, cfg.posterior.temperature, prior).unwrap();
-    let sampler_config = cfg.dynamics.sampler_config(N);
+    let sampler_config = cfg.dynamics.sampler_params(N);
     // lr is η·N: the default lr is the CLI's default η at N = 60,000.
     assert_eq!(
-        sampler_config.step_size,
+        sampler_config.step_size(),
         bnn::sampler::SamplerKind::Sghmc.defaults().step_size
     );
     let mut sampler =
@@ -422,8 +422,8 @@ fn lr_is_the_step_on_the_mean_loss_for_any_data_size() {
         ..Default::default()
     };
     for n in [500, 10_000, 60_000] {
-        let c = p.sampler_config(n);
-        assert_eq!(c.step_size, 0.12 / n as f64);
+        let c = p.sampler_params(n);
+        assert_eq!(c.step_size(), 0.12 / n as f64);
     }
 }
 

@@ -3,7 +3,7 @@
 use bnn::engine::composed::sgnht::{ComposedSgnht as Sgnht, Thermostat};
 use bnn::engine::composed::ComposedSghmc as Sghmc;
 use bnn::rng::NoiseKey;
-use bnn::sampler::{self, Integrator, Sampler, SamplerConfig, SamplerKind};
+use bnn::sampler::{self, Integrator, Sampler, SamplerConfig, SamplerKind, SamplerParams};
 use candle_core::{Device, Tensor, Var};
 
 fn var(v: &[f32]) -> Var {
@@ -29,7 +29,12 @@ fn close(a: f32, b: f64) {
     );
 }
 
-fn config(kind: SamplerKind, eta: f64, alpha: f64, beta: f64, a: f64) -> SamplerConfig {
+fn config(kind: SamplerKind, eta: f64, alpha: f64, beta: f64, a: f64) -> SamplerParams {
+    record(kind, eta, alpha, beta, a).params().unwrap()
+}
+
+/// The flat record of those settings (Euler), as `run.json` writes it.
+fn record(kind: SamplerKind, eta: f64, alpha: f64, beta: f64, a: f64) -> SamplerConfig {
     SamplerConfig {
         kind,
         step_size: eta,
@@ -105,13 +110,7 @@ fn sgnht_step_and_thermostat() {
     let gb = [-2.0f32];
     let (pa, pb) = (var(&pa0), var(&pb0));
     let params = [pa.clone(), pb.clone()];
-    let mut s = Sgnht::init(
-        config(SamplerKind::Sgnht, eta, 0.0, 0.0, a),
-        &params,
-        seed,
-        false,
-    )
-    .unwrap();
+    let mut s = Sgnht::init(config(SamplerKind::Sgnht, eta, 0.0, 0.0, a), &params, seed).unwrap();
     let scalar = |s: &Sgnht| match s.thermostat {
         Thermostat::Scalar(x) => x,
         Thermostat::PerElement(_) => panic!("SGNHT has a scalar thermostat"),
@@ -146,10 +145,11 @@ fn msgnht_splitting_step_by_hand() {
     // O: u₂ = u₁ − ηg + √(2aη) z; B: u₃ = e^{−α'/2} u₂; A (h): θ = θ₀' + u₃,
     // α = α' + u₃² − η.
     let (eta, a, seed) = (0.01, 0.2, 21);
-    let mut cfg = config(SamplerKind::Msgnht, eta, 0.0, 0.0, a);
+    let mut cfg = record(SamplerKind::Msgnht, eta, 0.0, 0.0, a);
     cfg.integrator = Integrator::Splitting;
+    let cfg = cfg.params().unwrap();
     let p = var(&[0.7]);
-    let s0 = Sgnht::init(cfg, std::slice::from_ref(&p), seed, true).unwrap();
+    let s0 = Sgnht::init(cfg, std::slice::from_ref(&p), seed).unwrap();
     let u0 = s0.momentum[0].to_vec1::<f32>().unwrap()[0] as f64;
     // u₀ ~ N(0, η) from the init stream.
     close(u0 as f32, eta.sqrt() * z(seed, sampler::INIT_STREAM, 0, 0));
@@ -178,7 +178,6 @@ fn msgnht_euler_thermostats_are_per_element() {
         config(SamplerKind::Msgnht, eta, 0.0, 0.0, a),
         std::slice::from_ref(&p),
         seed,
-        true,
     )
     .unwrap();
     s.momentum = vec![t(&[0.5, 0.0])];
@@ -199,8 +198,9 @@ fn msgnht_euler_thermostats_are_per_element() {
 fn sghmc_splitting_step_by_hand() {
     // init: θ' = θ + v₀/2; step: v = e^{−α/2}(e^{−α/2} v₀ − ηg + √(2αη) z); θ = θ' + v.
     let (eta, alpha, seed) = (0.04, 0.3, 6);
-    let mut cfg = config(SamplerKind::Sghmc, eta, alpha, 0.0, 0.0);
+    let mut cfg = record(SamplerKind::Sghmc, eta, alpha, 0.0, 0.0);
     cfg.integrator = Integrator::Splitting;
+    let cfg = cfg.params().unwrap();
     let p = var(&[1.0]);
     let mut s = Sghmc::init(cfg, std::slice::from_ref(&p), seed).unwrap();
     let v0 = s.momentum[0].to_vec1::<f32>().unwrap()[0] as f64;
@@ -276,34 +276,36 @@ fn invalid_hyperparameters_are_rejected() {
     let p = var(&[0.0]);
     for (cfg, needle) in [
         (
-            config(SamplerKind::Sghmc, -1.0, 0.1, 0.0, 0.0),
+            record(SamplerKind::Sghmc, -1.0, 0.1, 0.0, 0.0),
             "step size must be positive",
         ),
         (
-            config(SamplerKind::Sghmc, 1e-6, 1.5, 0.0, 0.0),
+            record(SamplerKind::Sghmc, 1e-6, 1.5, 0.0, 0.0),
             "friction must be in",
         ),
         (
-            config(SamplerKind::Momentum, 1e-6, 0.0, 0.0, 0.0),
+            record(SamplerKind::Momentum, 1e-6, 0.0, 0.0, 0.0),
             "friction must be in",
         ),
         (
-            config(SamplerKind::Sghmc, 1e-6, 0.1, 0.2, 0.0),
+            record(SamplerKind::Sghmc, 1e-6, 0.1, 0.2, 0.0),
             "noise estimate must be in",
         ),
         (
-            config(SamplerKind::Sgnht, 1e-6, 0.0, 0.0, -0.1),
+            record(SamplerKind::Sgnht, 1e-6, 0.0, 0.0, -0.1),
             "diffusion must be non-negative",
         ),
         (
             SamplerConfig {
                 integrator: Integrator::Splitting,
-                ..config(SamplerKind::Sgld, 1e-6, 0.0, 0.0, 0.0)
+                ..record(SamplerKind::Sgld, 1e-6, 0.0, 0.0, 0.0)
             },
             "the splitting integrator applies to",
         ),
     ] {
-        let e = sampler::build(cfg, std::slice::from_ref(&p), 0)
+        let e = cfg
+            .params()
+            .and_then(|c| sampler::build(c, std::slice::from_ref(&p), 0))
             .err()
             .expect("must fail")
             .to_string();
@@ -364,9 +366,9 @@ fn a_restored_state_continues_bit_for_bit() {
                 integrator,
                 ..kind.defaults()
             };
-            if cfg.validate().is_err() {
+            let Ok(cfg) = cfg.params() else {
                 continue; // splitting only where it applies
-            }
+            };
             for kernel in [sampler::Kernel::Fused, sampler::Kernel::Composed] {
                 let what = format!("{} {integrator:?} {kernel:?}", kind.name());
                 let params = fresh();
@@ -374,7 +376,7 @@ fn a_restored_state_continues_bit_for_bit() {
                 for s in 0..3 {
                     a.step(&params, &grads(s)).unwrap();
                 }
-                a.set_step_size(cfg.step_size * 0.5).unwrap();
+                a.set_step_size(cfg.step_size() * 0.5).unwrap();
                 a.step(&params, &grads(3)).unwrap();
                 let state = a.state().unwrap();
                 let saved: Vec<Tensor> = params
@@ -415,7 +417,7 @@ fn a_restored_state_continues_bit_for_bit() {
                     for (p, s) in third.iter().zip(&saved) {
                         p.set(s).unwrap();
                     }
-                    c.set_step_size(cfg.step_size * 0.5).unwrap();
+                    c.set_step_size(cfg.step_size() * 0.5).unwrap();
                     for s in 4..7 {
                         c.step(&third, &grads(s)).unwrap();
                     }

@@ -12,15 +12,15 @@ use crate::kernels::{
 };
 use crate::rng::NoiseKey;
 use crate::sampler::{
-    init_momentum, Clock, Diagnostics, Integrator, MsgnhtState, Sampler, SamplerConfig,
-    SamplerKind, SamplerState, SghmcState, SgnhtState, TensorwiseStep,
+    init_momentum, Clock, Diagnostics, Integrator, MsgnhtState, Sampler, SamplerParams,
+    SamplerState, SghmcState, SgnhtState, TensorwiseStep,
 };
 
 /// SGHMC and SGNHT with the fused kernel: one pass per tensor for θ, v and the noise.
 #[derive(Debug, Clone)]
 pub struct Fused {
     /// Its hyper-parameters.
-    pub config: SamplerConfig,
+    pub params: SamplerParams,
     /// Seed of the noise.
     pub seed: u64,
     /// Updates done.
@@ -59,19 +59,18 @@ struct Pending {
 impl Fused {
     /// Same initial state as the composed samplers: v ~ N(0, η) from the init stream,
     /// thermostat α₀ = a.
-    pub fn init(config: SamplerConfig, params: &[Var], seed: u64) -> Result<Self> {
+    pub fn init(sampler: SamplerParams, params: &[Var], seed: u64) -> Result<Self> {
         let n = params.iter().map(|p| p.elem_count()).sum();
-        let update = update_of(config.kind, config.integrator)?;
+        let update = update_of(&sampler)?;
+        let (eta, diffusion) = (sampler.step_size(), diffusion_of(&sampler));
         let device = params.first().map_or(Device::Cpu, |p| p.device().clone());
         let host: Vec<Vec<f32>> = match update {
             Update::Sgld => Vec::new(),
             // The composed samplers' initial draw, moved into the sampler's own buffers.
-            Update::Momentum | Update::Thermostat { .. } => {
-                init_momentum(params, config.step_size, seed)?
-                    .iter()
-                    .map(|v| v.flatten_all()?.to_vec1::<f32>())
-                    .collect::<candle_core::Result<_>>()?
-            }
+            Update::Momentum | Update::Thermostat { .. } => init_momentum(params, eta, seed)?
+                .iter()
+                .map(|v| v.flatten_all()?.to_vec1::<f32>())
+                .collect::<candle_core::Result<_>>()?,
         };
         let sum_sq: f64 = host
             .iter()
@@ -82,8 +81,8 @@ impl Fused {
         if let Update::Thermostat { splitting } = update {
             // α = a everywhere, then (splitting) the first A (h/2): α ← α + (v⊙v − η)/2,
             // in the composed sampler's f32 operations.
-            let eta = config.step_size as f32;
-            let a = config.diffusion as f32;
+            let eta = eta as f32;
+            let a = diffusion as f32;
             for v in &host {
                 let alpha = v
                     .iter()
@@ -103,12 +102,12 @@ impl Fused {
             .map(|m| StateBuffer::new(m, &device))
             .collect::<Result<Vec<_>>>()?;
         let mut s = Fused {
-            config,
+            params: sampler,
             seed,
             step: 0,
             momentum,
             device,
-            thermostat: config.diffusion,
+            thermostat: diffusion,
             thermostats,
             n,
             tensors: params.len(),
@@ -119,44 +118,51 @@ impl Fused {
             pending: None,
         };
         s.kinetic = s.kinetic_from(sum_sq);
-        if config.integrator == Integrator::Splitting {
+        if sampler.integrator() == Integrator::Splitting {
             // The first A (h/2) of the splitting scheme (see `sgnht.rs`): θ ← θ + v/2 and,
             // for SGNHT, α ← α + (vᵀv/n − η)/2.
             for (p, m) in params.iter().zip(&s.momentum) {
                 let v = m.to_tensor(p.as_tensor())?;
                 p.set(&(p.as_detached_tensor() + (v * 0.5)?)?)?;
             }
-            if matches!(config.kind, SamplerKind::Sgnht | SamplerKind::Msgnht) {
+            if has_thermostat(&sampler) {
                 // (For mSGNHT the mean of the αᵢ, whose buffers were set above.)
-                s.thermostat += 0.5 * (sum_sq / s.n as f64 - config.step_size);
+                s.thermostat += 0.5 * (sum_sq / s.n as f64 - eta);
             }
         }
         Ok(s)
     }
 
     fn kinetic_from(&self, sum_sq: f64) -> f64 {
-        0.5 * sum_sq / (self.n as f64 * self.config.step_size)
+        0.5 * sum_sq / (self.n as f64 * self.params.step_size())
     }
 
     /// (α, σ) of the current step: the friction (SGHMC) or thermostat (SGNHT), and the
     /// injected-noise scale.
     fn friction_and_noise(&self) -> (f64, f64) {
-        let c = self.config;
-        match c.kind {
-            SamplerKind::Sgld => (0.0, (2.0 * c.step_size).sqrt()),
-            SamplerKind::Sghmc => (
-                c.friction,
-                (2.0 * (c.friction - c.noise_estimate) * c.step_size).sqrt(),
+        match self.params {
+            SamplerParams::Sgld { step_size } => (0.0, (2.0 * step_size).sqrt()),
+            SamplerParams::Sghmc {
+                step_size,
+                friction,
+                noise_estimate,
+                ..
+            } => (
+                friction,
+                (2.0 * (friction - noise_estimate) * step_size).sqrt(),
             ),
-            SamplerKind::Sgnht | SamplerKind::Msgnht => {
-                (self.thermostat, (2.0 * c.diffusion * c.step_size).sqrt())
+            SamplerParams::Sgnht {
+                step_size,
+                diffusion,
+                ..
             }
+            | SamplerParams::Msgnht {
+                step_size,
+                diffusion,
+                ..
+            } => (self.thermostat, (2.0 * diffusion * step_size).sqrt()),
             // Not built with a fused update (`update_of` refuses them): no step runs.
-            SamplerKind::Sgd
-            | SamplerKind::Momentum
-            | SamplerKind::Renhd
-            | SamplerKind::Reld
-            | SamplerKind::Hmc => (0.0, 0.0),
+            SamplerParams::Sgd { .. } | SamplerParams::Momentum { .. } => (0.0, 0.0),
         }
     }
 
@@ -172,11 +178,12 @@ impl TensorwiseStep for Fused {
     }
 
     fn open_update(&mut self) -> Result<()> {
-        let update = update_of(self.config.kind, self.config.integrator)?;
+        let update = update_of(&self.params)?;
         let (alpha, sigma) = self.friction_and_noise();
-        let consts = match self.config.integrator {
-            Integrator::Euler => StepConsts::new(self.config.step_size, alpha, sigma),
-            Integrator::Splitting => StepConsts::splitting(self.config.step_size, alpha, sigma),
+        let eta = self.params.step_size();
+        let consts = match self.params.integrator() {
+            Integrator::Euler => StepConsts::new(eta, alpha, sigma),
+            Integrator::Splitting => StepConsts::splitting(eta, alpha, sigma),
         };
         let tensors = self.tensors;
         self.pending = Some(Pending {
@@ -235,7 +242,8 @@ impl TensorwiseStep for Fused {
 
     /// Tensor t's noise scale with β̂ estimated (`sampler::estimated_noise_scale`).
     fn gradient_noise(&mut self, t: usize, trace: f64) -> Result<()> {
-        let scale = crate::sampler::estimated_noise_scale(&self.config, trace, self.sizes[t]);
+        let (eta, alpha) = (self.params.step_size(), self.friction_and_noise().0);
+        let scale = crate::sampler::estimated_noise_scale(eta, alpha, trace, self.sizes[t]);
         in_update(&mut self.pending)?.noise_scales[t] = Some(scale);
         Ok(())
     }
@@ -262,12 +270,16 @@ impl TensorwiseStep for Fused {
         if pending.update != Update::Sgld {
             self.kinetic = self.kinetic_from(sum_sq);
         }
-        if self.config.kind == SamplerKind::Sgnht {
+        match self.params {
             // Ding et al. Alg. 2: α ← α + uᵀu/n − η, with uᵀu from the same pass.
-            self.thermostat += sum_sq / self.n as f64 - self.config.step_size;
-        }
-        if self.config.kind == SamplerKind::Msgnht {
-            self.thermostat = sum_thermostat / self.n as f64;
+            SamplerParams::Sgnht { step_size, .. } => {
+                self.thermostat += sum_sq / self.n as f64 - step_size;
+            }
+            SamplerParams::Msgnht { .. } => self.thermostat = sum_thermostat / self.n as f64,
+            SamplerParams::Sgld { .. }
+            | SamplerParams::Sghmc { .. }
+            | SamplerParams::Sgd { .. }
+            | SamplerParams::Momentum { .. } => {}
         }
         self.step += 1;
         Ok(())
@@ -308,35 +320,48 @@ fn in_update(pending: &mut Option<Pending>) -> Result<&mut Pending> {
         .ok_or_else(|| Error::Config("sampler: tensor step outside begin/finish".into()))
 }
 
-fn update_of(kind: SamplerKind, integrator: Integrator) -> Result<Update> {
-    match kind {
-        SamplerKind::Sgld => Ok(Update::Sgld),
-        SamplerKind::Sghmc | SamplerKind::Sgnht => Ok(Update::Momentum),
-        SamplerKind::Msgnht => Ok(Update::Thermostat {
+fn update_of(sampler: &SamplerParams) -> Result<Update> {
+    match *sampler {
+        SamplerParams::Sgld { .. } => Ok(Update::Sgld),
+        SamplerParams::Sghmc { .. } | SamplerParams::Sgnht { .. } => Ok(Update::Momentum),
+        SamplerParams::Msgnht { integrator, .. } => Ok(Update::Thermostat {
             splitting: integrator == Integrator::Splitting,
         }),
-        SamplerKind::Sgd
-        | SamplerKind::Momentum
-        | SamplerKind::Renhd
-        | SamplerKind::Reld
-        | SamplerKind::Hmc => Err(Error::Config(format!(
+        SamplerParams::Sgd { .. } | SamplerParams::Momentum { .. } => Err(Error::Config(format!(
             "no fused kernel for {}; use the composed implementation",
-            kind.name()
+            sampler.kind().name()
         ))),
     }
 }
 
+/// a of the thermostat samplers (their α's start); 0 for the others.
+fn diffusion_of(sampler: &SamplerParams) -> f64 {
+    match *sampler {
+        SamplerParams::Sgnht { diffusion, .. } | SamplerParams::Msgnht { diffusion, .. } => {
+            diffusion
+        }
+        SamplerParams::Sgld { .. }
+        | SamplerParams::Sghmc { .. }
+        | SamplerParams::Sgd { .. }
+        | SamplerParams::Momentum { .. } => 0.0,
+    }
+}
+
+/// Whether its friction is a thermostat α driven by the kinetic energy (SGNHT, mSGNHT).
+fn has_thermostat(sampler: &SamplerParams) -> bool {
+    sampler.kind().is_thermostat()
+}
+
 impl Sampler for Fused {
-    fn config(&self) -> SamplerConfig {
-        self.config
+    fn params(&self) -> SamplerParams {
+        self.params
     }
 
     fn diagnostics(&self) -> Diagnostics {
         let momentum = !self.momentum.is_empty();
         Diagnostics {
             kinetic_energy: momentum.then_some(self.kinetic),
-            thermostat: matches!(self.config.kind, SamplerKind::Sgnht | SamplerKind::Msgnht)
-                .then_some(self.thermostat),
+            thermostat: has_thermostat(&self.params).then_some(self.thermostat),
         }
     }
 
@@ -345,7 +370,7 @@ impl Sampler for Fused {
     }
 
     fn estimate_gradient_noise(&mut self) -> Result<()> {
-        crate::sampler::only_sghmc_estimates_noise(self.config.kind)?;
+        crate::sampler::only_sghmc_estimates_noise(self.params.kind())?;
         self.estimate_noise = true;
         Ok(())
     }
@@ -368,37 +393,33 @@ impl Sampler for Fused {
         };
         let clock = Clock {
             step: self.step,
-            step_size: self.config.step_size,
+            step_size: self.params.step_size(),
         };
         let (momentum, kinetic) = (host(&self.momentum)?, self.kinetic);
-        Ok(match self.config.kind {
-            SamplerKind::Sgnht => SamplerState::Sgnht(SgnhtState {
+        Ok(match self.params {
+            SamplerParams::Sgnht { .. } => SamplerState::Sgnht(SgnhtState {
                 clock,
                 momentum,
                 thermostat: self.thermostat,
                 kinetic,
             }),
-            SamplerKind::Msgnht => SamplerState::Msgnht(MsgnhtState {
+            SamplerParams::Msgnht { .. } => SamplerState::Msgnht(MsgnhtState {
                 clock,
                 momentum,
                 thermostats: host(&self.thermostats)?,
                 mean_thermostat: self.thermostat,
                 kinetic,
             }),
-            SamplerKind::Sgld => SamplerState::Sgld(clock),
-            SamplerKind::Sghmc => SamplerState::Sghmc(SghmcState {
+            SamplerParams::Sgld { .. } => SamplerState::Sgld(clock),
+            SamplerParams::Sghmc { .. } => SamplerState::Sghmc(SghmcState {
                 clock,
                 momentum,
                 kinetic,
             }),
-            SamplerKind::Sgd
-            | SamplerKind::Momentum
-            | SamplerKind::Renhd
-            | SamplerKind::Reld
-            | SamplerKind::Hmc => {
+            SamplerParams::Sgd { .. } | SamplerParams::Momentum { .. } => {
                 return Err(Error::Config(format!(
                     "no fused state for {}",
-                    self.config.kind.name()
+                    self.params.kind().name()
                 )))
             }
         })
@@ -406,16 +427,18 @@ impl Sampler for Fused {
 
     fn restore(&mut self, state: &SamplerState) -> Result<()> {
         let no_buffers: &[Tensor] = &[];
-        let (momentum, thermostats, thermostat) = match (self.config.kind, state) {
-            (SamplerKind::Sgld, SamplerState::Sgld(_)) => (no_buffers, no_buffers, None),
-            (SamplerKind::Sghmc, SamplerState::Sghmc(s)) => (&s.momentum[..], no_buffers, None),
-            (SamplerKind::Sgnht, SamplerState::Sgnht(s)) => {
+        let (momentum, thermostats, thermostat) = match (self.params, state) {
+            (SamplerParams::Sgld { .. }, SamplerState::Sgld(_)) => (no_buffers, no_buffers, None),
+            (SamplerParams::Sghmc { .. }, SamplerState::Sghmc(s)) => {
+                (&s.momentum[..], no_buffers, None)
+            }
+            (SamplerParams::Sgnht { .. }, SamplerState::Sgnht(s)) => {
                 (&s.momentum[..], no_buffers, Some(s.thermostat))
             }
-            (SamplerKind::Msgnht, SamplerState::Msgnht(s)) => {
+            (SamplerParams::Msgnht { .. }, SamplerState::Msgnht(s)) => {
                 (&s.momentum[..], &s.thermostats[..], Some(s.mean_thermostat))
             }
-            (kind, _) => return Err(state.refuse(kind.name())),
+            (params, _) => return Err(state.refuse(params.kind().name())),
         };
         let device = self.device.clone();
         load_buffers(momentum, &mut self.momentum, "momentum", &device)?;
@@ -426,7 +449,7 @@ impl Sampler for Fused {
         let clock = state.clock();
         self.kinetic = state.kinetic();
         self.step = clock.step;
-        self.config.step_size = clock.step_size;
+        self.params = self.params.with_step_size(clock.step_size);
         Ok(())
     }
 
@@ -435,11 +458,11 @@ impl Sampler for Fused {
     }
 
     fn set_step_size(&mut self, step_size: f64) -> Result<()> {
-        let factor = (step_size / self.config.step_size).sqrt() as f32;
+        let factor = (step_size / self.params.step_size()).sqrt() as f32;
         for m in &mut self.momentum {
             m.scale(factor, &self.device)?;
         }
-        self.config.step_size = step_size;
+        self.params = self.params.with_step_size(step_size);
         Ok(())
     }
 }

@@ -285,8 +285,8 @@ impl<P: Params> SgMcmc<P> {
     fn build(vars: Vec<Var>, config: Config<P>) -> Result<Self> {
         check_inputs(&vars, &config.posterior, config.dynamics.lr())?;
         let prior = Prior::new(config.posterior.prior, vars.len())?;
-        let sampler_config = config.dynamics.sampler_config(config.posterior.data_size);
-        let sampler = build_with(sampler_config, &vars, config.seed, config.kernel)?;
+        let sampler_params = config.dynamics.sampler_params(config.posterior.data_size);
+        let sampler = build_with(sampler_params, &vars, config.seed, config.kernel)?;
         Ok(SgMcmc {
             vars,
             sampler,
@@ -395,7 +395,7 @@ impl<P: Params> SgMcmc<P> {
             dynamics: self
                 .config
                 .dynamics
-                .with_lr(self.sampler.config().step_size * n),
+                .with_lr(self.sampler.params().step_size() * n),
             ..self.config
         }
     }

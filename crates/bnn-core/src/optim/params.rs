@@ -10,7 +10,7 @@
 //! injected noise √(2αη), as it should). The defaults are `bnn train`'s on MNIST:
 //! η·60,000.
 
-use crate::sampler::{Integrator, SamplerConfig, SamplerKind};
+use crate::sampler::{Integrator, SamplerKind, SamplerParams};
 
 /// The data size the defaults of [`SamplerKind::defaults`] are tuned for (MNIST's 60,000
 /// training images): the default `lr` is that η times this.
@@ -29,27 +29,19 @@ pub trait Params: Copy + std::fmt::Debug + Default + Send + 'static {
     fn lr(&self) -> f64;
     /// The same with ε = `lr`.
     fn with_lr(self, lr: f64) -> Self;
-    /// The sampler's configuration in the papers' variables for N = `data_size`
-    /// examples: η = lr/N, the other fields as given.
-    fn sampler_config(&self, data_size: usize) -> SamplerConfig;
+    /// The sampler's parameters in the papers' variables for N = `data_size` examples:
+    /// η = lr/N, the other fields as given.
+    fn sampler_params(&self, data_size: usize) -> SamplerParams;
 }
 
-/// The configuration of `kind` with η = lr/N and the rest from `fill`.
-fn config_of(
-    kind: SamplerKind,
-    lr: f64,
-    data_size: usize,
-    fill: impl FnOnce(SamplerConfig) -> SamplerConfig,
-) -> SamplerConfig {
-    fill(SamplerConfig {
-        step_size: lr / data_size as f64,
-        ..kind.defaults()
-    })
+/// η = lr/N.
+fn eta(lr: f64, data_size: usize) -> f64 {
+    lr / data_size as f64
 }
 
 /// The parameters of a sampler whose only hyper-parameter is its step.
 macro_rules! lr_params {
-    ($(#[$doc:meta])* $name:ident, $kind:expr) => {
+    ($(#[$doc:meta])* $name:ident, $kind:expr, $variant:ident) => {
         $(#[$doc])*
         #[derive(Debug, Clone, Copy, PartialEq)]
         pub struct $name {
@@ -73,8 +65,10 @@ macro_rules! lr_params {
             fn with_lr(self, lr: f64) -> Self {
                 $name { lr }
             }
-            fn sampler_config(&self, n: usize) -> SamplerConfig {
-                config_of(Self::KIND, self.lr, n, |c| c)
+            fn sampler_params(&self, n: usize) -> SamplerParams {
+                SamplerParams::$variant {
+                    step_size: eta(self.lr, n),
+                }
             }
         }
     };
@@ -83,12 +77,14 @@ macro_rules! lr_params {
 lr_params!(
     /// SGLD (Welling & Teh 2011): θ ← θ − η∇Ũ + √(2η)·z.
     SgldParams,
-    SamplerKind::Sgld
+    SamplerKind::Sgld,
+    Sgld
 );
 lr_params!(
     /// SGD on U, the MAP baseline: θ ← θ − η∇Ũ.
     SgdParams,
-    SamplerKind::Sgd
+    SamplerKind::Sgd,
+    Sgd
 );
 
 /// SGHMC (Chen et al. 2014, eq. 15): v ← v − η∇Ũ − αv + √(2(α − β̂)η)·z; θ ← θ + v.
@@ -124,20 +120,20 @@ impl Params for SghmcParams {
     fn with_lr(self, lr: f64) -> Self {
         SghmcParams { lr, ..self }
     }
-    fn sampler_config(&self, n: usize) -> SamplerConfig {
-        config_of(Self::KIND, self.lr, n, |c| SamplerConfig {
+    fn sampler_params(&self, n: usize) -> SamplerParams {
+        SamplerParams::Sghmc {
+            step_size: eta(self.lr, n),
             friction: self.friction,
             noise_estimate: self.noise_estimate,
             integrator: self.integrator,
-            ..c
-        })
+        }
     }
 }
 
 /// The thermostat samplers' parameters: SGNHT (Ding et al. 2014, Alg. 2, one scalar
 /// thermostat α ← α + vᵀv/n − η) and mSGNHT (Li et al. 2016, eq. 2, one per element).
 macro_rules! thermostat_params {
-    ($(#[$doc:meta])* $name:ident, $kind:expr) => {
+    ($(#[$doc:meta])* $name:ident, $kind:expr, $variant:ident) => {
         $(#[$doc])*
         #[derive(Debug, Clone, Copy, PartialEq)]
         pub struct $name {
@@ -168,12 +164,12 @@ macro_rules! thermostat_params {
             fn with_lr(self, lr: f64) -> Self {
                 $name { lr, ..self }
             }
-            fn sampler_config(&self, n: usize) -> SamplerConfig {
-                config_of(Self::KIND, self.lr, n, |c| SamplerConfig {
+            fn sampler_params(&self, n: usize) -> SamplerParams {
+                SamplerParams::$variant {
+                    step_size: eta(self.lr, n),
                     diffusion: self.diffusion,
                     integrator: self.integrator,
-                    ..c
-                })
+                }
             }
         }
     };
@@ -182,12 +178,14 @@ macro_rules! thermostat_params {
 thermostat_params!(
     /// SGNHT (Ding et al. 2014): one scalar thermostat α ← α + vᵀv/n − η.
     SgnhtParams,
-    SamplerKind::Sgnht
+    SamplerKind::Sgnht,
+    Sgnht
 );
 thermostat_params!(
     /// mSGNHT (Li et al. 2016, eq. 2): one thermostat per element, α ← α + v⊙v − η.
     MsgnhtParams,
-    SamplerKind::Msgnht
+    SamplerKind::Msgnht,
+    Msgnht
 );
 
 /// SGD with momentum on U, a MAP baseline: v ← (1 − α)v − η∇Ũ; θ ← θ + v.
@@ -216,10 +214,10 @@ impl Params for MomentumParams {
     fn with_lr(self, lr: f64) -> Self {
         MomentumParams { lr, ..self }
     }
-    fn sampler_config(&self, n: usize) -> SamplerConfig {
-        config_of(Self::KIND, self.lr, n, |c| SamplerConfig {
+    fn sampler_params(&self, n: usize) -> SamplerParams {
+        SamplerParams::Momentum {
+            step_size: eta(self.lr, n),
             friction: self.friction,
-            ..c
-        })
+        }
     }
 }

@@ -19,6 +19,7 @@
 //! this code noise for noise.
 
 pub mod ladder;
+pub mod params;
 pub mod replica;
 pub mod state;
 
@@ -30,6 +31,7 @@ use crate::engine::fused::Fused;
 use crate::error::{Error, Result};
 pub use crate::kernels::TensorwiseStep;
 use crate::rng::NoiseKey;
+pub use params::{Method, SamplerParams};
 pub use state::{Clock, MsgnhtState, SamplerState, SghmcState, SgnhtState, StateScalars};
 
 /// The sampler families of the CLI.
@@ -61,21 +63,6 @@ pub enum SamplerKind {
     Hmc,
 }
 
-/// What kind of run a [`SamplerKind`] makes ([`SamplerKind::method`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Method {
-    /// Minibatch updates of one chain (or K chains apart or stacked): the SG-MCMC samplers
-    /// and the MAP baselines.
-    Chain,
-    /// Replicas of `replica` on a temperature ladder, swapped by a noise-tolerant test.
-    ReplicaExchange {
-        /// The sampler each replica runs.
-        replica: SamplerKind,
-    },
-    /// Full-batch HMC with a Metropolis–Hastings correction.
-    Hmc,
-}
-
 impl SamplerKind {
     /// The name as typed (`sghmc`) and recorded in `run.json`.
     pub fn name(self) -> &'static str {
@@ -89,26 +76,6 @@ impl SamplerKind {
             SamplerKind::Renhd => "renhd",
             SamplerKind::Reld => "reld",
             SamplerKind::Hmc => "hmc",
-        }
-    }
-
-    /// How a run of it goes: the one place that sorts the kinds, so that a new kind is
-    /// placed here and every dispatch on [`Method`] follows.
-    pub fn method(self) -> Method {
-        match self {
-            SamplerKind::Sgld
-            | SamplerKind::Sghmc
-            | SamplerKind::Sgnht
-            | SamplerKind::Msgnht
-            | SamplerKind::Sgd
-            | SamplerKind::Momentum => Method::Chain,
-            SamplerKind::Renhd => Method::ReplicaExchange {
-                replica: SamplerKind::Sgnht,
-            },
-            SamplerKind::Reld => Method::ReplicaExchange {
-                replica: SamplerKind::Sghmc,
-            },
-            SamplerKind::Hmc => Method::Hmc,
         }
     }
 
@@ -145,14 +112,21 @@ impl SamplerKind {
 
     /// Whether it runs replicas on a temperature ladder.
     pub fn is_replica_exchange(self) -> bool {
-        matches!(self.method(), Method::ReplicaExchange { .. })
+        self.replica_kind() != self
     }
 
     /// The sampler each replica runs: SGNHT for RENHD, SGHMC for RELD; itself otherwise.
     pub fn replica_kind(self) -> SamplerKind {
-        match self.method() {
-            Method::ReplicaExchange { replica } => replica,
-            Method::Chain | Method::Hmc => self,
+        match self {
+            SamplerKind::Renhd => SamplerKind::Sgnht,
+            SamplerKind::Reld => SamplerKind::Sghmc,
+            SamplerKind::Sgld
+            | SamplerKind::Sghmc
+            | SamplerKind::Sgnht
+            | SamplerKind::Msgnht
+            | SamplerKind::Sgd
+            | SamplerKind::Momentum
+            | SamplerKind::Hmc => self,
         }
     }
 
@@ -237,7 +211,9 @@ pub enum Integrator {
     Splitting,
 }
 
-/// A sampler's hyper-parameters: plain data, saved with every sample.
+/// A sampler's hyper-parameters as one flat record, every sampler's fields in it: what
+/// `run.json`, presets and the flags write, read as the sampler it names by
+/// [`SamplerConfig::method`] ([`params`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SamplerConfig {
     /// Which sampler.
@@ -258,63 +234,6 @@ pub struct SamplerConfig {
 
 fn euler() -> Integrator {
     Integrator::Euler
-}
-
-impl SamplerConfig {
-    /// Checks the hyper-parameters for this sampler; an [`Error::Invalid`] names the
-    /// quantity in the library's words (the `bnn` binary names its flag).
-    pub fn validate(&self) -> Result<()> {
-        let invalid = |name, rule: &str, value| {
-            Err(Error::Invalid {
-                name,
-                rule: rule.to_string(),
-                value,
-            })
-        };
-        if !(self.step_size > 0.0 && self.step_size.is_finite()) {
-            return invalid("step size", "positive and finite", self.step_size);
-        }
-        match self.kind {
-            SamplerKind::Sghmc | SamplerKind::Momentum | SamplerKind::Reld => {
-                // SGHMC with α = 0 is Chen et al.'s "naive SGHMC" (§3.1): no friction and
-                // no injected noise; allowed, to reproduce how it fails.
-                let momentum = self.kind == SamplerKind::Momentum;
-                let lowest = if momentum { f64::MIN_POSITIVE } else { 0.0 };
-                if !(self.friction >= lowest && self.friction <= 1.0) {
-                    let range = if momentum { "(0, 1]" } else { "[0, 1]" };
-                    let rule = format!("in {range} for {}", self.kind.name());
-                    return invalid("friction", &rule, self.friction);
-                }
-                if self.kind == SamplerKind::Sghmc
-                    && !(self.noise_estimate >= 0.0 && self.noise_estimate <= self.friction)
-                {
-                    let rule = format!("in [0, friction={}]", self.friction);
-                    return invalid("noise estimate", &rule, self.noise_estimate);
-                }
-            }
-            SamplerKind::Sgnht | SamplerKind::Msgnht | SamplerKind::Renhd => {
-                // a = 0 is allowed: all the noise then comes from the gradient (Ding et al.
-                // Fig. 1, A = 0), which the thermostat absorbs.
-                if !(self.diffusion >= 0.0 && self.diffusion.is_finite()) {
-                    let rule = format!("non-negative for {}", self.kind.name());
-                    return invalid("diffusion", &rule, self.diffusion);
-                }
-            }
-            SamplerKind::Sgld | SamplerKind::Sgd | SamplerKind::Hmc => {}
-        }
-        if self.integrator == Integrator::Splitting
-            && !matches!(
-                self.kind,
-                SamplerKind::Sghmc | SamplerKind::Sgnht | SamplerKind::Msgnht
-            )
-        {
-            return Err(Error::Config(format!(
-                "the splitting integrator applies to sghmc, sgnht and msgnht, not {}",
-                self.kind.name()
-            )));
-        }
-        Ok(())
-    }
 }
 
 /// What a sampler reports about its state.
@@ -342,9 +261,9 @@ pub(crate) fn only_sghmc_estimates_noise(kind: SamplerKind) -> Result<()> {
 /// (the mean over the tensor's elements of the minibatch gradient's variance), and the
 /// noise √(2(α − β̂)η) — none once β̂ reaches α, the gradient's noise alone then being
 /// more than the friction removes.
-pub(crate) fn estimated_noise_scale(config: &SamplerConfig, trace: f64, elements: usize) -> f64 {
-    let beta = 0.5 * config.step_size * trace / elements.max(1) as f64;
-    (2.0 * (config.friction - beta).max(0.0) * config.step_size).sqrt()
+pub(crate) fn estimated_noise_scale(eta: f64, alpha: f64, trace: f64, elements: usize) -> f64 {
+    let beta = 0.5 * eta * trace / elements.max(1) as f64;
+    (2.0 * (alpha - beta).max(0.0) * eta).sqrt()
 }
 
 /// The error of an update whose backward did not report a tensor's gradient noise
@@ -402,7 +321,7 @@ pub(crate) fn from_state(saved: &[Tensor], like: &[Tensor], what: &str) -> Resul
 /// [`TensorwiseStep`] that every sampler implements.
 pub trait Sampler: TensorwiseStep + Send {
     /// The hyper-parameters it runs with (η as it is now).
-    fn config(&self) -> SamplerConfig;
+    fn params(&self) -> SamplerParams;
     /// One update of all parameters from their gradients (same order): the per-tensor
     /// protocol in parameter order.
     fn step(&mut self, params: &[Var], grads: &[Tensor]) -> Result<()> {
@@ -429,7 +348,7 @@ pub trait Sampler: TensorwiseStep + Send {
     /// reports per tensor through [`TensorwiseStep::gradient_noise`]) instead of the fixed
     /// `noise_estimate`. An error for the other samplers.
     fn estimate_gradient_noise(&mut self) -> Result<()> {
-        only_sghmc_estimates_noise(self.config().kind)?;
+        only_sghmc_estimates_noise(self.params().kind())?;
         Err(Error::Config(
             "this sghmc update cannot estimate its gradient noise".into(),
         ))
@@ -459,55 +378,53 @@ pub enum Kernel {
     Composed,
 }
 
-/// Builds the sampler of `config` for `params` with the chosen kernel.
+/// Builds the sampler of `sampler` for `params` with the chosen kernel.
 pub fn build_with(
-    config: SamplerConfig,
+    sampler: SamplerParams,
     params: &[Var],
     seed: u64,
     kernel: Kernel,
 ) -> Result<Box<dyn Sampler>> {
-    config.validate()?;
+    sampler.validate()?;
     // The fused kernels cover SGLD, and SGHMC, SGNHT and mSGNHT with either integrator,
     // on the CPU and on CUDA.
-    let fusable = match config.kind {
-        SamplerKind::Sgld | SamplerKind::Sghmc | SamplerKind::Sgnht | SamplerKind::Msgnht => true,
-        SamplerKind::Sgd | SamplerKind::Momentum => false,
-        SamplerKind::Renhd | SamplerKind::Reld | SamplerKind::Hmc => {
-            return Err(not_one_chain(config.kind))
-        }
+    let fusable = match sampler {
+        SamplerParams::Sgld { .. }
+        | SamplerParams::Sghmc { .. }
+        | SamplerParams::Sgnht { .. }
+        | SamplerParams::Msgnht { .. } => true,
+        SamplerParams::Sgd { .. } | SamplerParams::Momentum { .. } => false,
     };
     if kernel == Kernel::Fused && fusable {
-        return Ok(Box::new(Fused::init(config, params, seed)?));
+        return Ok(Box::new(Fused::init(sampler, params, seed)?));
     }
-    build(config, params, seed)
+    build(sampler, params, seed)
 }
 
-/// Builds the composed (reference) sampler of `config` for `params`, its noise keyed by
+/// Builds the composed (reference) sampler of `sampler` for `params`, its noise keyed by
 /// `seed`.
-pub fn build(config: SamplerConfig, params: &[Var], seed: u64) -> Result<Box<dyn Sampler>> {
-    config.validate()?;
-    Ok(match config.kind {
-        SamplerKind::Sgld => Box::new(composed::ComposedSgld::init(config, params, seed)),
-        SamplerKind::Sghmc => Box::new(composed::ComposedSghmc::init(config, params, seed)?),
-        // mSGNHT: SGNHT's updates with the thermostat kept element-wise.
-        SamplerKind::Sgnht | SamplerKind::Msgnht => Box::new(composed::ComposedSgnht::init(
-            config,
-            params,
-            seed,
-            config.kind == SamplerKind::Msgnht,
-        )?),
-        SamplerKind::Sgd | SamplerKind::Momentum => {
-            Box::new(composed::ComposedSgd::init(config, params)?)
+pub fn build(sampler: SamplerParams, params: &[Var], seed: u64) -> Result<Box<dyn Sampler>> {
+    sampler.validate()?;
+    Ok(match sampler {
+        SamplerParams::Sgld { step_size } => {
+            Box::new(composed::ComposedSgld::init(step_size, params, seed))
         }
-        SamplerKind::Renhd | SamplerKind::Reld | SamplerKind::Hmc => {
-            return Err(not_one_chain(config.kind))
+        SamplerParams::Sghmc { .. } => {
+            Box::new(composed::ComposedSghmc::init(sampler, params, seed)?)
+        }
+        // mSGNHT: SGNHT's updates with the thermostat kept element-wise.
+        SamplerParams::Sgnht { .. } | SamplerParams::Msgnht { .. } => {
+            Box::new(composed::ComposedSgnht::init(sampler, params, seed)?)
+        }
+        SamplerParams::Sgd { .. } | SamplerParams::Momentum { .. } => {
+            Box::new(composed::ComposedSgd::init(sampler, params)?)
         }
     })
 }
 
 /// A replica-exchange sampler is a ladder of chains, HMC a full-batch trajectory: neither
 /// is one minibatch update rule.
-fn not_one_chain(kind: SamplerKind) -> Error {
+pub(crate) fn not_one_chain(kind: SamplerKind) -> Error {
     if kind == SamplerKind::Hmc {
         return Error::Config(
             "hmc takes full-batch trajectories, not minibatch updates (see bnn_core::hmc)".into(),

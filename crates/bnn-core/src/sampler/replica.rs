@@ -15,7 +15,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::ladder::PairSchedule;
-use super::{Integrator, SamplerConfig, SamplerKind};
+#[cfg(doc)]
+use super::Method;
+use super::{Integrator, SamplerKind, SamplerParams};
 use crate::error::{Error, Result};
 
 /// The thermostat of a RENHD replica.
@@ -93,32 +95,55 @@ impl ReplicaOptions {
 
 /// A replica's sampler at temperature `t`: RENHD's SGNHT (or mSGNHT) with η = T·ε and
 /// a = c/T, RELD's SGHMC with η = T·ε and α = c/T (module note), Euler as in Algorithm 2.
-pub fn replica_config(
+pub fn replica_params(
     kind: SamplerKind,
     thermostat: ReplicaThermostat,
     epsilon: f64,
     c: f64,
     t: f64,
-) -> SamplerConfig {
-    let replica = match (kind.replica_kind(), thermostat) {
-        (SamplerKind::Sgnht, ReplicaThermostat::PerParameter) => SamplerKind::Msgnht,
-        (k, _) => k,
-    };
-    let langevin = replica == SamplerKind::Sghmc;
-    SamplerConfig {
-        kind: replica,
-        step_size: t * epsilon,
-        friction: if langevin { c / t } else { 0.0 },
-        noise_estimate: 0.0,
-        diffusion: if langevin { 0.0 } else { c / t },
-        integrator: Integrator::Euler,
-    }
+) -> Result<SamplerParams> {
+    let (step_size, integrator) = (t * epsilon, Integrator::Euler);
+    Ok(match (kind, thermostat) {
+        (SamplerKind::Reld, _) => SamplerParams::Sghmc {
+            step_size,
+            friction: c / t,
+            noise_estimate: 0.0,
+            integrator,
+        },
+        (SamplerKind::Renhd, ReplicaThermostat::PerParameter) => SamplerParams::Msgnht {
+            step_size,
+            diffusion: c / t,
+            integrator,
+        },
+        (SamplerKind::Renhd, ReplicaThermostat::Scalar) => SamplerParams::Sgnht {
+            step_size,
+            diffusion: c / t,
+            integrator,
+        },
+        (
+            SamplerKind::Sgld
+            | SamplerKind::Sghmc
+            | SamplerKind::Sgnht
+            | SamplerKind::Msgnht
+            | SamplerKind::Sgd
+            | SamplerKind::Momentum
+            | SamplerKind::Hmc,
+            _,
+        ) => return Err(Error::Config(format!("{} runs no replicas", kind.name()))),
+    })
 }
 
-/// c of a replica-exchange sampler's config: RENHD's diffusion, RELD's friction (at T = 1).
-pub fn noise_coefficient(config: &SamplerConfig) -> f64 {
-    match config.kind.is_thermostat() {
-        true => config.diffusion,
-        false => config.friction,
-    }
+/// ε and c of a replica-exchange run ([`Method::ReplicaExchange`]'s replica at T = 1):
+/// c is RENHD's diffusion, RELD's friction.
+pub fn epsilon_and_c(replica: &SamplerParams) -> (f64, f64) {
+    let c = match *replica {
+        SamplerParams::Sghmc { friction, .. } | SamplerParams::Momentum { friction, .. } => {
+            friction
+        }
+        SamplerParams::Sgnht { diffusion, .. } | SamplerParams::Msgnht { diffusion, .. } => {
+            diffusion
+        }
+        SamplerParams::Sgld { .. } | SamplerParams::Sgd { .. } => 0.0,
+    };
+    (replica.step_size(), c)
 }

@@ -291,7 +291,8 @@ pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
     let n = opts.chains * dim;
     let theta = Var::from_vec(start_point(opts, &pot), n, &Device::Cpu)?;
     let params = [theta.clone()];
-    let mut s = sampler::build_with(sampler_config(opts), &params, opts.seed, Kernel::Fused)?;
+    let chain = sampler_config(opts).params()?;
+    let mut s = sampler::build_with(chain, &params, opts.seed, Kernel::Fused)?;
     let mut gradients = NoisyGradient::new(opts, &pot);
     let kept = opts.steps - opts.burnin;
     let mut samples = Vec::with_capacity(kept * n);

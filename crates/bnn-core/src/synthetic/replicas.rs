@@ -22,7 +22,7 @@ use crate::engine::exchange::{energy_difference, logistic, Compensation};
 use crate::error::{Error, Result};
 use crate::rng::NoiseKey;
 use crate::sampler::ladder::Ladder;
-use crate::sampler::replica::replica_config;
+use crate::sampler::replica::replica_params;
 use crate::sampler::{self, Kernel};
 
 pub use crate::sampler::replica::ReplicaOptions;
@@ -124,10 +124,11 @@ impl<'a> Walk<'a> {
         let epsilon = opts.h * opts.h;
         let mut samplers = (0..ro.replicas)
             .map(|r| {
-                let config = replica_config(opts.sampler, ro.thermostat, epsilon, self.c, temps[r]);
+                let params =
+                    replica_params(opts.sampler, ro.thermostat, epsilon, self.c, temps[r])?;
                 let seed = crate::rng::replica_round_seed(opts.seed, r, ladder.rounds);
                 let theta = std::slice::from_ref(&self.thetas[r]);
-                sampler::build_with(config, theta, seed, Kernel::Fused)
+                sampler::build_with(params, theta, seed, Kernel::Fused)
             })
             .collect::<Result<Vec<_>>>()?;
         let until = (self.step + ro.exchange_every).min(opts.steps);

@@ -476,7 +476,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
         let stepper = Stepper::new(
             &model,
             potential,
-            s.sampler,
+            s.sampler.params()?,
             s.kernel,
             s.backward,
             s.seed,
@@ -721,7 +721,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
         sums.eta_last = eta;
         sums.eta_sum += eta;
         sums.updates += 1;
-        if eta != self.stepper.sampler.config().step_size {
+        if eta != self.stepper.sampler.params().step_size() {
             self.stepper.sampler.set_step_size(eta)?;
         }
         Ok(())

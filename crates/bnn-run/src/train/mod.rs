@@ -333,9 +333,9 @@ fn train_checked(
         return finish(cfg, ds, vec![cold], Some(report)).map(Some);
     }
     if cfg.settings.chains <= 1 {
-        let chain = match cfg.settings.sampler.kind.method() {
-            Method::Hmc => hmc::run_hmc_chain(cfg, ds, run_dir, true, (0, 1))?,
-            Method::Chain | Method::ReplicaExchange { .. } => {
+        let chain = match cfg.settings.sampler.method()? {
+            Method::Hmc { .. } => hmc::run_hmc_chain(cfg, ds, run_dir, true, (0, 1))?,
+            Method::Chain(_) | Method::ReplicaExchange { .. } => {
                 run_chain(cfg, ds, run_dir, true, cfg.settings.seed)?
             }
         };
@@ -377,11 +377,12 @@ fn run_chains(cfg: &TrainConfig, ds: &Dataset, ks: &[usize]) -> Result<Vec<(usiz
         chain_cfg.progress = false;
         let _span = tracing::info_span!("chain", k).entered();
         let dir = checkpoint::chain_dir(run_dir, k);
-        let out = match cfg.settings.sampler.kind.method() {
-            Method::Hmc => {
+        let out = match cfg.settings.sampler.method() {
+            Err(e) => Err(e),
+            Ok(Method::Hmc { .. }) => {
                 hmc::run_hmc_chain(&chain_cfg, ds, &dir, false, (k, cfg.settings.chains))
             }
-            Method::Chain | Method::ReplicaExchange { .. } => {
+            Ok(Method::Chain(_) | Method::ReplicaExchange { .. }) => {
                 run_chain(&chain_cfg, ds, &dir, false, cfg.settings.seed)
             }
         };

@@ -472,7 +472,7 @@ fn after_update(
     for (lane, &diag) in lanes.iter_mut().zip(diags) {
         lane.chain.watch(step, epoch, last_of_epoch, None)?;
         if keep {
-            let eta = lane.chain.stepper.sampler.config().step_size;
+            let eta = lane.chain.stepper.sampler.params().step_size();
             lane.chain
                 .keep_sample(step, epoch, eta, diag, predicted.next())?;
         }

@@ -10,7 +10,7 @@ use crate::kernels::gemm::NonZero;
 use crate::model::Network;
 use crate::potential::pass::{pass_for, Pass};
 use crate::potential::{Backward, Potential};
-use crate::sampler::{self, Kernel, Sampler, SamplerConfig, TensorwiseStep};
+use crate::sampler::{self, Kernel, Sampler, SamplerParams, TensorwiseStep};
 
 /// One training update (minibatch gather, forward, backward, sampler step) with the
 /// buffers it reuses; shared by [`super::train`] and `bnn bench train`.
@@ -82,7 +82,7 @@ impl Stepper {
     pub fn new(
         model: &Network,
         potential: Potential,
-        sampler: SamplerConfig,
+        sampler: SamplerParams,
         kernel: Kernel,
         backward: Backward,
         seed: u64,
@@ -116,14 +116,14 @@ impl Stepper {
     }
 
     /// Replaces the sampler (a replica's, at the start of an exchange round) with a new one
-    /// for `config`, its noise keyed by `seed`: momentum re-drawn, thermostat reset.
+    /// for `params`, its noise keyed by `seed`: momentum re-drawn, thermostat reset.
     pub fn rebuild_sampler(
         &mut self,
-        config: SamplerConfig,
+        params: SamplerParams,
         kernel: Kernel,
         seed: u64,
     ) -> Result<()> {
-        self.sampler = sampler::build_with(config, &self.vars, seed, kernel)?;
+        self.sampler = sampler::build_with(params, &self.vars, seed, kernel)?;
         Ok(())
     }
 

@@ -5,17 +5,19 @@ use candle_core::{Tensor, Var};
 
 use crate::error::Result;
 use crate::sampler::{
-    from_state, to_state, Clock, Diagnostics, SamplerConfig, SamplerKind, SamplerState, SghmcState,
+    from_state, to_state, Clock, Diagnostics, SamplerParams, SamplerState, SghmcState,
     TensorwiseStep,
 };
 
 /// SGD and SGD with momentum: the MAP baselines.
 #[derive(Debug, Clone)]
 pub struct ComposedSgd {
-    /// Its hyper-parameters.
-    pub config: SamplerConfig,
+    /// Its hyper-parameters: SGD's or momentum's.
+    pub params: SamplerParams,
     /// Updates done.
     pub step: u64,
+    /// α of momentum (0 for SGD).
+    friction: f64,
     /// Present for `momentum`, starting at zero.
     pub momentum: Option<Vec<Tensor>>,
     /// Number of parameter tensors.
@@ -24,8 +26,21 @@ pub struct ComposedSgd {
 
 impl ComposedSgd {
     /// Starts on `params` (momentum zero).
-    pub fn init(config: SamplerConfig, params: &[Var]) -> Result<Self> {
-        let momentum = if config.kind == SamplerKind::Momentum {
+    pub fn init(sampler: SamplerParams, params: &[Var]) -> Result<Self> {
+        let friction = match sampler {
+            SamplerParams::Momentum { friction, .. } => Some(friction),
+            SamplerParams::Sgd { .. } => None,
+            SamplerParams::Sgld { .. }
+            | SamplerParams::Sghmc { .. }
+            | SamplerParams::Sgnht { .. }
+            | SamplerParams::Msgnht { .. } => {
+                return Err(crate::error::Error::Config(format!(
+                    "{} is not a MAP baseline",
+                    sampler.kind().name()
+                )))
+            }
+        };
+        let momentum = if friction.is_some() {
             Some(
                 params
                     .iter()
@@ -36,7 +51,8 @@ impl ComposedSgd {
             None
         };
         Ok(ComposedSgd {
-            config,
+            params: sampler,
+            friction: friction.unwrap_or(0.0),
             step: 0,
             momentum,
             tensors: params.len(),
@@ -54,11 +70,11 @@ impl TensorwiseStep for ComposedSgd {
     }
 
     fn step_tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
-        let eta = self.config.step_size;
+        let eta = self.params.step_size();
         let g = &g.detach(); // keep autograd history out of the sampler state
         let delta = match &mut self.momentum {
             Some(m) => {
-                m[i] = ((&m[i] * (1.0 - self.config.friction))? - (g * eta)?)?;
+                m[i] = ((&m[i] * (1.0 - self.friction))? - (g * eta)?)?;
                 m[i].clone()
             }
             None => (g * -eta)?,
@@ -74,8 +90,8 @@ impl TensorwiseStep for ComposedSgd {
 }
 
 impl crate::sampler::Sampler for ComposedSgd {
-    fn config(&self) -> SamplerConfig {
-        self.config
+    fn params(&self) -> SamplerParams {
+        self.params
     }
 
     fn diagnostics(&self) -> Diagnostics {
@@ -85,7 +101,7 @@ impl crate::sampler::Sampler for ComposedSgd {
     fn state(&self) -> Result<SamplerState> {
         let clock = Clock {
             step: self.step,
-            step_size: self.config.step_size,
+            step_size: self.params.step_size(),
         };
         Ok(match &self.momentum {
             None => SamplerState::Sgld(clock),
@@ -108,7 +124,7 @@ impl crate::sampler::Sampler for ComposedSgd {
             (Some(_), _) => return Err(state.refuse("momentum")),
         };
         self.step = clock.step;
-        self.config.step_size = clock.step_size;
+        self.params = self.params.with_step_size(clock.step_size);
         Ok(())
     }
 
@@ -117,7 +133,7 @@ impl crate::sampler::Sampler for ComposedSgd {
     }
 
     fn set_step_size(&mut self, step_size: f64) -> Result<()> {
-        self.config.step_size = step_size;
+        self.params = self.params.with_step_size(step_size);
         Ok(())
     }
 }

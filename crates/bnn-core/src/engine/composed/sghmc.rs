@@ -17,14 +17,17 @@ use candle_core::{Tensor, Var};
 use crate::error::Result;
 use crate::sampler::{
     from_state, init_momentum, kinetic_energy, noise_like, to_state, virial, Clock, Diagnostics,
-    Integrator, Sampler, SamplerConfig, SamplerState, SghmcState, TensorwiseStep,
+    Integrator, Sampler, SamplerParams, SamplerState, SghmcState, TensorwiseStep,
 };
 
 /// SGHMC (Chen et al. 2014) with the composed update.
 #[derive(Debug, Clone)]
 pub struct ComposedSghmc {
-    /// Its hyper-parameters.
-    pub config: SamplerConfig,
+    /// Its hyper-parameters (SGHMC's).
+    pub params: SamplerParams,
+    /// α and β̂.
+    friction: f64,
+    noise_estimate: f64,
     /// Seed of the noise.
     pub seed: u64,
     /// Updates done.
@@ -41,16 +44,30 @@ pub struct ComposedSghmc {
 
 impl ComposedSghmc {
     /// Momenta start at v ~ N(0, η).
-    pub fn init(config: SamplerConfig, params: &[Var], seed: u64) -> Result<Self> {
-        let momentum = init_momentum(params, config.step_size, seed)?;
-        let kinetic = kinetic_energy(&momentum, config.step_size)?;
-        if config.integrator == Integrator::Splitting {
+    pub fn init(sampler: SamplerParams, params: &[Var], seed: u64) -> Result<Self> {
+        let SamplerParams::Sghmc {
+            step_size,
+            friction,
+            noise_estimate,
+            integrator,
+        } = sampler
+        else {
+            return Err(crate::error::Error::Config(format!(
+                "{} is not sghmc",
+                sampler.kind().name()
+            )));
+        };
+        let momentum = init_momentum(params, step_size, seed)?;
+        let kinetic = kinetic_energy(&momentum, step_size)?;
+        if integrator == Integrator::Splitting {
             for (p, v) in params.iter().zip(&momentum) {
                 p.set(&(p.as_detached_tensor() + (v * 0.5)?)?)?;
             }
         }
         Ok(ComposedSghmc {
-            config,
+            params: sampler,
+            friction,
+            noise_estimate,
             seed,
             step: 0,
             virials: Vec::new(),
@@ -82,18 +99,14 @@ impl TensorwiseStep for ComposedSghmc {
     /// Tensor t's noise scale with β̂ estimated, as the fused update's.
     fn gradient_noise(&mut self, t: usize, trace: f64) -> Result<()> {
         let elements = self.momentum[t].elem_count();
-        let scale = crate::sampler::estimated_noise_scale(&self.config, trace, elements);
+        let (eta, alpha) = (self.params.step_size(), self.friction);
+        let scale = crate::sampler::estimated_noise_scale(eta, alpha, trace, elements);
         self.noise_scales[t] = Some(scale);
         Ok(())
     }
 
     fn step_tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
-        let SamplerConfig {
-            step_size: eta,
-            friction: alpha,
-            noise_estimate: beta,
-            ..
-        } = self.config;
+        let (eta, alpha, beta) = (self.params.step_size(), self.friction, self.noise_estimate);
         let sigma = match (
             self.estimate_noise,
             self.noise_scales.get(i).copied().flatten(),
@@ -106,7 +119,7 @@ impl TensorwiseStep for ComposedSghmc {
         self.virials[i] = virial(p.as_tensor(), g)?;
         let z = noise_like(g, self.seed, self.step, i)?;
         let v = &self.momentum[i];
-        let v = if self.config.integrator == Integrator::Splitting {
+        let v = if self.params.integrator() == Integrator::Splitting {
             let damp = (-alpha / 2.0).exp();
             ((((v * damp)? - (g * eta)?)? + (z * sigma)?)? * damp)?
         } else {
@@ -118,15 +131,15 @@ impl TensorwiseStep for ComposedSghmc {
     }
 
     fn close_update(&mut self) -> Result<()> {
-        self.kinetic = kinetic_energy(&self.momentum, self.config.step_size)?;
+        self.kinetic = kinetic_energy(&self.momentum, self.params.step_size())?;
         self.step += 1;
         Ok(())
     }
 }
 
 impl Sampler for ComposedSghmc {
-    fn config(&self) -> SamplerConfig {
-        self.config
+    fn params(&self) -> SamplerParams {
+        self.params
     }
 
     fn diagnostics(&self) -> Diagnostics {
@@ -141,7 +154,7 @@ impl Sampler for ComposedSghmc {
     }
 
     fn estimate_gradient_noise(&mut self) -> Result<()> {
-        crate::sampler::only_sghmc_estimates_noise(self.config.kind)?;
+        crate::sampler::only_sghmc_estimates_noise(self.params.kind())?;
         self.estimate_noise = true;
         Ok(())
     }
@@ -150,7 +163,7 @@ impl Sampler for ComposedSghmc {
         Ok(SamplerState::Sghmc(SghmcState {
             clock: Clock {
                 step: self.step,
-                step_size: self.config.step_size,
+                step_size: self.params.step_size(),
             },
             momentum: to_state(&self.momentum)?,
             kinetic: self.kinetic,
@@ -164,7 +177,7 @@ impl Sampler for ComposedSghmc {
         self.momentum = from_state(&s.momentum, &self.momentum, "momentum")?;
         self.kinetic = s.kinetic;
         self.step = s.clock.step;
-        self.config.step_size = s.clock.step_size;
+        self.params = self.params.with_step_size(s.clock.step_size);
         Ok(())
     }
 
@@ -173,8 +186,8 @@ impl Sampler for ComposedSghmc {
     }
 
     fn set_step_size(&mut self, step_size: f64) -> Result<()> {
-        crate::sampler::rescale_momentum(&mut self.momentum, self.config.step_size, step_size)?;
-        self.config.step_size = step_size;
+        crate::sampler::rescale_momentum(&mut self.momentum, self.params.step_size(), step_size)?;
+        self.params = self.params.with_step_size(step_size);
         Ok(())
     }
 }

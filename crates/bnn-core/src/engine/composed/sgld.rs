@@ -7,14 +7,14 @@ use candle_core::{Tensor, Var};
 
 use crate::error::Result;
 use crate::sampler::{
-    noise_like, virial, Clock, Diagnostics, Sampler, SamplerConfig, SamplerState, TensorwiseStep,
+    noise_like, virial, Clock, Diagnostics, Sampler, SamplerParams, SamplerState, TensorwiseStep,
 };
 
 /// SGLD (Welling and Teh 2011).
 #[derive(Debug, Clone)]
 pub struct ComposedSgld {
-    /// Its hyper-parameters.
-    pub config: SamplerConfig,
+    /// η.
+    pub step_size: f64,
     /// Seed of the noise.
     pub seed: u64,
     /// Updates done.
@@ -27,9 +27,9 @@ pub struct ComposedSgld {
 
 impl ComposedSgld {
     /// Starts on `params` with the noise of `seed`.
-    pub fn init(config: SamplerConfig, params: &[Var], seed: u64) -> Self {
+    pub fn init(step_size: f64, params: &[Var], seed: u64) -> Self {
         ComposedSgld {
-            config,
+            step_size,
             seed,
             step: 0,
             virials: Vec::new(),
@@ -50,7 +50,7 @@ impl TensorwiseStep for ComposedSgld {
     }
 
     fn step_tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
-        let eta = self.config.step_size;
+        let eta = self.step_size;
         let sigma = (2.0 * eta).sqrt();
         let g = &g.detach(); // keep autograd history out of the sampler state
         self.virials[i] = virial(p.as_tensor(), g)?;
@@ -67,8 +67,10 @@ impl TensorwiseStep for ComposedSgld {
 }
 
 impl Sampler for ComposedSgld {
-    fn config(&self) -> SamplerConfig {
-        self.config
+    fn params(&self) -> SamplerParams {
+        SamplerParams::Sgld {
+            step_size: self.step_size,
+        }
     }
 
     fn diagnostics(&self) -> Diagnostics {
@@ -82,7 +84,7 @@ impl Sampler for ComposedSgld {
     fn state(&self) -> Result<SamplerState> {
         Ok(SamplerState::Sgld(Clock {
             step: self.step,
-            step_size: self.config.step_size,
+            step_size: self.step_size,
         }))
     }
 
@@ -91,7 +93,7 @@ impl Sampler for ComposedSgld {
             return Err(state.refuse("SGLD"));
         };
         self.step = clock.step;
-        self.config.step_size = clock.step_size;
+        self.step_size = clock.step_size;
         Ok(())
     }
 
@@ -100,7 +102,7 @@ impl Sampler for ComposedSgld {
     }
 
     fn set_step_size(&mut self, step_size: f64) -> Result<()> {
-        self.config.step_size = step_size;
+        self.step_size = step_size;
         Ok(())
     }
 }

@@ -27,7 +27,7 @@ use candle_core::{Tensor, Var};
 use crate::error::Result;
 use crate::sampler::{
     from_state, init_momentum, kinetic_energy, noise_like, to_state, virial, Clock, Diagnostics,
-    Integrator, MsgnhtState, Sampler, SamplerConfig, SamplerState, SgnhtState, TensorwiseStep,
+    Integrator, MsgnhtState, Sampler, SamplerParams, SamplerState, SgnhtState, TensorwiseStep,
 };
 
 /// α: one scalar for SGNHT, or one tensor per parameter tensor for mSGNHT.
@@ -42,8 +42,10 @@ pub enum Thermostat {
 /// SGNHT (Ding et al. 2014) and mSGNHT (Li et al. 2016) with the composed update.
 #[derive(Debug, Clone)]
 pub struct ComposedSgnht {
-    /// Its hyper-parameters.
-    pub config: SamplerConfig,
+    /// Its hyper-parameters: SGNHT's or mSGNHT's.
+    pub params: SamplerParams,
+    /// a.
+    diffusion: f64,
     /// Seed of the noise.
     pub seed: u64,
     /// Updates done.
@@ -60,26 +62,36 @@ pub struct ComposedSgnht {
 impl ComposedSgnht {
     /// Momenta start at u ~ N(0, η) (p ~ N(0, I)); the thermostat at α = a; with the
     /// splitting integrator the first A (h/2) half-step is applied here.
-    pub fn init(
-        config: SamplerConfig,
-        params: &[Var],
-        seed: u64,
-        per_element: bool,
-    ) -> Result<Self> {
-        let momentum = init_momentum(params, config.step_size, seed)?;
-        let kinetic = kinetic_energy(&momentum, config.step_size)?;
+    pub fn init(sampler: SamplerParams, params: &[Var], seed: u64) -> Result<Self> {
+        let (per_element, diffusion) = match sampler {
+            SamplerParams::Sgnht { diffusion, .. } => (false, diffusion),
+            SamplerParams::Msgnht { diffusion, .. } => (true, diffusion),
+            SamplerParams::Sgld { .. }
+            | SamplerParams::Sghmc { .. }
+            | SamplerParams::Sgd { .. }
+            | SamplerParams::Momentum { .. } => {
+                return Err(crate::error::Error::Config(format!(
+                    "{} has no thermostat",
+                    sampler.kind().name()
+                )))
+            }
+        };
+        let eta = sampler.step_size();
+        let momentum = init_momentum(params, eta, seed)?;
+        let kinetic = kinetic_energy(&momentum, eta)?;
         let thermostat = if per_element {
             Thermostat::PerElement(
                 momentum
                     .iter()
-                    .map(|u| (u.ones_like()? * config.diffusion).map_err(Into::into))
+                    .map(|u| (u.ones_like()? * diffusion).map_err(Into::into))
                     .collect::<Result<Vec<_>>>()?,
             )
         } else {
-            Thermostat::Scalar(config.diffusion)
+            Thermostat::Scalar(diffusion)
         };
         let mut s = ComposedSgnht {
-            config,
+            params: sampler,
+            diffusion,
             seed,
             step: 0,
             virials: Vec::new(),
@@ -87,7 +99,7 @@ impl ComposedSgnht {
             thermostat,
             kinetic,
         };
-        if config.integrator == Integrator::Splitting {
+        if sampler.integrator() == Integrator::Splitting {
             for (i, p) in params.iter().enumerate() {
                 s.drift_tensor(i, p, 0.5)?;
             }
@@ -101,7 +113,7 @@ impl ComposedSgnht {
         let u = &self.momentum[i];
         p.set(&(p.as_detached_tensor() + (u * fraction)?)?)?;
         if let Thermostat::PerElement(alphas) = &mut self.thermostat {
-            let eta = self.config.step_size;
+            let eta = self.params.step_size();
             alphas[i] = (&alphas[i] + ((u.sqr()? - eta)? * fraction)?)?;
         }
         Ok(())
@@ -110,7 +122,7 @@ impl ComposedSgnht {
     /// The rest of A (fraction·h) once every tensor has drifted: the kinetic energy and
     /// the scalar thermostat α ← α + f·(uᵀu/n − η).
     fn drift_scalar(&mut self, fraction: f64) -> Result<()> {
-        let eta = self.config.step_size;
+        let eta = self.params.step_size();
         self.kinetic = kinetic_energy(&self.momentum, eta)?;
         if let Thermostat::Scalar(alpha) = &mut self.thermostat {
             // uᵀu/n = 2η·K, with K the kinetic energy per parameter.
@@ -167,13 +179,13 @@ impl TensorwiseStep for ComposedSgnht {
     /// and the per-element α drift: Euler's θ ← θ + u, α ← α + (u⊙u − η), which is also
     /// splitting's merged A (h).
     fn step_tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
-        let eta = self.config.step_size;
-        let sigma = (2.0 * self.config.diffusion * eta).sqrt();
+        let eta = self.params.step_size();
+        let sigma = (2.0 * self.diffusion * eta).sqrt();
         let g = &g.detach(); // keep autograd history out of the sampler state
         self.virials[i] = virial(p.as_tensor(), g)?;
         let z = noise_like(g, self.seed, self.step, i)?;
         let u = &self.momentum[i];
-        let u = if self.config.integrator == Integrator::Splitting {
+        let u = if self.params.integrator() == Integrator::Splitting {
             let u = self.friction_half(i, u)?;
             let u = ((u - (g * eta)?)? + (z * sigma)?)?;
             self.friction_half(i, &u)?
@@ -192,8 +204,8 @@ impl TensorwiseStep for ComposedSgnht {
 }
 
 impl Sampler for ComposedSgnht {
-    fn config(&self) -> SamplerConfig {
-        self.config
+    fn params(&self) -> SamplerParams {
+        self.params
     }
 
     fn diagnostics(&self) -> Diagnostics {
@@ -210,7 +222,7 @@ impl Sampler for ComposedSgnht {
     fn state(&self) -> Result<SamplerState> {
         let clock = Clock {
             step: self.step,
-            step_size: self.config.step_size,
+            step_size: self.params.step_size(),
         };
         let momentum = to_state(&self.momentum)?;
         Ok(match &self.thermostat {
@@ -246,7 +258,7 @@ impl Sampler for ComposedSgnht {
         self.momentum = from_state(momentum, &self.momentum, "momentum")?;
         self.kinetic = kinetic;
         self.step = clock.step;
-        self.config.step_size = clock.step_size;
+        self.params = self.params.with_step_size(clock.step_size);
         Ok(())
     }
 
@@ -255,8 +267,8 @@ impl Sampler for ComposedSgnht {
     }
 
     fn set_step_size(&mut self, step_size: f64) -> Result<()> {
-        crate::sampler::rescale_momentum(&mut self.momentum, self.config.step_size, step_size)?;
-        self.config.step_size = step_size;
+        crate::sampler::rescale_momentum(&mut self.momentum, self.params.step_size(), step_size)?;
+        self.params = self.params.with_step_size(step_size);
         Ok(())
     }
 }

@@ -47,7 +47,8 @@ use crate::ranks::Ranks;
 use crate::rng;
 use crate::run_state::Position;
 use crate::sampler::ladder::Ladder;
-use crate::sampler::replica::{noise_coefficient, replica_config, ReplicaOptions};
+use crate::sampler::replica::{epsilon_and_c, replica_params, ReplicaOptions};
+use crate::sampler::Method;
 use crate::signals;
 
 mod cold;
@@ -148,17 +149,24 @@ pub(super) fn run_replicas(
         .as_ref()
         .ok_or_else(|| Error::Config("replica exchange without its options".into()))?;
     let batches = (ds.train.len() / s.batch_size) as u64;
+    let Method::ReplicaExchange { replica, .. } = s.sampler.method()? else {
+        return Err(Error::Config(format!(
+            "{} runs no replicas",
+            s.sampler.kind.name()
+        )));
+    };
+    let (epsilon, c) = epsilon_and_c(&replica);
     let plan = Plan {
         cfg,
         ds,
         options,
         batches,
         total_steps: batches * s.epochs as u64,
-        epsilon: s.sampler.step_size,
-        c: noise_coefficient(&s.sampler),
+        epsilon,
+        c,
         cold_dir: checkpoint::chain_dir(&cfg.run_dir, 0),
     };
-    let (cfgs, dirs) = replica_settings(&plan);
+    let (cfgs, dirs) = replica_settings(&plan)?;
     let mut replicas = new_replicas(&plan, &cfgs, &dirs, &ranks.dealt(options.replicas))?;
     let first = replicas
         .iter()
@@ -286,23 +294,25 @@ fn run_rounds(
 
 /// Each replica's own settings — its seed, and its sampler at T = 1 (rebuilt each
 /// round) — and its folder.
-fn replica_settings(plan: &Plan) -> (Vec<TrainConfig>, Vec<PathBuf>) {
+fn replica_settings(plan: &Plan) -> Result<(Vec<TrainConfig>, Vec<PathBuf>)> {
     let (cfg, s) = (plan.cfg, &plan.cfg.settings);
-    (0..plan.options.replicas)
+    let cold = replica_params(
+        s.sampler.kind,
+        plan.options.thermostat,
+        plan.epsilon,
+        plan.c,
+        1.0,
+    )?
+    .record();
+    Ok((0..plan.options.replicas)
         .map(|j| {
             let mut c = cfg.clone();
             c.settings.seed = rng::chain_seed(s.seed, j);
-            c.settings.sampler = replica_config(
-                s.sampler.kind,
-                plan.options.thermostat,
-                plan.epsilon,
-                plan.c,
-                1.0,
-            );
+            c.settings.sampler = cold;
             c.progress = false;
             (c, replica_dir(&cfg.run_dir, j))
         })
-        .unzip()
+        .unzip())
 }
 
 /// This rank's replicas (`mine`), each a chain of `cfgs[j]` in `dirs[j]`; `None` for the
@@ -432,16 +442,16 @@ fn run_round(
         .collect();
     for (j, r) in replicas.iter_mut().enumerate() {
         let Some(r) = r else { continue };
-        let config = replica_config(
+        let params = replica_params(
             s.sampler.kind,
             options.thermostat,
             plan.epsilon,
             plan.c,
             temps[j],
-        );
+        )?;
         r.chain.stepper.potential.temperature = s.temperature * temps[j];
         let seed = rng::replica_round_seed(s.seed, j, round);
-        r.chain.stepper.rebuild_sampler(config, s.kernel, seed)?;
+        r.chain.stepper.rebuild_sampler(params, s.kernel, seed)?;
     }
     let until = (step + options.exchange_every as u64).min(plan.total_steps);
     let holder = ladder.holder[0];

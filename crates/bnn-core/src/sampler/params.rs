@@ -1,0 +1,325 @@
+//! A run's method as a type: [`SamplerParams`], one variant per minibatch update rule with
+//! only its own hyper-parameters, and [`Method`], which says how a run goes (one chain of
+//! such a rule, replicas of one on a ladder, or full-batch HMC).
+//!
+//! [`SamplerConfig`] stays the flat record that `run.json`, presets and the flags write
+//! (every field of every sampler, so that older runs read back unchanged); it is turned
+//! into these types once, by [`SamplerConfig::method`] and [`SamplerConfig::params`], which
+//! refuse what does not belong to the sampler named (the splitting integrator for SGLD,
+//! say). Everything that steps reads the typed form, so SGLD cannot see a friction.
+
+use super::{Integrator, SamplerConfig, SamplerKind};
+use crate::error::{Error, Result};
+
+/// A minibatch sampler (or MAP baseline) and its hyper-parameters, in the v-form variables
+/// of the module note of [`crate::sampler`]: η = h², α = ξ·h, β̂ = B̂·h, a = A·h.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SamplerParams {
+    /// SGLD (Welling & Teh 2011): θ ← θ − η∇Ũ + √(2η)·z.
+    Sgld {
+        /// η.
+        step_size: f64,
+    },
+    /// SGHMC (Chen et al. 2014, eq. 15): v ← v − η∇Ũ − αv + √(2(α − β̂)η)·z; θ ← θ + v.
+    Sghmc {
+        /// η.
+        step_size: f64,
+        /// α, in [0, 1] (0 is Chen et al.'s naive SGHMC, §3.1).
+        friction: f64,
+        /// β̂, in [0, α]: the gradient noise subtracted from the injected noise.
+        noise_estimate: f64,
+        /// Euler (the paper's update) or the symmetric splitting.
+        integrator: Integrator,
+    },
+    /// SGNHT (Ding et al. 2014, Alg. 2): one scalar thermostat α ← α + vᵀv/n − η.
+    Sgnht {
+        /// η.
+        step_size: f64,
+        /// a ≥ 0: the injected noise's diffusion, and the thermostat's start.
+        diffusion: f64,
+        /// The symmetric splitting (Li et al. 2016 §3) or Euler.
+        integrator: Integrator,
+    },
+    /// mSGNHT (Li et al. 2016, eq. 2): one thermostat per element, α ← α + v⊙v − η.
+    Msgnht {
+        /// η.
+        step_size: f64,
+        /// a ≥ 0.
+        diffusion: f64,
+        /// The symmetric splitting or Euler.
+        integrator: Integrator,
+    },
+    /// SGD on U (MAP baseline): θ ← θ − η∇Ũ.
+    Sgd {
+        /// η.
+        step_size: f64,
+    },
+    /// SGD with momentum on U (MAP baseline): v ← (1 − α)v − η∇Ũ; θ ← θ + v.
+    Momentum {
+        /// η.
+        step_size: f64,
+        /// α, in (0, 1].
+        friction: f64,
+    },
+}
+
+/// How a run goes: the one place where the kinds are sorted into methods, so that a new
+/// kind is placed here and every dispatch on a run follows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Method {
+    /// Minibatch updates of one chain (or K chains apart or stacked).
+    Chain(SamplerParams),
+    /// Replicas on a temperature ladder, swapped by a noise-tolerant test (Luo et al.
+    /// 2018): RENHD's SGNHT or RELD's SGHMC replicas.
+    ReplicaExchange {
+        /// RENHD or RELD.
+        kind: SamplerKind,
+        /// The replica's sampler at T = 1 (ε, and c as its diffusion or friction; Euler as
+        /// in the paper's Algorithm 2); [`super::replica::replica_params`] sets it for a
+        /// rung's T.
+        replica: SamplerParams,
+    },
+    /// Full-batch HMC with a Metropolis–Hastings correction ([`crate::hmc`]).
+    Hmc {
+        /// ε of the first leapfrog step (burn-in adapts it).
+        step_size: f64,
+    },
+}
+
+impl SamplerKind {
+    /// The fields of the [`SamplerConfig`] record that this kind reads besides `step_size`
+    /// and `integrator` (the rest it ignores): what a flag or a preset may set for it.
+    pub fn own_fields(self) -> &'static [&'static str] {
+        match self {
+            SamplerKind::Sghmc => &["friction", "noise_estimate"],
+            SamplerKind::Momentum | SamplerKind::Reld => &["friction"],
+            SamplerKind::Sgnht | SamplerKind::Msgnht | SamplerKind::Renhd => &["diffusion"],
+            SamplerKind::Sgld | SamplerKind::Sgd | SamplerKind::Hmc => &[],
+        }
+    }
+}
+
+impl SamplerParams {
+    /// Which sampler.
+    pub fn kind(&self) -> SamplerKind {
+        match self {
+            SamplerParams::Sgld { .. } => SamplerKind::Sgld,
+            SamplerParams::Sghmc { .. } => SamplerKind::Sghmc,
+            SamplerParams::Sgnht { .. } => SamplerKind::Sgnht,
+            SamplerParams::Msgnht { .. } => SamplerKind::Msgnht,
+            SamplerParams::Sgd { .. } => SamplerKind::Sgd,
+            SamplerParams::Momentum { .. } => SamplerKind::Momentum,
+        }
+    }
+
+    /// η.
+    pub fn step_size(&self) -> f64 {
+        match *self {
+            SamplerParams::Sgld { step_size }
+            | SamplerParams::Sghmc { step_size, .. }
+            | SamplerParams::Sgnht { step_size, .. }
+            | SamplerParams::Msgnht { step_size, .. }
+            | SamplerParams::Sgd { step_size }
+            | SamplerParams::Momentum { step_size, .. } => step_size,
+        }
+    }
+
+    /// The same with η = `eta`.
+    pub fn with_step_size(mut self, eta: f64) -> Self {
+        match &mut self {
+            SamplerParams::Sgld { step_size }
+            | SamplerParams::Sghmc { step_size, .. }
+            | SamplerParams::Sgnht { step_size, .. }
+            | SamplerParams::Msgnht { step_size, .. }
+            | SamplerParams::Sgd { step_size }
+            | SamplerParams::Momentum { step_size, .. } => *step_size = eta,
+        }
+        self
+    }
+
+    /// The integrator: Euler for the samplers that have no other.
+    pub fn integrator(&self) -> Integrator {
+        match *self {
+            SamplerParams::Sghmc { integrator, .. }
+            | SamplerParams::Sgnht { integrator, .. }
+            | SamplerParams::Msgnht { integrator, .. } => integrator,
+            SamplerParams::Sgld { .. }
+            | SamplerParams::Sgd { .. }
+            | SamplerParams::Momentum { .. } => Integrator::Euler,
+        }
+    }
+
+    /// The default hyper-parameters of `kind` ([`SamplerKind::defaults`]); an error for a
+    /// kind that is not one minibatch update rule.
+    pub fn defaults(kind: SamplerKind) -> Result<Self> {
+        kind.defaults().params()
+    }
+
+    /// Checks the hyper-parameters; an [`Error::Invalid`] names the quantity in the
+    /// library's words (the `bnn` binary names its flag).
+    pub fn validate(&self) -> Result<()> {
+        self.validate_as(self.kind().name())
+    }
+
+    /// [`SamplerParams::validate`] with the rules naming `name` (a replica's run).
+    fn validate_as(&self, name: &str) -> Result<()> {
+        let invalid = |name, rule: String, value| Err(Error::Invalid { name, rule, value });
+        let eta = self.step_size();
+        if !(eta > 0.0 && eta.is_finite()) {
+            return invalid("step size", "positive and finite".into(), eta);
+        }
+        match *self {
+            // SGHMC with α = 0 is Chen et al.'s "naive SGHMC" (§3.1): no friction and no
+            // injected noise; allowed, to reproduce how it fails.
+            SamplerParams::Sghmc {
+                friction,
+                noise_estimate,
+                ..
+            } => {
+                if !(0.0..=1.0).contains(&friction) {
+                    return invalid("friction", format!("in [0, 1] for {name}"), friction);
+                }
+                if !(noise_estimate >= 0.0 && noise_estimate <= friction) {
+                    let rule = format!("in [0, friction={friction}]");
+                    return invalid("noise estimate", rule, noise_estimate);
+                }
+            }
+            SamplerParams::Momentum { friction, .. } => {
+                if !(f64::MIN_POSITIVE..=1.0).contains(&friction) {
+                    return invalid("friction", format!("in (0, 1] for {name}"), friction);
+                }
+            }
+            // a = 0 is allowed: all the noise then comes from the gradient (Ding et al.
+            // Fig. 1, A = 0), which the thermostat absorbs.
+            SamplerParams::Sgnht { diffusion, .. } | SamplerParams::Msgnht { diffusion, .. } => {
+                if !(diffusion >= 0.0 && diffusion.is_finite()) {
+                    return invalid("diffusion", format!("non-negative for {name}"), diffusion);
+                }
+            }
+            SamplerParams::Sgld { .. } | SamplerParams::Sgd { .. } => {}
+        }
+        Ok(())
+    }
+
+    /// The flat record of these parameters (the fields another sampler has at their
+    /// defaults' zero): what `run.json` writes.
+    pub fn record(&self) -> SamplerConfig {
+        let base = SamplerConfig {
+            kind: self.kind(),
+            step_size: self.step_size(),
+            friction: 0.0,
+            noise_estimate: 0.0,
+            diffusion: 0.0,
+            integrator: self.integrator(),
+        };
+        match *self {
+            SamplerParams::Sghmc {
+                friction,
+                noise_estimate,
+                ..
+            } => SamplerConfig {
+                friction,
+                noise_estimate,
+                ..base
+            },
+            SamplerParams::Momentum { friction, .. } => SamplerConfig { friction, ..base },
+            SamplerParams::Sgnht { diffusion, .. } | SamplerParams::Msgnht { diffusion, .. } => {
+                SamplerConfig { diffusion, ..base }
+            }
+            SamplerParams::Sgld { .. } | SamplerParams::Sgd { .. } => base,
+        }
+    }
+}
+
+impl SamplerConfig {
+    /// The record read as the run's method: the sampler it names with only that sampler's
+    /// fields, checked. An error for the splitting integrator where it does not apply.
+    pub fn method(&self) -> Result<Method> {
+        let c = *self;
+        let euler_only = || -> Result<()> {
+            match c.integrator {
+                Integrator::Euler => Ok(()),
+                Integrator::Splitting => Err(Error::Config(format!(
+                    "the splitting integrator applies to sghmc, sgnht and msgnht, not {}",
+                    c.kind.name()
+                ))),
+            }
+        };
+        let step_size = c.step_size;
+        let params = match c.kind {
+            SamplerKind::Sghmc => SamplerParams::Sghmc {
+                step_size,
+                friction: c.friction,
+                noise_estimate: c.noise_estimate,
+                integrator: c.integrator,
+            },
+            SamplerKind::Sgnht => SamplerParams::Sgnht {
+                step_size,
+                diffusion: c.diffusion,
+                integrator: c.integrator,
+            },
+            SamplerKind::Msgnht => SamplerParams::Msgnht {
+                step_size,
+                diffusion: c.diffusion,
+                integrator: c.integrator,
+            },
+            SamplerKind::Sgld => euler_only().map(|_| SamplerParams::Sgld { step_size })?,
+            SamplerKind::Sgd => euler_only().map(|_| SamplerParams::Sgd { step_size })?,
+            SamplerKind::Momentum => euler_only().map(|_| SamplerParams::Momentum {
+                step_size,
+                friction: c.friction,
+            })?,
+            // c is RENHD's diffusion and RELD's friction (at T = 1).
+            SamplerKind::Renhd | SamplerKind::Reld => {
+                euler_only()?;
+                let replica = match c.kind {
+                    SamplerKind::Renhd => SamplerParams::Sgnht {
+                        step_size,
+                        diffusion: c.diffusion,
+                        integrator: Integrator::Euler,
+                    },
+                    _ => SamplerParams::Sghmc {
+                        step_size,
+                        friction: c.friction,
+                        noise_estimate: 0.0,
+                        integrator: Integrator::Euler,
+                    },
+                };
+                replica.validate_as(c.kind.name())?;
+                return Ok(Method::ReplicaExchange {
+                    kind: c.kind,
+                    replica,
+                });
+            }
+            SamplerKind::Hmc => {
+                euler_only()?;
+                if !(step_size > 0.0 && step_size.is_finite()) {
+                    return Err(Error::Invalid {
+                        name: "step size",
+                        rule: "positive and finite".into(),
+                        value: step_size,
+                    });
+                }
+                return Ok(Method::Hmc { step_size });
+            }
+        };
+        params.validate()?;
+        Ok(Method::Chain(params))
+    }
+
+    /// The record read as one minibatch update rule ([`SamplerConfig::method`]'s chain); an
+    /// error for replica exchange and HMC, which are not one.
+    pub fn params(&self) -> Result<SamplerParams> {
+        match self.method()? {
+            Method::Chain(p) => Ok(p),
+            Method::ReplicaExchange { .. } | Method::Hmc { .. } => {
+                Err(super::not_one_chain(self.kind))
+            }
+        }
+    }
+
+    /// Checks the record as [`SamplerConfig::method`] reads it.
+    pub fn validate(&self) -> Result<()> {
+        self.method().map(|_| ())
+    }
+}
