@@ -416,9 +416,17 @@ pub fn build(sampler: SamplerParams, params: &[Var], seed: u64) -> Result<Box<dy
         SamplerParams::Sgnht { .. } | SamplerParams::Msgnht { .. } => {
             Box::new(composed::ComposedSgnht::init(sampler, params, seed)?)
         }
-        SamplerParams::Sgd { .. } | SamplerParams::Momentum { .. } => {
-            Box::new(composed::ComposedSgd::init(sampler, params)?)
+        SamplerParams::Sgd { step_size } => {
+            Box::new(composed::ComposedSgd::init(step_size, None, params)?)
         }
+        SamplerParams::Momentum {
+            step_size,
+            friction,
+        } => Box::new(composed::ComposedSgd::init(
+            step_size,
+            Some(friction),
+            params,
+        )?),
     })
 }
 

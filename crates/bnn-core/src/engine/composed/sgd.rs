@@ -25,20 +25,15 @@ pub struct ComposedSgd {
 }
 
 impl ComposedSgd {
-    /// Starts on `params` (momentum zero).
-    pub fn init(sampler: SamplerParams, params: &[Var]) -> Result<Self> {
-        let friction = match sampler {
-            SamplerParams::Momentum { friction, .. } => Some(friction),
-            SamplerParams::Sgd { .. } => None,
-            SamplerParams::Sgld { .. }
-            | SamplerParams::Sghmc { .. }
-            | SamplerParams::Sgnht { .. }
-            | SamplerParams::Msgnht { .. } => {
-                return Err(crate::error::Error::Config(format!(
-                    "{} is not a MAP baseline",
-                    sampler.kind().name()
-                )))
-            }
+    /// SGD with η = `step_size`, or momentum with α = `friction`, on `params` (momentum
+    /// zero).
+    pub fn init(step_size: f64, friction: Option<f64>, params: &[Var]) -> Result<Self> {
+        let sampler = match friction {
+            Some(friction) => SamplerParams::Momentum {
+                step_size,
+                friction,
+            },
+            None => SamplerParams::Sgd { step_size },
         };
         let momentum = if friction.is_some() {
             Some(
