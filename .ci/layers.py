@@ -26,9 +26,11 @@ RULES = {
     },
     "crates/bnn-core": {
         # The sampler sees parameters and gradients only: no model, data or potential; it
-        # builds the fused and composed updates of `engine`, which see it in turn.
-        "sampler": KERNELS_FLOOR | {"engine::fused", "engine::composed"},
-        "engine::fused": KERNELS_FLOOR | {"sampler"},
+        # builds the dynamics of `engine` (each update defined once, lent to the fused
+        # kernels or to the composed interpreter) and the composed baselines, which see it
+        # in turn.
+        "sampler": KERNELS_FLOOR | {"engine::dynamics", "engine::composed"},
+        "engine::dynamics": KERNELS_FLOOR | {"sampler", "engine::composed"},
         "engine::composed": KERNELS_FLOOR | {"sampler"},
         "engine::exchange": KERNELS_FLOOR,
         "data": KERNELS_FLOOR,
@@ -49,7 +51,7 @@ RULES = {
 BINARY = {"main", "cli", "commands"}
 
 
-# Modules whose submodules are rooms of their own (`engine::backprop`, `engine::fused`).
+# Modules whose submodules are rooms of their own (`engine::backprop`, `engine::dynamics`).
 SPLIT = {"engine"}
 
 

@@ -1,9 +1,9 @@
 //! Each sampler's update on a tiny example, against the paper's update written out by hand.
 
-use bnn::engine::composed::sgnht::{ComposedSgnht as Sgnht, Thermostat};
-use bnn::engine::composed::ComposedSghmc as Sghmc;
+use bnn::engine::dynamics::Dynamics;
+use bnn::kernels::buffer::StateBuffer;
 use bnn::rng::NoiseKey;
-use bnn::sampler::{self, Integrator, Sampler, SamplerConfig, SamplerKind, SamplerParams};
+use bnn::sampler::{self, Integrator, Kernel, Sampler, SamplerConfig, SamplerKind, SamplerParams};
 use candle_core::{Device, Tensor, Var};
 
 fn var(v: &[f32]) -> Var {
@@ -20,6 +20,20 @@ fn values(v: &Var) -> Vec<f32> {
 
 fn z(seed: u64, step: u64, param: u32, i: usize) -> f64 {
     NoiseKey { seed, step, param }.normal(i) as f64
+}
+
+/// The one definition of each update, with both ways of applying it: the fused kernel and
+/// the composed reference in candle ops.
+const KERNELS: [Kernel; 2] = [Kernel::Fused, Kernel::Composed];
+
+/// A host state buffer of `v`.
+fn buffer(v: &[f32]) -> StateBuffer {
+    StateBuffer::Host(v.to_vec())
+}
+
+/// Buffer `i`'s values.
+fn host(b: &[StateBuffer], i: usize) -> Vec<f32> {
+    b[i].to_host(&Device::Cpu).unwrap()
 }
 
 fn close(a: f32, b: f64) {
@@ -50,22 +64,20 @@ fn sghmc_without_injected_noise_is_literal() {
     // α = β̂ switches the injected noise off: v' = (1−α)v − ηg, θ' = θ + v'.
     // θ = (1, −2), v = (0.5, 0), g = (2, −4), η = 0.1, α = β̂ = 0.5:
     // v' = (0.25 − 0.2, 0 + 0.4) = (0.05, 0.4); θ' = (1.05, −1.6).
-    let p = var(&[1.0, -2.0]);
-    let mut s = Sghmc::init(
-        config(SamplerKind::Sghmc, 0.1, 0.5, 0.5, 0.0),
-        std::slice::from_ref(&p),
-        3,
-    )
-    .unwrap();
-    s.momentum = vec![t(&[0.5, 0.0])];
-    s.step(std::slice::from_ref(&p), &[t(&[2.0, -4.0])])
-        .unwrap();
-    let th = values(&p);
-    close(th[0], 1.05);
-    close(th[1], -1.6);
-    let v = s.momentum[0].to_vec1::<f32>().unwrap();
-    close(v[0], 0.05);
-    close(v[1], 0.4);
+    for kernel in KERNELS {
+        let p = var(&[1.0, -2.0]);
+        let cfg = config(SamplerKind::Sghmc, 0.1, 0.5, 0.5, 0.0);
+        let mut s = Dynamics::init(cfg, std::slice::from_ref(&p), 3, kernel).unwrap();
+        s.momentum = vec![buffer(&[0.5, 0.0])];
+        s.step(std::slice::from_ref(&p), &[t(&[2.0, -4.0])])
+            .unwrap();
+        let th = values(&p);
+        close(th[0], 1.05);
+        close(th[1], -1.6);
+        let v = host(&s.momentum, 0);
+        close(v[0], 0.05);
+        close(v[1], 0.4);
+    }
 }
 
 #[test]
@@ -75,26 +87,24 @@ fn sghmc_step_with_noise() {
     let p0 = [0.3f32, -0.7, 1.1];
     let v0 = [0.02f32, -0.01, 0.0];
     let g = [1.5f32, -0.5, 0.25];
-    let p = var(&p0);
-    let mut s = Sghmc::init(
-        config(SamplerKind::Sghmc, eta, alpha, beta, 0.0),
-        std::slice::from_ref(&p),
-        seed,
-    )
-    .unwrap();
-    s.momentum = vec![t(&v0)];
-    s.step(std::slice::from_ref(&p), &[t(&g)]).unwrap();
-    let sigma = (2.0 * (alpha - beta) * eta).sqrt();
-    let th = values(&p);
-    for i in 0..3 {
-        let v = (1.0 - alpha) * v0[i] as f64 - eta * g[i] as f64 + sigma * z(seed, 0, 0, i);
-        close(th[i], p0[i] as f64 + v);
+    for kernel in KERNELS {
+        let p = var(&p0);
+        let cfg = config(SamplerKind::Sghmc, eta, alpha, beta, 0.0);
+        let mut s = Dynamics::init(cfg, std::slice::from_ref(&p), seed, kernel).unwrap();
+        s.momentum = vec![buffer(&v0)];
+        s.step(std::slice::from_ref(&p), &[t(&g)]).unwrap();
+        let sigma = (2.0 * (alpha - beta) * eta).sqrt();
+        let th = values(&p);
+        for i in 0..3 {
+            let v = (1.0 - alpha) * v0[i] as f64 - eta * g[i] as f64 + sigma * z(seed, 0, 0, i);
+            close(th[i], p0[i] as f64 + v);
+        }
+        assert_eq!(s.steps(), 1);
+        let ke = s.diagnostics().kinetic_energy.unwrap();
+        let v = host(&s.momentum, 0);
+        let expect = 0.5 * v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / (3.0 * eta);
+        assert!((ke - expect).abs() < 1e-9 * expect.max(1.0), "{kernel:?}");
     }
-    assert_eq!(s.steps(), 1);
-    let ke = s.diagnostics().kinetic_energy.unwrap();
-    let v = s.momentum[0].to_vec1::<f32>().unwrap();
-    let expect = 0.5 * v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / (3.0 * eta);
-    assert!((ke - expect).abs() < 1e-9 * expect.max(1.0));
 }
 
 #[test]
@@ -108,34 +118,33 @@ fn sgnht_step_and_thermostat() {
     let ub = [0.3f32];
     let ga = [0.5f32, 1.0];
     let gb = [-2.0f32];
-    let (pa, pb) = (var(&pa0), var(&pb0));
-    let params = [pa.clone(), pb.clone()];
-    let mut s = Sgnht::init(config(SamplerKind::Sgnht, eta, 0.0, 0.0, a), &params, seed).unwrap();
-    let scalar = |s: &Sgnht| match s.thermostat {
-        Thermostat::Scalar(x) => x,
-        Thermostat::PerElement(_) => panic!("SGNHT has a scalar thermostat"),
-    };
-    assert_eq!(scalar(&s), a, "α₀ = a");
-    s.momentum = vec![t(&ua), t(&ub)];
-    s.step(&params, &[t(&ga), t(&gb)]).unwrap();
-    let sigma = (2.0 * a * eta).sqrt();
-    let mut sumsq = 0.0;
-    let tha = values(&pa);
-    for i in 0..2 {
-        let u = ua[i] as f64 * (1.0 - a) - eta * ga[i] as f64 + sigma * z(seed, 0, 0, i);
+    for kernel in KERNELS {
+        let (pa, pb) = (var(&pa0), var(&pb0));
+        let params = [pa.clone(), pb.clone()];
+        let cfg = config(SamplerKind::Sgnht, eta, 0.0, 0.0, a);
+        let mut s = Dynamics::init(cfg, &params, seed, kernel).unwrap();
+        assert_eq!(s.thermostat, a, "α₀ = a");
+        s.momentum = vec![buffer(&ua), buffer(&ub)];
+        s.step(&params, &[t(&ga), t(&gb)]).unwrap();
+        let sigma = (2.0 * a * eta).sqrt();
+        let mut sumsq = 0.0;
+        let tha = values(&pa);
+        for i in 0..2 {
+            let u = ua[i] as f64 * (1.0 - a) - eta * ga[i] as f64 + sigma * z(seed, 0, 0, i);
+            sumsq += u * u;
+            close(tha[i], pa0[i] as f64 + u);
+        }
+        let u = ub[0] as f64 * (1.0 - a) - eta * gb[0] as f64 + sigma * z(seed, 0, 1, 0);
         sumsq += u * u;
-        close(tha[i], pa0[i] as f64 + u);
+        close(values(&pb)[0], pb0[0] as f64 + u);
+        let alpha = a + sumsq / 3.0 - eta;
+        assert!(
+            (s.thermostat - alpha).abs() < 1e-7,
+            "{} vs {alpha}",
+            s.thermostat
+        );
+        assert_eq!(s.diagnostics().thermostat, Some(s.thermostat));
     }
-    let u = ub[0] as f64 * (1.0 - a) - eta * gb[0] as f64 + sigma * z(seed, 0, 1, 0);
-    sumsq += u * u;
-    close(values(&pb)[0], pb0[0] as f64 + u);
-    let alpha = a + sumsq / 3.0 - eta;
-    assert!(
-        (scalar(&s) - alpha).abs() < 1e-7,
-        "{} vs {alpha}",
-        scalar(&s)
-    );
-    assert_eq!(s.diagnostics().thermostat, Some(scalar(&s)));
 }
 
 #[test]
@@ -148,50 +157,43 @@ fn msgnht_splitting_step_by_hand() {
     let mut cfg = record(SamplerKind::Msgnht, eta, 0.0, 0.0, a);
     cfg.integrator = Integrator::Splitting;
     let cfg = cfg.params().unwrap();
-    let p = var(&[0.7]);
-    let s0 = Sgnht::init(cfg, std::slice::from_ref(&p), seed).unwrap();
-    let u0 = s0.momentum[0].to_vec1::<f32>().unwrap()[0] as f64;
-    // u₀ ~ N(0, η) from the init stream.
-    close(u0 as f32, eta.sqrt() * z(seed, sampler::INIT_STREAM, 0, 0));
-    close(values(&p)[0], 0.7 + u0 / 2.0);
-    let alpha_half = a + (u0 * u0 - eta) / 2.0;
-    let mut s = s0;
-    let g = 3.0f32;
-    s.step(std::slice::from_ref(&p), &[t(&[g])]).unwrap();
-    let damp = (-alpha_half / 2.0).exp();
-    let u3 = ((u0 * damp) - eta * g as f64 + (2.0 * a * eta).sqrt() * z(seed, 0, 0, 0)) * damp;
-    close(values(&p)[0], 0.7 + u0 / 2.0 + u3);
-    close(s.momentum[0].to_vec1::<f32>().unwrap()[0], u3);
-    let alpha = alpha_half + u3 * u3 - eta;
-    let Thermostat::PerElement(al) = &s.thermostat else {
-        panic!("mSGNHT has per-element thermostats")
-    };
-    close(al[0].to_vec1::<f32>().unwrap()[0], alpha);
+    for kernel in KERNELS {
+        let p = var(&[0.7]);
+        let mut s = Dynamics::init(cfg, std::slice::from_ref(&p), seed, kernel).unwrap();
+        let u0 = host(&s.momentum, 0)[0] as f64;
+        // u₀ ~ N(0, η) from the init stream.
+        close(u0 as f32, eta.sqrt() * z(seed, sampler::INIT_STREAM, 0, 0));
+        close(values(&p)[0], 0.7 + u0 / 2.0);
+        let alpha_half = a + (u0 * u0 - eta) / 2.0;
+        let g = 3.0f32;
+        s.step(std::slice::from_ref(&p), &[t(&[g])]).unwrap();
+        let damp = (-alpha_half / 2.0).exp();
+        let z0 = (2.0 * a * eta).sqrt() * z(seed, 0, 0, 0);
+        let u3 = ((u0 * damp) - eta * g as f64 + z0) * damp;
+        close(values(&p)[0], 0.7 + u0 / 2.0 + u3);
+        close(host(&s.momentum, 0)[0], u3);
+        close(host(&s.thermostats, 0)[0], alpha_half + u3 * u3 - eta);
+    }
 }
 
 #[test]
 fn msgnht_euler_thermostats_are_per_element() {
     // Two elements with different momenta get different thermostats: α_i += u_i² − η.
     let (eta, a, seed) = (0.01, 0.1, 2);
-    let p = var(&[0.0, 0.0]);
-    let mut s = Sgnht::init(
-        config(SamplerKind::Msgnht, eta, 0.0, 0.0, a),
-        std::slice::from_ref(&p),
-        seed,
-    )
-    .unwrap();
-    s.momentum = vec![t(&[0.5, 0.0])];
-    s.step(std::slice::from_ref(&p), &[t(&[0.0, 0.0])]).unwrap();
-    let sigma = (2.0 * a * eta).sqrt();
-    let u: Vec<f64> = (0..2)
-        .map(|i| [0.5, 0.0][i] * (1.0 - a) + sigma * z(seed, 0, 0, i))
-        .collect();
-    let Thermostat::PerElement(al) = &s.thermostat else {
-        panic!("per-element")
-    };
-    let al = al[0].to_vec1::<f32>().unwrap();
-    close(al[0], a + u[0] * u[0] - eta);
-    close(al[1], a + u[1] * u[1] - eta);
+    for kernel in KERNELS {
+        let p = var(&[0.0, 0.0]);
+        let cfg = config(SamplerKind::Msgnht, eta, 0.0, 0.0, a);
+        let mut s = Dynamics::init(cfg, std::slice::from_ref(&p), seed, kernel).unwrap();
+        s.momentum = vec![buffer(&[0.5, 0.0])];
+        s.step(std::slice::from_ref(&p), &[t(&[0.0, 0.0])]).unwrap();
+        let sigma = (2.0 * a * eta).sqrt();
+        let u: Vec<f64> = (0..2)
+            .map(|i| [0.5, 0.0][i] * (1.0 - a) + sigma * z(seed, 0, 0, i))
+            .collect();
+        let al = host(&s.thermostats, 0);
+        close(al[0], a + u[0] * u[0] - eta);
+        close(al[1], a + u[1] * u[1] - eta);
+    }
 }
 
 #[test]
@@ -201,14 +203,16 @@ fn sghmc_splitting_step_by_hand() {
     let mut cfg = record(SamplerKind::Sghmc, eta, alpha, 0.0, 0.0);
     cfg.integrator = Integrator::Splitting;
     let cfg = cfg.params().unwrap();
-    let p = var(&[1.0]);
-    let mut s = Sghmc::init(cfg, std::slice::from_ref(&p), seed).unwrap();
-    let v0 = s.momentum[0].to_vec1::<f32>().unwrap()[0] as f64;
-    close(values(&p)[0], 1.0 + v0 / 2.0);
-    s.step(std::slice::from_ref(&p), &[t(&[-2.0])]).unwrap();
-    let d = (-alpha / 2.0).exp();
-    let v = (v0 * d + eta * 2.0 + (2.0 * alpha * eta).sqrt() * z(seed, 0, 0, 0)) * d;
-    close(values(&p)[0], 1.0 + v0 / 2.0 + v);
+    for kernel in KERNELS {
+        let p = var(&[1.0]);
+        let mut s = Dynamics::init(cfg, std::slice::from_ref(&p), seed, kernel).unwrap();
+        let v0 = host(&s.momentum, 0)[0] as f64;
+        close(values(&p)[0], 1.0 + v0 / 2.0);
+        s.step(std::slice::from_ref(&p), &[t(&[-2.0])]).unwrap();
+        let d = (-alpha / 2.0).exp();
+        let v = (v0 * d + eta * 2.0 + (2.0 * alpha * eta).sqrt() * z(seed, 0, 0, 0)) * d;
+        close(values(&p)[0], 1.0 + v0 / 2.0 + v);
+    }
 }
 
 #[test]

@@ -13,10 +13,10 @@
 //! energy per parameter reported in diagnostics is ½·pᵀp/n = ½·vᵀv/(n·η), which a sampler
 //! at the right temperature keeps near ½ (Ding et al. eq. 4).
 //!
-//! The updates here are composed from ordinary candle tensor ops: this is the reference
-//! implementation. Noise comes from [`crate::rng`], keyed by (seed, step, parameter index,
-//! element index), so a run is reproducible and a future fused kernel can be compared with
-//! this code noise for noise.
+//! Each update is defined once, by its coefficients, in [`crate::engine::dynamics`]: the
+//! fused kernels apply it, the composed reference interprets it in candle ops. Noise comes
+//! from [`crate::rng`], keyed by (seed, step, parameter index, element index), so a run
+//! is reproducible and the kernels can be compared with the reference noise for noise.
 
 pub mod ladder;
 pub mod params;
@@ -27,7 +27,7 @@ use candle_core::{Tensor, Var};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::composed;
-use crate::engine::fused::Fused;
+use crate::engine::dynamics::Dynamics;
 use crate::error::{Error, Result};
 pub use crate::kernels::TensorwiseStep;
 use crate::rng::NoiseKey;
@@ -274,15 +274,6 @@ pub(crate) fn noise_not_reported(t: usize) -> Error {
     ))
 }
 
-/// Σθ·∇ of one tensor in f64 (the composed samplers' virial; the fused kernels sum it in
-/// their pass).
-pub(crate) fn virial(theta: &Tensor, grad: &Tensor) -> Result<f64> {
-    let f64s = |t: &Tensor| t.detach().to_dtype(candle_core::DType::F64);
-    Ok((f64s(theta)? * f64s(grad)?)?
-        .sum_all()?
-        .to_scalar::<f64>()?)
-}
-
 /// Flat host copies of `tensors` (a state's form).
 pub(crate) fn to_state(tensors: &[Tensor]) -> Result<Vec<Tensor>> {
     tensors
@@ -374,11 +365,13 @@ pub enum Kernel {
     /// One fused pass per parameter tensor ([`crate::kernels`]); SGD and momentum, which
     /// have no fused kernel, fall back to the composed version.
     Fused,
-    /// Ordinary candle tensor ops: the reference implementation.
+    /// Ordinary candle tensor ops: the reference implementation, the same update's
+    /// coefficients interpreted term by term ([`crate::engine::composed::interpret()`]).
     Composed,
 }
 
-/// Builds the sampler of `sampler` for `params` with the chosen kernel.
+/// Builds the sampler of `sampler` for `params` with the chosen kernel, its noise keyed
+/// by `seed`.
 pub fn build_with(
     sampler: SamplerParams,
     params: &[Var],
@@ -386,36 +379,14 @@ pub fn build_with(
     kernel: Kernel,
 ) -> Result<Box<dyn Sampler>> {
     sampler.validate()?;
-    // The fused kernels cover SGLD, and SGHMC, SGNHT and mSGNHT with either integrator,
-    // on the CPU and on CUDA.
-    let fusable = match sampler {
+    Ok(match sampler {
+        // One definition of each update ([`Dynamics`]), applied by the fused kernels on the
+        // CPU and on CUDA or interpreted in candle ops.
         SamplerParams::Sgld { .. }
         | SamplerParams::Sghmc { .. }
         | SamplerParams::Sgnht { .. }
-        | SamplerParams::Msgnht { .. } => true,
-        SamplerParams::Sgd { .. } | SamplerParams::Momentum { .. } => false,
-    };
-    if kernel == Kernel::Fused && fusable {
-        return Ok(Box::new(Fused::init(sampler, params, seed)?));
-    }
-    build(sampler, params, seed)
-}
-
-/// Builds the composed (reference) sampler of `sampler` for `params`, its noise keyed by
-/// `seed`.
-pub fn build(sampler: SamplerParams, params: &[Var], seed: u64) -> Result<Box<dyn Sampler>> {
-    sampler.validate()?;
-    Ok(match sampler {
-        SamplerParams::Sgld { step_size } => {
-            Box::new(composed::ComposedSgld::init(step_size, params, seed))
-        }
-        SamplerParams::Sghmc { .. } => {
-            Box::new(composed::ComposedSghmc::init(sampler, params, seed)?)
-        }
-        // mSGNHT: SGNHT's updates with the thermostat kept element-wise.
-        SamplerParams::Sgnht { .. } | SamplerParams::Msgnht { .. } => {
-            Box::new(composed::ComposedSgnht::init(sampler, params, seed)?)
-        }
+        | SamplerParams::Msgnht { .. } => Box::new(Dynamics::init(sampler, params, seed, kernel)?),
+        // The MAP baselines have no fused kernel: composed whatever the kernel.
         SamplerParams::Sgd { step_size } => {
             Box::new(composed::ComposedSgd::init(step_size, None, params)?)
         }
@@ -428,6 +399,12 @@ pub fn build(sampler: SamplerParams, params: &[Var], seed: u64) -> Result<Box<dy
             params,
         )?),
     })
+}
+
+/// Builds the composed (reference) sampler of `sampler` for `params`, its noise keyed by
+/// `seed` ([`build_with`] with [`Kernel::Composed`]).
+pub fn build(sampler: SamplerParams, params: &[Var], seed: u64) -> Result<Box<dyn Sampler>> {
+    build_with(sampler, params, seed, Kernel::Composed)
 }
 
 /// A replica-exchange sampler is a ladder of chains, HMC a full-batch trajectory: neither
@@ -478,15 +455,6 @@ pub fn kinetic_energy(momentum: &[Tensor], step_size: f64) -> Result<f64> {
         n += v.elem_count();
     }
     Ok(0.5 * sum / (n as f64 * step_size))
-}
-
-/// Rescales momenta v = p·h for a new step size, keeping p.
-pub(crate) fn rescale_momentum(momentum: &mut [Tensor], old: f64, new: f64) -> Result<()> {
-    let factor = (new / old).sqrt();
-    for v in momentum.iter_mut() {
-        *v = (&*v * factor)?;
-    }
-    Ok(())
 }
 
 pub(crate) fn check_lengths(params: &[Var], grads: &[Tensor]) -> Result<()> {

@@ -1,8 +1,37 @@
-//! SGLD, SGHMC, SGNHT and mSGNHT through the fused kernels of [`crate::kernels`]: the
-//! same updates as `sgld.rs`, `sghmc.rs` and `sgnht.rs` (which stay as the composed
-//! reference), Euler or splitting integrator, in one pass per parameter tensor, noise
-//! generated inside the pass. mSGNHT's per-element thermostats are a second state buffer,
-//! on the parameters' device like the momenta.
+//! SGLD, SGHMC, SGNHT and mSGNHT, each update defined once: [`Dynamics`] keeps the state
+//! (θ is the caller's; v, the thermostat α, or mSGNHT's αᵢ per element) and forms each
+//! update's coefficients ([`StepConsts`]: η, the momentum kept before and after the kick,
+//! σ), then lends the update tensor by tensor ([`LentUpdate`]). The fused kernels apply a
+//! lent update in one pass per tensor with the noise made inside it (the CPU op, the CUDA
+//! kernel, the weight-gradient product's epilogue, the stacked chains' op); with
+//! [`Kernel::Composed`] the same lent update is interpreted in candle ops
+//! ([`crate::engine::composed::interpret()`]), the reference the kernels are checked
+//! against. mSGNHT's per-element thermostats are a second state buffer, on the parameters'
+//! device like the momenta.
+//!
+//! **The updates** (v-form: u = v = p·h, η = h², α = ξ·h, a = A·h of Ding et al. §5.2 /
+//! App. F; n parameters, ⊙ element-wise):
+//!
+//! - SGLD (Welling & Teh 2011): θ ← θ − η∇Ũ(θ) + √(2η) z.
+//! - SGHMC (Chen et al. 2014, eq. 15): v ← v − η∇Ũ(θ) − αv + √(2(α − β̂)η) z; θ ← θ + v
+//!   (β̂ = 0 by default; without the noise this is SGD with momentum 1 − α).
+//! - SGNHT (Ding et al. 2014, eqs. 5–6, Alg. 2): u ← u − αu − η∇Ũ(θ) + √(2aη) z; θ ← θ + u;
+//!   α ← α + uᵀu/n − η. mSGNHT (Gan et al. 2015; Li et al. 2016 §2.1, eq. 2): one αᵢ per
+//!   element, α ← α + u⊙u − η and αu element-wise.
+//!
+//! **The symmetric splitting** A–B–O–B–A (Li et al. 2016 §3; for SGHMC with a constant
+//! friction, Chen, Ding & Carin 2015), the gradient taken once per step at the half-step
+//! position θ_{t+1/2}:
+//!
+//! A (h/2): θ ← θ + u/2,  α ← α + (u⊙u − η)/2;   B (h/2): u ← e^{−α/2} ⊙ u;
+//! O (h):   u ← u − η∇Ũ(θ_{t+1/2}) + σz;   B (h/2);   A (h/2).
+//!
+//! The closing A of one step and the opening A of the next use the same u, so they are
+//! applied together as one A (h) at the end of an update; `init` applies the very first A
+//! (h/2). Between updates the parameters therefore sit at half-step positions, where the
+//! next gradient is evaluated and where samples are taken. B–O–B is one element formula,
+//! v ← e^{−α/2}(e^{−α/2} v − ηg + σz): the coefficients (decay, post) = (e^{−α/2},
+//! e^{−α/2}), against Euler's (1 − α, 1).
 
 use candle_core::{Device, Tensor, Var};
 
@@ -12,15 +41,18 @@ use crate::kernels::{
 };
 use crate::rng::NoiseKey;
 use crate::sampler::{
-    init_momentum, Clock, Diagnostics, Integrator, MsgnhtState, Sampler, SamplerParams,
+    init_momentum, Clock, Diagnostics, Integrator, Kernel, MsgnhtState, Sampler, SamplerParams,
     SamplerState, SghmcState, SgnhtState, TensorwiseStep,
 };
 
-/// SGHMC and SGNHT with the fused kernel: one pass per tensor for θ, v and the noise.
+/// SGLD, SGHMC, SGNHT or mSGNHT: the state, and each update's coefficients lent to the
+/// fused kernels or to the composed interpreter.
 #[derive(Debug, Clone)]
-pub struct Fused {
+pub struct Dynamics {
     /// Its hyper-parameters.
     pub params: SamplerParams,
+    /// Who applies a lent update: the fused kernels, or candle ops (the reference).
+    pub kernel: Kernel,
     /// Seed of the noise.
     pub seed: u64,
     /// Updates done.
@@ -56,14 +88,19 @@ struct Pending {
     noise_scales: Vec<Option<f64>>,
 }
 
-impl Fused {
-    /// Same initial state as the composed samplers: v ~ N(0, η) from the init stream,
-    /// thermostat α₀ = a.
-    pub fn init(sampler: SamplerParams, params: &[Var], seed: u64) -> Result<Self> {
+impl Dynamics {
+    /// v ~ N(0, η) from the init stream, thermostat α₀ = a; with the splitting integrator
+    /// the first A (h/2) applied to θ (and α).
+    pub fn init(sampler: SamplerParams, params: &[Var], seed: u64, kernel: Kernel) -> Result<Self> {
         let n = params.iter().map(|p| p.elem_count()).sum();
         let update = update_of(&sampler)?;
-        let (eta, diffusion) = (sampler.step_size(), diffusion_of(&sampler));
         let device = params.first().map_or(Device::Cpu, |p| p.device().clone());
+        if kernel == Kernel::Fused && !(device.is_cpu() || device.is_cuda()) {
+            return Err(Error::Config(format!(
+                "no fused sampler step on {device:?}; use --kernel composed"
+            )));
+        }
+        let (eta, diffusion) = (sampler.step_size(), diffusion_of(&sampler));
         let host: Vec<Vec<f32>> = match update {
             Update::Sgld => Vec::new(),
             // The composed samplers' initial draw, moved into the sampler's own buffers.
@@ -101,8 +138,9 @@ impl Fused {
             .into_iter()
             .map(|m| StateBuffer::new(m, &device))
             .collect::<Result<Vec<_>>>()?;
-        let mut s = Fused {
+        let mut s = Dynamics {
             params: sampler,
+            kernel,
             seed,
             step: 0,
             momentum,
@@ -119,7 +157,7 @@ impl Fused {
         };
         s.kinetic = s.kinetic_from(sum_sq);
         if sampler.integrator() == Integrator::Splitting {
-            // The first A (h/2) of the splitting scheme (see `sgnht.rs`): θ ← θ + v/2 and,
+            // The first A (h/2) of the splitting scheme (the module note): θ ← θ + v/2 and,
             // for SGNHT, α ← α + (vᵀv/n − η)/2.
             for (p, m) in params.iter().zip(&s.momentum) {
                 let v = m.to_tensor(p.as_tensor())?;
@@ -172,7 +210,7 @@ impl Fused {
     }
 }
 
-impl TensorwiseStep for Fused {
+impl TensorwiseStep for Dynamics {
     fn tensor_count(&self) -> usize {
         self.tensors
     }
@@ -196,6 +234,10 @@ impl TensorwiseStep for Fused {
     }
 
     fn step_tensor(&mut self, i: usize, p: &Var, g: &Tensor) -> Result<()> {
+        if self.kernel == Kernel::Composed {
+            let sums = crate::engine::composed::interpret(self.lent(i)?, p, g)?;
+            return self.lent_done(i, sums);
+        }
         let g = g.detach().contiguous()?;
         let sums = {
             let op = FusedStepOp::new(self.lent(i)?);
@@ -205,7 +247,11 @@ impl TensorwiseStep for Fused {
         self.lent_done(i, sums)
     }
 
+    /// (For a fused kernel: none with [`Kernel::Composed`].)
     fn lend_update(&mut self, i: usize) -> Result<Option<LentUpdate<'_>>> {
+        if self.kernel == Kernel::Composed {
+            return Ok(None);
+        }
         self.lent(i).map(Some)
     }
 
@@ -215,6 +261,9 @@ impl TensorwiseStep for Fused {
     }
 
     fn inline_update(&mut self, index: usize) -> Result<Option<InlineUpdate<'_>>> {
+        if self.kernel == Kernel::Composed {
+            return Ok(None);
+        }
         let lane = self.lent(index)?;
         let momentum: &mut [f32] = match (lane.update, lane.momentum) {
             (Update::Sgld, _) => &mut [],
@@ -286,7 +335,7 @@ impl TensorwiseStep for Fused {
     }
 }
 
-impl Fused {
+impl Dynamics {
     /// Tensor i's update of the step in progress, with the sampler's buffers of it.
     fn lent(&mut self, i: usize) -> Result<LentUpdate<'_>> {
         let estimate = self.estimate_noise;
@@ -352,7 +401,7 @@ fn has_thermostat(sampler: &SamplerParams) -> bool {
     sampler.kind().is_thermostat()
 }
 
-impl Sampler for Fused {
+impl Sampler for Dynamics {
     fn params(&self) -> SamplerParams {
         self.params
     }
