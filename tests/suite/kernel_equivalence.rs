@@ -65,7 +65,7 @@ fn header_step_equals_cpu_op_bit_for_bit() {
                     Update::Thermostat { .. } => unreachable!("not in the header"),
                 };
                 let s1 = cpu::step(update, &mut t1, m1, &g, key, c);
-                let s2 = host::step(update, &mut t2, m2, &g, key, c);
+                let s2 = host::update(update, &mut t2, m2, &mut [], &g, key, c);
                 let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 assert_eq!(
                     bits(&t1),
@@ -124,7 +124,8 @@ fn header_thermostat_step_equals_cpu_op_bit_for_bit() {
                 let (mut t1, mut v1, mut a1) = (theta.clone(), v.clone(), alpha.clone());
                 let (mut t2, mut v2, mut a2) = (theta, v, alpha);
                 let s1 = cpu::thermostat_step(&mut t1, &mut v1, &mut a1, &g, key, c, splitting);
-                let s2 = host::thermostat_step(&mut t2, &mut v2, &mut a2, &g, key, c, splitting);
+                let update = Update::Thermostat { splitting };
+                let s2 = host::update(update, &mut t2, &mut v2, &mut a2, &g, key, c);
                 let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 let case = format!("splitting={splitting} eta={eta} n={n}");
                 assert_eq!(bits(&t1), bits(&t2), "{case}: positions");

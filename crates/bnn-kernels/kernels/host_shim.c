@@ -1,5 +1,6 @@
 /* Host build of the CUDA kernels' element math, for the equivalence test against the
- * Rust CPU op (tests/kernel_equivalence.rs). Same loops as sampler_step.cu, one thread. */
+ * Rust CPU op (tests/kernel_equivalence.rs): the kernels' own `bnn_update_blocks`, on one
+ * thread over the whole tensor. */
 #include <math.h>
 #include "sampler_math.h"
 
@@ -11,49 +12,14 @@ void bnn_host_normals(uint64_t seed, uint64_t step, uint32_t param, uint32_t n, 
     }
 }
 
-/* kind: 0 = SGLD, 1 = momentum step (SGHMC/SGNHT). Returns the sum of v*v in double and
- * writes the virial sum theta . g to *virial, both accumulated in element order (the Rust
- * op sums in fixed lanes and chunks, so the sums agree to rounding, the elements bit for
- * bit). */
-double bnn_host_step(int kind, float *theta, float *v, const float *g, uint32_t n, uint64_t seed,
-                     uint64_t step, uint32_t param, float step_size, float decay, float post,
-                     float noise_scale, double *virial) {
-    bnn_step_consts c = {step_size, decay, post, noise_scale};
-    double sum = 0.0, vir = 0.0;
-    for (uint32_t b = 0; 4 * b < n; ++b) {
-        float z[4];
-        bnn_normals4(seed, step, param, b, z);
-        for (uint32_t k = 0; k < 4 && 4 * b + k < n; ++k) {
-            uint32_t i = 4 * b + k;
-            vir += (double)bnn_virial(theta[i], g[i]);
-            if (kind == 0) bnn_sgld(&theta[i], g[i], z[k], c);
-            else sum += (double)bnn_momentum_step(&theta[i], &v[i], g[i], z[k], c);
-        }
-    }
-    *virial = vir;
-    return sum;
-}
-
-/* mSGNHT's per-element thermostat step (splitting: 0 Euler, 1 B-O-B). Returns the sum of
- * v*v and writes the sum of the new alpha to *sum_alpha and the virial to *virial, all in
- * element order. */
-double bnn_host_thermostat_step(float *theta, float *v, float *alpha, const float *g, uint32_t n,
-                                uint64_t seed, uint64_t step, uint32_t param, float step_size,
-                                float noise_scale, int splitting, double *sum_alpha,
-                                double *virial) {
-    bnn_step_consts c = {step_size, 1.0f, 1.0f, noise_scale};
-    double sq = 0.0, al = 0.0, vir = 0.0;
-    for (uint32_t b = 0; 4 * b < n; ++b) {
-        float z[4];
-        bnn_normals4(seed, step, param, b, z);
-        for (uint32_t k = 0; k < 4 && 4 * b + k < n; ++k) {
-            uint32_t i = 4 * b + k;
-            vir += (double)bnn_virial(theta[i], g[i]);
-            sq += (double)bnn_thermostat_step(&theta[i], &v[i], &alpha[i], g[i], z[k], c, splitting);
-            al += (double)alpha[i];
-        }
-    }
-    *sum_alpha = al;
-    *virial = vir;
-    return sq;
+/* The update `rule` (the BNN_RULE_* codes) of a whole tensor; s0 and s1 are null where the
+ * rule has no such state. Writes [sum v^2, sum alpha, virial] to sums, accumulated in
+ * element order (the Rust op sums in fixed lanes and chunks, so the sums agree to
+ * rounding, the elements bit for bit). */
+void bnn_host_update(int rule, float *theta, float *s0, float *s1, const float *g, uint32_t n,
+                     uint64_t seed, uint64_t step, uint32_t param, const float consts[4],
+                     double sums[3]) {
+    bnn_step_consts c = {consts[0], consts[1], consts[2], consts[3]};
+    sums[0] = sums[1] = sums[2] = 0.0;
+    bnn_update_blocks(rule, theta, s0, s1, g, n, param, seed, step, c, 0, 1, sums);
 }

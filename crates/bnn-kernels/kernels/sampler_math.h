@@ -193,4 +193,54 @@ BNN_HD float bnn_thermostat_step(float *theta, float *v, float *alpha, float g, 
     return vn * vn;
 }
 
+/* Which element update: the codes of the Rust `Update::rule` (crates/bnn-kernels/src/lib.rs). */
+#define BNN_RULE_SGLD 0
+#define BNN_RULE_MOMENTUM 1
+#define BNN_RULE_THERMOSTAT_EULER 2
+#define BNN_RULE_THERMOSTAT_SPLITTING 3
+
+/* The one dispatch over the element updates: element `theta` with its state (s0: the
+ * momentum v, s1: mSGNHT's alpha; a rule without them is given null), gradient g and
+ * normal z. Adds v^2 after the update to sums[0], the new alpha to sums[1] and the virial
+ * theta*g before it to sums[2]. A new element update is a rule code here and in Rust. */
+BNN_HD void bnn_update_element(int rule, float *theta, float *s0, float *s1, float g, float z,
+                               bnn_step_consts c, double sums[3]) {
+    sums[2] += (double)bnn_virial(*theta, g);
+    switch (rule) {
+    case BNN_RULE_SGLD:
+        bnn_sgld(theta, g, z, c);
+        break;
+    case BNN_RULE_MOMENTUM:
+        sums[0] += (double)bnn_momentum_step(theta, s0, g, z, c);
+        break;
+    default: /* BNN_RULE_THERMOSTAT_EULER, BNN_RULE_THERMOSTAT_SPLITTING */
+        sums[0] += (double)bnn_thermostat_step(theta, s0, s1, g, z, c,
+                                               rule == BNN_RULE_THERMOSTAT_SPLITTING);
+        sums[1] += (double)*s1;
+        break;
+    }
+}
+
+/* The update of the Philox blocks first, first + stride, ... of a tensor of n elements
+ * (parameter `param` at `step`): one CUDA thread's share of it (first = its index, stride
+ * = the grid's threads), or the whole tensor on the host (0, 1). s0 and s1 as above, of n
+ * values each where the rule has them. */
+BNN_HD void bnn_update_blocks(int rule, float *theta, float *s0, float *s1, const float *grad,
+                              uint64_t n, uint32_t param, uint64_t seed, uint64_t step,
+                              bnn_step_consts c, uint64_t first, uint64_t stride,
+                              double sums[3]) {
+    uint64_t blocks = (n + 3) / 4;
+    for (uint64_t b = first; b < blocks; b += stride) {
+        float z[4];
+        bnn_normals4(seed, step, param, (uint32_t)b, z);
+        for (int k = 0; k < 4; ++k) {
+            uint64_t i = 4 * b + k;
+            if (i < n) {
+                bnn_update_element(rule, &theta[i], s0 ? &s0[i] : 0, s1 ? &s1[i] : 0, grad[i],
+                                   z[k], c, sums);
+            }
+        }
+    }
+}
+
 #endif

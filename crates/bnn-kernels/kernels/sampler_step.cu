@@ -15,8 +15,10 @@
 // before the update, for the configurational temperature) are reduced in the same pass:
 // per thread block in shared memory, then one atomicAdd per block and sum into a double.
 //
-// A tensor's update is written once, as one thread's share of it (`*_share`); the
-// kernels differ only in where a chain's tensor, state, key and constants are.
+// A tensor's update is written once, in sampler_math.h (`bnn_update_blocks`, one thread's
+// share of the tensor, over `bnn_update_element`, the one dispatch over the element
+// updates by their rule code); the two kernels differ only in where a chain's tensor,
+// state, key and constants are. A new element update needs no change here.
 
 #include "sampler_math.h"
 
@@ -28,76 +30,14 @@ typedef unsigned long long u64;
 #define BNN_FIRST (blockIdx.x * (u64)blockDim.x + threadIdx.x)
 #define BNN_STRIDE ((u64)gridDim.x * blockDim.x)
 
-// This thread's part of sum theta*g (before the update).
-__device__ double bnn_sgld_share(float *theta, const float *grad, u64 n, unsigned int param,
-                                 u64 seed, u64 step, bnn_step_consts c) {
-    double vir = 0.0;
-    u64 blocks = (n + 3) / 4;
-    for (u64 b = BNN_FIRST; b < blocks; b += BNN_STRIDE) {
-        float z[4];
-        bnn_normals4(seed, step, param, (uint32_t)b, z);
-        for (int k = 0; k < 4; ++k) {
-            u64 i = 4 * b + k;
-            if (i < n) {
-                vir += (double)bnn_virial(theta[i], grad[i]);
-                bnn_sgld(&theta[i], grad[i], z[k], c);
-            }
-        }
-    }
-    return vir;
-}
-
-// This thread's part of sum v^2 after the update (returned) and of sum theta*g before it.
-__device__ double bnn_momentum_share(float *theta, float *momentum, const float *grad, u64 n,
-                                     unsigned int param, u64 seed, u64 step,
-                                     bnn_step_consts c, double *vir) {
-    double local = 0.0;
-    u64 blocks = (n + 3) / 4;
-    for (u64 b = BNN_FIRST; b < blocks; b += BNN_STRIDE) {
-        float z[4];
-        bnn_normals4(seed, step, param, (uint32_t)b, z);
-        for (int k = 0; k < 4; ++k) {
-            u64 i = 4 * b + k;
-            if (i < n) {
-                *vir += (double)bnn_virial(theta[i], grad[i]);
-                local += (double)bnn_momentum_step(&theta[i], &momentum[i], grad[i], z[k], c);
-            }
-        }
-    }
-    return local;
-}
-
-// mSGNHT's per-element thermostat step: reads theta, v, alpha, g and writes theta, v,
-// alpha once each; this thread's parts of sum v^2, of the new sum alpha and of sum
-// theta*g before the update.
-__device__ void bnn_thermostat_share(float *theta, float *momentum, float *alpha,
-                                     const float *grad, u64 n, unsigned int param, u64 seed,
-                                     u64 step, bnn_step_consts c, int splitting, double *sq,
-                                     double *al, double *vir) {
-    u64 blocks = (n + 3) / 4;
-    for (u64 b = BNN_FIRST; b < blocks; b += BNN_STRIDE) {
-        float z[4];
-        bnn_normals4(seed, step, param, (uint32_t)b, z);
-        for (int k = 0; k < 4; ++k) {
-            u64 i = 4 * b + k;
-            if (i < n) {
-                *vir += (double)bnn_virial(theta[i], grad[i]);
-                *sq += (double)bnn_thermostat_step(&theta[i], &momentum[i], &alpha[i], grad[i],
-                                                   z[k], c, splitting);
-                *al += (double)alpha[i];
-            }
-        }
-    }
-}
-
-// The block's sums of (a, b, c) added into out[0], out[1], out[2].
-__device__ void bnn_block_sums(double a, double b, double c, double *out) {
+// The block's sums of s[0], s[1], s[2] added into out[0], out[1], out[2].
+__device__ void bnn_block_sums(const double s[3], double *out) {
     __shared__ double pa[BNN_THREADS];
     __shared__ double pb[BNN_THREADS];
     __shared__ double pc[BNN_THREADS];
-    pa[threadIdx.x] = a;
-    pb[threadIdx.x] = b;
-    pc[threadIdx.x] = c;
+    pa[threadIdx.x] = s[0];
+    pb[threadIdx.x] = s[1];
+    pc[threadIdx.x] = s[2];
     __syncthreads();
     for (unsigned int stride = BNN_THREADS / 2; stride > 0; stride /= 2) {
         if (threadIdx.x < stride) {
@@ -114,78 +54,31 @@ __device__ void bnn_block_sums(double a, double b, double c, double *out) {
     }
 }
 
-extern "C" __global__ void bnn_sgld_kernel(float *theta, const float *grad, u64 n,
-                                         unsigned int param, u64 seed, u64 step,
-                                         float step_size, float noise_scale, double *sums) {
-    bnn_step_consts c = {step_size, 1.0f, 1.0f, noise_scale};
-    double vir = bnn_sgld_share(theta, grad, n, param, seed, step, c);
-    bnn_block_sums(0.0, 0.0, vir, sums);
-}
-
-extern "C" __global__ void bnn_momentum_kernel(float *theta, float *momentum, const float *grad,
-                                             u64 n, unsigned int param, u64 seed, u64 step,
-                                             float step_size, float decay, float post,
-                                             float noise_scale, double *sums) {
+// One tensor of n elements by the element update `rule`: its state buffers s0 (v) and s1
+// (alpha) where the rule has them, else null; [sum v^2, sum alpha, virial] into sums.
+extern "C" __global__ void bnn_step_kernel(int rule, float *theta, float *s0, float *s1,
+                                         const float *grad, u64 n, unsigned int param, u64 seed,
+                                         u64 step, float step_size, float decay, float post,
+                                         float noise_scale, double *sums) {
     bnn_step_consts c = {step_size, decay, post, noise_scale};
-    double vir = 0.0;
-    double local = bnn_momentum_share(theta, momentum, grad, n, param, seed, step, c, &vir);
-    bnn_block_sums(local, 0.0, vir, sums);
-}
-
-// Reduces sum v^2 into sums[0], the new sum alpha into sums[1] and the virial into sums[2].
-extern "C" __global__ void bnn_thermostat_kernel(float *theta, float *momentum, float *alpha,
-                                               const float *grad, u64 n, unsigned int param,
-                                               u64 seed, u64 step, float step_size,
-                                               float noise_scale, int splitting,
-                                               double *sums) {
-    bnn_step_consts c = {step_size, 1.0f, 1.0f, noise_scale};
-    double sq = 0.0, al = 0.0, vir = 0.0;
-    bnn_thermostat_share(theta, momentum, alpha, grad, n, param, seed, step, c, splitting, &sq,
-                         &al, &vir);
-    bnn_block_sums(sq, al, vir, sums);
+    double s[3] = {0.0, 0.0, 0.0};
+    bnn_update_blocks(rule, theta, s0, s1, grad, n, param, seed, step, c, BNN_FIRST, BNN_STRIDE,
+                      s);
+    bnn_block_sums(s, sums);
 }
 
 // K chains stacked: theta and grad are (K, n) row-major; chain k = blockIdx.y has its
-// state buffers at momentum[k] (and alpha[k]), its seed at seeds[k], its constants
-// (step size, decay, post, noise scale) at consts[4k..4k+3], and its sums at
-// sums[3k..3k+2].
-__device__ bnn_step_consts bnn_chain_consts(const float *consts, unsigned int k) {
+// state buffers at s0[k] and s1[k] (tables of device addresses, null tables where the
+// rule has no such state), its seed at seeds[k], its constants (step size, decay, post,
+// noise scale) at consts[4k..4k+3], and its sums at sums[3k..3k+2].
+extern "C" __global__ void bnn_step_stacked_kernel(int rule, float *theta, const u64 *s0,
+                                                 const u64 *s1, const float *grad, u64 n,
+                                                 unsigned int param, const u64 *seeds, u64 step,
+                                                 const float *consts, double *sums) {
+    unsigned int k = blockIdx.y;
     bnn_step_consts c = {consts[4 * k], consts[4 * k + 1], consts[4 * k + 2], consts[4 * k + 3]};
-    return c;
-}
-
-extern "C" __global__ void bnn_sgld_stacked_kernel(float *theta, const float *grad, u64 n,
-                                                 unsigned int param, const u64 *seeds,
-                                                 u64 step, const float *consts,
-                                                 double *sums) {
-    unsigned int k = blockIdx.y;
-    double vir = bnn_sgld_share(theta + k * n, grad + k * n, n, param, seeds[k], step,
-                                bnn_chain_consts(consts, k));
-    bnn_block_sums(0.0, 0.0, vir, &sums[3 * k]);
-}
-
-extern "C" __global__ void bnn_momentum_stacked_kernel(float *theta, const u64 *momentum,
-                                                     const float *grad, u64 n,
-                                                     unsigned int param, const u64 *seeds,
-                                                     u64 step, const float *consts,
-                                                     double *sums) {
-    unsigned int k = blockIdx.y;
-    double vir = 0.0;
-    double local = bnn_momentum_share(theta + k * n, (float *)momentum[k], grad + k * n, n, param,
-                                      seeds[k], step, bnn_chain_consts(consts, k), &vir);
-    bnn_block_sums(local, 0.0, vir, &sums[3 * k]);
-}
-
-extern "C" __global__ void bnn_thermostat_stacked_kernel(float *theta, const u64 *momentum,
-                                                       const u64 *alpha, const float *grad,
-                                                       u64 n, unsigned int param,
-                                                       const u64 *seeds, u64 step,
-                                                       const float *consts, int splitting,
-                                                       double *sums) {
-    unsigned int k = blockIdx.y;
-    double sq = 0.0, al = 0.0, vir = 0.0;
-    bnn_thermostat_share(theta + k * n, (float *)momentum[k], (float *)alpha[k], grad + k * n, n,
-                         param, seeds[k], step, bnn_chain_consts(consts, k), splitting, &sq, &al,
-                         &vir);
-    bnn_block_sums(sq, al, vir, &sums[3 * k]);
+    double s[3] = {0.0, 0.0, 0.0};
+    bnn_update_blocks(rule, theta + k * n, s0 ? (float *)s0[k] : 0, s1 ? (float *)s1[k] : 0,
+                      grad + k * n, n, param, seeds[k], step, c, BNN_FIRST, BNN_STRIDE, s);
+    bnn_block_sums(s, &sums[3 * k]);
 }

@@ -55,6 +55,18 @@ fn on_gpu<'b>(
     }
 }
 
+/// Which state buffers the rule of `update` reads: (v, α).
+fn states_of(update: Update) -> (bool, bool) {
+    match update {
+        Update::Sgld => (false, false),
+        Update::Momentum => (true, false),
+        Update::Thermostat { .. } => (true, true),
+    }
+}
+
+/// The null device pointer, for a state buffer the rule does not read.
+const NULL: u64 = 0;
+
 /// One fused update of the tensor in `theta` (destination) with `grad`, by the update
 /// `lane` lends. Returns its sums: Σ v² (0 for SGLD) and, for mSGNHT, Σ α after the update
 /// (else 0), and Σθ·∇ before it.
@@ -70,70 +82,36 @@ pub fn step(
     let dev = theta.device().clone();
     let grad = grad.as_cuda_slice::<f32>()?.slice(ga..gb);
     let mut theta = theta.as_cuda_slice_mut::<f32>()?.slice_mut(a..b);
-    let cfg = launch_config(n, 1);
-    let (key, c) = (lane.key, lane.consts);
+    let (key, c, rule) = (lane.key, lane.consts, lane.update.rule());
+    let (has_v, has_alpha) = states_of(lane.update);
     // [Σv², Σα, Σθ·∇], reduced by the kernel.
     let mut sums = dev.alloc_zeros::<f64>(3)?;
-    match lane.update {
-        Update::Sgld => {
-            let func = dev.get_or_load_custom_func("bnn_sgld_kernel", MODULE, PTX)?;
-            let mut builder = func.builder();
-            builder.arg(&mut theta);
-            builder.arg(&grad);
-            builder.arg(&n);
-            builder.arg(&key.param);
-            builder.arg(&key.seed);
-            builder.arg(&key.step);
-            builder.arg(&c.step_size);
-            builder.arg(&c.noise_scale);
-            builder.arg(&mut sums);
-            // SAFETY: the argument list matches `bnn_sgld_kernel`'s signature, every
-            // pointer covers `n` floats and `sums` three doubles.
-            unsafe { builder.launch(cfg) }.w()?;
-        }
-        Update::Momentum => {
-            let momentum = on_gpu(lane.momentum.as_mut(), n, "momentum")?;
-            let func = dev.get_or_load_custom_func("bnn_momentum_kernel", MODULE, PTX)?;
-            let mut builder = func.builder();
-            builder.arg(&mut theta);
-            builder.arg(momentum);
-            builder.arg(&grad);
-            builder.arg(&n);
-            builder.arg(&key.param);
-            builder.arg(&key.seed);
-            builder.arg(&key.step);
-            builder.arg(&c.step_size);
-            builder.arg(&c.decay);
-            builder.arg(&c.post);
-            builder.arg(&c.noise_scale);
-            builder.arg(&mut sums);
-            // SAFETY: the argument list matches `bnn_momentum_kernel`'s signature, every
-            // pointer covers `n` floats and `sums` three doubles.
-            unsafe { builder.launch(cfg) }.w()?;
-        }
-        Update::Thermostat { splitting } => {
-            let momentum = on_gpu(lane.momentum.as_mut(), n, "momentum")?;
-            let alpha = on_gpu(lane.thermostat.as_mut(), n, "thermostats")?;
-            let splitting = i32::from(splitting);
-            let func = dev.get_or_load_custom_func("bnn_thermostat_kernel", MODULE, PTX)?;
-            let mut builder = func.builder();
-            builder.arg(&mut theta);
-            builder.arg(momentum);
-            builder.arg(alpha);
-            builder.arg(&grad);
-            builder.arg(&n);
-            builder.arg(&key.param);
-            builder.arg(&key.seed);
-            builder.arg(&key.step);
-            builder.arg(&c.step_size);
-            builder.arg(&c.noise_scale);
-            builder.arg(&splitting);
-            builder.arg(&mut sums);
-            // SAFETY: the argument list matches `bnn_thermostat_kernel`'s signature, every
-            // pointer covers `n` floats and `sums` three doubles.
-            unsafe { builder.launch(cfg) }.w()?;
-        }
-    }
+    let func = dev.get_or_load_custom_func("bnn_step_kernel", MODULE, PTX)?;
+    let mut builder = func.builder();
+    builder.arg(&rule);
+    builder.arg(&mut theta);
+    match has_v {
+        true => builder.arg(on_gpu(lane.momentum.as_mut(), n, "momentum")?),
+        false => builder.arg(&NULL),
+    };
+    match has_alpha {
+        true => builder.arg(on_gpu(lane.thermostat.as_mut(), n, "thermostats")?),
+        false => builder.arg(&NULL),
+    };
+    builder.arg(&grad);
+    builder.arg(&n);
+    builder.arg(&key.param);
+    builder.arg(&key.seed);
+    builder.arg(&key.step);
+    builder.arg(&c.step_size);
+    builder.arg(&c.decay);
+    builder.arg(&c.post);
+    builder.arg(&c.noise_scale);
+    builder.arg(&mut sums);
+    // SAFETY: the argument list matches `bnn_step_kernel`'s signature; θ, ∇ and every
+    // state buffer the rule reads cover `n` floats (the others are null, which the rule
+    // does not read), and `sums` three doubles.
+    unsafe { builder.launch(launch_config(n, 1)) }.w()?;
     Ok(sums_of(&dev.clone_dtoh(&sums)?)[0])
 }
 
@@ -148,28 +126,35 @@ fn sums_of(raw: &[f64]) -> Vec<TensorSums> {
         .collect()
 }
 
-/// The device addresses of each lane's momentum and, with `thermostats`, of its αᵢ (each
-/// buffer of `n` values), uploaded; and the guards that order `stream`'s use of the
-/// buffers, to be dropped after the launch is queued.
-type Addresses<'b> = (CudaSlice<u64>, Option<CudaSlice<u64>>, Vec<SyncOnDrop<'b>>);
+/// The device addresses of each lane's momentum (with `momenta`) and αᵢ (with
+/// `thermostats`), each buffer of `n` values, uploaded as tables; and the guards that
+/// order `stream`'s use of the buffers, to be dropped after the launch is queued.
+type Addresses<'b> = (
+    Option<CudaSlice<u64>>,
+    Option<CudaSlice<u64>>,
+    Vec<SyncOnDrop<'b>>,
+);
 
 fn addresses<'b>(
     dev: &CudaDevice,
     stream: &'b CudaStream,
     lanes: &'b mut [LentUpdate<'_>],
-    thermostats: bool,
+    (momenta, thermostats): (bool, bool),
     n: u64,
 ) -> candle_core::Result<Addresses<'b>> {
-    let (mut momenta, mut alphas, mut guards) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut vs, mut alphas, mut guards) = (Vec::new(), Vec::new(), Vec::new());
     for lane in lanes.iter_mut() {
         let LentUpdate {
             momentum,
             thermostat,
             ..
         } = lane;
-        let (pointer, guard) = on_gpu(momentum.as_mut(), n, "momentum")?.device_ptr_mut(stream);
-        momenta.push(pointer);
-        guards.push(guard);
+        if momenta {
+            let v = on_gpu(momentum.as_mut(), n, "momentum")?;
+            let (pointer, guard) = v.device_ptr_mut(stream);
+            vs.push(pointer);
+            guards.push(guard);
+        }
         if thermostats {
             let alpha = on_gpu(thermostat.as_mut(), n, "thermostats")?;
             let (pointer, guard) = alpha.device_ptr_mut(stream);
@@ -177,11 +162,13 @@ fn addresses<'b>(
             guards.push(guard);
         }
     }
-    let alphas = match thermostats {
-        true => Some(dev.clone_htod(&alphas)?),
-        false => None,
+    let table = |on: bool, pointers: &[u64]| -> candle_core::Result<Option<CudaSlice<u64>>> {
+        Ok(match on {
+            true => Some(dev.clone_htod(pointers)?),
+            false => None,
+        })
     };
-    Ok((dev.clone_htod(&momenta)?, alphas, guards))
+    Ok((table(momenta, &vs)?, table(thermostats, &alphas)?, guards))
 }
 
 /// One fused update of K chains' tensors stacked in `theta` (K, …), destination, with
@@ -212,82 +199,41 @@ pub fn stacked_step(
     let dev = theta.device().clone();
     let grad = grad.as_cuda_slice::<f32>()?.slice(ga..gb);
     let mut theta = theta.as_cuda_slice_mut::<f32>()?.slice_mut(a..b);
-    let cfg = launch_config(n, k as u32);
     let seeds = dev.clone_htod(&lanes.iter().map(|l| l.key.seed).collect::<Vec<u64>>())?;
-    let thermostat = matches!(update, Update::Thermostat { .. });
     let consts: Vec<f32> = lanes
         .iter()
         .flat_map(|l| {
             let c = l.consts;
-            // The thermostat step damps by each element's own αᵢ.
-            match thermostat {
-                true => [c.step_size, 1.0, 1.0, c.noise_scale],
-                false => [c.step_size, c.decay, c.post, c.noise_scale],
-            }
+            [c.step_size, c.decay, c.post, c.noise_scale]
         })
         .collect();
     let consts = dev.clone_htod(&consts)?;
-    let (param, step) = (lanes[0].key.param, lanes[0].key.step);
+    let (param, step, rule) = (lanes[0].key.param, lanes[0].key.step, update.rule());
     let mut sums = dev.alloc_zeros::<f64>(3 * k)?;
-    match update {
-        Update::Sgld => {
-            let func = dev.get_or_load_custom_func("bnn_sgld_stacked_kernel", MODULE, PTX)?;
-            let mut builder = func.builder();
-            builder.arg(&mut theta);
-            builder.arg(&grad);
-            builder.arg(&n);
-            builder.arg(&param);
-            builder.arg(&seeds);
-            builder.arg(&step);
-            builder.arg(&consts);
-            builder.arg(&mut sums);
-            // SAFETY: the argument list matches `bnn_sgld_stacked_kernel`'s signature;
-            // θ and ∇ cover K·n floats, `seeds` K values, `consts` 4K, `sums` 3K.
-            unsafe { builder.launch(cfg) }.w()?;
-        }
-        Update::Momentum => {
-            let stream = dev.cuda_stream();
-            let (momentum, _, _guards) = addresses(&dev, &stream, lanes, false, n)?;
-            let func = dev.get_or_load_custom_func("bnn_momentum_stacked_kernel", MODULE, PTX)?;
-            let mut builder = func.builder();
-            builder.arg(&mut theta);
-            builder.arg(&momentum);
-            builder.arg(&grad);
-            builder.arg(&n);
-            builder.arg(&param);
-            builder.arg(&seeds);
-            builder.arg(&step);
-            builder.arg(&consts);
-            builder.arg(&mut sums);
-            // SAFETY: the argument list matches `bnn_momentum_stacked_kernel`'s signature;
-            // θ and ∇ cover K·n floats, each of the K momentum addresses n floats (checked
-            // by `addresses`), `sums` 3K doubles.
-            unsafe { builder.launch(cfg) }.w()?;
-        }
-        Update::Thermostat { splitting } => {
-            let splitting = i32::from(splitting);
-            let stream = dev.cuda_stream();
-            let (momentum, alpha, _guards) = addresses(&dev, &stream, lanes, true, n)?;
-            let Some(alpha) = alpha else {
-                candle_core::bail!("stacked sampler step: no thermostat addresses");
-            };
-            let func = dev.get_or_load_custom_func("bnn_thermostat_stacked_kernel", MODULE, PTX)?;
-            let mut builder = func.builder();
-            builder.arg(&mut theta);
-            builder.arg(&momentum);
-            builder.arg(&alpha);
-            builder.arg(&grad);
-            builder.arg(&n);
-            builder.arg(&param);
-            builder.arg(&seeds);
-            builder.arg(&step);
-            builder.arg(&consts);
-            builder.arg(&splitting);
-            builder.arg(&mut sums);
-            // SAFETY: as the momentum kernel's, and each of the K α addresses covers n
-            // floats.
-            unsafe { builder.launch(cfg) }.w()?;
-        }
-    }
+    let stream = dev.cuda_stream();
+    let (momenta, alphas, _guards) = addresses(&dev, &stream, lanes, states_of(update), n)?;
+    let func = dev.get_or_load_custom_func("bnn_step_stacked_kernel", MODULE, PTX)?;
+    let mut builder = func.builder();
+    builder.arg(&rule);
+    builder.arg(&mut theta);
+    match &momenta {
+        Some(table) => builder.arg(table),
+        None => builder.arg(&NULL),
+    };
+    match &alphas {
+        Some(table) => builder.arg(table),
+        None => builder.arg(&NULL),
+    };
+    builder.arg(&grad);
+    builder.arg(&n);
+    builder.arg(&param);
+    builder.arg(&seeds);
+    builder.arg(&step);
+    builder.arg(&consts);
+    builder.arg(&mut sums);
+    // SAFETY: the argument list matches `bnn_step_stacked_kernel`'s signature; θ and ∇
+    // cover K·n floats, `seeds` K values, `consts` 4K, `sums` 3K doubles, and each table
+    // the rule reads K addresses of n floats (checked by `addresses`; the others null).
+    unsafe { builder.launch(launch_config(n, k as u32)) }.w()?;
     Ok(sums_of(&dev.clone_dtoh(&sums)?))
 }

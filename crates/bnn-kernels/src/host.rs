@@ -4,37 +4,19 @@
 extern "C" {
     fn bnn_host_normals(seed: u64, step: u64, param: u32, n: u32, out: *mut f32);
     #[allow(clippy::too_many_arguments)]
-    fn bnn_host_step(
-        kind: i32,
+    fn bnn_host_update(
+        rule: i32,
         theta: *mut f32,
-        v: *mut f32,
+        s0: *mut f32,
+        s1: *mut f32,
         g: *const f32,
         n: u32,
         seed: u64,
         step: u64,
         param: u32,
-        step_size: f32,
-        decay: f32,
-        post: f32,
-        noise_scale: f32,
-        virial: *mut f64,
-    ) -> f64;
-    #[allow(clippy::too_many_arguments)]
-    fn bnn_host_thermostat_step(
-        theta: *mut f32,
-        v: *mut f32,
-        alpha: *mut f32,
-        g: *const f32,
-        n: u32,
-        seed: u64,
-        step: u64,
-        param: u32,
-        step_size: f32,
-        noise_scale: f32,
-        splitting: i32,
-        sum_alpha: *mut f64,
-        virial: *mut f64,
-    ) -> f64;
+        consts: *const f32,
+        sums: *mut f64,
+    );
 }
 
 use super::{StepConsts, TensorSums, Update};
@@ -47,90 +29,56 @@ pub fn normals(key: NoiseKey, out: &mut [f32]) {
     unsafe { bnn_host_normals(key.seed, key.step, key.param, n, out.as_mut_ptr()) }
 }
 
-/// The header's update of a whole tensor; returns Σ v² and Σθ·∇, summed in element order.
-pub fn step(
+/// The header's update of a whole tensor, as the CUDA kernels run it (`bnn_update_blocks`):
+/// θ with its momentum (empty for SGLD) and mSGNHT's αᵢ (empty but for the thermostat
+/// update); returns (Σv², Σα) after it and Σθ·∇ before it, summed in element order.
+pub fn update(
     update: Update,
-    theta: &mut [f32],
-    momentum: &mut [f32],
-    grad: &[f32],
-    key: NoiseKey,
-    c: StepConsts,
-) -> TensorSums {
-    let n = u32::try_from(theta.len()).expect("fewer than 2³² elements");
-    assert_eq!(grad.len(), theta.len());
-    let kind = match update {
-        Update::Sgld => 0,
-        Update::Momentum => {
-            assert_eq!(momentum.len(), theta.len());
-            1
-        }
-        Update::Thermostat { .. } => panic!("the mSGNHT update is `thermostat_step`"),
-    };
-    let mut virial = 0f64;
-    // SAFETY: all three buffers hold `n` floats (checked above; the momentum is only
-    // touched for kind 1, where its length is checked); `virial` is one double.
-    let sum_sq = unsafe {
-        bnn_host_step(
-            kind,
-            theta.as_mut_ptr(),
-            momentum.as_mut_ptr(),
-            grad.as_ptr(),
-            n,
-            key.seed,
-            key.step,
-            key.param,
-            c.step_size,
-            c.decay,
-            c.post,
-            c.noise_scale,
-            &mut virial,
-        )
-    };
-    TensorSums {
-        sum_sq,
-        sum_thermostat: 0.0,
-        virial,
-    }
-}
-
-/// The header's mSGNHT update (per-element thermostat) of a whole tensor; returns
-/// (Σv², Σα) after it and Σθ·∇ before it, summed in element order.
-pub fn thermostat_step(
     theta: &mut [f32],
     momentum: &mut [f32],
     alpha: &mut [f32],
     grad: &[f32],
     key: NoiseKey,
     c: StepConsts,
-    splitting: bool,
 ) -> TensorSums {
     let n = u32::try_from(theta.len()).expect("fewer than 2³² elements");
-    assert!(
-        grad.len() == theta.len() && momentum.len() == theta.len() && alpha.len() == theta.len()
-    );
-    let (mut sum_alpha, mut virial) = (0f64, 0f64);
-    // SAFETY: the four buffers hold `n` floats (checked above), `sum_alpha` and `virial`
-    // one double each.
-    let sum_sq = unsafe {
-        bnn_host_thermostat_step(
+    assert_eq!(grad.len(), theta.len());
+    // The state each rule reads: none for SGLD, v for the momentum step, v and α for the
+    // thermostat step (null pointers for the rest, as the kernels are given).
+    let (v, a) = match update {
+        Update::Sgld => (false, false),
+        Update::Momentum => (true, false),
+        Update::Thermostat { .. } => (true, true),
+    };
+    assert!(!v || momentum.len() == theta.len(), "momentum of the wrong length");
+    assert!(!a || alpha.len() == theta.len(), "thermostats of the wrong length");
+    let pointer = |on: bool, b: &mut [f32]| match on {
+        true => b.as_mut_ptr(),
+        false => std::ptr::null_mut(),
+    };
+    let consts = [c.step_size, c.decay, c.post, c.noise_scale];
+    let mut sums = [0f64; 3];
+    // SAFETY: θ and ∇ hold `n` floats, and so do the state buffers passed (checked above;
+    // the others are null, which the rule does not read); `consts` is 4 floats and `sums`
+    // 3 doubles.
+    unsafe {
+        bnn_host_update(
+            update.rule(),
             theta.as_mut_ptr(),
-            momentum.as_mut_ptr(),
-            alpha.as_mut_ptr(),
+            pointer(v, momentum),
+            pointer(a, alpha),
             grad.as_ptr(),
             n,
             key.seed,
             key.step,
             key.param,
-            c.step_size,
-            c.noise_scale,
-            i32::from(splitting),
-            &mut sum_alpha,
-            &mut virial,
+            consts.as_ptr(),
+            sums.as_mut_ptr(),
         )
     };
     TensorSums {
-        sum_sq,
-        sum_thermostat: sum_alpha,
-        virial,
+        sum_sq: sums[0],
+        sum_thermostat: sums[1],
+        virial: sums[2],
     }
 }

@@ -93,6 +93,20 @@ pub enum Update {
     },
 }
 
+impl Update {
+    /// The rule's code in `kernels/sampler_math.h` (`BNN_RULE_*`), where
+    /// `bnn_update_element` is the one dispatch over the element updates for the CUDA
+    /// kernels and the host shim.
+    pub fn rule(self) -> i32 {
+        match self {
+            Update::Sgld => 0,
+            Update::Momentum => 1,
+            Update::Thermostat { splitting: false } => 2,
+            Update::Thermostat { splitting: true } => 3,
+        }
+    }
+}
+
 /// A sampler update applied by the weight-gradient product as it stores each element of
 /// the gradient ([`gemm::product_then_update`]) instead of writing ∇ and updating θ in a
 /// pass of its own. Why: on the CPU that pass is memory-bound (it reads θ, v, ∇ and

@@ -4,7 +4,7 @@
 //! ([`crate::LentUpdate`]: its noise key, constants, momentum and thermostats). On the CPU
 //! each row runs the fused step of a tensor alone ([`crate::cpu`]), so a chain's θ and v
 //! are the bits it would have apart; on CUDA all K rows are one launch
-//! (`bnn_*_stacked_kernel`), where K separate launches would each pay a launch and a read
+//! (`bnn_step_stacked_kernel`), where K separate launches would each pay a launch and a read
 //! of the sums.
 
 use std::cell::RefCell;
