@@ -50,8 +50,14 @@ pub fn update(
         Update::Momentum => (true, false),
         Update::Thermostat { .. } => (true, true),
     };
-    assert!(!v || momentum.len() == theta.len(), "momentum of the wrong length");
-    assert!(!a || alpha.len() == theta.len(), "thermostats of the wrong length");
+    assert!(
+        !v || momentum.len() == theta.len(),
+        "momentum of the wrong length"
+    );
+    assert!(
+        !a || alpha.len() == theta.len(),
+        "thermostats of the wrong length"
+    );
     let pointer = |on: bool, b: &mut [f32]| match on {
         true => b.as_mut_ptr(),
         false => std::ptr::null_mut(),
