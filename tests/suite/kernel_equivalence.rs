@@ -64,7 +64,7 @@ fn header_step_equals_cpu_op_bit_for_bit() {
                     Update::Momentum => (&mut v1, &mut v2),
                     Update::Thermostat { .. } => unreachable!("not in the header"),
                 };
-                let s1 = cpu::step(update, &mut t1, m1, &g, key, c);
+                let s1 = cpu::step(update, &mut t1, m1, &mut [], &g, key, c);
                 let s2 = host::update(update, &mut t2, m2, &mut [], &g, key, c);
                 let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 assert_eq!(
@@ -123,8 +123,8 @@ fn header_thermostat_step_equals_cpu_op_bit_for_bit() {
                     .sum();
                 let (mut t1, mut v1, mut a1) = (theta.clone(), v.clone(), alpha.clone());
                 let (mut t2, mut v2, mut a2) = (theta, v, alpha);
-                let s1 = cpu::thermostat_step(&mut t1, &mut v1, &mut a1, &g, key, c, splitting);
                 let update = Update::Thermostat { splitting };
+                let s1 = cpu::step(update, &mut t1, &mut v1, &mut a1, &g, key, c);
                 let s2 = host::update(update, &mut t2, &mut v2, &mut a2, &g, key, c);
                 let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 let case = format!("splitting={splitting} eta={eta} n={n}");
@@ -182,7 +182,7 @@ fn cpu_op_is_independent_of_thread_count() {
     };
     let run = || {
         let (mut t, mut m) = (theta.clone(), v.clone());
-        let s = cpu::step(Update::Momentum, &mut t, &mut m, &g, key, c);
+        let s = cpu::step(Update::Momentum, &mut t, &mut m, &mut [], &g, key, c);
         (t, m, s)
     };
     let (t1, m1, s1) = on_one_thread(run);
@@ -227,7 +227,7 @@ fn sums_follow_the_fixed_chunk_order() {
         let alpha: Vec<f32> = (0..n).map(|_| rng.random_range(-0.5..2.0)).collect();
         let momentum = || {
             let (mut t, mut m) = (theta.clone(), v.clone());
-            let s = cpu::step(Update::Momentum, &mut t, &mut m, &g, key, c);
+            let s = cpu::step(Update::Momentum, &mut t, &mut m, &mut [], &g, key, c);
             (s, m)
         };
         // θ·∇ per element, as the op forms it before the update.
@@ -241,7 +241,15 @@ fn sums_follow_the_fixed_chunk_order() {
         }
         let thermostat = || {
             let (mut t, mut m, mut a) = (theta.clone(), v.clone(), alpha.clone());
-            let s = cpu::thermostat_step(&mut t, &mut m, &mut a, &g, key, c, false);
+            let s = cpu::step(
+                Update::Thermostat { splitting: false },
+                &mut t,
+                &mut m,
+                &mut a,
+                &g,
+                key,
+                c,
+            );
             (s, m, a)
         };
         for (s, m, a) in [thermostat(), on_one_thread(thermostat)] {

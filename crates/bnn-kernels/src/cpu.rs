@@ -37,17 +37,23 @@ unsafe fn normals_tile<N: Normals>(key: &NoiseKey, first_block: u32, z: &mut [[f
     }
 }
 
-/// One tile of the SGLD or momentum update: (Σv² after it, Σθ·∇ before it).
+/// One tile of the element update `update`: (Σv², Σα) after it and Σθ·∇ before it, each
+/// summed in eight fixed f64 lanes (vectorisable, and the same order whatever the
+/// threads). `momentum` and `alpha` are empty where the rule has no such state. The one
+/// dispatch over the element updates on the CPU; each arm's loop is what the compiler
+/// vectorises, so the rule is chosen per tile, not per element.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn tile_update<N: Normals>(
     update: Update,
     theta: &mut [f32],
     momentum: &mut [f32],
+    alpha: &mut [f32],
     grad: &[f32],
     key: &NoiseKey,
     first_block: u32,
     c: StepConsts,
-) -> (f64, f64) {
+) -> TensorSums {
     unsafe {
         let n = theta.len();
         let mut blocks = [[0f32; 4]; BLOCKS];
@@ -55,10 +61,13 @@ unsafe fn tile_update<N: Normals>(
         let z = blocks.as_flattened_mut();
         // θ·∇ per element, summed after the loop (a sum inside it would not vectorise).
         let mut virial = [0f32; TILE];
-        let mut sum = 0f64;
+        let mut sums = TensorSums::default();
         match update {
-            Update::Thermostat { .. } => {
-                unreachable!("the thermostat update runs in thermostat_step")
+            Update::Thermostat { splitting } => {
+                thermostat_tile(theta, momentum, alpha, grad, z, &mut virial, c, splitting);
+                // z holds v², and `alpha` the new α.
+                sums.sum_sq = lanes8(&z[..n]);
+                sums.sum_thermostat = lanes8(alpha);
             }
             Update::Sgld => {
                 for (((t, &g), &z), w) in theta.iter_mut().zip(grad).zip(&z[..n]).zip(&mut virial) {
@@ -80,10 +89,11 @@ unsafe fn tile_update<N: Normals>(
                     *t += vn;
                     *z = vn * vn;
                 }
-                sum = lanes8(&z[..n]);
+                sums.sum_sq = lanes8(&z[..n]);
             }
         }
-        (sum, lanes8(&virial[..n]))
+        sums.virial = lanes8(&virial[..n]);
+        sums
     }
 }
 
@@ -115,6 +125,7 @@ struct Chunk<'a> {
     update: Update,
     theta: &'a mut [f32],
     momentum: &'a mut [f32],
+    alpha: &'a mut [f32],
     grad: &'a [f32],
     key: &'a NoiseKey,
     offset: usize,
@@ -132,36 +143,40 @@ unsafe fn chunk_update<N: Normals>(job: Chunk<'_>, sums: &mut [TensorSums]) {
             update,
             theta,
             momentum,
+            alpha,
             grad,
             key,
             offset,
             c,
         } = job;
+        let thermostat = matches!(update, Update::Thermostat { .. });
         let mut start = 0;
         while start < theta.len() {
             let end = (start + TILE).min(theta.len());
-            prefetch_tile(&theta[..], start + PREFETCH_AHEAD);
-            prefetch_tile(grad, start + PREFETCH_AHEAD);
-            prefetch_tile(&momentum[..], start + PREFETCH_AHEAD);
-            let m = if momentum.is_empty() {
-                &mut []
-            } else {
-                &mut momentum[start..end]
+            if !thermostat {
+                prefetch_tile(&theta[..], start + PREFETCH_AHEAD);
+                prefetch_tile(grad, start + PREFETCH_AHEAD);
+                prefetch_tile(&momentum[..], start + PREFETCH_AHEAD);
+            }
+            // (A state the rule has not stays empty.)
+            let m: &mut [f32] = match momentum.is_empty() {
+                true => &mut [],
+                false => &mut momentum[start..end],
             };
-            let (sum_sq, virial) = tile_update::<N>(
+            let a: &mut [f32] = match alpha.is_empty() {
+                true => &mut [],
+                false => &mut alpha[start..end],
+            };
+            sums[start / TILE] = tile_update::<N>(
                 update,
                 &mut theta[start..end],
                 m,
+                a,
                 &grad[start..end],
                 key,
                 ((offset + start) / 4) as u32,
                 c,
             );
-            sums[start / TILE] = TensorSums {
-                sum_sq,
-                sum_thermostat: 0.0,
-                virial,
-            };
             start = end;
         }
     }
@@ -229,41 +244,52 @@ fn chunk_ordered_sum<T: Copy + Default + std::ops::Add<Output = T>>(tile_sums: &
 }
 
 /// Applies one fused update to a whole parameter tensor (`theta`, its `momentum` — empty
-/// for SGLD — and its gradient), with noise from `key`. Returns Σ v² after the update
-/// (0 for SGLD) and Σθ·∇ before it, each summed per chunk and then over chunks in order.
+/// for SGLD — its per-element thermostats `alpha` — empty but for mSGNHT — and its
+/// gradient), with noise from `key`. Returns (Σv², Σα) after the update and Σθ·∇ before
+/// it, each summed per chunk and then over chunks in order.
 pub fn step(
     update: Update,
     theta: &mut [f32],
     momentum: &mut [f32],
+    alpha: &mut [f32],
     grad: &[f32],
     key: NoiseKey,
     c: StepConsts,
 ) -> TensorSums {
-    assert_eq!(theta.len(), grad.len(), "gradient of the wrong length");
-    assert!(
-        !matches!(update, Update::Thermostat { .. }),
-        "the thermostat update runs in thermostat_step"
-    );
-    if update == Update::Momentum {
-        assert_eq!(theta.len(), momentum.len(), "momentum of the wrong length");
-    }
     let n = theta.len();
+    assert_eq!(n, grad.len(), "gradient of the wrong length");
+    let (has_v, has_alpha) = match update {
+        Update::Sgld => (false, false),
+        Update::Momentum => (true, false),
+        Update::Thermostat { .. } => (true, true),
+    };
+    assert!(
+        !has_v || momentum.len() == n,
+        "momentum of the wrong length"
+    );
+    assert!(
+        !has_alpha || alpha.len() == n,
+        "thermostats of the wrong length"
+    );
     let parts = parts_of(n);
     let mut tile_sums = vec![TensorSums::default(); n.div_ceil(TILE)];
     let isa = isa::current();
-    let (t, m, s) = (
+    let (t, m, al, s) = (
         Disjoint::new(theta),
         Disjoint::new(momentum),
+        Disjoint::new(alpha),
         Disjoint::new(&mut tile_sums),
     );
     pool::run(parts, &|i| {
         let (tiles, elements) = part_range(i, parts, n);
-        // SAFETY: part i alone touches its elements of θ and v, and its tiles' sums.
-        let (theta, momentum, sums) = unsafe {
+        let (first, last) = (elements.start, elements.end);
+        // SAFETY: part i alone touches its elements of θ, v and α, and its tiles' sums.
+        let (theta, momentum, alpha, sums) = unsafe {
             (
-                t.slice(elements.start, elements.end),
-                if update == Update::Momentum {
-                    m.slice(elements.start, elements.end)
+                t.slice(first, last),
+                if has_v { m.slice(first, last) } else { &mut [] },
+                if has_alpha {
+                    al.slice(first, last)
                 } else {
                     &mut []
                 },
@@ -274,9 +300,10 @@ pub fn step(
             update,
             theta,
             momentum,
-            grad: &grad[elements.clone()],
+            alpha,
+            grad: &grad[first..last],
             key: &key,
-            offset: elements.start,
+            offset: first,
             c,
         };
         chunk_dispatch(isa, job, sums);
@@ -308,54 +335,40 @@ pub fn exp_f32(x: f32) -> f32 {
     y * f32::from_bits(biased << 23)
 }
 
-/// One tile of the per-element-thermostat update ([`Update::Thermostat`]), with the
-/// composed mSGNHT's f32 operations in its order (e^{−α/2} by [`exp_f32`]). Returns
-/// (Σv², Σα) after the update and Σθ·∇ before it, summed in eight fixed f64 lanes
-/// (vectorisable, and the same order whatever the threads).
+/// The per-element-thermostat update of one tile ([`Update::Thermostat`]), with the
+/// composed mSGNHT's f32 operations in its order (e^{−α/2} by [`exp_f32`]): θ, v and α
+/// updated, `z` overwritten by v² and `virial` by θ·∇ before the update.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn thermostat_tile<N: Normals>(
+fn thermostat_tile(
     theta: &mut [f32],
     momentum: &mut [f32],
     alpha: &mut [f32],
     grad: &[f32],
-    key: &NoiseKey,
-    first_block: u32,
+    z: &mut [f32],
+    virial: &mut [f32],
     c: StepConsts,
     splitting: bool,
-) -> TensorSums {
-    unsafe {
-        let n = theta.len();
-        let mut blocks = [[0f32; 4]; BLOCKS];
-        normals_tile::<N>(key, first_block, &mut blocks);
-        let z = blocks.as_flattened_mut();
-        let mut virial = [0f32; TILE];
-        // z is reused for v², and `alpha` holds the new α: both summed below.
-        for (((((t, m), a), &g), z), w) in theta
-            .iter_mut()
-            .zip(momentum.iter_mut())
-            .zip(alpha.iter_mut())
-            .zip(grad)
-            .zip(z[..n].iter_mut())
-            .zip(&mut virial)
-        {
-            *w = *t * g;
-            let v = if splitting {
-                let d = exp_f32(*a * -0.5);
-                ((*m * d - g * c.step_size) + *z * c.noise_scale) * d
-            } else {
-                ((*m - *m * *a) - g * c.step_size) + *z * c.noise_scale
-            };
-            *m = v;
-            *t += v;
-            *a += v * v - c.step_size;
-            *z = v * v;
-        }
-        TensorSums {
-            sum_sq: lanes8(&z[..n]),
-            sum_thermostat: lanes8(alpha),
-            virial: lanes8(&virial[..n]),
-        }
+) {
+    for (((((t, m), a), &g), z), w) in theta
+        .iter_mut()
+        .zip(momentum.iter_mut())
+        .zip(alpha.iter_mut())
+        .zip(grad)
+        .zip(z.iter_mut())
+        .zip(virial.iter_mut())
+    {
+        *w = *t * g;
+        let v = if splitting {
+            let d = exp_f32(*a * -0.5);
+            ((*m * d - g * c.step_size) + *z * c.noise_scale) * d
+        } else {
+            ((*m - *m * *a) - g * c.step_size) + *z * c.noise_scale
+        };
+        *m = v;
+        *t += v;
+        *a += v * v - c.step_size;
+        *z = v * v;
     }
 }
 
@@ -375,135 +388,6 @@ fn lanes8(values: &[f32]) -> f64 {
         lanes[l] += v as f64;
     }
     lanes.iter().sum()
-}
-
-/// One chunk of a tensor's per-element-thermostat update: its slices (θ, v, α, ∇), the
-/// noise key and the chunk's first element.
-struct ThermostatChunk<'a> {
-    theta: &'a mut [f32],
-    momentum: &'a mut [f32],
-    alpha: &'a mut [f32],
-    grad: &'a [f32],
-    key: &'a NoiseKey,
-    first: usize,
-    c: StepConsts,
-    splitting: bool,
-}
-
-/// The thermostat tiles of one part: each tile's sums into `sums`.
-/// # Safety
-/// The CPU has the features `N` needs.
-#[inline(always)]
-unsafe fn thermostat_chunk<N: Normals>(job: ThermostatChunk<'_>, sums: &mut [TensorSums]) {
-    unsafe {
-        let ThermostatChunk {
-            theta,
-            momentum,
-            alpha,
-            grad,
-            key,
-            first,
-            c,
-            splitting,
-        } = job;
-        let mut start = 0;
-        while start < theta.len() {
-            let end = (start + TILE).min(theta.len());
-            sums[start / TILE] = thermostat_tile::<N>(
-                &mut theta[start..end],
-                &mut momentum[start..end],
-                &mut alpha[start..end],
-                &grad[start..end],
-                key,
-                ((first + start) / 4) as u32,
-                c,
-                splitting,
-            );
-            start = end;
-        }
-    }
-}
-
-/// [`thermostat_chunk`] compiled for 256-bit vectors with FMA (the noise's fused
-/// multiply-adds single instructions; the rest the same operations, so the same bits).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn thermostat_chunk_avx2(job: ThermostatChunk<'_>, sums: &mut [TensorSums]) {
-    unsafe { thermostat_chunk::<super::noise::Avx2>(job, sums) }
-}
-
-/// [`thermostat_chunk`] compiled for 512-bit vectors.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
-unsafe fn thermostat_chunk_avx512(job: ThermostatChunk<'_>, sums: &mut [TensorSums]) {
-    unsafe { thermostat_chunk::<Autovec>(job, sums) }
-}
-
-/// [`thermostat_chunk`] on `isa`'s build.
-fn thermostat_dispatch(isa: Isa, job: ThermostatChunk<'_>, sums: &mut [TensorSums]) {
-    match isa {
-        // SAFETY: `isa` is at most what the CPU has (isa::current caps at Isa::best).
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { thermostat_chunk_avx512(job, sums) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { thermostat_chunk_avx2(job, sums) },
-        // SAFETY: the compiler's own loops need nothing beyond the build's baseline.
-        _ => unsafe { thermostat_chunk::<Autovec>(job, sums) },
-    }
-}
-
-/// The per-element-thermostat update of a whole parameter tensor (θ, v, α, gradient),
-/// on the pool in the same parts as [`step`]. Returns (Σv², Σα) after the update and Σθ·∇
-/// before it, summed over the same fixed chunks.
-pub fn thermostat_step(
-    theta: &mut [f32],
-    momentum: &mut [f32],
-    alpha: &mut [f32],
-    grad: &[f32],
-    key: NoiseKey,
-    c: StepConsts,
-    splitting: bool,
-) -> TensorSums {
-    let n = theta.len();
-    assert!(
-        grad.len() == n && momentum.len() == n && alpha.len() == n,
-        "sampler state of the wrong length"
-    );
-    let parts = parts_of(n);
-    let mut tile_sums = vec![TensorSums::default(); n.div_ceil(TILE)];
-    let isa = isa::current();
-    let (t, m, al, s) = (
-        Disjoint::new(theta),
-        Disjoint::new(momentum),
-        Disjoint::new(alpha),
-        Disjoint::new(&mut tile_sums),
-    );
-    pool::run(parts, &|i| {
-        let (tiles, elements) = part_range(i, parts, n);
-        let (first, last) = (elements.start, elements.end);
-        // SAFETY: part i alone touches elements first..last of θ, v, α and its tiles' sums.
-        let (theta, momentum, alpha, sums) = unsafe {
-            (
-                t.slice(first, last),
-                m.slice(first, last),
-                al.slice(first, last),
-                s.slice(tiles.start, tiles.end),
-            )
-        };
-        let job = ThermostatChunk {
-            theta,
-            momentum,
-            alpha,
-            grad: &grad[first..last],
-            key: &key,
-            first,
-            c,
-            splitting,
-        };
-        thermostat_dispatch(isa, job, sums);
-    });
-    chunk_ordered_sum(&tile_sums)
 }
 
 /// The fused step as a candle in-place op on (θ, ∇Ũ): θ is the destination (the `Var`'s
@@ -554,24 +438,25 @@ pub(crate) fn lane_step(
     let m: &mut [f32] = match lane.momentum.as_deref_mut() {
         None => &mut [],
         Some(StateBuffer::Host(v)) => v,
-        #[allow(unreachable_patterns)]
         Some(_) => candle_core::bail!("fused sampler step: the momentum is not on the CPU"),
     };
-    if let Update::Thermostat { splitting } = lane.update {
-        let Some(StateBuffer::Host(alpha)) = lane.thermostat.as_deref_mut() else {
-            candle_core::bail!("fused sampler step: no thermostat buffer on the CPU");
-        };
-        return Ok(thermostat_step(
-            theta,
-            m,
-            alpha,
-            grad,
-            lane.key,
-            lane.consts,
-            splitting,
-        ));
+    let alpha: &mut [f32] = match lane.thermostat.as_deref_mut() {
+        None => &mut [],
+        Some(StateBuffer::Host(a)) => a,
+        Some(_) => candle_core::bail!("fused sampler step: the thermostats are not on the CPU"),
+    };
+    if matches!(lane.update, Update::Thermostat { .. }) && alpha.is_empty() {
+        candle_core::bail!("fused sampler step: no thermostat buffer lent");
     }
-    Ok(step(lane.update, theta, m, grad, lane.key, lane.consts))
+    Ok(step(
+        lane.update,
+        theta,
+        m,
+        alpha,
+        grad,
+        lane.key,
+        lane.consts,
+    ))
 }
 
 impl InplaceOp2 for FusedStepOp<'_> {

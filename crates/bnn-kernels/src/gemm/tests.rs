@@ -214,7 +214,15 @@ fn update_in_the_epilogue_is_bit_identical_to_product_then_fused_step() {
                 } else {
                     &mut v_ref
                 };
-                let sum_ref = cpu::step(update, &mut theta_ref, v_ref_slice, &grad, key, consts);
+                let sum_ref = cpu::step(
+                    update,
+                    &mut theta_ref,
+                    v_ref_slice,
+                    &mut [],
+                    &grad,
+                    key,
+                    consts,
+                );
                 // In the epilogue.
                 let (mut theta, mut v) = (theta0.clone(), v0.clone());
                 let mut scratch = vec![0f32; m * n];
