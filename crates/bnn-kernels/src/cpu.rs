@@ -258,11 +258,7 @@ pub fn step(
 ) -> TensorSums {
     let n = theta.len();
     assert_eq!(n, grad.len(), "gradient of the wrong length");
-    let (has_v, has_alpha) = match update {
-        Update::Sgld => (false, false),
-        Update::Momentum => (true, false),
-        Update::Thermostat { .. } => (true, true),
-    };
+    let (has_v, has_alpha) = update.states();
     assert!(
         !has_v || momentum.len() == n,
         "momentum of the wrong length"
@@ -445,7 +441,7 @@ pub(crate) fn lane_step(
         Some(StateBuffer::Host(a)) => a,
         Some(_) => candle_core::bail!("fused sampler step: the thermostats are not on the CPU"),
     };
-    if matches!(lane.update, Update::Thermostat { .. }) && alpha.is_empty() {
+    if lane.update.states().1 && alpha.is_empty() {
         candle_core::bail!("fused sampler step: no thermostat buffer lent");
     }
     Ok(step(

@@ -9,7 +9,7 @@ use candle_core::cuda_backend::{CudaDevice, WrapErr};
 use candle_core::{backend::BackendStorage, CudaStorage, Layout};
 
 use super::buffer::StateBuffer;
-use super::{LentUpdate, TensorSums, Update};
+use super::{LentUpdate, TensorSums};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sampler_step.ptx"));
 const MODULE: &str = "bnn_sampler_step";
@@ -55,15 +55,6 @@ fn on_gpu<'b>(
     }
 }
 
-/// Which state buffers the rule of `update` reads: (v, α).
-fn states_of(update: Update) -> (bool, bool) {
-    match update {
-        Update::Sgld => (false, false),
-        Update::Momentum => (true, false),
-        Update::Thermostat { .. } => (true, true),
-    }
-}
-
 /// The null device pointer, for a state buffer the rule does not read.
 const NULL: u64 = 0;
 
@@ -83,7 +74,7 @@ pub fn step(
     let grad = grad.as_cuda_slice::<f32>()?.slice(ga..gb);
     let mut theta = theta.as_cuda_slice_mut::<f32>()?.slice_mut(a..b);
     let (key, c, rule) = (lane.key, lane.consts, lane.update.rule());
-    let (has_v, has_alpha) = states_of(lane.update);
+    let (has_v, has_alpha) = lane.update.states();
     // [Σv², Σα, Σθ·∇], reduced by the kernel.
     let mut sums = dev.alloc_zeros::<f64>(3)?;
     let func = dev.get_or_load_custom_func("bnn_step_kernel", MODULE, PTX)?;
@@ -211,7 +202,7 @@ pub fn stacked_step(
     let (param, step, rule) = (lanes[0].key.param, lanes[0].key.step, update.rule());
     let mut sums = dev.alloc_zeros::<f64>(3 * k)?;
     let stream = dev.cuda_stream();
-    let (momenta, alphas, _guards) = addresses(&dev, &stream, lanes, states_of(update), n)?;
+    let (momenta, alphas, _guards) = addresses(&dev, &stream, lanes, update.states(), n)?;
     let func = dev.get_or_load_custom_func("bnn_step_stacked_kernel", MODULE, PTX)?;
     let mut builder = func.builder();
     builder.arg(&rule);

@@ -43,13 +43,8 @@ pub fn update(
 ) -> TensorSums {
     let n = u32::try_from(theta.len()).expect("fewer than 2³² elements");
     assert_eq!(grad.len(), theta.len());
-    // The state each rule reads: none for SGLD, v for the momentum step, v and α for the
-    // thermostat step (null pointers for the rest, as the kernels are given).
-    let (v, a) = match update {
-        Update::Sgld => (false, false),
-        Update::Momentum => (true, false),
-        Update::Thermostat { .. } => (true, true),
-    };
+    // The state the rule reads (null pointers for the rest, as the kernels are given).
+    let (v, a) = update.states();
     assert!(
         !v || momentum.len() == theta.len(),
         "momentum of the wrong length"

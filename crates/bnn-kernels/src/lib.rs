@@ -105,6 +105,16 @@ impl Update {
             Update::Thermostat { splitting: true } => 3,
         }
     }
+
+    /// Which state buffers the rule reads and writes besides θ: (the momentum v, the
+    /// per-element thermostats α). Every kernel takes both, empty (or null) where false.
+    pub fn states(self) -> (bool, bool) {
+        match self {
+            Update::Sgld => (false, false),
+            Update::Momentum => (true, false),
+            Update::Thermostat { .. } => (true, true),
+        }
+    }
 }
 
 /// A sampler update applied by the weight-gradient product as it stores each element of
