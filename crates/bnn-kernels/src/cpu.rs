@@ -10,7 +10,7 @@ use candle_core::{backend::BackendStorage, CpuStorage, InplaceOp2, Layout};
 
 use super::isa::{self, Isa};
 use super::noise::{Autovec, Normals};
-use super::{buffer::StateBuffer, LentUpdate, StepConsts, TensorSums, Update};
+use super::{buffer::StateBuffer, update, LentUpdate, StepConsts, TensorSums, Update};
 use crate::pool::{self, Disjoint};
 use crate::rng::NoiseKey;
 
@@ -61,37 +61,16 @@ unsafe fn tile_update<N: Normals>(
         let z = blocks.as_flattened_mut();
         // θ·∇ per element, summed after the loop (a sum inside it would not vectorise).
         let mut virial = [0f32; TILE];
-        let mut sums = TensorSums::default();
-        match update {
-            Update::Thermostat { splitting } => {
-                thermostat_tile(theta, momentum, alpha, grad, z, &mut virial, c, splitting);
-                // z holds v², and `alpha` the new α.
-                sums.sum_sq = lanes8(&z[..n]);
-                sums.sum_thermostat = lanes8(alpha);
-            }
-            Update::Sgld => {
-                for (((t, &g), &z), w) in theta.iter_mut().zip(grad).zip(&z[..n]).zip(&mut virial) {
-                    *w = *t * g;
-                    *t = *t - g * c.step_size + z * c.noise_scale;
-                }
-            }
-            Update::Momentum => {
-                for ((((t, m), &g), z), w) in theta
-                    .iter_mut()
-                    .zip(momentum.iter_mut())
-                    .zip(grad)
-                    .zip(z[..n].iter_mut())
-                    .zip(&mut virial)
-                {
-                    *w = *t * g;
-                    let vn = (*m * c.decay - g * c.step_size + *z * c.noise_scale) * c.post;
-                    *m = vn;
-                    *t += vn;
-                    *z = vn * vn;
-                }
-                sums.sum_sq = lanes8(&z[..n]);
-            }
-        }
+        let mut sums = update::tile(
+            update,
+            theta,
+            momentum,
+            alpha,
+            grad,
+            &mut z[..n],
+            &mut virial[..n],
+            c,
+        );
         sums.virial = lanes8(&virial[..n]);
         sums
     }
@@ -331,47 +310,10 @@ pub fn exp_f32(x: f32) -> f32 {
     y * f32::from_bits(biased << 23)
 }
 
-/// The per-element-thermostat update of one tile ([`Update::Thermostat`]), with the
-/// composed mSGNHT's f32 operations in its order (e^{−α/2} by [`exp_f32`]): θ, v and α
-/// updated, `z` overwritten by v² and `virial` by θ·∇ before the update.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn thermostat_tile(
-    theta: &mut [f32],
-    momentum: &mut [f32],
-    alpha: &mut [f32],
-    grad: &[f32],
-    z: &mut [f32],
-    virial: &mut [f32],
-    c: StepConsts,
-    splitting: bool,
-) {
-    for (((((t, m), a), &g), z), w) in theta
-        .iter_mut()
-        .zip(momentum.iter_mut())
-        .zip(alpha.iter_mut())
-        .zip(grad)
-        .zip(z.iter_mut())
-        .zip(virial.iter_mut())
-    {
-        *w = *t * g;
-        let v = if splitting {
-            let d = exp_f32(*a * -0.5);
-            ((*m * d - g * c.step_size) + *z * c.noise_scale) * d
-        } else {
-            ((*m - *m * *a) - g * c.step_size) + *z * c.noise_scale
-        };
-        *m = v;
-        *t += v;
-        *a += v * v - c.step_size;
-        *z = v * v;
-    }
-}
-
 /// Σ of `values` in eight fixed f64 lanes, added up at the end: vectorisable, and the
 /// same order whatever the threads.
 #[inline(always)]
-fn lanes8(values: &[f32]) -> f64 {
+pub(crate) fn lanes8(values: &[f32]) -> f64 {
     let mut lanes = [0f64; 8];
     let full = values.chunks_exact(8);
     let rest = full.remainder();

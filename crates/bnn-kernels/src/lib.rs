@@ -46,10 +46,12 @@ pub mod isa;
 pub mod memory;
 pub mod noise;
 pub mod stacked;
+pub mod update;
 
 use candle_core::{Tensor, Var};
 
 pub use error::{Error, Result};
+pub use update::{StepConsts, Update};
 
 /// What one tensor's fused update sums in its pass: Σv² and Σα after it, and the virial
 /// Σθ·∇ at the point where ∇ was evaluated (θ before the update). The virial is what the
@@ -73,46 +75,6 @@ impl std::ops::Add for TensorSums {
             sum_sq: self.sum_sq + o.sum_sq,
             sum_thermostat: self.sum_thermostat + o.sum_thermostat,
             virial: self.virial + o.virial,
-        }
-    }
-}
-
-/// Which element update a fused op applies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Update {
-    /// θ ← θ − ηg + σz.
-    Sgld,
-    /// v ← (1 − α)v − ηg + σz; θ ← θ + v (SGHMC, SGNHT).
-    Momentum,
-    /// mSGNHT, one thermostat αᵢ per element (Li et al. 2016 eq. 2 in v-form):
-    /// v ← (1 − αᵢ)v − ηg + σz (Euler) or v ← dᵢ(dᵢv − ηg + σz) with dᵢ = e^{−αᵢ/2}
-    /// (splitting B–O–B); then θ ← θ + v and αᵢ ← αᵢ + vᵢ² − η. On the CPU and on CUDA.
-    Thermostat {
-        /// The splitting integrator's B–O–B form (else Euler).
-        splitting: bool,
-    },
-}
-
-impl Update {
-    /// The rule's code in `kernels/sampler_math.h` (`BNN_RULE_*`), where
-    /// `bnn_update_element` is the one dispatch over the element updates for the CUDA
-    /// kernels and the host shim.
-    pub fn rule(self) -> i32 {
-        match self {
-            Update::Sgld => 0,
-            Update::Momentum => 1,
-            Update::Thermostat { splitting: false } => 2,
-            Update::Thermostat { splitting: true } => 3,
-        }
-    }
-
-    /// Which state buffers the rule reads and writes besides θ: (the momentum v, the
-    /// per-element thermostats α). Every kernel takes both, empty (or null) where false.
-    pub fn states(self) -> (bool, bool) {
-        match self {
-            Update::Sgld => (false, false),
-            Update::Momentum => (true, false),
-            Update::Thermostat { .. } => (true, true),
         }
     }
 }
@@ -319,42 +281,6 @@ impl<S: TensorwiseStep + ?Sized> Drop for OpenUpdate<'_, S> {
     fn drop(&mut self) {
         if !self.closed {
             self.step.abandon_update();
-        }
-    }
-}
-
-/// Constants of one update in f32, as the kernels use them (`bnn_step_consts`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StepConsts {
-    /// η.
-    pub step_size: f32,
-    /// Momentum kept before the kick: 1 − α (Euler) or e^{−α/2} (splitting B).
-    pub decay: f32,
-    /// Momentum kept after the kick: 1 (Euler) or e^{−α/2} (splitting B).
-    pub post: f32,
-    /// σ of the injected noise.
-    pub noise_scale: f32,
-}
-
-impl StepConsts {
-    /// The Euler update: v ← (1 − α)v − ηg + σz.
-    pub fn new(step_size: f64, friction: f64, noise_scale: f64) -> Self {
-        StepConsts {
-            step_size: step_size as f32,
-            decay: (1.0 - friction) as f32,
-            post: 1.0,
-            noise_scale: noise_scale as f32,
-        }
-    }
-
-    /// The splitting update B–O–B: v ← e^{−α/2}(e^{−α/2} v − ηg + σz).
-    pub fn splitting(step_size: f64, friction: f64, noise_scale: f64) -> Self {
-        let damp = (-friction / 2.0).exp() as f32;
-        StepConsts {
-            step_size: step_size as f32,
-            decay: damp,
-            post: damp,
-            noise_scale: noise_scale as f32,
         }
     }
 }

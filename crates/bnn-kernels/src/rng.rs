@@ -243,6 +243,17 @@ impl NoiseKey {
             chunk.copy_from_slice(&z[..chunk.len()]);
         }
     }
+
+    /// The normals of a tensor shaped like `like`, on its device: [`NoiseKey::fill`]'s.
+    pub fn normals_like(&self, like: &candle_core::Tensor) -> crate::Result<candle_core::Tensor> {
+        let mut z = vec![0f32; like.elem_count()];
+        self.fill(&mut z);
+        Ok(candle_core::Tensor::from_vec(
+            z,
+            like.shape(),
+            like.device(),
+        )?)
+    }
 }
 
 #[cfg(test)]

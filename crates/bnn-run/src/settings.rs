@@ -219,11 +219,7 @@ impl ChainLayout {
     /// Why the chains of `s` cannot be stacked, if they cannot.
     fn why_not_stacked(s: &Settings) -> Option<String> {
         let kind = s.sampler.kind;
-        if !matches!(
-            kind,
-            SamplerKind::Sgld | SamplerKind::Sghmc | SamplerKind::Sgnht | SamplerKind::Msgnht
-        ) || s.kernel != Kernel::Fused
-        {
+        if !kind.is_dynamics() || s.kernel != Kernel::Fused {
             let kernel = match s.kernel {
                 Kernel::Fused => "fused",
                 Kernel::Composed => "composed",

@@ -31,210 +31,8 @@ use crate::engine::dynamics::Dynamics;
 use crate::error::{Error, Result};
 pub use crate::kernels::TensorwiseStep;
 use crate::rng::NoiseKey;
-pub use params::{Method, SamplerParams};
+pub use params::{Integrator, Method, SamplerConfig, SamplerKind, SamplerParams};
 pub use state::{Clock, MsgnhtState, SamplerState, SghmcState, SgnhtState, StateScalars};
-
-/// The sampler families of the CLI.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
-#[serde(rename_all = "lowercase")]
-pub enum SamplerKind {
-    /// Stochastic gradient Langevin dynamics (Welling & Teh 2011).
-    Sgld,
-    /// Stochastic gradient HMC with friction (Chen et al. 2014).
-    Sghmc,
-    /// Stochastic gradient Nosé–Hoover thermostat, scalar thermostat (Ding et al. 2014).
-    Sgnht,
-    /// SGNHT with one thermostat per parameter element (Gan et al. 2015; Li et al. 2016).
-    Msgnht,
-    /// Plain SGD on U (MAP baseline).
-    Sgd,
-    /// SGD with momentum on U (MAP baseline).
-    Momentum,
-    /// Replica-exchange Nosé–Hoover dynamics (Luo et al. 2018): SGNHT (Euler) replicas on
-    /// a temperature ladder, swapped by a noise-tolerant test ([`crate::engine::exchange`], [`ladder`]).
-    Renhd,
-    /// Replica-exchange Langevin dynamics: the same ladder and exchanges with Langevin
-    /// (SGHMC, constant friction) replicas (Luo et al. §4.2's baseline).
-    Reld,
-    /// Full-batch Hamiltonian Monte Carlo with a Metropolis–Hastings correction
-    /// ([`crate::hmc`]): the reference the stochastic-gradient samplers are measured
-    /// against; its step size adapts in burn-in. Not a minibatch update rule.
-    Hmc,
-}
-
-impl SamplerKind {
-    /// The name as typed (`sghmc`) and recorded in `run.json`.
-    pub fn name(self) -> &'static str {
-        match self {
-            SamplerKind::Sgld => "sgld",
-            SamplerKind::Sghmc => "sghmc",
-            SamplerKind::Sgnht => "sgnht",
-            SamplerKind::Msgnht => "msgnht",
-            SamplerKind::Sgd => "sgd",
-            SamplerKind::Momentum => "momentum",
-            SamplerKind::Renhd => "renhd",
-            SamplerKind::Reld => "reld",
-            SamplerKind::Hmc => "hmc",
-        }
-    }
-
-    /// Arrays of one value per parameter that its state keeps besides θ: none for SGLD,
-    /// SGD and HMC (whose momentum is drawn afresh each trajectory), the momentum p for
-    /// SGHMC, SGNHT, momentum and the replicas' samplers, and mSGNHT's thermostat ξ per
-    /// element besides.
-    pub fn state_arrays(self) -> usize {
-        match self {
-            SamplerKind::Sgld | SamplerKind::Sgd | SamplerKind::Hmc => 0,
-            SamplerKind::Sghmc
-            | SamplerKind::Sgnht
-            | SamplerKind::Momentum
-            | SamplerKind::Renhd
-            | SamplerKind::Reld => 1,
-            SamplerKind::Msgnht => 2,
-        }
-    }
-
-    /// Whether its friction is a thermostat ξ driven by the kinetic energy, with the
-    /// diffusion a as its noise (SGNHT, mSGNHT and RENHD's replicas), rather than a
-    /// constant friction (SGHMC, RELD's replicas, momentum) or none.
-    pub fn is_thermostat(self) -> bool {
-        match self {
-            SamplerKind::Sgnht | SamplerKind::Msgnht | SamplerKind::Renhd => true,
-            SamplerKind::Sgld
-            | SamplerKind::Sghmc
-            | SamplerKind::Sgd
-            | SamplerKind::Momentum
-            | SamplerKind::Reld
-            | SamplerKind::Hmc => false,
-        }
-    }
-
-    /// Whether it runs replicas on a temperature ladder.
-    pub fn is_replica_exchange(self) -> bool {
-        self.replica_kind() != self
-    }
-
-    /// The sampler each replica runs: SGNHT for RENHD, SGHMC for RELD; itself otherwise.
-    pub fn replica_kind(self) -> SamplerKind {
-        match self {
-            SamplerKind::Renhd => SamplerKind::Sgnht,
-            SamplerKind::Reld => SamplerKind::Sghmc,
-            SamplerKind::Sgld
-            | SamplerKind::Sghmc
-            | SamplerKind::Sgnht
-            | SamplerKind::Msgnht
-            | SamplerKind::Sgd
-            | SamplerKind::Momentum
-            | SamplerKind::Hmc => self,
-        }
-    }
-
-    /// Splitting for the thermostat samplers (Li et al. 2016), Euler otherwise.
-    pub fn default_integrator(self) -> Integrator {
-        match self {
-            SamplerKind::Sgnht | SamplerKind::Msgnht => Integrator::Splitting,
-            SamplerKind::Sgld
-            | SamplerKind::Sghmc
-            | SamplerKind::Sgd
-            | SamplerKind::Momentum
-            | SamplerKind::Renhd
-            | SamplerKind::Reld
-            | SamplerKind::Hmc => Integrator::Euler,
-        }
-    }
-
-    /// Whether it draws posterior samples (as opposed to optimising).
-    pub fn is_sampler(self) -> bool {
-        !matches!(self, SamplerKind::Sgd | SamplerKind::Momentum)
-    }
-
-    /// Default hyper-parameters, tuned for the MNIST MLPs at batch 100 (see README).
-    pub fn defaults(self) -> SamplerConfig {
-        let base = SamplerConfig {
-            kind: self,
-            step_size: 1e-6,
-            friction: 0.0,
-            noise_estimate: 0.0,
-            diffusion: 0.0,
-            integrator: self.default_integrator(),
-        };
-        match self {
-            SamplerKind::Sgld => SamplerConfig {
-                step_size: 5e-6,
-                ..base
-            },
-            SamplerKind::Sghmc => SamplerConfig {
-                step_size: 2e-6,
-                friction: 0.1,
-                ..base
-            },
-            // RENHD's c is its diffusion, RELD's its friction (at T = 1).
-            SamplerKind::Sgnht | SamplerKind::Msgnht | SamplerKind::Renhd => SamplerConfig {
-                step_size: 2e-6,
-                diffusion: 0.1,
-                ..base
-            },
-            SamplerKind::Reld => SamplerConfig {
-                step_size: 2e-6,
-                friction: 0.1,
-                ..base
-            },
-            // Without momentum's 1/α amplification, SGD needs a larger η to move as far.
-            SamplerKind::Sgd => SamplerConfig {
-                step_size: 1e-5,
-                ..base
-            },
-            SamplerKind::Momentum => SamplerConfig {
-                step_size: 2e-6,
-                friction: 0.1,
-                ..base
-            },
-            // HMC's ε is its first leapfrog step (burn-in adapts it): on the full-data
-            // potential, whose curvature is N times a minibatch mean's.
-            SamplerKind::Hmc => SamplerConfig {
-                step_size: 1e-3,
-                ..base
-            },
-        }
-    }
-}
-
-/// How the continuous dynamics is discretised.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
-#[serde(rename_all = "lowercase")]
-pub enum Integrator {
-    /// First order: the papers' original updates (Chen et al. eq. 15; Ding et al. Alg. 2).
-    Euler,
-    /// Second-order symmetric splitting A–B–O–B–A (Li et al. 2016 §3).
-    Splitting,
-}
-
-/// A sampler's hyper-parameters as one flat record, every sampler's fields in it: what
-/// `run.json`, presets and the flags write, read as the sampler it names by
-/// [`SamplerConfig::method`] ([`params`]).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct SamplerConfig {
-    /// Which sampler.
-    pub kind: SamplerKind,
-    /// η = h²: multiplies the gradient of U.
-    pub step_size: f64,
-    /// α = ξ·h: friction (SGHMC, momentum); initial thermostat for SGNHT is `diffusion`.
-    pub friction: f64,
-    /// β̂: estimate of the gradient-noise variance term, subtracted from the injected
-    /// noise (SGHMC; Chen et al. eq. 15).
-    pub noise_estimate: f64,
-    /// a = A·h: diffusion of SGNHT (Ding et al. Alg. 2).
-    pub diffusion: f64,
-    /// Euler or symmetric splitting (SGHMC, SGNHT, mSGNHT).
-    #[serde(default = "euler")]
-    pub integrator: Integrator,
-}
-
-fn euler() -> Integrator {
-    Integrator::Euler
-}
 
 /// What a sampler reports about its state.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
@@ -379,25 +177,14 @@ pub fn build_with(
     kernel: Kernel,
 ) -> Result<Box<dyn Sampler>> {
     sampler.validate()?;
-    Ok(match sampler {
+    Ok(match sampler.map_baseline() {
+        // The MAP baselines have no fused kernel: composed whatever the kernel.
+        Some((step_size, friction)) => {
+            Box::new(composed::ComposedSgd::init(step_size, friction, params)?)
+        }
         // One definition of each update ([`Dynamics`]), applied by the fused kernels on the
         // CPU and on CUDA or interpreted in candle ops.
-        SamplerParams::Sgld { .. }
-        | SamplerParams::Sghmc { .. }
-        | SamplerParams::Sgnht { .. }
-        | SamplerParams::Msgnht { .. } => Box::new(Dynamics::init(sampler, params, seed, kernel)?),
-        // The MAP baselines have no fused kernel: composed whatever the kernel.
-        SamplerParams::Sgd { step_size } => {
-            Box::new(composed::ComposedSgd::init(step_size, None, params)?)
-        }
-        SamplerParams::Momentum {
-            step_size,
-            friction,
-        } => Box::new(composed::ComposedSgd::init(
-            step_size,
-            Some(friction),
-            params,
-        )?),
+        None => Box::new(Dynamics::init(sampler, params, seed, kernel)?),
     })
 }
 
@@ -425,14 +212,8 @@ pub(crate) fn not_one_chain(kind: SamplerKind) -> Error {
 /// A tensor of standard normals shaped like `like`, from the noise stream of parameter
 /// `param` at step `step`.
 pub(crate) fn noise_like(like: &Tensor, seed: u64, step: u64, param: usize) -> Result<Tensor> {
-    let mut z = vec![0f32; like.elem_count()];
-    NoiseKey {
-        seed,
-        step,
-        param: param as u32,
-    }
-    .fill(&mut z);
-    Ok(Tensor::from_vec(z, like.shape(), like.device())?)
+    let param = param as u32;
+    NoiseKey { seed, step, param }.normals_like(like)
 }
 
 pub use crate::rng::INIT_STREAM;

@@ -8,8 +8,227 @@
 //! refuse what does not belong to the sampler named (the splitting integrator for SGLD,
 //! say). Everything that steps reads the typed form, so SGLD cannot see a friction.
 
-use super::{Integrator, SamplerConfig, SamplerKind};
+use serde::{Deserialize, Serialize};
+
 use crate::error::{Error, Result};
+
+/// The sampler families of the CLI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+pub enum SamplerKind {
+    /// Stochastic gradient Langevin dynamics (Welling & Teh 2011).
+    Sgld,
+    /// Stochastic gradient HMC with friction (Chen et al. 2014).
+    Sghmc,
+    /// Stochastic gradient Nosé–Hoover thermostat, scalar thermostat (Ding et al. 2014).
+    Sgnht,
+    /// SGNHT with one thermostat per parameter element (Gan et al. 2015; Li et al. 2016).
+    Msgnht,
+    /// Plain SGD on U (MAP baseline).
+    Sgd,
+    /// SGD with momentum on U (MAP baseline).
+    Momentum,
+    /// Replica-exchange Nosé–Hoover dynamics (Luo et al. 2018): SGNHT (Euler) replicas on
+    /// a temperature ladder, swapped by a noise-tolerant test ([`crate::engine::exchange`], [`ladder`]).
+    Renhd,
+    /// Replica-exchange Langevin dynamics: the same ladder and exchanges with Langevin
+    /// (SGHMC, constant friction) replicas (Luo et al. §4.2's baseline).
+    Reld,
+    /// Full-batch Hamiltonian Monte Carlo with a Metropolis–Hastings correction
+    /// ([`crate::hmc`]): the reference the stochastic-gradient samplers are measured
+    /// against; its step size adapts in burn-in. Not a minibatch update rule.
+    Hmc,
+}
+
+impl SamplerKind {
+    /// The name as typed (`sghmc`) and recorded in `run.json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            SamplerKind::Sgld => "sgld",
+            SamplerKind::Sghmc => "sghmc",
+            SamplerKind::Sgnht => "sgnht",
+            SamplerKind::Msgnht => "msgnht",
+            SamplerKind::Sgd => "sgd",
+            SamplerKind::Momentum => "momentum",
+            SamplerKind::Renhd => "renhd",
+            SamplerKind::Reld => "reld",
+            SamplerKind::Hmc => "hmc",
+        }
+    }
+
+    /// Arrays of one value per parameter that its state keeps besides θ: none for SGLD,
+    /// SGD and HMC (whose momentum is drawn afresh each trajectory), the momentum p for
+    /// SGHMC, SGNHT, momentum and the replicas' samplers, and mSGNHT's thermostat ξ per
+    /// element besides.
+    pub fn state_arrays(self) -> usize {
+        match self {
+            SamplerKind::Sgld | SamplerKind::Sgd | SamplerKind::Hmc => 0,
+            SamplerKind::Sghmc
+            | SamplerKind::Sgnht
+            | SamplerKind::Momentum
+            | SamplerKind::Renhd
+            | SamplerKind::Reld => 1,
+            SamplerKind::Msgnht => 2,
+        }
+    }
+
+    /// Whether its friction is a thermostat ξ driven by the kinetic energy, with the
+    /// diffusion a as its noise (SGNHT, mSGNHT and RENHD's replicas), rather than a
+    /// constant friction (SGHMC, RELD's replicas, momentum) or none.
+    pub fn is_thermostat(self) -> bool {
+        match self {
+            SamplerKind::Sgnht | SamplerKind::Msgnht | SamplerKind::Renhd => true,
+            SamplerKind::Sgld
+            | SamplerKind::Sghmc
+            | SamplerKind::Sgd
+            | SamplerKind::Momentum
+            | SamplerKind::Reld
+            | SamplerKind::Hmc => false,
+        }
+    }
+
+    /// Whether it runs replicas on a temperature ladder.
+    pub fn is_replica_exchange(self) -> bool {
+        self.replica_kind() != self
+    }
+
+    /// The sampler each replica runs: SGNHT for RENHD, SGHMC for RELD; itself otherwise.
+    pub fn replica_kind(self) -> SamplerKind {
+        match self {
+            SamplerKind::Renhd => SamplerKind::Sgnht,
+            SamplerKind::Reld => SamplerKind::Sghmc,
+            SamplerKind::Sgld
+            | SamplerKind::Sghmc
+            | SamplerKind::Sgnht
+            | SamplerKind::Msgnht
+            | SamplerKind::Sgd
+            | SamplerKind::Momentum
+            | SamplerKind::Hmc => self,
+        }
+    }
+
+    /// Splitting for the thermostat samplers (Li et al. 2016), Euler otherwise.
+    pub fn default_integrator(self) -> Integrator {
+        match self {
+            SamplerKind::Sgnht | SamplerKind::Msgnht => Integrator::Splitting,
+            SamplerKind::Sgld
+            | SamplerKind::Sghmc
+            | SamplerKind::Sgd
+            | SamplerKind::Momentum
+            | SamplerKind::Renhd
+            | SamplerKind::Reld
+            | SamplerKind::Hmc => Integrator::Euler,
+        }
+    }
+
+    /// Whether it is one of the samplers of [`crate::engine::dynamics`] (fused on the CPU
+    /// and on CUDA, and so stackable as K chains in one op): not a MAP baseline, replica
+    /// exchange or HMC.
+    pub fn is_dynamics(self) -> bool {
+        match self {
+            SamplerKind::Sgld | SamplerKind::Sghmc | SamplerKind::Sgnht | SamplerKind::Msgnht => {
+                true
+            }
+            SamplerKind::Sgd
+            | SamplerKind::Momentum
+            | SamplerKind::Renhd
+            | SamplerKind::Reld
+            | SamplerKind::Hmc => false,
+        }
+    }
+
+    /// Whether it draws posterior samples (as opposed to optimising).
+    pub fn is_sampler(self) -> bool {
+        !matches!(self, SamplerKind::Sgd | SamplerKind::Momentum)
+    }
+
+    /// Default hyper-parameters, tuned for the MNIST MLPs at batch 100 (see README).
+    pub fn defaults(self) -> SamplerConfig {
+        let base = SamplerConfig {
+            kind: self,
+            step_size: 1e-6,
+            friction: 0.0,
+            noise_estimate: 0.0,
+            diffusion: 0.0,
+            integrator: self.default_integrator(),
+        };
+        match self {
+            SamplerKind::Sgld => SamplerConfig {
+                step_size: 5e-6,
+                ..base
+            },
+            SamplerKind::Sghmc => SamplerConfig {
+                step_size: 2e-6,
+                friction: 0.1,
+                ..base
+            },
+            // RENHD's c is its diffusion, RELD's its friction (at T = 1).
+            SamplerKind::Sgnht | SamplerKind::Msgnht | SamplerKind::Renhd => SamplerConfig {
+                step_size: 2e-6,
+                diffusion: 0.1,
+                ..base
+            },
+            SamplerKind::Reld => SamplerConfig {
+                step_size: 2e-6,
+                friction: 0.1,
+                ..base
+            },
+            // Without momentum's 1/α amplification, SGD needs a larger η to move as far.
+            SamplerKind::Sgd => SamplerConfig {
+                step_size: 1e-5,
+                ..base
+            },
+            SamplerKind::Momentum => SamplerConfig {
+                step_size: 2e-6,
+                friction: 0.1,
+                ..base
+            },
+            // HMC's ε is its first leapfrog step (burn-in adapts it): on the full-data
+            // potential, whose curvature is N times a minibatch mean's.
+            SamplerKind::Hmc => SamplerConfig {
+                step_size: 1e-3,
+                ..base
+            },
+        }
+    }
+}
+
+/// How the continuous dynamics is discretised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+pub enum Integrator {
+    /// First order: the papers' original updates (Chen et al. eq. 15; Ding et al. Alg. 2).
+    Euler,
+    /// Second-order symmetric splitting A–B–O–B–A (Li et al. 2016 §3).
+    Splitting,
+}
+
+/// A sampler's hyper-parameters as one flat record, every sampler's fields in it: what
+/// `run.json`, presets and the flags write, read as the sampler it names by
+/// [`SamplerConfig::method`] ([`params`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SamplerConfig {
+    /// Which sampler.
+    pub kind: SamplerKind,
+    /// η = h²: multiplies the gradient of U.
+    pub step_size: f64,
+    /// α = ξ·h: friction (SGHMC, momentum); initial thermostat for SGNHT is `diffusion`.
+    pub friction: f64,
+    /// β̂: estimate of the gradient-noise variance term, subtracted from the injected
+    /// noise (SGHMC; Chen et al. eq. 15).
+    pub noise_estimate: f64,
+    /// a = A·h: diffusion of SGNHT (Ding et al. Alg. 2).
+    pub diffusion: f64,
+    /// Euler or symmetric splitting (SGHMC, SGNHT, mSGNHT).
+    #[serde(default = "euler")]
+    pub integrator: Integrator,
+}
+
+fn euler() -> Integrator {
+    Integrator::Euler
+}
 
 /// A minibatch sampler (or MAP baseline) and its hyper-parameters, in the v-form variables
 /// of the module note of [`crate::sampler`]: η = h², α = ξ·h, β̂ = B̂·h, a = A·h.
@@ -201,6 +420,71 @@ impl SamplerParams {
         Ok(())
     }
 
+    /// A MAP baseline's (η, friction): SGD's (η, none) and momentum's (η, α); `None` for
+    /// the samplers of [`crate::engine::dynamics`].
+    pub fn map_baseline(&self) -> Option<(f64, Option<f64>)> {
+        match *self {
+            SamplerParams::Sgd { step_size } => Some((step_size, None)),
+            SamplerParams::Momentum {
+                step_size,
+                friction,
+            } => Some((step_size, Some(friction))),
+            SamplerParams::Sgld { .. }
+            | SamplerParams::Sghmc { .. }
+            | SamplerParams::Sgnht { .. }
+            | SamplerParams::Msgnht { .. } => None,
+        }
+    }
+
+    /// The sampler a replica of `kind` runs ([`SamplerKind::replica_kind`]), Euler as in
+    /// Luo et al.'s Algorithm 2, with η = `step_size` and c = `c` as its diffusion
+    /// (RENHD's SGNHT, or mSGNHT with `per_element` thermostats) or its friction (RELD's
+    /// SGHMC); an error for a kind that runs no replicas.
+    pub fn replica(kind: SamplerKind, per_element: bool, step_size: f64, c: f64) -> Result<Self> {
+        let integrator = Integrator::Euler;
+        Ok(match kind {
+            SamplerKind::Reld => SamplerParams::Sghmc {
+                step_size,
+                friction: c,
+                noise_estimate: 0.0,
+                integrator,
+            },
+            SamplerKind::Renhd if per_element => SamplerParams::Msgnht {
+                step_size,
+                diffusion: c,
+                integrator,
+            },
+            SamplerKind::Renhd => SamplerParams::Sgnht {
+                step_size,
+                diffusion: c,
+                integrator,
+            },
+            SamplerKind::Sgld
+            | SamplerKind::Sghmc
+            | SamplerKind::Sgnht
+            | SamplerKind::Msgnht
+            | SamplerKind::Sgd
+            | SamplerKind::Momentum
+            | SamplerKind::Hmc => {
+                return Err(Error::Config(format!("{} runs no replicas", kind.name())))
+            }
+        })
+    }
+
+    /// c of a replica's sampler: its friction (SGHMC, momentum) or diffusion (SGNHT,
+    /// mSGNHT); 0 for a sampler that has neither.
+    pub fn replica_c(&self) -> f64 {
+        match *self {
+            SamplerParams::Sghmc { friction, .. } | SamplerParams::Momentum { friction, .. } => {
+                friction
+            }
+            SamplerParams::Sgnht { diffusion, .. } | SamplerParams::Msgnht { diffusion, .. } => {
+                diffusion
+            }
+            SamplerParams::Sgld { .. } | SamplerParams::Sgd { .. } => 0.0,
+        }
+    }
+
     /// The flat record of these parameters (the fields another sampler has at their
     /// defaults' zero): what `run.json` writes.
     pub fn record(&self) -> SamplerConfig {
@@ -236,15 +520,7 @@ impl SamplerConfig {
     /// fields, checked. An error for the splitting integrator where it does not apply.
     pub fn method(&self) -> Result<Method> {
         let c = *self;
-        let euler_only = || -> Result<()> {
-            match c.integrator {
-                Integrator::Euler => Ok(()),
-                Integrator::Splitting => Err(Error::Config(format!(
-                    "the splitting integrator applies to sghmc, sgnht and msgnht, not {}",
-                    c.kind.name()
-                ))),
-            }
-        };
+        let euler_only = || c.euler_only();
         let step_size = c.step_size;
         let params = match c.kind {
             SamplerKind::Sghmc => SamplerParams::Sghmc {
@@ -270,27 +546,8 @@ impl SamplerConfig {
                 friction: c.friction,
             })?,
             // c is RENHD's diffusion and RELD's friction (at T = 1).
-            SamplerKind::Renhd | SamplerKind::Reld => {
-                euler_only()?;
-                let replica = match c.kind {
-                    SamplerKind::Renhd => SamplerParams::Sgnht {
-                        step_size,
-                        diffusion: c.diffusion,
-                        integrator: Integrator::Euler,
-                    },
-                    _ => SamplerParams::Sghmc {
-                        step_size,
-                        friction: c.friction,
-                        noise_estimate: 0.0,
-                        integrator: Integrator::Euler,
-                    },
-                };
-                replica.validate_as(c.kind.name())?;
-                return Ok(Method::ReplicaExchange {
-                    kind: c.kind,
-                    replica,
-                });
-            }
+            SamplerKind::Renhd => return c.replica_exchange(c.diffusion),
+            SamplerKind::Reld => return c.replica_exchange(c.friction),
             SamplerKind::Hmc => {
                 euler_only()?;
                 if !(step_size > 0.0 && step_size.is_finite()) {
@@ -316,6 +573,28 @@ impl SamplerConfig {
                 Err(super::not_one_chain(self.kind))
             }
         }
+    }
+
+    /// An error for the splitting integrator (for a kind that has only Euler).
+    fn euler_only(&self) -> Result<()> {
+        match self.integrator {
+            Integrator::Euler => Ok(()),
+            Integrator::Splitting => Err(Error::Config(format!(
+                "the splitting integrator applies to sghmc, sgnht and msgnht, not {}",
+                self.kind.name()
+            ))),
+        }
+    }
+
+    /// The record read as replica exchange with c = `c` (at T = 1).
+    fn replica_exchange(&self, c: f64) -> Result<Method> {
+        self.euler_only()?;
+        let replica = SamplerParams::replica(self.kind, false, self.step_size, c)?;
+        replica.validate_as(self.kind.name())?;
+        Ok(Method::ReplicaExchange {
+            kind: self.kind,
+            replica,
+        })
     }
 
     /// Checks the record as [`SamplerConfig::method`] reads it.

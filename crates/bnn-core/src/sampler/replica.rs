@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::ladder::PairSchedule;
 #[cfg(doc)]
 use super::Method;
-use super::{Integrator, SamplerKind, SamplerParams};
+use super::{SamplerKind, SamplerParams};
 use crate::error::{Error, Result};
 
 /// The thermostat of a RENHD replica.
@@ -102,48 +102,12 @@ pub fn replica_params(
     c: f64,
     t: f64,
 ) -> Result<SamplerParams> {
-    let (step_size, integrator) = (t * epsilon, Integrator::Euler);
-    Ok(match (kind, thermostat) {
-        (SamplerKind::Reld, _) => SamplerParams::Sghmc {
-            step_size,
-            friction: c / t,
-            noise_estimate: 0.0,
-            integrator,
-        },
-        (SamplerKind::Renhd, ReplicaThermostat::PerParameter) => SamplerParams::Msgnht {
-            step_size,
-            diffusion: c / t,
-            integrator,
-        },
-        (SamplerKind::Renhd, ReplicaThermostat::Scalar) => SamplerParams::Sgnht {
-            step_size,
-            diffusion: c / t,
-            integrator,
-        },
-        (
-            SamplerKind::Sgld
-            | SamplerKind::Sghmc
-            | SamplerKind::Sgnht
-            | SamplerKind::Msgnht
-            | SamplerKind::Sgd
-            | SamplerKind::Momentum
-            | SamplerKind::Hmc,
-            _,
-        ) => return Err(Error::Config(format!("{} runs no replicas", kind.name()))),
-    })
+    let per_element = thermostat == ReplicaThermostat::PerParameter;
+    SamplerParams::replica(kind, per_element, t * epsilon, c / t)
 }
 
 /// ε and c of a replica-exchange run ([`Method::ReplicaExchange`]'s replica at T = 1):
 /// c is RENHD's diffusion, RELD's friction.
 pub fn epsilon_and_c(replica: &SamplerParams) -> (f64, f64) {
-    let c = match *replica {
-        SamplerParams::Sghmc { friction, .. } | SamplerParams::Momentum { friction, .. } => {
-            friction
-        }
-        SamplerParams::Sgnht { diffusion, .. } | SamplerParams::Msgnht { diffusion, .. } => {
-            diffusion
-        }
-        SamplerParams::Sgld { .. } | SamplerParams::Sgd { .. } => 0.0,
-    };
-    (replica.step_size(), c)
+    (replica.step_size(), replica.replica_c())
 }
