@@ -97,10 +97,10 @@ pub use data::tabular::load_table;
 pub use ensemble::Accumulator;
 pub use likelihood::{GaussianNoise, Noise};
 pub use metrics::{Label, Metrics};
-pub use optim::{
-    Config, Momentum, MomentumParams, Msgnht, MsgnhtParams, OptimizerState, Params, Posterior,
-    SgMcmc, Sgd, SgdParams, Sghmc, SghmcParams, Sgld, SgldParams, Sgnht, SgnhtParams,
-};
+// Each sampler's optimizer and its parameters (`Sgld`, `SgldParams`, …), from the one file
+// that defines them.
+pub use optim::params::*;
+pub use optim::{Config, OptimizerState, Posterior, SgMcmc};
 pub use potential::PriorSpec;
 pub use regression::RegressionAccumulator;
 pub use sample_file::{load_sample, write_sample_file, Sample};

@@ -63,9 +63,7 @@ use crate::likelihood::GaussianNoise;
 use crate::potential::{Prior, PriorSpec};
 use crate::rng;
 use crate::sampler::{build_with, Diagnostics, Kernel, Sampler};
-pub use params::{
-    MomentumParams, MsgnhtParams, Params, SgdParams, SghmcParams, SgldParams, SgnhtParams,
-};
+pub use params::*;
 pub use state::OptimizerState;
 
 /// The posterior an optimizer samples, apart from the dynamics that sample it.
@@ -152,96 +150,6 @@ const KINETIC_SPAN: f64 = 20.0;
 /// Kinetic energy per parameter above which `lr` is too large: ten times the ½ of a
 /// sampler at its temperature (Ding et al. eq. 4). `bnn train`'s chains run at 0.45–0.6.
 const KINETIC_ALARM: f64 = 5.0;
-
-/// SGLD as an optimizer (Welling & Teh 2011).
-///
-/// ```
-/// use bnn_core::{Config, Optimizer, Sgld, SgldParams};
-/// # fn main() -> candle_core::Result<()> {
-/// let w = candle_core::Var::zeros(3, candle_core::DType::F32, &candle_core::Device::Cpu)?;
-/// let config = Config { dynamics: SgldParams { lr: 0.01 }, ..Config::new(100) };
-/// let mut sgld = Sgld::new(vec![w.clone()], config)?;
-/// // A Gaussian likelihood centred on 1: the mean loss ½(w − 1)².
-/// sgld.backward_step(&((w.as_tensor() - 1.0)?.sqr()?.sum_all()? * 0.5)?)?;
-/// assert_eq!(sgld.steps(), 1);
-/// # Ok(())
-/// # }
-/// ```
-pub type Sgld = SgMcmc<SgldParams>;
-
-/// SGHMC as an optimizer (Chen et al. 2014).
-///
-/// ```
-/// use bnn_core::{Config, Integrator, Optimizer, Sghmc, SghmcParams};
-/// # fn main() -> candle_core::Result<()> {
-/// let w = candle_core::Var::zeros(3, candle_core::DType::F32, &candle_core::Device::Cpu)?;
-/// let dynamics = SghmcParams { friction: 0.05, integrator: Integrator::Splitting, ..Default::default() };
-/// let mut sghmc = Sghmc::new(vec![w.clone()], Config { dynamics, ..Config::new(100) })?;
-/// sghmc.backward_step(&((w.as_tensor() - 1.0)?.sqr()?.sum_all()? * 0.5)?)?;
-/// assert_eq!(sghmc.config().dynamics.friction, 0.05);
-/// # Ok(())
-/// # }
-/// ```
-pub type Sghmc = SgMcmc<SghmcParams>;
-
-/// SGNHT as an optimizer (Ding et al. 2014), the splitting integrator by default.
-///
-/// ```
-/// use bnn_core::{Config, Optimizer, Sgnht};
-/// # fn main() -> candle_core::Result<()> {
-/// let w = candle_core::Var::zeros(3, candle_core::DType::F32, &candle_core::Device::Cpu)?;
-/// let mut sgnht = Sgnht::new(vec![w.clone()], Config::new(100))?;
-/// sgnht.backward_step(&((w.as_tensor() - 1.0)?.sqr()?.sum_all()? * 0.5)?)?;
-/// // The thermostat α = ξ·h, reported after each update.
-/// assert!(sgnht.diagnostics().thermostat.is_some());
-/// # Ok(())
-/// # }
-/// ```
-pub type Sgnht = SgMcmc<SgnhtParams>;
-
-/// mSGNHT as an optimizer (Li et al. 2016): a thermostat per element.
-///
-/// ```
-/// use bnn_core::{Config, Msgnht, MsgnhtParams, Optimizer};
-/// # fn main() -> candle_core::Result<()> {
-/// let w = candle_core::Var::zeros(3, candle_core::DType::F32, &candle_core::Device::Cpu)?;
-/// let config = Config { dynamics: MsgnhtParams { diffusion: 0.2, ..Default::default() }, ..Config::new(100) };
-/// let mut msgnht = Msgnht::new(vec![w.clone()], config)?;
-/// msgnht.backward_step(&((w.as_tensor() - 1.0)?.sqr()?.sum_all()? * 0.5)?)?;
-/// assert_eq!(msgnht.state()?.sampler.family(), "mSGNHT");
-/// # Ok(())
-/// # }
-/// ```
-pub type Msgnht = SgMcmc<MsgnhtParams>;
-
-/// SGD on U, the MAP baseline.
-///
-/// ```
-/// use bnn_core::{Config, Optimizer, Sgd};
-/// # fn main() -> candle_core::Result<()> {
-/// let w = candle_core::Var::zeros(1, candle_core::DType::F32, &candle_core::Device::Cpu)?;
-/// let mut sgd = Sgd::new(vec![w.clone()], Config::new(1))?;
-/// sgd.backward_step(&((w.as_tensor() - 1.0)?.sqr()?.sum_all()? * 0.5)?)?;
-/// assert!(w.as_tensor().to_vec1::<f32>()?[0] > 0.0);
-/// # Ok(())
-/// # }
-/// ```
-pub type Sgd = SgMcmc<SgdParams>;
-
-/// SGD with momentum on U, a MAP baseline.
-///
-/// ```
-/// use bnn_core::{Config, Momentum, MomentumParams, Optimizer};
-/// # fn main() -> candle_core::Result<()> {
-/// let w = candle_core::Var::zeros(1, candle_core::DType::F32, &candle_core::Device::Cpu)?;
-/// let config = Config { dynamics: MomentumParams { lr: 0.1, friction: 0.5 }, ..Config::new(1) };
-/// let mut momentum = Momentum::new(vec![w.clone()], config)?;
-/// momentum.backward_step(&((w.as_tensor() - 1.0)?.sqr()?.sum_all()? * 0.5)?)?;
-/// assert_eq!(momentum.steps(), 1);
-/// # Ok(())
-/// # }
-/// ```
-pub type Momentum = SgMcmc<MomentumParams>;
 
 /// Checks what enters an optimizer: the vars, the posterior and `lr`.
 fn check_inputs(vars: &[Var], posterior: &Posterior, lr: f64) -> Result<()> {

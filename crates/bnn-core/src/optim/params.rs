@@ -10,6 +10,7 @@
 //! injected noise √(2αη), as it should). The defaults are `bnn train`'s on MNIST:
 //! η·60,000.
 
+use super::SgMcmc;
 use crate::sampler::{Integrator, SamplerKind, SamplerParams};
 
 /// The data size the defaults of [`SamplerKind::defaults`] are tuned for (MNIST's 60,000
@@ -80,12 +81,42 @@ lr_params!(
     SamplerKind::Sgld,
     Sgld
 );
+
+/// SGLD as an optimizer (Welling & Teh 2011).
+///
+/// ```
+/// use bnn_core::{Config, Optimizer, Sgld, SgldParams};
+/// # fn main() -> candle_core::Result<()> {
+/// let w = candle_core::Var::zeros(3, candle_core::DType::F32, &candle_core::Device::Cpu)?;
+/// let config = Config { dynamics: SgldParams { lr: 0.01 }, ..Config::new(100) };
+/// let mut sgld = Sgld::new(vec![w.clone()], config)?;
+/// // A Gaussian likelihood centred on 1: the mean loss ½(w − 1)².
+/// sgld.backward_step(&((w.as_tensor() - 1.0)?.sqr()?.sum_all()? * 0.5)?)?;
+/// assert_eq!(sgld.steps(), 1);
+/// # Ok(())
+/// # }
+/// ```
+pub type Sgld = SgMcmc<SgldParams>;
 lr_params!(
     /// SGD on U, the MAP baseline: θ ← θ − η∇Ũ.
     SgdParams,
     SamplerKind::Sgd,
     Sgd
 );
+
+/// SGD on U, the MAP baseline.
+///
+/// ```
+/// use bnn_core::{Config, Optimizer, Sgd};
+/// # fn main() -> candle_core::Result<()> {
+/// let w = candle_core::Var::zeros(1, candle_core::DType::F32, &candle_core::Device::Cpu)?;
+/// let mut sgd = Sgd::new(vec![w.clone()], Config::new(1))?;
+/// sgd.backward_step(&((w.as_tensor() - 1.0)?.sqr()?.sum_all()? * 0.5)?)?;
+/// assert!(w.as_tensor().to_vec1::<f32>()?[0] > 0.0);
+/// # Ok(())
+/// # }
+/// ```
+pub type Sgd = SgMcmc<SgdParams>;
 
 /// SGHMC (Chen et al. 2014, eq. 15): v ← v − η∇Ũ − αv + √(2(α − β̂)η)·z; θ ← θ + v.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -129,6 +160,21 @@ impl Params for SghmcParams {
         }
     }
 }
+
+/// SGHMC as an optimizer (Chen et al. 2014).
+///
+/// ```
+/// use bnn_core::{Config, Integrator, Optimizer, Sghmc, SghmcParams};
+/// # fn main() -> candle_core::Result<()> {
+/// let w = candle_core::Var::zeros(3, candle_core::DType::F32, &candle_core::Device::Cpu)?;
+/// let dynamics = SghmcParams { friction: 0.05, integrator: Integrator::Splitting, ..Default::default() };
+/// let mut sghmc = Sghmc::new(vec![w.clone()], Config { dynamics, ..Config::new(100) })?;
+/// sghmc.backward_step(&((w.as_tensor() - 1.0)?.sqr()?.sum_all()? * 0.5)?)?;
+/// assert_eq!(sghmc.config().dynamics.friction, 0.05);
+/// # Ok(())
+/// # }
+/// ```
+pub type Sghmc = SgMcmc<SghmcParams>;
 
 /// The thermostat samplers' parameters: SGNHT (Ding et al. 2014, Alg. 2, one scalar
 /// thermostat α ← α + vᵀv/n − η) and mSGNHT (Li et al. 2016, eq. 2, one per element).
@@ -181,12 +227,42 @@ thermostat_params!(
     SamplerKind::Sgnht,
     Sgnht
 );
+
+/// SGNHT as an optimizer (Ding et al. 2014), the splitting integrator by default.
+///
+/// ```
+/// use bnn_core::{Config, Optimizer, Sgnht};
+/// # fn main() -> candle_core::Result<()> {
+/// let w = candle_core::Var::zeros(3, candle_core::DType::F32, &candle_core::Device::Cpu)?;
+/// let mut sgnht = Sgnht::new(vec![w.clone()], Config::new(100))?;
+/// sgnht.backward_step(&((w.as_tensor() - 1.0)?.sqr()?.sum_all()? * 0.5)?)?;
+/// // The thermostat α = ξ·h, reported after each update.
+/// assert!(sgnht.diagnostics().thermostat.is_some());
+/// # Ok(())
+/// # }
+/// ```
+pub type Sgnht = SgMcmc<SgnhtParams>;
 thermostat_params!(
     /// mSGNHT (Li et al. 2016, eq. 2): one thermostat per element, α ← α + v⊙v − η.
     MsgnhtParams,
     SamplerKind::Msgnht,
     Msgnht
 );
+
+/// mSGNHT as an optimizer (Li et al. 2016): a thermostat per element.
+///
+/// ```
+/// use bnn_core::{Config, Msgnht, MsgnhtParams, Optimizer};
+/// # fn main() -> candle_core::Result<()> {
+/// let w = candle_core::Var::zeros(3, candle_core::DType::F32, &candle_core::Device::Cpu)?;
+/// let config = Config { dynamics: MsgnhtParams { diffusion: 0.2, ..Default::default() }, ..Config::new(100) };
+/// let mut msgnht = Msgnht::new(vec![w.clone()], config)?;
+/// msgnht.backward_step(&((w.as_tensor() - 1.0)?.sqr()?.sum_all()? * 0.5)?)?;
+/// assert_eq!(msgnht.state()?.sampler.family(), "mSGNHT");
+/// # Ok(())
+/// # }
+/// ```
+pub type Msgnht = SgMcmc<MsgnhtParams>;
 
 /// SGD with momentum on U, a MAP baseline: v ← (1 − α)v − η∇Ũ; θ ← θ + v.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -221,3 +297,18 @@ impl Params for MomentumParams {
         }
     }
 }
+
+/// SGD with momentum on U, a MAP baseline.
+///
+/// ```
+/// use bnn_core::{Config, Momentum, MomentumParams, Optimizer};
+/// # fn main() -> candle_core::Result<()> {
+/// let w = candle_core::Var::zeros(1, candle_core::DType::F32, &candle_core::Device::Cpu)?;
+/// let config = Config { dynamics: MomentumParams { lr: 0.1, friction: 0.5 }, ..Config::new(1) };
+/// let mut momentum = Momentum::new(vec![w.clone()], config)?;
+/// momentum.backward_step(&((w.as_tensor() - 1.0)?.sqr()?.sum_all()? * 0.5)?)?;
+/// assert_eq!(momentum.steps(), 1);
+/// # Ok(())
+/// # }
+/// ```
+pub type Momentum = SgMcmc<MomentumParams>;
