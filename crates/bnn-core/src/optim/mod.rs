@@ -298,12 +298,10 @@ impl<P: Params> SgMcmc<P> {
 
     /// The configuration, `lr` as set since.
     pub fn config(&self) -> Config<P> {
-        let n = self.config.posterior.data_size as f64;
+        let n = self.config.posterior.data_size;
+        let lr = P::lr_of(self.sampler.params().step_size(), n);
         Config {
-            dynamics: self
-                .config
-                .dynamics
-                .with_lr(self.sampler.params().step_size() * n),
+            dynamics: self.config.dynamics.with_lr(lr),
             ..self.config
         }
     }
@@ -390,7 +388,7 @@ impl<P: Params> candle_nn::Optimizer for SgMcmc<P> {
         self.config().dynamics.lr()
     }
 
-    /// Sets `lr` (η = lr/N); momentum samplers keep the momentum p = v/√η of the
+    /// Sets `lr` (η = lr/N, [`Params::step_size_of`]); momentum samplers keep the momentum p = v/√η of the
     /// dynamics. A value that is not positive and finite is refused with a logged error
     /// (the trait returns nothing).
     fn set_learning_rate(&mut self, lr: f64) {
@@ -403,7 +401,7 @@ impl<P: Params> candle_nn::Optimizer for SgMcmc<P> {
             );
             return;
         }
-        let eta = lr / self.config.posterior.data_size as f64;
+        let eta = P::step_size_of(lr, self.config.posterior.data_size);
         if let Err(e) = self.sampler.set_step_size(eta) {
             tracing::error!("set_learning_rate({lr}): {e}");
         }

@@ -31,13 +31,17 @@ pub trait Params: Copy + std::fmt::Debug + Default + Send + 'static {
     /// The same with ε = `lr`.
     fn with_lr(self, lr: f64) -> Self;
     /// The sampler's parameters in the papers' variables for N = `data_size` examples:
-    /// η = lr/N, the other fields as given.
+    /// η = [`Params::step_size_of`] `lr`, the other fields as given.
     fn sampler_params(&self, data_size: usize) -> SamplerParams;
-}
-
-/// η = lr/N.
-fn eta(lr: f64, data_size: usize) -> f64 {
-    lr / data_size as f64
+    /// η for `lr` on N = `data_size` examples: lr/N, the step on the mean loss's gradient
+    /// made a step on ∇U's.
+    fn step_size_of(lr: f64, data_size: usize) -> f64 {
+        lr / data_size as f64
+    }
+    /// `lr` for η on N examples, the inverse of [`Params::step_size_of`]: η·N.
+    fn lr_of(step_size: f64, data_size: usize) -> f64 {
+        step_size * data_size as f64
+    }
 }
 
 /// The parameters of a sampler whose only hyper-parameter is its step.
@@ -68,7 +72,7 @@ macro_rules! lr_params {
             }
             fn sampler_params(&self, n: usize) -> SamplerParams {
                 SamplerParams::$variant {
-                    step_size: eta(self.lr, n),
+                    step_size: Self::step_size_of(self.lr, n),
                 }
             }
         }
@@ -153,7 +157,7 @@ impl Params for SghmcParams {
     }
     fn sampler_params(&self, n: usize) -> SamplerParams {
         SamplerParams::Sghmc {
-            step_size: eta(self.lr, n),
+            step_size: Self::step_size_of(self.lr, n),
             friction: self.friction,
             noise_estimate: self.noise_estimate,
             integrator: self.integrator,
@@ -212,7 +216,7 @@ macro_rules! thermostat_params {
             }
             fn sampler_params(&self, n: usize) -> SamplerParams {
                 SamplerParams::$variant {
-                    step_size: eta(self.lr, n),
+                    step_size: Self::step_size_of(self.lr, n),
                     diffusion: self.diffusion,
                     integrator: self.integrator,
                 }
@@ -292,7 +296,7 @@ impl Params for MomentumParams {
     }
     fn sampler_params(&self, n: usize) -> SamplerParams {
         SamplerParams::Momentum {
-            step_size: eta(self.lr, n),
+            step_size: Self::step_size_of(self.lr, n),
             friction: self.friction,
         }
     }
