@@ -62,7 +62,9 @@ fn header_step_equals_cpu_op_bit_for_bit() {
                 let (m1, m2): (&mut [f32], &mut [f32]) = match update {
                     Update::Sgld => (&mut [], &mut []),
                     Update::Momentum => (&mut v1, &mut v2),
-                    Update::Thermostat { .. } => unreachable!("not in the header"),
+                    Update::Thermostat { .. } | Update::Preconditioned => {
+                        unreachable!("tested on their own")
+                    }
                 };
                 let s1 = cpu::step(update, &mut t1, m1, &mut [], &g, key, c);
                 let s2 = host::update(update, &mut t2, m2, &mut [], &g, key, c);
@@ -91,6 +93,48 @@ fn header_step_equals_cpu_op_bit_for_bit() {
                     (s1.virial - s2.virial).abs() <= 1e-12 * scale,
                     "Σθ·∇: {s1:?} vs {s2:?}"
                 );
+            }
+        }
+    }
+}
+
+/// The header's pSGLD update (the CUDA kernel's element math) against the CPU op's: θ and
+/// V bit for bit (√ and ÷ are correctly rounded on both), from V = 0 (the first step,
+/// where G = 1/(λ + √(1 − β)|g|)) and from V spread over eight decades, with gradients
+/// from 10⁻⁴ to 10⁴ so that λ matters in some elements and not in others.
+#[test]
+fn header_preconditioned_step_equals_cpu_op_bit_for_bit() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+    for (eta, beta, lambda) in [(1e-4f64, 0.99, 1e-5), (3e-3, 0.9, 1e-2)] {
+        let c = StepConsts::preconditioned(eta, beta, lambda);
+        for n in LENGTHS {
+            for start_at_zero in [true, false] {
+                let key = NoiseKey {
+                    seed: 5,
+                    step: 3,
+                    param: 4,
+                };
+                let theta = random(n, 1.0, &mut rng);
+                let g: Vec<f32> = (0..n)
+                    .map(|_| rng.random_range(-1f32..1.0) * 10f32.powf(rng.random_range(-4.0..4.0)))
+                    .collect();
+                let v: Vec<f32> = (0..n)
+                    .map(|_| match start_at_zero {
+                        true => 0.0,
+                        false => 10f32.powf(rng.random_range(-6.0..2.0)),
+                    })
+                    .collect();
+                let (mut t1, mut v1) = (theta.clone(), v.clone());
+                let (mut t2, mut v2) = (theta, v);
+                let update = Update::Preconditioned;
+                let s1 = cpu::step(update, &mut t1, &mut [], &mut v1, &g, key, c);
+                let s2 = host::update(update, &mut t2, &mut [], &mut v2, &g, key, c);
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                let case = format!("eta={eta} n={n} from zero {start_at_zero}");
+                assert!(t1.iter().all(|t| t.is_finite()), "{case}: θ finite");
+                assert_eq!(bits(&t1), bits(&t2), "{case}: positions");
+                assert_eq!(bits(&v1), bits(&v2), "{case}: second moments");
+                assert_eq!((s1.sum_sq, s2.sum_sq), (0.0, 0.0), "{case}: no momentum");
             }
         }
     }
@@ -365,6 +409,7 @@ fn fused_equals_composed_reference() {
         (SamplerKind::Sgnht, 0.0, 0.1, Splitting),
         (SamplerKind::Msgnht, 0.0, 0.1, Euler),
         (SamplerKind::Msgnht, 0.0, 0.1, Splitting),
+        (SamplerKind::Psgld, 0.0, 0.0, Euler),
     ] {
         for seed in [0u64, 17, 123_456] {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -464,6 +509,7 @@ fn stacked_rows_step_as_tensors_alone() {
         Update::Momentum,
         Update::Thermostat { splitting: true },
         Update::Thermostat { splitting: false },
+        Update::Preconditioned,
     ] {
         let theta = random(k * n, 1.0, &mut rng);
         let grad = random(k * n, 10.0, &mut rng);
@@ -471,17 +517,25 @@ fn stacked_rows_step_as_tensors_alone() {
             (0..k).map(|_| random(n, 0.01, rng)).collect()
         };
         let (mut v, mut a) = (state(&mut rng), state(&mut rng));
+        if update == Update::Preconditioned {
+            // Second moments are squares.
+            a.iter_mut().flatten().for_each(|x| *x = x.abs());
+        }
         let (mut v2, mut a2) = (v.clone(), a.clone());
         let consts: Vec<StepConsts> = (0..k)
-            .map(|c| StepConsts::splitting(1e-4, 0.05 + 0.02 * c as f64, 1e-2))
+            .map(|c| match update {
+                Update::Preconditioned => {
+                    StepConsts::preconditioned(1e-4, 0.9 + 0.03 * c as f64, 1e-5)
+                }
+                _ => StepConsts::splitting(1e-4, 0.05 + 0.02 * c as f64, 1e-2),
+            })
             .collect();
         let key = |c: usize| NoiseKey {
             seed: 100 + c as u64,
             step: 7,
             param: 2,
         };
-        let momentum = update != Update::Sgld;
-        let thermostat = matches!(update, Update::Thermostat { .. });
+        let (momentum, thermostat) = update.states();
         // Stacked.
         let stacked = Tensor::from_vec(theta.clone(), (k, n), &Device::Cpu).unwrap();
         let g = Tensor::from_vec(grad.clone(), (k, n), &Device::Cpu).unwrap();

@@ -172,7 +172,7 @@ fn msgnht_splitting_step_by_hand() {
         let u3 = ((u0 * damp) - eta * g as f64 + z0) * damp;
         close(values(&p)[0], 0.7 + u0 / 2.0 + u3);
         close(host(&s.momentum, 0)[0], u3);
-        close(host(&s.thermostats, 0)[0], alpha_half + u3 * u3 - eta);
+        close(host(&s.per_element, 0)[0], alpha_half + u3 * u3 - eta);
     }
 }
 
@@ -190,7 +190,7 @@ fn msgnht_euler_thermostats_are_per_element() {
         let u: Vec<f64> = (0..2)
             .map(|i| [0.5, 0.0][i] * (1.0 - a) + sigma * z(seed, 0, 0, i))
             .collect();
-        let al = host(&s.thermostats, 0);
+        let al = host(&s.per_element, 0);
         close(al[0], a + u[0] * u[0] - eta);
         close(al[1], a + u[1] * u[1] - eta);
     }

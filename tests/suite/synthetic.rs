@@ -162,6 +162,28 @@ fn sgnht_double_well_matches_the_target_and_the_thermostat_finds_b() {
     assert!((xi - 1.0).abs() < 0.1, "thermostat {xi} (B = 1)");
 }
 
+/// pSGLD (Li et al. 2016) on the double well with gradient noise N(0, 1): its RMSprop
+/// preconditioner G = 1/(λ + √V) scales the step by the gradient's own size, so η is a
+/// step in θ: h = 0.2 (η = 0.04). Measured after 10⁶ steps (IAT ≈ 750 steps, ~1,300
+/// effective samples): KL 0.0021 at seed 0; 0.0042, 0.011, 0.0029 at seeds 1–3.
+#[test]
+fn psgld_double_well_matches_the_target() {
+    let r = sample(
+        PotentialKind::DoubleWell,
+        SamplerKind::Psgld,
+        Integrator::Euler,
+        0.2,
+        0.0,
+        0.0,
+        0.0,
+        1.0,
+        1_000_000,
+    );
+    assert!(r.diverged_at.is_none());
+    assert!(r.kl < 0.02, "KL {}", r.kl);
+    assert!(r.kinetic_energy.is_none() && r.thermostat.is_none());
+}
+
 /// Ding et al. Fig. 1: the same dynamics with a fixed friction instead of the thermostat
 /// samples at temperature B/ξ: ξ = 10 is too cold (stuck in one well), ξ = 0.1 too hot.
 /// Measured KL: 0.87 and 1.60, against 0.0017 for SGNHT.

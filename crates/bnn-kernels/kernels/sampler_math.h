@@ -193,14 +193,28 @@ BNN_HD float bnn_thermostat_step(float *theta, float *v, float *alpha, float g, 
     return vn * vn;
 }
 
-/* Which element update: the codes of the Rust `Update::rule` (crates/bnn-kernels/src/lib.rs). */
+/* pSGLD (Li, Chen, Carlson & Carin 2016, Alg. 1 in v-form), one second moment V_i per
+ * element (s): V <- beta V + (1 - beta) g^2, G = 1 / (lambda + sqrt(V)),
+ * theta <- (theta - (g G) eta) + (z sqrt(G)) sigma, sigma = sqrt(2 eta); beta and lambda
+ * come as c.decay and c.post. The Gamma(theta) term is omitted, as in the paper. */
+BNN_HD void bnn_preconditioned_step(float *theta, float *s, float g, float z,
+                                    bnn_step_consts c) {
+    float vn = *s * c.decay + (g * g) * (1.0f - c.decay);
+    *s = vn;
+    float gi = 1.0f / (sqrtf(vn) + c.post);
+    *theta = (*theta - (g * gi) * c.step_size) + (z * sqrtf(gi)) * c.noise_scale;
+}
+
+/* Which element update: the codes of the Rust `Update::rule` (crates/bnn-kernels/src/update.rs). */
 #define BNN_RULE_SGLD 0
 #define BNN_RULE_MOMENTUM 1
 #define BNN_RULE_THERMOSTAT_EULER 2
 #define BNN_RULE_THERMOSTAT_SPLITTING 3
+#define BNN_RULE_PRECONDITIONED 4
 
 /* The one dispatch over the element updates: element `theta` with its state (s0: the
- * momentum v, s1: mSGNHT's alpha; a rule without them is given null), gradient g and
+ * momentum v, s1: the per-element state, mSGNHT's alpha or pSGLD's V; a rule without
+ * them is given null), gradient g and
  * normal z. Adds v^2 after the update to sums[0], the new alpha to sums[1] and the virial
  * theta*g before it to sums[2]. A new element update is a rule code here and in Rust. */
 BNN_HD void bnn_update_element(int rule, float *theta, float *s0, float *s1, float g, float z,
@@ -212,6 +226,9 @@ BNN_HD void bnn_update_element(int rule, float *theta, float *s0, float *s1, flo
         break;
     case BNN_RULE_MOMENTUM:
         sums[0] += (double)bnn_momentum_step(theta, s0, g, z, c);
+        break;
+    case BNN_RULE_PRECONDITIONED:
+        bnn_preconditioned_step(theta, s1, g, z, c);
         break;
     default: /* BNN_RULE_THERMOSTAT_EULER, BNN_RULE_THERMOSTAT_SPLITTING */
         sums[0] += (double)bnn_thermostat_step(theta, s0, s1, g, z, c,

@@ -1,10 +1,10 @@
 //! The element updates of the fused sampler steps, each written once per language: which
 //! rules there are ([`Update`]) and their constants ([`StepConsts`]); the rule's formula
-//! on a tile of f32 on the CPU ([`tile`], inlined into every ISA build of
+//! on a tile of f32 on the CPU (`tile`, inlined into every ISA build of
 //! [`crate::cpu`]); and the same formula in candle ops ([`interpret`]), the reference
 //! that `--kernel composed` runs on any device. The CUDA kernels' copy is
 //! `kernels/sampler_math.h` (`bnn_update_element`), whose host build is checked against
-//! [`tile`] bit for bit. A new rule is a variant here, an arm in each of these two
+//! `tile` bit for bit. A new rule is a variant here, an arm in each of these two
 //! functions and a case in the header.
 //!
 //! - SGLD: θ ← (θ − ηg) + σz.
@@ -13,6 +13,8 @@
 //!   B–O–B.
 //! - Thermostat (mSGNHT): v ← ((v − v⊙α) − ηg) + σz (Euler) or v ← ((d⊙v − ηg) + σz)⊙d
 //!   with d = e^{−α/2} (splitting); θ ← θ + v; α ← α + (v⊙v − η).
+//! - Preconditioned (pSGLD): V ← βV + (1 − β)(g⊙g); G = 1 ⊘ (λ + √V);
+//!   θ ← (θ − (g⊙G)η) + (z⊙√G)σ, with σ = √(2η).
 
 use candle_core::{DType, Tensor, Var};
 
@@ -35,6 +37,12 @@ pub enum Update {
         /// The splitting integrator's B–O–B form (else Euler).
         splitting: bool,
     },
+    /// pSGLD (Li, Chen, Carlson & Carin 2016, Alg. 1 in v-form), RMSprop's diagonal
+    /// preconditioner over one second moment Vᵢ per element: V ← βV + (1 − β)g²,
+    /// G = 1/(λ + √V), θ ← θ − ηG·g + √(2ηG)·z (the Γ(θ) term omitted, as in the paper's
+    /// experiments). V is the rule's per-element state, β and λ its constants
+    /// ([`StepConsts::preconditioned`]).
+    Preconditioned,
 }
 
 impl Update {
@@ -47,16 +55,19 @@ impl Update {
             Update::Momentum => 1,
             Update::Thermostat { splitting: false } => 2,
             Update::Thermostat { splitting: true } => 3,
+            Update::Preconditioned => 4,
         }
     }
 
     /// Which state buffers the rule reads and writes besides θ: (the momentum v, the
-    /// per-element thermostats α). Every kernel takes both, empty (or null) where false.
+    /// rule's per-element state: mSGNHT's thermostats α, pSGLD's second moments V). Every
+    /// kernel takes both, empty (or null) where false.
     pub fn states(self) -> (bool, bool) {
         match self {
             Update::Sgld => (false, false),
             Update::Momentum => (true, false),
             Update::Thermostat { .. } => (true, true),
+            Update::Preconditioned => (false, true),
         }
     }
 }
@@ -66,9 +77,11 @@ impl Update {
 pub struct StepConsts {
     /// η.
     pub step_size: f32,
-    /// Momentum kept before the kick: 1 − α (Euler) or e^{−α/2} (splitting B).
+    /// Momentum kept before the kick: 1 − α (Euler) or e^{−α/2} (splitting B); pSGLD's
+    /// β, the decay of its second moments.
     pub decay: f32,
-    /// Momentum kept after the kick: 1 (Euler) or e^{−α/2} (splitting B).
+    /// Momentum kept after the kick: 1 (Euler) or e^{−α/2} (splitting B); pSGLD's λ, the
+    /// damping of its preconditioner.
     pub post: f32,
     /// σ of the injected noise.
     pub noise_scale: f32,
@@ -85,6 +98,17 @@ impl StepConsts {
         }
     }
 
+    /// pSGLD's update ([`Update::Preconditioned`]): η, the second moments' decay β, the
+    /// damping λ, and σ = √(2η) (the preconditioner √G multiplies it per element).
+    pub fn preconditioned(step_size: f64, decay: f64, damping: f64) -> Self {
+        StepConsts {
+            step_size: step_size as f32,
+            decay: decay as f32,
+            post: damping as f32,
+            noise_scale: (2.0 * step_size).sqrt() as f32,
+        }
+    }
+
     /// The splitting update B–O–B: v ← e^{−α/2}(e^{−α/2} v − ηg + σz).
     pub fn splitting(step_size: f64, friction: f64, noise_scale: f64) -> Self {
         let damp = (-friction / 2.0).exp() as f32;
@@ -97,8 +121,8 @@ impl StepConsts {
     }
 }
 
-/// One tile of the rule `update` on the CPU: θ (and the rule's states `momentum`, `alpha`,
-/// empty where it has none) updated from `grad` with the normals `z`, `virial` set to θ·∇
+/// One tile of the rule `update` on the CPU: θ (and the rule's states `momentum` and
+/// `alpha`, its per-element state, empty where it has none) updated from `grad` with the normals `z`, `virial` set to θ·∇
 /// before the update; the sums Σv² and Σα after it (the virial the caller sums). Each arm
 /// is one loop the compiler vectorises, so the rule is chosen per tile, not per element.
 #[inline(always)]
@@ -142,6 +166,22 @@ pub(crate) fn tile(
                 *z = vn * vn;
             }
             sums.sum_sq = lanes8(z);
+        }
+        Update::Preconditioned => {
+            let (beta, keep, lambda) = (c.decay, 1.0 - c.decay, c.post);
+            for ((((t, s), &g), &z), w) in theta
+                .iter_mut()
+                .zip(alpha.iter_mut())
+                .zip(grad)
+                .zip(z.iter())
+                .zip(virial)
+            {
+                *w = *t * g;
+                let vn = *s * beta + (g * g) * keep;
+                *s = vn;
+                let gi = 1.0 / (vn.sqrt() + lambda);
+                *t = (*t - (g * gi) * c.step_size) + (z * gi.sqrt()) * c.noise_scale;
+            }
         }
     }
     sums
@@ -199,21 +239,23 @@ pub fn interpret(lane: LentUpdate<'_>, param: &Var, grad: &Tensor) -> Result<Ten
     let virial = sum64(&(f64s(&theta)? * f64s(g)?)?)?;
     let z = key.normals_like(g)?;
     let (eta, sigma) = (c.step_size as f64, c.noise_scale as f64);
-    let (eta_g, sigma_z) = ((g * eta)?, (z * sigma)?);
+    let (eta_g, sigma_z) = ((g * eta)?, (&z * sigma)?);
     let mut sums = TensorSums {
         virial,
         ..TensorSums::default()
     };
-    if update == Update::Sgld {
-        param.set(&((theta - eta_g)? + sigma_z)?)?;
-        return Ok(sums);
-    }
-    let momentum = lent(momentum, "momentum")?;
-    let v = momentum.to_tensor(g)?;
-    let vn = match update {
+    match update {
+        Update::Sgld => param.set(&((theta - eta_g)? + sigma_z)?)?,
+        Update::Momentum => {
+            let momentum = lent(momentum, "momentum")?;
+            let v = momentum.to_tensor(g)?;
+            let vn = ((((v * c.decay as f64)? - eta_g)? + sigma_z)? * c.post as f64)?;
+            sums.sum_sq = move_by(param, &theta, momentum, &vn)?;
+        }
         Update::Thermostat { splitting } => {
-            let thermostat = lent(thermostat, "thermostat")?;
-            let alpha = thermostat.to_tensor(g)?;
+            let (momentum, thermostat) =
+                (lent(momentum, "momentum")?, lent(thermostat, "thermostat")?);
+            let (v, alpha) = (momentum.to_tensor(g)?, thermostat.to_tensor(g)?);
             let vn = if splitting {
                 let d = (&alpha * -0.5)?.exp()?;
                 ((((&v * &d)? - eta_g)? + sigma_z)? * d)?
@@ -223,16 +265,27 @@ pub fn interpret(lane: LentUpdate<'_>, param: &Var, grad: &Tensor) -> Result<Ten
             let alpha = (alpha + (vn.sqr()? - eta)?)?;
             sums.sum_thermostat = sum64(&f64s(&alpha)?)?;
             thermostat.set(&alpha)?;
-            vn
+            sums.sum_sq = move_by(param, &theta, momentum, &vn)?;
         }
-        Update::Momentum | Update::Sgld => {
-            ((((v * c.decay as f64)? - eta_g)? + sigma_z)? * c.post as f64)?
+        Update::Preconditioned => {
+            let second = lent(thermostat, "second-moment")?;
+            let keep = (1.0 - c.decay) as f64;
+            let vn = ((second.to_tensor(g)? * c.decay as f64)? + (g.sqr()? * keep)?)?;
+            let gi = (vn.sqrt()? + c.post as f64)?.recip()?;
+            let drift = ((g * &gi)? * eta)?;
+            let noise = ((&z * gi.sqrt()?)? * sigma)?;
+            param.set(&((theta - drift)? + noise)?)?;
+            second.set(&vn)?;
         }
-    };
-    param.set(&(theta + &vn)?)?;
-    sums.sum_sq = sum64(&f64s(&vn)?.sqr()?)?;
-    momentum.set(&vn)?;
+    }
     Ok(sums)
+}
+
+/// θ ← θ + v' and v ← v' (the momentum rules' last step); Σv'² in f64.
+fn move_by(param: &Var, theta: &Tensor, momentum: &mut StateBuffer, vn: &Tensor) -> Result<f64> {
+    param.set(&(theta + vn)?)?;
+    momentum.set(vn)?;
+    sum64(&f64s(vn)?.sqr()?)
 }
 
 /// The lent state buffer, which this update must have.

@@ -1,18 +1,22 @@
-//! SGLD, SGHMC, SGNHT and mSGNHT, each update defined once: [`Dynamics`] keeps the state
-//! (θ is the caller's; v, the thermostat α, or mSGNHT's αᵢ per element) and forms each
-//! update's coefficients ([`StepConsts`]: η, the momentum kept before and after the kick,
-//! σ), then lends the update tensor by tensor ([`LentUpdate`]). The fused kernels apply a
+//! SGLD, pSGLD, SGHMC, SGNHT and mSGNHT, each update defined once: [`Dynamics`] keeps the
+//! state (θ is the caller's; v, the thermostat α, mSGNHT's αᵢ per element or pSGLD's
+//! second moments Vᵢ) and forms each update's coefficients ([`StepConsts`]: η, the
+//! momentum kept before and after the kick, σ; or pSGLD's η, β, λ, σ), then lends the
+//! update tensor by tensor ([`LentUpdate`]). The fused kernels apply a
 //! lent update in one pass per tensor with the noise made inside it (the CPU op, the CUDA
 //! kernel, the weight-gradient product's epilogue, the stacked chains' op); with
 //! [`Kernel::Composed`] the same lent update is interpreted in candle ops
 //! ([`crate::engine::composed::interpret()`]), the reference the kernels are checked
-//! against. mSGNHT's per-element thermostats are a second state buffer, on the parameters'
-//! device like the momenta.
+//! against. mSGNHT's per-element thermostats and pSGLD's second moments are the per-element
+//! state buffer, on the parameters' device like the momenta.
 //!
 //! **The updates** (v-form: u = v = p·h, η = h², α = ξ·h, a = A·h of Ding et al. §5.2 /
 //! App. F; n parameters, ⊙ element-wise):
 //!
 //! - SGLD (Welling & Teh 2011): θ ← θ − η∇Ũ(θ) + √(2η) z.
+//! - pSGLD (Li, Chen, Carlson & Carin 2016, Alg. 1): V ← βV + (1 − β)∇Ũ⊙∇Ũ,
+//!   G = 1 ⊘ (λ + √V), θ ← θ − ηG⊙∇Ũ(θ) + √(2ηG)⊙z, V₀ = 0 (Γ omitted:
+//!   [`SamplerParams::Psgld`]).
 //! - SGHMC (Chen et al. 2014, eq. 15): v ← v − η∇Ũ(θ) − αv + √(2(α − β̂)η) z; θ ← θ + v
 //!   (β̂ = 0 by default; without the noise this is SGD with momentum 1 − α).
 //! - SGNHT (Ding et al. 2014, eqs. 5–6, Alg. 2): u ← u − αu − η∇Ũ(θ) + √(2aη) z; θ ← θ + u;
@@ -40,12 +44,13 @@ use crate::kernels::{
     buffer::StateBuffer, cpu::FusedStepOp, InlineUpdate, LentUpdate, StepConsts, TensorSums, Update,
 };
 use crate::rng::NoiseKey;
+use crate::sampler::state::PsgldState;
 use crate::sampler::{
     init_momentum, Clock, Diagnostics, Integrator, Kernel, MsgnhtState, Sampler, SamplerParams,
     SamplerState, SghmcState, SgnhtState, TensorwiseStep,
 };
 
-/// SGLD, SGHMC, SGNHT or mSGNHT: the state, and each update's coefficients lent to the
+/// SGLD, pSGLD, SGHMC, SGNHT or mSGNHT: the state, and each update's coefficients lent to the
 /// fused kernels or to the composed interpreter.
 #[derive(Debug, Clone)]
 pub struct Dynamics {
@@ -62,8 +67,9 @@ pub struct Dynamics {
     device: Device,
     /// SGNHT's α = ξ·h (for mSGNHT: the mean of the per-element thermostats).
     pub thermostat: f64,
-    /// mSGNHT's αᵢ per parameter tensor (empty otherwise).
-    pub thermostats: Vec<StateBuffer>,
+    /// The rule's per-element state per parameter tensor: mSGNHT's αᵢ or pSGLD's Vᵢ
+    /// (empty otherwise).
+    pub per_element: Vec<StateBuffer>,
     n: usize,
     /// Number of parameter tensors.
     tensors: usize,
@@ -89,8 +95,8 @@ struct Pending {
 }
 
 impl Dynamics {
-    /// v ~ N(0, η) from the init stream, thermostat α₀ = a; with the splitting integrator
-    /// the first A (h/2) applied to θ (and α).
+    /// v ~ N(0, η) from the init stream, thermostat α₀ = a, pSGLD's V₀ = 0; with the
+    /// splitting integrator the first A (h/2) applied to θ (and α).
     pub fn init(sampler: SamplerParams, params: &[Var], seed: u64, kernel: Kernel) -> Result<Self> {
         let n = params.iter().map(|p| p.elem_count()).sum();
         let update = update_of(&sampler)?;
@@ -102,7 +108,7 @@ impl Dynamics {
         }
         let (eta, diffusion) = (sampler.step_size(), diffusion_of(&sampler));
         let host: Vec<Vec<f32>> = match update {
-            Update::Sgld => Vec::new(),
+            Update::Sgld | Update::Preconditioned => Vec::new(),
             // The composed samplers' initial draw, moved into the sampler's own buffers.
             Update::Momentum | Update::Thermostat { .. } => init_momentum(params, eta, seed)?
                 .iter()
@@ -114,7 +120,13 @@ impl Dynamics {
             .flat_map(|m| m.iter())
             .map(|&v| (v as f64) * (v as f64))
             .sum();
-        let mut thermostats = Vec::new();
+        let mut per_element = Vec::new();
+        if update == Update::Preconditioned {
+            // V₀ = 0 (Li et al. 2016, Alg. 1).
+            for p in params {
+                per_element.push(StateBuffer::new(vec![0f32; p.elem_count()], &device)?);
+            }
+        }
         if let Update::Thermostat { splitting } = update {
             // α = a everywhere, then (splitting) the first A (h/2): α ← α + (v⊙v − η)/2,
             // in the composed sampler's f32 operations.
@@ -131,7 +143,7 @@ impl Dynamics {
                         }
                     })
                     .collect();
-                thermostats.push(StateBuffer::new(alpha, &device)?);
+                per_element.push(StateBuffer::new(alpha, &device)?);
             }
         }
         let momentum = host
@@ -146,7 +158,7 @@ impl Dynamics {
             momentum,
             device,
             thermostat: diffusion,
-            thermostats,
+            per_element,
             n,
             tensors: params.len(),
             kinetic: 0.0,
@@ -179,7 +191,9 @@ impl Dynamics {
     /// injected-noise scale.
     fn friction_and_noise(&self) -> (f64, f64) {
         match self.params {
-            SamplerParams::Sgld { step_size } => (0.0, (2.0 * step_size).sqrt()),
+            SamplerParams::Sgld { step_size } | SamplerParams::Psgld { step_size, .. } => {
+                (0.0, (2.0 * step_size).sqrt())
+            }
             SamplerParams::Sghmc {
                 step_size,
                 friction,
@@ -204,6 +218,32 @@ impl Dynamics {
         }
     }
 
+    /// The current step's coefficients ([`StepConsts`]): pSGLD's η, β, λ and σ, or the
+    /// others' η, the momentum kept before and after the kick (Euler or splitting, from
+    /// their α) and σ.
+    fn step_consts(&self) -> StepConsts {
+        match self.params {
+            SamplerParams::Psgld {
+                step_size,
+                decay,
+                damping,
+            } => StepConsts::preconditioned(step_size, decay, damping),
+            SamplerParams::Sgld { .. }
+            | SamplerParams::Sghmc { .. }
+            | SamplerParams::Sgnht { .. }
+            | SamplerParams::Msgnht { .. }
+            | SamplerParams::Sgd { .. }
+            | SamplerParams::Momentum { .. } => {
+                let (alpha, sigma) = self.friction_and_noise();
+                let eta = self.params.step_size();
+                match self.params.integrator() {
+                    Integrator::Euler => StepConsts::new(eta, alpha, sigma),
+                    Integrator::Splitting => StepConsts::splitting(eta, alpha, sigma),
+                }
+            }
+        }
+    }
+
     /// The momentum of parameter tensor `i` as a tensor shaped like it (diagnostics, tests).
     pub fn momentum_tensor(&self, i: usize, like: &Tensor) -> Result<Tensor> {
         self.momentum[i].to_tensor(like)
@@ -217,12 +257,7 @@ impl TensorwiseStep for Dynamics {
 
     fn open_update(&mut self) -> Result<()> {
         let update = update_of(&self.params)?;
-        let (alpha, sigma) = self.friction_and_noise();
-        let eta = self.params.step_size();
-        let consts = match self.params.integrator() {
-            Integrator::Euler => StepConsts::new(eta, alpha, sigma),
-            Integrator::Splitting => StepConsts::splitting(eta, alpha, sigma),
-        };
+        let consts = self.step_consts();
         let tensors = self.tensors;
         self.pending = Some(Pending {
             update,
@@ -316,7 +351,7 @@ impl TensorwiseStep for Dynamics {
         let sum_thermostat = pending.sums.iter().fold(0f64, |a, s| a + s.sum_thermostat);
         self.virials.clear();
         self.virials.extend(pending.sums.iter().map(|s| s.virial));
-        if pending.update != Update::Sgld {
+        if pending.update.states().0 {
             self.kinetic = self.kinetic_from(sum_sq);
         }
         match self.params {
@@ -326,6 +361,7 @@ impl TensorwiseStep for Dynamics {
             }
             SamplerParams::Msgnht { .. } => self.thermostat = sum_thermostat / self.n as f64,
             SamplerParams::Sgld { .. }
+            | SamplerParams::Psgld { .. }
             | SamplerParams::Sghmc { .. }
             | SamplerParams::Sgd { .. }
             | SamplerParams::Momentum { .. } => {}
@@ -357,7 +393,7 @@ impl Dynamics {
                 param: i as u32,
             },
             momentum: self.momentum.get_mut(i),
-            thermostat: self.thermostats.get_mut(i),
+            thermostat: self.per_element.get_mut(i),
         })
     }
 }
@@ -372,6 +408,7 @@ fn in_update(pending: &mut Option<Pending>) -> Result<&mut Pending> {
 fn update_of(sampler: &SamplerParams) -> Result<Update> {
     match *sampler {
         SamplerParams::Sgld { .. } => Ok(Update::Sgld),
+        SamplerParams::Psgld { .. } => Ok(Update::Preconditioned),
         SamplerParams::Sghmc { .. } | SamplerParams::Sgnht { .. } => Ok(Update::Momentum),
         SamplerParams::Msgnht { integrator, .. } => Ok(Update::Thermostat {
             splitting: integrator == Integrator::Splitting,
@@ -390,6 +427,7 @@ fn diffusion_of(sampler: &SamplerParams) -> f64 {
             diffusion
         }
         SamplerParams::Sgld { .. }
+        | SamplerParams::Psgld { .. }
         | SamplerParams::Sghmc { .. }
         | SamplerParams::Sgd { .. }
         | SamplerParams::Momentum { .. } => 0.0,
@@ -455,11 +493,15 @@ impl Sampler for Dynamics {
             SamplerParams::Msgnht { .. } => SamplerState::Msgnht(MsgnhtState {
                 clock,
                 momentum,
-                thermostats: host(&self.thermostats)?,
+                thermostats: host(&self.per_element)?,
                 mean_thermostat: self.thermostat,
                 kinetic,
             }),
             SamplerParams::Sgld { .. } => SamplerState::Sgld(clock),
+            SamplerParams::Psgld { .. } => SamplerState::Psgld(PsgldState {
+                clock,
+                second_moment: host(&self.per_element)?,
+            }),
             SamplerParams::Sghmc { .. } => SamplerState::Sghmc(SghmcState {
                 clock,
                 momentum,
@@ -476,8 +518,11 @@ impl Sampler for Dynamics {
 
     fn restore(&mut self, state: &SamplerState) -> Result<()> {
         let no_buffers: &[Tensor] = &[];
-        let (momentum, thermostats, thermostat) = match (self.params, state) {
+        let (momentum, per_element, thermostat) = match (self.params, state) {
             (SamplerParams::Sgld { .. }, SamplerState::Sgld(_)) => (no_buffers, no_buffers, None),
+            (SamplerParams::Psgld { .. }, SamplerState::Psgld(s)) => {
+                (no_buffers, &s.second_moment[..], None)
+            }
             (SamplerParams::Sghmc { .. }, SamplerState::Sghmc(s)) => {
                 (&s.momentum[..], no_buffers, None)
             }
@@ -491,7 +536,7 @@ impl Sampler for Dynamics {
         };
         let device = self.device.clone();
         load_buffers(momentum, &mut self.momentum, "momentum", &device)?;
-        load_buffers(thermostats, &mut self.thermostats, "thermostat", &device)?;
+        load_buffers(per_element, &mut self.per_element, "per-element", &device)?;
         if let Some(alpha) = thermostat {
             self.thermostat = alpha;
         }

@@ -8,7 +8,8 @@
 //! the full-data potential U = N·mean + prior, is lr/N. So one `lr` means the same drift
 //! on a subset of a data set and on all of it (the posterior narrows with N through the
 //! injected noise √(2αη), as it should). The defaults are `bnn train`'s on MNIST:
-//! η·60,000.
+//! η·60,000. pSGLD, whose preconditioner takes out the gradient's scale, is the exception:
+//! its lr is η ([`PsgldParams`]).
 
 use super::SgMcmc;
 use crate::sampler::{Integrator, SamplerKind, SamplerParams};
@@ -101,6 +102,72 @@ lr_params!(
 /// # }
 /// ```
 pub type Sgld = SgMcmc<SgldParams>;
+
+/// pSGLD (Li, Chen, Carlson & Carin 2016): SGLD with RMSprop's diagonal preconditioner
+/// G = 1/(λ + √V), V ← βV + (1 − β)∇Ũ⊙∇Ũ; θ ← θ − ηG∇Ũ + √(2ηG)·z
+/// ([`SamplerParams::Psgld`]).
+///
+/// **Its `lr` is η itself**, RMSprop's learning rate: G ≈ 1/|∇Ũ| takes the gradient's scale
+/// out of the drift, so the step on the mean loss and on ∇U are the same step in θ (for
+/// the other samplers lr = η·N).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PsgldParams {
+    /// ε = η, the drift's step in θ.
+    pub lr: f64,
+    /// β in [0, 1), the decay of the second moments V (the paper's α = 0.99).
+    pub decay: f64,
+    /// λ > 0, the preconditioner's damping, in the units of ∇Ũ (the paper's 10⁻⁵).
+    pub damping: f64,
+}
+
+impl Default for PsgldParams {
+    fn default() -> Self {
+        PsgldParams {
+            lr: crate::sampler::params::PSGLD_STEP_SIZE,
+            decay: crate::sampler::params::PSGLD_DECAY,
+            damping: crate::sampler::params::PSGLD_DAMPING,
+        }
+    }
+}
+
+impl Params for PsgldParams {
+    const KIND: SamplerKind = SamplerKind::Psgld;
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+    fn with_lr(self, lr: f64) -> Self {
+        PsgldParams { lr, ..self }
+    }
+    fn sampler_params(&self, n: usize) -> SamplerParams {
+        SamplerParams::Psgld {
+            step_size: Self::step_size_of(self.lr, n),
+            decay: self.decay,
+            damping: self.damping,
+        }
+    }
+    /// η = lr: the preconditioner makes the step independent of the gradient's scale.
+    fn step_size_of(lr: f64, _data_size: usize) -> f64 {
+        lr
+    }
+    fn lr_of(step_size: f64, _data_size: usize) -> f64 {
+        step_size
+    }
+}
+
+/// pSGLD as an optimizer (Li et al. 2016): SGLD preconditioned by RMSprop.
+///
+/// ```
+/// use bnn_core::{Config, Optimizer, Psgld, PsgldParams};
+/// # fn main() -> candle_core::Result<()> {
+/// let w = candle_core::Var::zeros(3, candle_core::DType::F32, &candle_core::Device::Cpu)?;
+/// let config = Config { dynamics: PsgldParams { lr: 1e-3, ..Default::default() }, ..Config::new(100) };
+/// let mut psgld = Psgld::new(vec![w.clone()], config)?;
+/// psgld.backward_step(&((w.as_tensor() - 1.0)?.sqr()?.sum_all()? * 0.5)?)?;
+/// assert_eq!(psgld.state()?.sampler.family(), "pSGLD");
+/// # Ok(())
+/// # }
+/// ```
+pub type Psgld = SgMcmc<PsgldParams>;
 lr_params!(
     /// SGD on U, the MAP baseline: θ ← θ − η∇Ũ.
     SgdParams,

@@ -25,12 +25,15 @@ pub enum SamplerKind {
     Sgnht,
     /// SGNHT with one thermostat per parameter element (Gan et al. 2015; Li et al. 2016).
     Msgnht,
+    /// Preconditioned SGLD (Li, Chen, Carlson & Carin 2016): SGLD with RMSprop's diagonal
+    /// preconditioner.
+    Psgld,
     /// Plain SGD on U (MAP baseline).
     Sgd,
     /// SGD with momentum on U (MAP baseline).
     Momentum,
     /// Replica-exchange Nosé–Hoover dynamics (Luo et al. 2018): SGNHT (Euler) replicas on
-    /// a temperature ladder, swapped by a noise-tolerant test ([`crate::engine::exchange`], [`ladder`]).
+    /// a temperature ladder, swapped by a noise-tolerant test ([`crate::engine::exchange`], [`super::ladder`]).
     Renhd,
     /// Replica-exchange Langevin dynamics: the same ladder and exchanges with Langevin
     /// (SGHMC, constant friction) replicas (Luo et al. §4.2's baseline).
@@ -46,6 +49,7 @@ impl SamplerKind {
     pub fn name(self) -> &'static str {
         match self {
             SamplerKind::Sgld => "sgld",
+            SamplerKind::Psgld => "psgld",
             SamplerKind::Sghmc => "sghmc",
             SamplerKind::Sgnht => "sgnht",
             SamplerKind::Msgnht => "msgnht",
@@ -60,11 +64,12 @@ impl SamplerKind {
     /// Arrays of one value per parameter that its state keeps besides θ: none for SGLD,
     /// SGD and HMC (whose momentum is drawn afresh each trajectory), the momentum p for
     /// SGHMC, SGNHT, momentum and the replicas' samplers, and mSGNHT's thermostat ξ per
-    /// element besides.
+    /// element besides; pSGLD's second moment V.
     pub fn state_arrays(self) -> usize {
         match self {
             SamplerKind::Sgld | SamplerKind::Sgd | SamplerKind::Hmc => 0,
-            SamplerKind::Sghmc
+            SamplerKind::Psgld
+            | SamplerKind::Sghmc
             | SamplerKind::Sgnht
             | SamplerKind::Momentum
             | SamplerKind::Renhd
@@ -80,6 +85,7 @@ impl SamplerKind {
         match self {
             SamplerKind::Sgnht | SamplerKind::Msgnht | SamplerKind::Renhd => true,
             SamplerKind::Sgld
+            | SamplerKind::Psgld
             | SamplerKind::Sghmc
             | SamplerKind::Sgd
             | SamplerKind::Momentum
@@ -99,6 +105,7 @@ impl SamplerKind {
             SamplerKind::Renhd => SamplerKind::Sgnht,
             SamplerKind::Reld => SamplerKind::Sghmc,
             SamplerKind::Sgld
+            | SamplerKind::Psgld
             | SamplerKind::Sghmc
             | SamplerKind::Sgnht
             | SamplerKind::Msgnht
@@ -113,6 +120,7 @@ impl SamplerKind {
         match self {
             SamplerKind::Sgnht | SamplerKind::Msgnht => Integrator::Splitting,
             SamplerKind::Sgld
+            | SamplerKind::Psgld
             | SamplerKind::Sghmc
             | SamplerKind::Sgd
             | SamplerKind::Momentum
@@ -127,9 +135,11 @@ impl SamplerKind {
     /// exchange or HMC.
     pub fn is_dynamics(self) -> bool {
         match self {
-            SamplerKind::Sgld | SamplerKind::Sghmc | SamplerKind::Sgnht | SamplerKind::Msgnht => {
-                true
-            }
+            SamplerKind::Sgld
+            | SamplerKind::Psgld
+            | SamplerKind::Sghmc
+            | SamplerKind::Sgnht
+            | SamplerKind::Msgnht => true,
             SamplerKind::Sgd
             | SamplerKind::Momentum
             | SamplerKind::Renhd
@@ -156,6 +166,11 @@ impl SamplerKind {
         match self {
             SamplerKind::Sgld => SamplerConfig {
                 step_size: 5e-6,
+                ..base
+            },
+            // pSGLD's η multiplies G·∇Ũ with G ≈ 1/|∇Ũ| elementwise: a step in θ itself.
+            SamplerKind::Psgld => SamplerConfig {
+                step_size: PSGLD_STEP_SIZE,
                 ..base
             },
             SamplerKind::Sghmc => SamplerConfig {
@@ -207,7 +222,7 @@ pub enum Integrator {
 
 /// A sampler's hyper-parameters as one flat record, every sampler's fields in it: what
 /// `run.json`, presets and the flags write, read as the sampler it names by
-/// [`SamplerConfig::method`] ([`params`]).
+/// [`SamplerConfig::method`].
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SamplerConfig {
     /// Which sampler.
@@ -238,6 +253,23 @@ pub enum SamplerParams {
     Sgld {
         /// η.
         step_size: f64,
+    },
+    /// pSGLD (Li, Chen, Carlson & Carin 2016, Alg. 1): SGLD preconditioned by RMSprop's
+    /// diagonal G = 1/(λ + √V), V ← βV + (1 − β)∇Ũ⊙∇Ũ, θ ← θ − ηG∇Ũ + √(2ηG)·z. The
+    /// paper's Γ(θ) = ∇·G term is omitted, as in its experiments (§3: it is of order
+    /// (1 − β) and the paper drops it); V starts at 0 as in Algorithm 1.
+    ///
+    /// V is formed from the gradient the sampler is given (of Ũ = N·mean + prior, over T),
+    /// where the paper forms it from the mean likelihood gradient ḡ: so G here is the
+    /// paper's over N (λ in ∇Ũ's units), and η = ε·N/2 for the paper's ε. Since G ≈
+    /// 1/|∇Ũ|, η is a step in θ whatever the data size.
+    Psgld {
+        /// η.
+        step_size: f64,
+        /// β in [0, 1): the second moments' decay (the paper's α, 0.99).
+        decay: f64,
+        /// λ > 0: the preconditioner's damping (the paper's 10⁻⁵).
+        damping: f64,
     },
     /// SGHMC (Chen et al. 2014, eq. 15): v ← v − η∇Ũ − αv + √(2(α − β̂)η)·z; θ ← θ + v.
     Sghmc {
@@ -282,6 +314,13 @@ pub enum SamplerParams {
     },
 }
 
+/// pSGLD's default η on the MNIST MLPs at batch 100 ([`SamplerKind::defaults`]).
+pub const PSGLD_STEP_SIZE: f64 = 1e-4;
+/// pSGLD's β, Li et al. 2016's α = 0.99: V averages the last ~100 squared gradients.
+pub const PSGLD_DECAY: f64 = 0.99;
+/// pSGLD's λ, Li et al. 2016's 10⁻⁵.
+pub const PSGLD_DAMPING: f64 = 1e-5;
+
 /// How a run goes: the one place where the kinds are sorted into methods, so that a new
 /// kind is placed here and every dispatch on a run follows.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -313,7 +352,8 @@ impl SamplerKind {
             SamplerKind::Sghmc => &["friction", "noise_estimate"],
             SamplerKind::Momentum | SamplerKind::Reld => &["friction"],
             SamplerKind::Sgnht | SamplerKind::Msgnht | SamplerKind::Renhd => &["diffusion"],
-            SamplerKind::Sgld | SamplerKind::Sgd | SamplerKind::Hmc => &[],
+            // (pSGLD's β and λ are not in the flat record: a run takes the paper's.)
+            SamplerKind::Sgld | SamplerKind::Psgld | SamplerKind::Sgd | SamplerKind::Hmc => &[],
         }
     }
 }
@@ -323,6 +363,7 @@ impl SamplerParams {
     pub fn kind(&self) -> SamplerKind {
         match self {
             SamplerParams::Sgld { .. } => SamplerKind::Sgld,
+            SamplerParams::Psgld { .. } => SamplerKind::Psgld,
             SamplerParams::Sghmc { .. } => SamplerKind::Sghmc,
             SamplerParams::Sgnht { .. } => SamplerKind::Sgnht,
             SamplerParams::Msgnht { .. } => SamplerKind::Msgnht,
@@ -335,6 +376,7 @@ impl SamplerParams {
     pub fn step_size(&self) -> f64 {
         match *self {
             SamplerParams::Sgld { step_size }
+            | SamplerParams::Psgld { step_size, .. }
             | SamplerParams::Sghmc { step_size, .. }
             | SamplerParams::Sgnht { step_size, .. }
             | SamplerParams::Msgnht { step_size, .. }
@@ -347,6 +389,7 @@ impl SamplerParams {
     pub fn with_step_size(mut self, eta: f64) -> Self {
         match &mut self {
             SamplerParams::Sgld { step_size }
+            | SamplerParams::Psgld { step_size, .. }
             | SamplerParams::Sghmc { step_size, .. }
             | SamplerParams::Sgnht { step_size, .. }
             | SamplerParams::Msgnht { step_size, .. }
@@ -363,6 +406,7 @@ impl SamplerParams {
             | SamplerParams::Sgnht { integrator, .. }
             | SamplerParams::Msgnht { integrator, .. } => integrator,
             SamplerParams::Sgld { .. }
+            | SamplerParams::Psgld { .. }
             | SamplerParams::Sgd { .. }
             | SamplerParams::Momentum { .. } => Integrator::Euler,
         }
@@ -415,6 +459,14 @@ impl SamplerParams {
                     return invalid("diffusion", format!("non-negative for {name}"), diffusion);
                 }
             }
+            SamplerParams::Psgld { decay, damping, .. } => {
+                if !(0.0..1.0).contains(&decay) {
+                    return invalid("decay", format!("in [0, 1) for {name}"), decay);
+                }
+                if !(damping > 0.0 && damping.is_finite()) {
+                    return invalid("damping", format!("positive for {name}"), damping);
+                }
+            }
             SamplerParams::Sgld { .. } | SamplerParams::Sgd { .. } => {}
         }
         Ok(())
@@ -430,6 +482,7 @@ impl SamplerParams {
                 friction,
             } => Some((step_size, Some(friction))),
             SamplerParams::Sgld { .. }
+            | SamplerParams::Psgld { .. }
             | SamplerParams::Sghmc { .. }
             | SamplerParams::Sgnht { .. }
             | SamplerParams::Msgnht { .. } => None,
@@ -460,6 +513,7 @@ impl SamplerParams {
                 integrator,
             },
             SamplerKind::Sgld
+            | SamplerKind::Psgld
             | SamplerKind::Sghmc
             | SamplerKind::Sgnht
             | SamplerKind::Msgnht
@@ -481,7 +535,9 @@ impl SamplerParams {
             SamplerParams::Sgnht { diffusion, .. } | SamplerParams::Msgnht { diffusion, .. } => {
                 diffusion
             }
-            SamplerParams::Sgld { .. } | SamplerParams::Sgd { .. } => 0.0,
+            SamplerParams::Sgld { .. }
+            | SamplerParams::Psgld { .. }
+            | SamplerParams::Sgd { .. } => 0.0,
         }
     }
 
@@ -510,7 +566,10 @@ impl SamplerParams {
             SamplerParams::Sgnht { diffusion, .. } | SamplerParams::Msgnht { diffusion, .. } => {
                 SamplerConfig { diffusion, ..base }
             }
-            SamplerParams::Sgld { .. } | SamplerParams::Sgd { .. } => base,
+            // (β and λ are not in the flat record; a record read back takes the paper's.)
+            SamplerParams::Sgld { .. }
+            | SamplerParams::Psgld { .. }
+            | SamplerParams::Sgd { .. } => base,
         }
     }
 }
@@ -540,6 +599,11 @@ impl SamplerConfig {
                 integrator: c.integrator,
             },
             SamplerKind::Sgld => euler_only().map(|_| SamplerParams::Sgld { step_size })?,
+            SamplerKind::Psgld => euler_only().map(|_| SamplerParams::Psgld {
+                step_size,
+                decay: PSGLD_DECAY,
+                damping: PSGLD_DAMPING,
+            })?,
             SamplerKind::Sgd => euler_only().map(|_| SamplerParams::Sgd { step_size })?,
             SamplerKind::Momentum => euler_only().map(|_| SamplerParams::Momentum {
                 step_size,

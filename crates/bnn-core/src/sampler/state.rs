@@ -5,13 +5,14 @@
 //! The dynamics differ in their auxiliary variables, so the states do (in the v-form of
 //! the module [`super`]): SGLD has none besides θ; SGHMC adds the momentum v = p·h (Chen
 //! et al. 2014 eq. 15); SGNHT adds v and one thermostat α = ξ·h (Ding et al. 2014
-//! Alg. 2); mSGNHT adds v and one thermostat αᵢ per element (Li et al. 2016 eq. 2). SGD
+//! Alg. 2); mSGNHT adds v and one thermostat αᵢ per element (Li et al. 2016 eq. 2);
+//! pSGLD adds one second moment Vᵢ per element (Li, Chen, Carlson & Carin 2016). SGD
 //! keeps SGLD's state and SGD with momentum SGHMC's. A state of one family restored into a
 //! sampler of another is refused.
 //!
 //! Tensors are flat (one per parameter tensor, in parameter order) and on the host. A state
 //! is saved as safetensors: [`SamplerState::tensors`] names them (`momentum/i`,
-//! `thermostat/i`) and [`StateScalars`] (serde) holds the rest; [`SamplerState::save`] and
+//! `thermostat/i`, `second_moment/i`) and [`StateScalars`] (serde) holds the rest; [`SamplerState::save`] and
 //! [`SamplerState::load`] put both in one file.
 
 use std::collections::HashMap;
@@ -71,6 +72,15 @@ pub struct MsgnhtState {
     pub kinetic: f64,
 }
 
+/// pSGLD's state: the second moment V of the gradient per element, RMSprop's average.
+#[derive(Debug, Clone)]
+pub struct PsgldState {
+    /// Updates done and η.
+    pub clock: Clock,
+    /// V per parameter tensor, shaped like θ.
+    pub second_moment: Vec<Tensor>,
+}
+
 /// A sampler's state, one variant per family of dynamics.
 #[derive(Debug, Clone)]
 pub enum SamplerState {
@@ -82,6 +92,8 @@ pub enum SamplerState {
     Sgnht(SgnhtState),
     /// mSGNHT.
     Msgnht(MsgnhtState),
+    /// pSGLD.
+    Psgld(PsgldState),
 }
 
 /// The scalars of a state and how many tensors of each kind go beside them (serde: the
@@ -100,6 +112,9 @@ pub struct StateScalars {
     pub momentum_tensors: usize,
     /// Tensors `thermostat/0…` (mSGNHT).
     pub thermostat_tensors: usize,
+    /// Tensors `second_moment/0…` (pSGLD).
+    #[serde(default)]
+    pub second_moment_tensors: usize,
 }
 
 impl SamplerState {
@@ -110,6 +125,7 @@ impl SamplerState {
             SamplerState::Sghmc(_) => "SGHMC/momentum",
             SamplerState::Sgnht(_) => "SGNHT",
             SamplerState::Msgnht(_) => "mSGNHT",
+            SamplerState::Psgld(_) => "pSGLD",
         }
     }
 
@@ -120,13 +136,14 @@ impl SamplerState {
             SamplerState::Sghmc(s) => s.clock,
             SamplerState::Sgnht(s) => s.clock,
             SamplerState::Msgnht(s) => s.clock,
+            SamplerState::Psgld(s) => s.clock,
         }
     }
 
     /// v per parameter tensor; empty without momentum.
     pub fn momentum(&self) -> &[Tensor] {
         match self {
-            SamplerState::Sgld(_) => &[],
+            SamplerState::Sgld(_) | SamplerState::Psgld(_) => &[],
             SamplerState::Sghmc(s) => &s.momentum,
             SamplerState::Sgnht(s) => &s.momentum,
             SamplerState::Msgnht(s) => &s.momentum,
@@ -150,10 +167,18 @@ impl SamplerState {
         }
     }
 
+    /// pSGLD's V per parameter tensor; empty for the others.
+    pub fn second_moments(&self) -> &[Tensor] {
+        match self {
+            SamplerState::Psgld(s) => &s.second_moment,
+            _ => &[],
+        }
+    }
+
     /// The kinetic energy per parameter last reported (0 without momentum).
     pub fn kinetic(&self) -> f64 {
         match self {
-            SamplerState::Sgld(_) => 0.0,
+            SamplerState::Sgld(_) | SamplerState::Psgld(_) => 0.0,
             SamplerState::Sghmc(s) => s.kinetic,
             SamplerState::Sgnht(s) => s.kinetic,
             SamplerState::Msgnht(s) => s.kinetic,
@@ -170,6 +195,7 @@ impl SamplerState {
             kinetic: self.kinetic(),
             momentum_tensors: self.momentum().len(),
             thermostat_tensors: self.thermostats().len(),
+            second_moment_tensors: self.second_moments().len(),
         }
     }
 
@@ -183,11 +209,13 @@ impl SamplerState {
         };
         let mut all = named("momentum", self.momentum());
         all.extend(named("thermostat", self.thermostats()));
+        all.extend(named("second_moment", self.second_moments()));
         all
     }
 
     /// The state of `scalars`, its tensors looked up by name; the family follows from what
-    /// is there (thermostat tensors: mSGNHT; a scalar thermostat: SGNHT; momenta: SGHMC).
+    /// is there (thermostat tensors: mSGNHT; a scalar thermostat: SGNHT; momenta: SGHMC;
+    /// second moments alone: pSGLD).
     pub fn from_parts(
         scalars: &StateScalars,
         mut tensor: impl FnMut(&str) -> Result<Tensor>,
@@ -197,10 +225,22 @@ impl SamplerState {
         };
         let momentum = list("momentum", scalars.momentum_tensors)?;
         let thermostats = list("thermostat", scalars.thermostat_tensors)?;
+        let second_moment = list("second_moment", scalars.second_moment_tensors)?;
         let clock = Clock {
             step: scalars.step,
             step_size: scalars.step_size,
         };
+        if !second_moment.is_empty() {
+            if !(momentum.is_empty() && thermostats.is_empty()) {
+                return Err(Error::Checkpoint(
+                    "a saved state has second moments beside a momentum or thermostats".into(),
+                ));
+            }
+            return Ok(SamplerState::Psgld(PsgldState {
+                clock,
+                second_moment,
+            }));
+        }
         let kinetic = scalars.kinetic;
         Ok(match (momentum.is_empty(), thermostats.is_empty()) {
             (true, true) => SamplerState::Sgld(clock),
@@ -245,12 +285,17 @@ impl SamplerState {
         let s = self.scalars();
         let f64s = |v: f64| Tensor::new(&[v], &Device::Cpu);
         let mut map: HashMap<String, Tensor> = self.tensors().into_iter().collect();
-        let counts = [
+        let mut counts = vec![
             s.step as i64,
             s.momentum_tensors as i64,
             s.thermostat_tensors as i64,
         ];
-        map.insert("scalar/counts".into(), Tensor::new(&counts, &Device::Cpu)?);
+        // A fourth count only where there are second moments: the other states' files stay
+        // as they were.
+        if s.second_moment_tensors > 0 {
+            counts.push(s.second_moment_tensors as i64);
+        }
+        map.insert("scalar/counts".into(), Tensor::new(counts, &Device::Cpu)?);
         map.insert("scalar/step_size".into(), f64s(s.step_size)?);
         map.insert("scalar/kinetic".into(), f64s(s.kinetic)?);
         if let Some(a) = s.thermostat {
@@ -270,7 +315,8 @@ impl SamplerState {
         SamplerState::from_file(&SavedFile::read(path, "a sampler state")?)
     }
 
-    /// The state in a file's `scalar/…`, `momentum/i` and `thermostat/i` tensors.
+    /// The state in a file's `scalar/…`, `momentum/i`, `thermostat/i` and
+    /// `second_moment/i` tensors.
     pub(crate) fn from_file(file: &SavedFile) -> Result<Self> {
         let scalars = StateScalars::from_file(file)?;
         SamplerState::from_parts(&scalars, |name| file.get(name))
@@ -353,7 +399,7 @@ impl StateScalars {
             counts
                 .get(i)
                 .and_then(|&c| u64::try_from(c).ok())
-                .ok_or_else(|| file.error("`scalar/counts` is not three counts".into()))
+                .ok_or_else(|| file.error("`scalar/counts` is not three or four counts".into()))
         };
         Ok(StateScalars {
             step: count(0)?,
@@ -365,6 +411,10 @@ impl StateScalars {
             kinetic: file.scalar("scalar/kinetic")?,
             momentum_tensors: count(1)? as usize,
             thermostat_tensors: count(2)? as usize,
+            second_moment_tensors: match counts.len() {
+                3 => 0,
+                _ => count(3)? as usize,
+            },
         })
     }
 }
