@@ -349,7 +349,8 @@ impl Settings {
 
     /// The sampler's step size for N training examples when it is the default one: the
     /// defaults are MNIST's (N = 60,000), and η·N — the step on the mean minibatch loss —
-    /// is what carries over to another data set. A regression's is 24× smaller again: its
+    /// is what carries over to another data set (η·√N for pSGLD:
+    /// `SamplerKind::carry_step_size`). A regression's is 24× smaller again: its
     /// likelihood's curvature is the noise precision τ = 1/σ², 10–100 on a standardised
     /// target once the network fits. Measured on Friedman #1 (SGHMC, seed 0, see
     /// docs/BENCHMARKS.md): η·N = 0.12 diverged in the second epoch, 0.01 over-dispersed the
@@ -361,7 +362,8 @@ impl Settings {
         } else {
             reference
         };
-        self.sampler.step_size *= per_example / n_train.max(1) as f64;
+        let (kind, eta) = (self.sampler.kind, self.sampler.step_size);
+        self.sampler.step_size = kind.carry_step_size(eta, per_example, n_train as f64);
     }
 
     /// Updates between saved states: `--checkpoint-every`, or an epoch of `batches`
