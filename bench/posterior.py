@@ -5,6 +5,7 @@
                                [--mnist $BNN_DATA_DIR/mnist] [--out /tmp/posterior]
                                [--seeds 1,2,3] [--reuse]
                                [--only breast-cancer,digits,friedman,mnist-2k]
+                               [--methods pSGLD,SGLD] [--ablation ""]
 
 For each data set (one hidden layer of 50 ReLU units, 20 on Friedman #1; N(0, 1) prior on
 every weight; Friedman's noise fixed at its true σ = 1; one split for all runs; MNIST-2k is
@@ -14,7 +15,7 @@ the first 2,000 training images, `--train-limit 2000`, scored on the 10,000 test
    `bnn compare` of the second against it is the noise floor. On Friedman #1 and MNIST-2k
    each reference's chains start (`--init-from`) from a run of 4 SG-MCMC chains of its own
    (seed 10 + the reference's), so that burn-in adapts ε instead of descending;
-2. SGLD, SGHMC, SGNHT, mSGNHT-S, cyclical SGHMC (4 cycles), RENHD (7 replicas) and an
+2. SGLD, pSGLD, SGHMC, SGNHT, mSGNHT-S, cyclical SGHMC (4 cycles), RENHD (7 replicas) and an
    ensemble of 4 SGD chains, each at the tool's defaults for a table (100,000 minibatch
    gradients of 100 rows, the first quarter burn-in, 100 samples per chain) and at equal
    gradient evaluations: RENHD and the SGD ensemble get 1/7 and 1/4 of the updates per
@@ -97,6 +98,7 @@ SETS = {
 # name, flags, divisor of the updates (replicas or chains sharing the budget)
 METHODS = [
     ("SGLD", ["--sampler", "sgld"], 1),
+    ("pSGLD", ["--sampler", "psgld"], 1),
     ("SGHMC", ["--sampler", "sghmc"], 1),
     ("SGNHT", ["--sampler", "sgnht"], 1),
     ("mSGNHT-S", ["--sampler", "msgnht", "--integrator", "splitting"], 1),
@@ -196,6 +198,8 @@ def one_set(a, name, spec):
         raise SystemExit(f"{name} SGLD: {probe['error']}")
     jobs = []
     for label, flags, div in METHODS:
+        if a.methods and label not in a.methods:
+            continue
         for seed in a.seeds:
             extra = schedule(probe, div) if div > 1 else sg
             args = data + flags + extra + ["--seed", str(seed)]
@@ -299,10 +303,13 @@ def main():
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--only", default=",".join(SETS))
     p.add_argument("--reuse", action="store_true")
+    p.add_argument("--methods", default="",
+                   help="only these methods' rows (comma-separated labels, e.g. pSGLD,SGLD)")
     p.add_argument("--ablation", default="breast-cancer",
                    help="data sets that also get the step-size, thinning and temperature rows")
     a = p.parse_args()
     a.seeds = [int(s) for s in a.seeds.split(",")]
+    a.methods = [m for m in a.methods.split(",") if m]
     results = {}
     for name in a.only.split(","):
         results[name] = one_set(a, name, SETS[name])

@@ -43,7 +43,7 @@ fn compare(a: &[f32], b: &[f32]) -> (f32, usize) {
 }
 
 /// Ten fused steps of every sampler with a CUDA kernel, on the same parameters, gradients
-/// and Philox noise on the CPU and the GPU. Tolerance: SGLD and SGHMC bit for bit (the
+/// and Philox noise on the CPU and the GPU. Tolerance: SGLD, pSGLD and SGHMC bit for bit (the
 /// element math is the same f32 operations in the same order, nvcc without FMA
 /// contraction); the thermostat samplers feed Σv² (summed in another order on the GPU,
 /// with atomics) back into the next step's constants, which may round one f32 ulp apart:
@@ -53,8 +53,9 @@ fn fused_steps_on_cuda_match_the_cpu() {
     let Some(gpu) = cuda("fused_steps_on_cuda_match_the_cpu") else {
         return;
     };
-    let cases: [(SamplerKind, f64, f64, Integrator); 7] = [
+    let cases: [(SamplerKind, f64, f64, Integrator); 8] = [
         (SamplerKind::Sgld, 0.0, 0.0, Euler),
+        (SamplerKind::Psgld, 0.0, 0.0, Euler),
         (SamplerKind::Sghmc, 0.1, 0.0, Euler),
         (SamplerKind::Sghmc, 0.1, 0.0, Splitting),
         (SamplerKind::Sgnht, 0.0, 0.1, Euler),
@@ -94,7 +95,10 @@ fn fused_steps_on_cuda_match_the_cpu() {
             on_cpu.step(&cpu_params, &cpu_grads).unwrap();
             on_gpu.step(&gpu_params, &gpu_grads).unwrap();
         }
-        let exact = matches!(kind, SamplerKind::Sgld | SamplerKind::Sghmc);
+        let exact = matches!(
+            kind,
+            SamplerKind::Sgld | SamplerKind::Psgld | SamplerKind::Sghmc
+        );
         let (mut worst, mut differ, mut total) = (0f32, 0usize, 0usize);
         for (c, g) in cpu_params.iter().zip(&gpu_params) {
             let (a, b) = (values(c.as_tensor()), values(g.as_tensor()));
@@ -109,14 +113,19 @@ fn fused_steps_on_cuda_match_the_cpu() {
             worst = worst.max(rel);
             differ += n;
         }
-        for (a, b) in sc.thermostats().iter().zip(sg.thermostats()) {
+        for (a, b) in sc
+            .thermostats()
+            .iter()
+            .zip(sg.thermostats())
+            .chain(sc.second_moments().iter().zip(sg.second_moments()))
+        {
             let (rel, n) = compare(&values(a), &values(b));
             worst = worst.max(rel);
             differ += n;
         }
         println!(
             "gpu-check: fused {kind:?} {integrator:?}: {differ} of {total} parameters' values \
-             (θ, v, α) differ in bits, worst relative difference {worst:.2e}"
+             (θ, v, α or V) differ in bits, worst relative difference {worst:.2e}"
         );
         if exact {
             assert_eq!(differ, 0, "{kind:?} {integrator:?}: not bit for bit");

@@ -422,11 +422,13 @@ fn layer_by_layer_update_is_bit_identical_to_the_whole_step() {
         (SamplerKind::Sgnht, Integrator::Splitting, Kernel::Fused),
         (SamplerKind::Sgld, Integrator::Euler, Kernel::Fused),
         (SamplerKind::Msgnht, Integrator::Splitting, Kernel::Fused),
+        (SamplerKind::Psgld, Integrator::Euler, Kernel::Fused),
         // The composed reference samplers take the same per-tensor protocol.
         (SamplerKind::Sghmc, Integrator::Splitting, Kernel::Composed),
         (SamplerKind::Sgnht, Integrator::Euler, Kernel::Composed),
         (SamplerKind::Msgnht, Integrator::Euler, Kernel::Composed),
         (SamplerKind::Sgld, Integrator::Euler, Kernel::Composed),
+        (SamplerKind::Psgld, Integrator::Euler, Kernel::Composed),
         (SamplerKind::Momentum, Integrator::Euler, Kernel::Composed),
     ] {
         let mut steppers = Vec::new();
@@ -501,8 +503,8 @@ fn layer_by_layer_update_is_bit_identical_to_the_whole_step() {
             assert_eq!(s.sampler.steps(), 12);
         }
         // W₁ went through the product's epilogue at each of the 12 steps, except for
-        // mSGNHT (per-element thermostats: the separate pass) and where not asked for.
-        let inline = if kind == SamplerKind::Msgnht
+        // mSGNHT and pSGLD (per-element state: the separate pass) and where not asked for.
+        let inline = if matches!(kind, SamplerKind::Msgnht | SamplerKind::Psgld)
             || kernel == Kernel::Composed
             || !bnn::kernels::gemm::updates_inline(784)
         {

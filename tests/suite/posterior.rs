@@ -221,8 +221,9 @@ fn sgld_samples_the_exact_linear_regression_posterior() {
 /// pSGLD (Li et al. 2016) at η = 10⁻²: its G ≈ 1/√(E g²) = 1/√Pᵢᵢ on this posterior, so
 /// each coordinate moves by about η times its conditional sd per update, whatever its
 /// scale. The Γ(θ) term it omits leaves no bias this check can see. Measured at seeds
-/// 0–3: means 0.068, 0.080, 0.036, 0.023 sd, covariance 0.025, 0.079, 0.067, 0.070. At
-/// η = 3·10⁻³ the chain mixes too slowly for 400,000 updates (covariance 0.26 at seed 1).
+/// 0–3 (λ = 0.6): means 0.068, 0.081, 0.035, 0.023 sd, covariance 0.026, 0.080, 0.067,
+/// 0.069. At η = 3·10⁻³ the chain mixes too slowly for 400,000 updates (covariance 0.26
+/// at seed 1).
 #[test]
 fn psgld_samples_the_exact_linear_regression_posterior() {
     check_sampler(

@@ -359,6 +359,7 @@ fn a_restored_state_continues_bit_for_bit() {
     };
     for kind in [
         SamplerKind::Sgld,
+        SamplerKind::Psgld,
         SamplerKind::Sghmc,
         SamplerKind::Sgnht,
         SamplerKind::Msgnht,

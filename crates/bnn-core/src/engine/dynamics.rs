@@ -175,7 +175,7 @@ impl Dynamics {
                 let v = m.to_tensor(p.as_tensor())?;
                 p.set(&(p.as_detached_tensor() + (v * 0.5)?)?)?;
             }
-            if has_thermostat(&sampler) {
+            if sampler.kind().is_thermostat() {
                 // (For mSGNHT the mean of the αᵢ, whose buffers were set above.)
                 s.thermostat += 0.5 * (sum_sq / s.n as f64 - eta);
             }
@@ -434,11 +434,6 @@ fn diffusion_of(sampler: &SamplerParams) -> f64 {
     }
 }
 
-/// Whether its friction is a thermostat α driven by the kinetic energy (SGNHT, mSGNHT).
-fn has_thermostat(sampler: &SamplerParams) -> bool {
-    sampler.kind().is_thermostat()
-}
-
 impl Sampler for Dynamics {
     fn params(&self) -> SamplerParams {
         self.params
@@ -448,7 +443,11 @@ impl Sampler for Dynamics {
         let momentum = !self.momentum.is_empty();
         Diagnostics {
             kinetic_energy: momentum.then_some(self.kinetic),
-            thermostat: has_thermostat(&self.params).then_some(self.thermostat),
+            thermostat: self
+                .params
+                .kind()
+                .is_thermostat()
+                .then_some(self.thermostat),
         }
     }
 

@@ -116,7 +116,9 @@ pub struct PsgldParams {
     pub lr: f64,
     /// β in [0, 1), the decay of the second moments V (the paper's α = 0.99).
     pub decay: f64,
-    /// λ > 0, the preconditioner's damping, in the units of ∇Ũ (the paper's 10⁻⁵).
+    /// λ > 0, the preconditioner's damping, in the units of ∇Ũ = N·∇(mean loss) + prior:
+    /// the paper's 10⁻⁵ on the mean gradient is 10⁻⁵·N here (the default, 0.6, is it at
+    /// MNIST's N; [`crate::sampler::params::PSGLD_DAMPING`]).
     pub damping: f64,
 }
 
