@@ -120,32 +120,7 @@ impl Dynamics {
             .flat_map(|m| m.iter())
             .map(|&v| (v as f64) * (v as f64))
             .sum();
-        let mut per_element = Vec::new();
-        if update == Update::Preconditioned {
-            // V₀ = 0 (Li et al. 2016, Alg. 1).
-            for p in params {
-                per_element.push(StateBuffer::new(vec![0f32; p.elem_count()], &device)?);
-            }
-        }
-        if let Update::Thermostat { splitting } = update {
-            // α = a everywhere, then (splitting) the first A (h/2): α ← α + (v⊙v − η)/2,
-            // in the composed sampler's f32 operations.
-            let eta = eta as f32;
-            let a = diffusion as f32;
-            for v in &host {
-                let alpha = v
-                    .iter()
-                    .map(|&v| {
-                        if splitting {
-                            a + (v * v - eta) * 0.5
-                        } else {
-                            a
-                        }
-                    })
-                    .collect();
-                per_element.push(StateBuffer::new(alpha, &device)?);
-            }
-        }
+        let per_element = per_element_state(update, &host, params, eta, diffusion, &device)?;
         let momentum = host
             .into_iter()
             .map(|m| StateBuffer::new(m, &device))
@@ -395,6 +370,42 @@ impl Dynamics {
             momentum: self.momentum.get_mut(i),
             thermostat: self.per_element.get_mut(i),
         })
+    }
+}
+
+/// The rule's per-element state at the start: pSGLD's V₀ = 0 (Li et al. 2016, Alg. 1);
+/// mSGNHT's α = a everywhere, then (splitting) the first A (h/2), α ← α + (v⊙v − η)/2,
+/// in the composed sampler's f32 operations, from the initial momenta `host`; none for
+/// the others.
+fn per_element_state(
+    update: Update,
+    host: &[Vec<f32>],
+    params: &[Var],
+    eta: f64,
+    diffusion: f64,
+    device: &Device,
+) -> Result<Vec<StateBuffer>> {
+    match update {
+        Update::Preconditioned => params
+            .iter()
+            .map(|p| StateBuffer::new(vec![0f32; p.elem_count()], device))
+            .collect(),
+        Update::Thermostat { splitting } => {
+            let (eta, a) = (eta as f32, diffusion as f32);
+            host.iter()
+                .map(|v| {
+                    let alpha = v
+                        .iter()
+                        .map(|&v| match splitting {
+                            true => a + (v * v - eta) * 0.5,
+                            false => a,
+                        })
+                        .collect();
+                    StateBuffer::new(alpha, device)
+                })
+                .collect()
+        }
+        Update::Sgld | Update::Momentum => Ok(Vec::new()),
     }
 }
 

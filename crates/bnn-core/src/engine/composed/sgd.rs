@@ -16,8 +16,6 @@ pub struct ComposedSgd {
     pub params: SamplerParams,
     /// Updates done.
     pub step: u64,
-    /// α of momentum (0 for SGD).
-    friction: f64,
     /// Present for `momentum`, starting at zero.
     pub momentum: Option<Vec<Tensor>>,
     /// Number of parameter tensors.
@@ -47,7 +45,6 @@ impl ComposedSgd {
         };
         Ok(ComposedSgd {
             params: sampler,
-            friction: friction.unwrap_or(0.0),
             step: 0,
             momentum,
             tensors: params.len(),
@@ -69,7 +66,9 @@ impl TensorwiseStep for ComposedSgd {
         let g = &g.detach(); // keep autograd history out of the sampler state
         let delta = match &mut self.momentum {
             Some(m) => {
-                m[i] = ((&m[i] * (1.0 - self.friction))? - (g * eta)?)?;
+                // α, from the one place it is kept: momentum's parameters.
+                let friction = self.params.map_baseline().and_then(|(_, f)| f);
+                m[i] = ((&m[i] * (1.0 - friction.unwrap_or(0.0)))? - (g * eta)?)?;
                 m[i].clone()
             }
             None => (g * -eta)?,
