@@ -381,10 +381,12 @@ pub(crate) fn lane_step(
     let alpha: &mut [f32] = match lane.thermostat.as_deref_mut() {
         None => &mut [],
         Some(StateBuffer::Host(a)) => a,
-        Some(_) => candle_core::bail!("fused sampler step: the thermostats are not on the CPU"),
+        Some(_) => {
+            candle_core::bail!("fused sampler step: the per-element state is not on the CPU")
+        }
     };
     if lane.update.states().1 && alpha.is_empty() {
-        candle_core::bail!("fused sampler step: no thermostat buffer lent");
+        candle_core::bail!("fused sampler step: no per-element state buffer lent");
     }
     Ok(step(
         lane.update,

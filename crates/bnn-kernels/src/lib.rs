@@ -107,7 +107,8 @@ pub struct LentUpdate<'a> {
     pub key: crate::rng::NoiseKey,
     /// v of the tensor; `None` for SGLD.
     pub momentum: Option<&'a mut buffer::StateBuffer>,
-    /// The per-element thermostats αᵢ of the tensor (mSGNHT only).
+    /// The rule's per-element state of the tensor: mSGNHT's thermostats αᵢ or pSGLD's
+    /// second moments Vᵢ ([`Update::states`]); `None` for the other rules.
     pub thermostat: Option<&'a mut buffer::StateBuffer>,
 }
 

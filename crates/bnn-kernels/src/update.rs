@@ -239,16 +239,21 @@ pub fn interpret(lane: LentUpdate<'_>, param: &Var, grad: &Tensor) -> Result<Ten
     let virial = sum64(&(f64s(&theta)? * f64s(g)?)?)?;
     let z = key.normals_like(g)?;
     let (eta, sigma) = (c.step_size as f64, c.noise_scale as f64);
-    let (eta_g, sigma_z) = ((g * eta)?, (&z * sigma)?);
+    // ηg and σz of the unpreconditioned rules (pSGLD scales both per element).
+    let kick = || -> Result<(Tensor, Tensor)> { Ok(((g * eta)?, (&z * sigma)?)) };
     let mut sums = TensorSums {
         virial,
         ..TensorSums::default()
     };
     match update {
-        Update::Sgld => param.set(&((theta - eta_g)? + sigma_z)?)?,
+        Update::Sgld => {
+            let (eta_g, sigma_z) = kick()?;
+            param.set(&((theta - eta_g)? + sigma_z)?)?
+        }
         Update::Momentum => {
             let momentum = lent(momentum, "momentum")?;
             let v = momentum.to_tensor(g)?;
+            let (eta_g, sigma_z) = kick()?;
             let vn = ((((v * c.decay as f64)? - eta_g)? + sigma_z)? * c.post as f64)?;
             sums.sum_sq = move_by(param, &theta, momentum, &vn)?;
         }
@@ -256,6 +261,7 @@ pub fn interpret(lane: LentUpdate<'_>, param: &Var, grad: &Tensor) -> Result<Ten
             let (momentum, thermostat) =
                 (lent(momentum, "momentum")?, lent(thermostat, "thermostat")?);
             let (v, alpha) = (momentum.to_tensor(g)?, thermostat.to_tensor(g)?);
+            let (eta_g, sigma_z) = kick()?;
             let vn = if splitting {
                 let d = (&alpha * -0.5)?.exp()?;
                 ((((&v * &d)? - eta_g)? + sigma_z)? * d)?
