@@ -4,14 +4,13 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use bnn::data::augment::Augmentation;
 use bnn::data::tabular::TaskKind;
 use bnn::model::Activation;
 use bnn::potential::Backward;
 use bnn::sampler::ladder::PairSchedule;
 use bnn::sampler::replica::{ReplicaOptions, ReplicaThermostat};
 use bnn::sampler::{Integrator, Kernel, SamplerKind};
-use bnn::settings::{ChainLayout, HmcOptions, OnDivergence, Settings, SettingsLayer};
+use bnn::settings::{HmcOptions, Settings, SettingsLayer};
 
 use bnn::synthetic::PotentialKind;
 
@@ -48,6 +47,8 @@ pub fn command() -> clap::Command {
         "prior_std": bnn::potential::PriorSpec::DEFAULT_STD,
         "gamma_shape": bnn::potential::PriorSpec::DEFAULT_SHAPE,
         "gamma_rate": bnn::potential::PriorSpec::DEFAULT_RATE,
+        "rms_decay": bnn::sampler::params::PSGLD_DECAY,
+        "rms_damping": bnn::sampler::params::PSGLD_DAMPING,
     })));
     <Cli as clap::CommandFactory>::command()
         .mut_subcommand("train", |c| with_defaults(c, &train))
@@ -320,8 +321,12 @@ pub enum BenchCommand {
     },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+/// Where a command computes: the CPU unless `--device` says otherwise (the default of
+/// every command's `--device`, defined here once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
 pub enum DeviceKind {
+    /// The CPU, with the hand-written kernels.
+    #[default]
     Cpu,
     /// The first CUDA GPU (needs a build with `--features cuda`).
     Cuda,
@@ -404,16 +409,6 @@ pub struct TrainArgs {
     /// a subset small enough for a full-batch HMC reference; the test set is unchanged.
     #[arg(long, value_name = "N")]
     pub train_limit: Option<usize>,
-    /// Standardise each pixel with the training set's mean and standard deviation
-    /// (floored at 0.1) instead of scaling to [0, 1]; recorded in run.json for `bnn eval`.
-    #[arg(long)]
-    pub standardize: bool,
-
-    /// Augment the training images: random shifts of up to 2 pixels and left–right flips
-    /// for Fashion-MNIST (`--augment` alone: shift-flip), or only shifts or only flips.
-    /// Changes the likelihood (the cold-posterior debate); off by default.
-    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "shift-flip")]
-    pub augment: Option<Augmentation>,
 
     /// Architecture preset (TOML), e.g. models/mlp-400-400.toml; its `[train]` table,
     /// if any, sets the defaults of the training flags (flags given here win; with
@@ -440,85 +435,10 @@ pub struct TrainArgs {
     /// Rate of the Gamma hyper-prior on precisions (--prior gamma).
     #[arg(long)]
     pub gamma_rate: Option<f64>,
-    /// Posterior temperature T: samples exp(−U/T).
-    #[arg(long)]
-    pub temperature: Option<f64>,
-
-    /// Sampler (or MAP baseline).
-    #[arg(long, value_enum)]
-    pub sampler: Option<SamplerKind>,
-    /// Update implementation: one fused pass (default) or composed candle ops (reference).
-    #[arg(long, value_enum)]
-    pub kernel: Option<Kernel>,
-    /// Gradient implementation: the hand-written CPU backward (custom), candle's autograd
-    /// (the reference), or auto (custom on the CPU, autograd elsewhere).
-    #[arg(long, value_enum)]
-    pub backward: Option<Backward>,
-    /// η: step size multiplying ∇U (default depends on the sampler).
-    #[arg(long)]
-    pub step_size: Option<f64>,
-    /// HMC (`--sampler hmc`): the trajectory length τ; each trajectory takes ⌈τ/ε⌉
-    /// leapfrog steps.
-    #[arg(long)]
-    pub trajectory_length: Option<f64>,
-    /// HMC: the acceptance rate burn-in's dual averaging aims the step size at.
-    #[arg(long)]
-    pub target_accept: Option<f64>,
-    /// HMC: start the chains from a finished run's samples (chain k of K takes the
-    /// ⌈(k+1)·n/K⌉-th of its n samples, chains pooled in order) instead of the prior's
-    /// draw, e.g. from an SG-MCMC run of the same model and data, so that the burn-in
-    /// only adapts ε.
-    #[arg(long, value_name = "RUN")]
-    pub init_from: Option<std::path::PathBuf>,
-    /// α: friction of sghmc and momentum (momentum coefficient = 1 − α).
-    #[arg(long)]
-    pub friction: Option<f64>,
-    /// β̂: gradient-noise estimate of sghmc.
-    #[arg(long)]
-    pub noise_estimate: Option<f64>,
-    /// Integrator: euler or splitting (default: splitting for sgnht and msgnht, euler
-    /// otherwise).
-    #[arg(long, value_enum)]
-    pub integrator: Option<Integrator>,
-    /// a: diffusion of sgnht/msgnht (also the initial thermostat).
-    #[arg(long)]
-    pub diffusion: Option<f64>,
-
-    /// Minibatch size |S|.
-    #[arg(long)]
-    pub batch_size: Option<usize>,
-    /// Passes over the training set.
-    #[arg(long)]
-    pub epochs: Option<usize>,
-    /// Epochs before the first sample is kept.
-    #[arg(long)]
-    pub burnin: Option<usize>,
-    /// Keep one sample every THIN updates after burn-in.
-    #[arg(long)]
-    pub thin: Option<usize>,
-    /// Step decay: multiply η by --decay-factor from these epochs on (default: from the
-    /// 21st epoch, as Li et al. 2016 do; `--decay-at` with no value: constant step size).
-    #[arg(long, value_delimiter = ',', num_args = 0..)]
-    pub decay_at: Option<Vec<usize>>,
-    /// Factor of each step decay.
-    #[arg(long)]
-    pub decay_factor: Option<f64>,
-    /// Cyclical step size: this many cosine cycles over the run (0: none).
-    #[arg(long)]
-    pub cycles: Option<usize>,
-    /// With --cycles: keep samples only in this last fraction of each cycle.
-    #[arg(long)]
-    pub sample_fraction: Option<f64>,
-    /// Polynomial decay η_t = η·(b/(b + t))^γ: the exponent γ (0: none; Welling & Teh
-    /// use 0.55).
-    #[arg(long)]
-    pub poly_gamma: Option<f64>,
-    /// Polynomial decay: b, in updates.
-    #[arg(long)]
-    pub poly_steps: Option<f64>,
-    /// Seed of initialisation, minibatch order and injected noise.
-    #[arg(long)]
-    pub seed: Option<u64>,
+    // The run's settings: the settings layer's own flags (sampler, schedule, chains…),
+    // each absent unless typed, so that a preset's value shows through.
+    #[command(flatten)]
+    pub settings: SettingsLayer,
     /// Folder that holds runs.
     #[arg(long, default_value = "checkpoints")]
     pub out: PathBuf,
@@ -533,50 +453,10 @@ pub struct TrainArgs {
     /// --data-dir, --offline, --device and --no-progress may be given with it.
     #[arg(long, value_name = "RUN_DIR")]
     pub resume: Option<PathBuf>,
-    /// Save the run's state (for --resume) every N updates; 0: once per epoch. It is also
-    /// saved at the end and on SIGINT/SIGTERM.
-    #[arg(long, value_name = "N")]
-    pub checkpoint_every: Option<usize>,
-    /// When the chain diverges (a non-finite loss, kinetic energy or parameter): stop, or
-    /// roll back to the last saved state with half the step size and go on (at most 3
-    /// times per chain; the halved step size is saved with the state for --resume).
-    #[arg(long, value_enum)]
-    pub on_divergence: Option<OnDivergence>,
-    /// During burn-in, halve the step size whenever the configurational temperature
-    /// θ·∇Ũ/(D·T) stays out of [0.9, 1.1] beyond four standard errors over ten lines of
-    /// diagnostics.jsonl (at most four times); the step kept for sampling is logged and
-    /// saved with the state. Minibatch samplers only.
-    #[arg(long)]
-    pub adapt_step_size: bool,
-    /// SGHMC: estimate the gradient noise β̂ = ½ηV̂ from each minibatch's per-example
-    /// gradients (Chen et al. 2014 §3.2), per parameter tensor, and inject that much less
-    /// noise, instead of --noise-estimate; needs the hand-written MLP backward on the CPU.
-    #[arg(long)]
-    pub estimate_noise: bool,
-    /// Record the sampler's diagnostics (minibatch potential energy, kinetic energy per
-    /// parameter overall and per tensor, thermostat mean and spread) in
-    /// RUN/diagnostics.jsonl every N updates; 0: at each epoch's end.
-    #[arg(long, value_name = "N")]
-    pub log_every: Option<usize>,
-    /// Run K independent chains side by side (seeds derived from --seed; chain 0 has
-    /// --seed itself), in RUN/chain-<k>/; the ensemble pools them, and the summary adds
-    /// each chain's figures, split-R-hat and ESS.
-    #[arg(long, value_name = "K")]
-    pub chains: Option<usize>,
-    /// How the K chains compute: stacked (one network with a chain axis: one batched
-    /// product per layer for all chains, each chain keeping its seed, minibatch order and
-    /// noise), apart (each chain its own network), or auto (stacked on a GPU under sgld,
-    /// sghmc, sgnht or msgnht; apart on the CPU).
-    #[arg(long, value_enum)]
-    pub chain_layout: Option<ChainLayout>,
     #[command(flatten)]
     pub replicas: ReplicaArgs,
-    /// At the start of each epoch, permute the labels of this fraction of the training
-    /// examples among themselves (seeded per epoch; Luo et al. §4.2's label noise).
-    #[arg(long, value_name = "P")]
-    pub permute_labels: Option<f64>,
     /// Device for parameters, minibatches and sampler state.
-    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
+    #[arg(long, value_enum, default_value_t)]
     pub device: DeviceKind,
 }
 
@@ -607,7 +487,7 @@ pub struct EvalArgs {
     #[arg(long)]
     pub offline: bool,
     /// Device to evaluate on.
-    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
+    #[arg(long, value_enum, default_value_t)]
     pub device: DeviceKind,
     /// Also score telling this dataset's test images (out of distribution) from the run's
     /// by predictive entropy, max probability and mutual information: AUROC and AUPR, for
@@ -665,7 +545,7 @@ pub struct PredictArgs {
     #[arg(long)]
     pub json: bool,
     /// Device to predict on.
-    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
+    #[arg(long, value_enum, default_value_t)]
     pub device: DeviceKind,
 }
 

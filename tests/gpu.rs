@@ -86,6 +86,8 @@ fn fused_steps_on_cuda_match_the_cpu() {
             noise_estimate: 0.0,
             diffusion,
             integrator,
+            rms_decay: None,
+            rms_damping: None,
         }
         .params()
         .unwrap();

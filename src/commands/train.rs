@@ -100,10 +100,10 @@ impl ResumeFields {
         }
         Ok(ResumeFields {
             changes: ResumeChanges {
-                epochs: args.epochs,
-                checkpoint_every: args.checkpoint_every,
-                log_every: args.log_every,
-                on_divergence: args.on_divergence,
+                epochs: args.settings.epochs,
+                checkpoint_every: args.settings.checkpoint_every,
+                log_every: args.settings.log_every,
+                on_divergence: args.settings.on_divergence,
             },
             data_dir: args.data.data_dir.clone(),
             offline: args.offline,
@@ -197,41 +197,11 @@ impl Layers {
 }
 
 /// The flags, as a layer of settings: a flag not given is absent, so that a preset's
-/// value shows through.
+/// value shows through. Only the prior is composed here, from its four flags.
 fn flag_layer(a: &TrainArgs) -> SettingsLayer {
     SettingsLayer {
-        sampler: a.sampler,
-        step_size: a.step_size,
-        friction: a.friction,
-        diffusion: a.diffusion,
-        noise_estimate: a.noise_estimate,
-        integrator: a.integrator,
-        batch_size: a.batch_size,
-        epochs: a.epochs,
-        burnin: a.burnin,
-        thin: a.thin,
-        decay_at: a.decay_at.clone(),
-        decay_factor: a.decay_factor,
         prior: prior_flags(a),
-        temperature: a.temperature,
-        augment: a.augment,
-        // A switch typed says yes; one not typed leaves the preset's word.
-        standardize: a.standardize.then_some(true),
-        chains: a.chains,
-        chain_layout: a.chain_layout,
-        kernel: a.kernel,
-        backward: a.backward,
-        seed: a.seed,
-        cycles: a.cycles,
-        sample_fraction: a.sample_fraction,
-        poly_gamma: a.poly_gamma,
-        poly_steps: a.poly_steps,
-        checkpoint_every: a.checkpoint_every,
-        log_every: a.log_every,
-        permute_labels: a.permute_labels,
-        on_divergence: a.on_divergence,
-        adapt_step_size: a.adapt_step_size.then_some(true),
-        estimate_noise: a.estimate_noise.then_some(true),
+        ..a.settings.clone()
     }
 }
 
@@ -274,19 +244,8 @@ fn settings_on(d: Settings, args: &TrainArgs, layers: &Layers) -> Result<Setting
         .kind
         .is_replica_exchange()
         .then(|| args.replicas.options());
-    if args.init_from.is_some() && resolved.hmc.is_none() {
-        return Err(Error::Config(
-            "--init-from starts the chains of --sampler hmc only".into(),
-        ));
-    }
-    let hmc = resolved.hmc.map(|h| bnn::settings::HmcOptions {
-        trajectory_length: args.trajectory_length.unwrap_or(h.trajectory_length),
-        target_accept: args.target_accept.unwrap_or(h.target_accept),
-        init_from: args.init_from.clone(),
-    });
     let mut settings = Settings {
         replicas,
-        hmc,
         ..resolved
     };
     if settings.hmc.is_some() {
@@ -297,13 +256,30 @@ fn settings_on(d: Settings, args: &TrainArgs, layers: &Layers) -> Result<Setting
 }
 
 /// A sampler flag typed for a sampler that has no such parameter (`--friction` with
-/// sgnht) is an error, not a value recorded and never used.
+/// sgnht, `--trajectory-length` with anything but hmc) is an error, not a value recorded
+/// and never used.
 fn refuse_foreign_flags(kind: bnn::sampler::SamplerKind, flags: &SettingsLayer) -> Result<()> {
     let typed = [
         ("friction", flags.friction.is_some()),
         ("diffusion", flags.diffusion.is_some()),
         ("noise_estimate", flags.noise_estimate.is_some()),
+        ("rms_decay", flags.rms_decay.is_some()),
+        ("rms_damping", flags.rms_damping.is_some()),
     ];
+    let hmc_only = [
+        ("trajectory_length", flags.trajectory_length.is_some()),
+        ("target_accept", flags.target_accept.is_some()),
+        ("init_from", flags.init_from.is_some()),
+    ];
+    if let Some((field, _)) = hmc_only.iter().find(|(_, given)| *given) {
+        if kind != bnn::sampler::SamplerKind::Hmc {
+            return Err(Error::Config(format!(
+                "--{} is for --sampler hmc, not {}",
+                field.replace('_', "-"),
+                kind.name()
+            )));
+        }
+    }
     for (field, given) in typed {
         if given && !kind.own_fields().contains(&field) {
             let own: Vec<String> = kind
@@ -362,7 +338,7 @@ fn table_config(
             "--csv and --toy replace --dataset and --data-dir; give one or the other".into(),
         ));
     }
-    if args.valid > 0 || args.standardize || args.augment.is_some() {
+    if args.valid > 0 || args.settings.standardize.is_some() || args.settings.augment.is_some() {
         return Err(Error::Config(
             "--valid, --standardize and --augment are for images; a table's features are always standardised and it is scored on its test rows".into(),
         ));
@@ -498,6 +474,14 @@ mod tests {
                 &["--sampler", "momentum", "--noise-estimate", "0.01"][..],
                 "--noise-estimate does not apply to momentum",
             ),
+            (
+                &["--sampler", "sghmc", "--rms-decay", "0.9"][..],
+                "--rms-decay does not apply to sghmc",
+            ),
+            (
+                &["--sampler", "sgld", "--trajectory-length", "1"][..],
+                "--trajectory-length is for --sampler hmc, not sgld",
+            ),
         ] {
             let e = try_settings_for(flags).unwrap_err().to_string();
             assert!(e.contains(needle), "{flags:?}: {e}");
@@ -523,6 +507,29 @@ mod tests {
                 .diffusion,
             0.3
         );
+        // pSGLD's β and λ reach its update; absent, they are the defaults.
+        let psgld = |flags: &[&str]| settings_for(flags).sampler.params().unwrap();
+        let typed = [
+            "--sampler",
+            "psgld",
+            "--rms-decay",
+            "0.9",
+            "--rms-damping",
+            "1e-5",
+        ];
+        let want = bnn::sampler::SamplerParams::Psgld {
+            step_size: bnn::sampler::params::PSGLD_STEP_SIZE,
+            decay: 0.9,
+            damping: 1e-5,
+        };
+        assert_eq!(psgld(&typed), want);
+        assert_eq!(
+            psgld(&["--sampler", "psgld"]),
+            bnn::sampler::SamplerParams::defaults(bnn::sampler::SamplerKind::Psgld).unwrap()
+        );
+        // HMC's options reach its settings.
+        let hmc = settings_for(&["--sampler", "hmc", "--trajectory-length", "2"]).hmc;
+        assert_eq!(hmc.map(|h| h.trajectory_length), Some(2.0));
     }
 
     /// The flags' defaults are `Settings::default()`, defined once: `bnn train` with no

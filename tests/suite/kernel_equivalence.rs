@@ -420,6 +420,8 @@ fn fused_equals_composed_reference() {
                 noise_estimate: 0.0,
                 diffusion,
                 integrator,
+                rms_decay: None,
+                rms_damping: None,
             }
             .params()
             .unwrap();

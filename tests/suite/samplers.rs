@@ -56,6 +56,8 @@ fn record(kind: SamplerKind, eta: f64, alpha: f64, beta: f64, a: f64) -> Sampler
         noise_estimate: beta,
         diffusion: a,
         integrator: Integrator::Euler,
+        rms_decay: None,
+        rms_damping: None,
     }
 }
 

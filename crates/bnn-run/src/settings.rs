@@ -645,76 +645,172 @@ pub struct Preset {
 
 /// A layer of settings: what a preset's `[train]` table gives, or the flags a user typed;
 /// an absent field leaves the layer below. [`Settings::resolve`] stacks them once:
-/// defaults ← preset ← flags. Each key is the flag of the same name (`step_size` is
-/// `--step-size`).
+/// defaults ← preset ← flags. Each field is the flag of the same name (`step_size` is
+/// `--step-size`, and a preset's key `step_size`): with the feature `cli` these fields
+/// are `bnn train`'s flags themselves, their help this documentation, so that a setting
+/// is named, typed and described once. No default is written here: the flags show
+/// [`Settings`]' `Default` (the binary appends it to each help).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 #[serde(deny_unknown_fields)]
 pub struct SettingsLayer {
-    /// `--sampler`.
+    /// Sampler (or MAP baseline).
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub sampler: Option<SamplerKind>,
-    /// `--step-size`.
-    pub step_size: Option<f64>,
-    /// `--friction`.
-    pub friction: Option<f64>,
-    /// `--diffusion`.
-    pub diffusion: Option<f64>,
-    /// `--noise-estimate`.
-    pub noise_estimate: Option<f64>,
-    /// `--integrator`.
-    pub integrator: Option<Integrator>,
-    /// `--batch-size`.
-    pub batch_size: Option<usize>,
-    /// `--epochs`.
-    pub epochs: Option<usize>,
-    /// `--burnin`.
-    pub burnin: Option<usize>,
-    /// `--thin`.
-    pub thin: Option<usize>,
-    /// `--decay-at`.
-    pub decay_at: Option<Vec<usize>>,
-    /// `--decay-factor`.
-    pub decay_factor: Option<f64>,
-    /// `{ kind = "gaussian", std = 0.1 }` or `{ kind = "gamma", shape = 1.0, rate = 1.0 }`.
-    pub prior: Option<PriorSpec>,
-    /// `--temperature`.
-    pub temperature: Option<f64>,
-    /// `--augment`.
-    pub augment: Option<Augmentation>,
-    /// `--standardize`: pixels standardised with the training set's statistics.
-    pub standardize: Option<bool>,
-    /// `--chains`: independent chains whose samples the ensemble pools (with the preset's
-    /// sampler only; replica exchange runs its replicas as its chains).
-    pub chains: Option<usize>,
-    /// `--chain-layout`.
-    pub chain_layout: Option<ChainLayout>,
-    /// `--kernel`.
+    /// Update implementation: one fused pass (default) or composed candle ops (reference).
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub kernel: Option<Kernel>,
-    /// `--backward`.
+    /// Gradient implementation: the hand-written CPU backward (custom), candle's autograd
+    /// (the reference), or auto (custom on the CPU, autograd elsewhere).
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub backward: Option<Backward>,
-    /// `--seed`.
-    pub seed: Option<u64>,
-    /// `--cycles`.
+    /// η: step size multiplying ∇U (default depends on the sampler).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub step_size: Option<f64>,
+    /// HMC (`--sampler hmc`): the trajectory length τ; each trajectory takes ⌈τ/ε⌉
+    /// leapfrog steps.
+    #[cfg_attr(feature = "cli", arg(long))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trajectory_length: Option<f64>,
+    /// HMC: the acceptance rate burn-in's dual averaging aims the step size at.
+    #[cfg_attr(feature = "cli", arg(long))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_accept: Option<f64>,
+    /// HMC: start the chains from a finished run's samples (chain k of K takes the
+    /// ⌈(k+1)·n/K⌉-th of its n samples, chains pooled in order) instead of the prior's
+    /// draw, e.g. from an SG-MCMC run of the same model and data, so that the burn-in
+    /// only adapts ε.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "RUN"))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<std::path::PathBuf>,
+    /// α: friction of sghmc and momentum (momentum coefficient = 1 − α).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub friction: Option<f64>,
+    /// β̂: gradient-noise estimate of sghmc.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub noise_estimate: Option<f64>,
+    /// Integrator: euler or splitting (default: splitting for sgnht and msgnht, euler
+    /// otherwise).
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
+    pub integrator: Option<Integrator>,
+    /// a: diffusion of sgnht/msgnht (also the initial thermostat).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub diffusion: Option<f64>,
+    /// β: psgld's decay of its average V of squared gradients (Li et al. 2016's α).
+    #[cfg_attr(feature = "cli", arg(long))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rms_decay: Option<f64>,
+    /// λ: psgld's damping of its preconditioner G = 1/(λ + √V), in the units of ∇Ũ (the
+    /// paper's λ per example times N).
+    #[cfg_attr(feature = "cli", arg(long))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rms_damping: Option<f64>,
+    /// The prior: `{ kind = "gaussian", std = 0.1 }` or `{ kind = "gamma", shape = 1.0,
+    /// rate = 1.0 }` in a preset; on the command line `--prior`, `--prior-std`,
+    /// `--gamma-shape` and `--gamma-rate` (the binary's, which compose this one value).
+    #[cfg_attr(feature = "cli", arg(skip))]
+    pub prior: Option<PriorSpec>,
+    /// Posterior temperature T: samples exp(−U/T).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub temperature: Option<f64>,
+    /// Minibatch size |S|.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub batch_size: Option<usize>,
+    /// Passes over the training set.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub epochs: Option<usize>,
+    /// Epochs before the first sample is kept.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub burnin: Option<usize>,
+    /// Keep one sample every THIN updates after burn-in.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub thin: Option<usize>,
+    /// Step decay: multiply η by --decay-factor from these epochs on (default: from the
+    /// 21st epoch, as Li et al. 2016 do; `--decay-at` with no value: constant step size).
+    #[cfg_attr(feature = "cli", arg(long, value_delimiter = ',', num_args = 0..))]
+    pub decay_at: Option<Vec<usize>>,
+    /// Factor of each step decay.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub decay_factor: Option<f64>,
+    /// Cyclical step size: this many cosine cycles over the run (0: none).
+    #[cfg_attr(feature = "cli", arg(long))]
     pub cycles: Option<usize>,
-    /// `--sample-fraction`.
+    /// With --cycles: keep samples only in this last fraction of each cycle.
+    #[cfg_attr(feature = "cli", arg(long))]
     pub sample_fraction: Option<f64>,
-    /// `--poly-gamma`.
+    /// Polynomial decay η_t = η·(b/(b + t))^γ: the exponent γ (0: none; Welling & Teh
+    /// use 0.55).
+    #[cfg_attr(feature = "cli", arg(long))]
     pub poly_gamma: Option<f64>,
-    /// `--poly-steps`.
+    /// Polynomial decay: b, in updates.
+    #[cfg_attr(feature = "cli", arg(long))]
     pub poly_steps: Option<f64>,
-    /// `--checkpoint-every`.
+    /// Seed of initialisation, minibatch order and injected noise.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub seed: Option<u64>,
+    /// Save the run's state (for --resume) every N updates; 0: once per epoch. It is also
+    /// saved at the end and on SIGINT/SIGTERM.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
     pub checkpoint_every: Option<usize>,
-    /// `--log-every`.
-    pub log_every: Option<usize>,
-    /// `--permute-labels`.
-    pub permute_labels: Option<f64>,
-    /// `--on-divergence`.
+    /// When the chain diverges (a non-finite loss, kinetic energy or parameter): stop, or
+    /// roll back to the last saved state with half the step size and go on (at most 3
+    /// times per chain; the halved step size is saved with the state for --resume).
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub on_divergence: Option<OnDivergence>,
-    /// `--adapt-step-size`.
+    /// During burn-in, halve the step size whenever the configurational temperature
+    /// θ·∇Ũ/(D·T) stays out of [0.9, 1.1] beyond four standard errors over ten lines of
+    /// diagnostics.jsonl (at most four times); the step kept for sampling is logged and
+    /// saved with the state. Minibatch samplers only.
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, num_args = 0, default_missing_value = "true")
+    )]
     pub adapt_step_size: Option<bool>,
-    /// `--estimate-noise`.
+    /// SGHMC: estimate the gradient noise β̂ = ½ηV̂ from each minibatch's per-example
+    /// gradients (Chen et al. 2014 §3.2), per parameter tensor, and inject that much less
+    /// noise, instead of --noise-estimate; needs the hand-written MLP backward on the CPU.
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, num_args = 0, default_missing_value = "true")
+    )]
     pub estimate_noise: Option<bool>,
+    /// Record the sampler's diagnostics (minibatch potential energy, kinetic energy per
+    /// parameter overall and per tensor, thermostat mean and spread) in
+    /// RUN/diagnostics.jsonl every N updates; 0: at each epoch's end.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
+    pub log_every: Option<usize>,
+    /// Run K independent chains side by side (seeds derived from --seed; chain 0 has
+    /// --seed itself), in RUN/chain-<k>/; the ensemble pools them, and the summary adds
+    /// each chain's figures, split-R-hat and ESS. A preset's chains go with its sampler
+    /// only; replica exchange runs its replicas as its chains.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "K"))]
+    pub chains: Option<usize>,
+    /// How the K chains compute: stacked (one network with a chain axis: one batched
+    /// product per layer for all chains, each chain keeping its seed, minibatch order and
+    /// noise), apart (each chain its own network), or auto (stacked on a GPU under sgld,
+    /// psgld, sghmc, sgnht or msgnht; apart on the CPU).
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
+    pub chain_layout: Option<ChainLayout>,
+    /// At the start of each epoch, permute the labels of this fraction of the training
+    /// examples among themselves (seeded per epoch; Luo et al. §4.2's label noise).
+    #[cfg_attr(feature = "cli", arg(long, value_name = "P"))]
+    pub permute_labels: Option<f64>,
+    /// Augment the training images: random shifts of up to 2 pixels and left–right flips
+    /// for Fashion-MNIST (`--augment` alone: shift-flip), or only shifts or only flips.
+    /// Changes the likelihood (the cold-posterior debate); off by default.
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, value_enum, num_args = 0..=1, default_missing_value = "shift-flip")
+    )]
+    pub augment: Option<Augmentation>,
+    /// Standardise each pixel with the training set's mean and standard deviation
+    /// (floored at 0.1) instead of scaling to [0, 1]; recorded in run.json for `bnn eval`.
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, num_args = 0, default_missing_value = "true")
+    )]
+    pub standardize: Option<bool>,
 }
-
 impl SettingsLayer {
     /// Every field `s` has, as a layer (`standardize` absent: a property of the data, not
     /// of [`Settings`]): resolved over any defaults, it gives `s`'s values back. The CLI
@@ -724,10 +820,15 @@ impl SettingsLayer {
         SettingsLayer {
             sampler: Some(c.kind),
             step_size: Some(c.step_size),
+            trajectory_length: s.hmc.as_ref().map(|h| h.trajectory_length),
+            target_accept: s.hmc.as_ref().map(|h| h.target_accept),
+            init_from: s.hmc.as_ref().and_then(|h| h.init_from.clone()),
             friction: Some(c.friction),
             diffusion: Some(c.diffusion),
             noise_estimate: Some(c.noise_estimate),
             integrator: Some(c.integrator),
+            rms_decay: c.rms_decay,
+            rms_damping: c.rms_damping,
             batch_size: Some(s.batch_size),
             epochs: Some(s.epochs),
             burnin: Some(sch.burnin),
@@ -760,10 +861,10 @@ impl SettingsLayer {
 impl Settings {
     /// The settings of `preset` over the defaults, and of `flags` over both: the one place
     /// where they are stacked. A preset's sampler settings (step size, friction, diffusion,
-    /// noise estimate, integrator) and its number of chains go with its sampler: not used
-    /// when the flags name another. The model is the default MLP and there are no
-    /// replicas: the network comes from the preset's `[model]` and the replica options
-    /// from their flags.
+    /// noise estimate, integrator, pSGLD's β and λ) and its number of chains go with its sampler: not used
+    /// when the flags name another. HMC's options are set for `--sampler hmc` only. The
+    /// model is the default MLP and there are no replicas: the network comes from the
+    /// preset's `[model]` and the replica options from their flags.
     pub fn resolve(preset: &SettingsLayer, flags: &SettingsLayer) -> Settings {
         Settings::resolve_on(Settings::default(), preset, flags)
     }
@@ -802,6 +903,14 @@ impl Settings {
                 noise_estimate: pick_with_sampler!(noise_estimate, sd.noise_estimate),
                 diffusion: pick_with_sampler!(diffusion, sd.diffusion),
                 integrator: pick_with_sampler!(integrator, sd.integrator),
+                rms_decay: flags
+                    .rms_decay
+                    .or(preset.rms_decay.filter(|_| with_sampler))
+                    .or(sd.rms_decay),
+                rms_damping: flags
+                    .rms_damping
+                    .or(preset.rms_damping.filter(|_| with_sampler))
+                    .or(sd.rms_damping),
             },
             kernel: pick!(kernel, d.kernel),
             backward: pick!(backward, d.backward),
@@ -826,7 +935,14 @@ impl Settings {
             log_every: pick!(log_every, d.log_every),
             chains: pick_with_sampler!(chains, d.chains),
             chain_layout: pick!(chain_layout, d.chain_layout),
-            hmc: (kind == SamplerKind::Hmc).then(HmcOptions::default),
+            hmc: (kind == SamplerKind::Hmc).then(|| {
+                let h = HmcOptions::default();
+                HmcOptions {
+                    trajectory_length: pick!(trajectory_length, h.trajectory_length),
+                    target_accept: pick!(target_accept, h.target_accept),
+                    init_from: flags.init_from.clone().or(preset.init_from.clone()),
+                }
+            }),
             replicas: None,
             permute_labels: pick!(permute_labels, d.permute_labels),
             augment: pick!(augment, d.augment),

@@ -182,6 +182,8 @@ impl SamplerKind {
             noise_estimate: 0.0,
             diffusion: 0.0,
             integrator: self.default_integrator(),
+            rms_decay: None,
+            rms_damping: None,
         };
         match self {
             SamplerKind::Sgld => SamplerConfig {
@@ -191,6 +193,8 @@ impl SamplerKind {
             // pSGLD's η multiplies G·∇Ũ with G ≈ 1/|∇Ũ| elementwise: a step in θ itself.
             SamplerKind::Psgld => SamplerConfig {
                 step_size: PSGLD_STEP_SIZE,
+                rms_decay: Some(PSGLD_DECAY),
+                rms_damping: Some(PSGLD_DAMPING),
                 ..base
             },
             SamplerKind::Sghmc => SamplerConfig {
@@ -259,6 +263,14 @@ pub struct SamplerConfig {
     /// Euler or symmetric splitting (SGHMC, SGNHT, mSGNHT).
     #[serde(default = "euler")]
     pub integrator: Integrator,
+    /// β: pSGLD's decay of its second-moment average V (absent: [`PSGLD_DECAY`]; other
+    /// samplers have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rms_decay: Option<f64>,
+    /// λ: pSGLD's damping of its preconditioner G = 1/(λ + √V), in ∇Ũ's units (absent:
+    /// [`PSGLD_DAMPING`]; other samplers have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rms_damping: Option<f64>,
 }
 
 fn euler() -> Integrator {
@@ -380,8 +392,8 @@ impl SamplerKind {
             SamplerKind::Sghmc => &["friction", "noise_estimate"],
             SamplerKind::Momentum | SamplerKind::Reld => &["friction"],
             SamplerKind::Sgnht | SamplerKind::Msgnht | SamplerKind::Renhd => &["diffusion"],
-            // (pSGLD's β and λ are not in the flat record: a run takes the paper's.)
-            SamplerKind::Sgld | SamplerKind::Psgld | SamplerKind::Sgd | SamplerKind::Hmc => &[],
+            SamplerKind::Psgld => &["rms_decay", "rms_damping"],
+            SamplerKind::Sgld | SamplerKind::Sgd | SamplerKind::Hmc => &[],
         }
     }
 }
@@ -489,10 +501,10 @@ impl SamplerParams {
             }
             SamplerParams::Psgld { decay, damping, .. } => {
                 if !(0.0..1.0).contains(&decay) {
-                    return invalid("decay", format!("in [0, 1) for {name}"), decay);
+                    return invalid("rms decay", format!("in [0, 1) for {name}"), decay);
                 }
                 if !(damping > 0.0 && damping.is_finite()) {
-                    return invalid("damping", format!("positive for {name}"), damping);
+                    return invalid("rms damping", format!("positive for {name}"), damping);
                 }
             }
             SamplerParams::Sgld { .. } | SamplerParams::Sgd { .. } => {}
@@ -579,6 +591,8 @@ impl SamplerParams {
             noise_estimate: 0.0,
             diffusion: 0.0,
             integrator: self.integrator(),
+            rms_decay: None,
+            rms_damping: None,
         };
         match *self {
             SamplerParams::Sghmc {
@@ -594,10 +608,12 @@ impl SamplerParams {
             SamplerParams::Sgnht { diffusion, .. } | SamplerParams::Msgnht { diffusion, .. } => {
                 SamplerConfig { diffusion, ..base }
             }
-            // (β and λ are not in the flat record; a record read back takes the paper's.)
-            SamplerParams::Sgld { .. }
-            | SamplerParams::Psgld { .. }
-            | SamplerParams::Sgd { .. } => base,
+            SamplerParams::Psgld { decay, damping, .. } => SamplerConfig {
+                rms_decay: Some(decay),
+                rms_damping: Some(damping),
+                ..base
+            },
+            SamplerParams::Sgld { .. } | SamplerParams::Sgd { .. } => base,
         }
     }
 }
@@ -629,8 +645,8 @@ impl SamplerConfig {
             SamplerKind::Sgld => euler_only().map(|_| SamplerParams::Sgld { step_size })?,
             SamplerKind::Psgld => euler_only().map(|_| SamplerParams::Psgld {
                 step_size,
-                decay: PSGLD_DECAY,
-                damping: PSGLD_DAMPING,
+                decay: c.rms_decay.unwrap_or(PSGLD_DECAY),
+                damping: c.rms_damping.unwrap_or(PSGLD_DAMPING),
             })?,
             SamplerKind::Sgd => euler_only().map(|_| SamplerParams::Sgd { step_size })?,
             SamplerKind::Momentum => euler_only().map(|_| SamplerParams::Momentum {

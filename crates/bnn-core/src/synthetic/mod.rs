@@ -385,6 +385,8 @@ fn sampler_config(opts: &SampleOptions) -> SamplerConfig {
         noise_estimate: opts.noise_estimate * opts.h,
         diffusion: opts.diffusion * opts.h,
         integrator: opts.integrator,
+        rms_decay: None,
+        rms_damping: None,
     }
 }
 
