@@ -497,42 +497,24 @@ impl MlpBackprop {
         views: &mut [Option<CpuView<'_>>],
         step: &mut Option<OpenUpdate<'_, dyn TensorwiseStep + '_>>,
     ) -> Result<()> {
-        let PassInputs {
-            model,
-            x,
-            rows,
-            prior_precision,
-            prior_factor,
-            noise_fpc,
-        } = *pass;
+        let (model, x, rows) = (pass.model, pass.x, pass.rows);
         let (fan_in, fan_out) = (self.widths[k], self.widths[k + 1]);
-        let input = if k == 0 {
-            &x[..rows * fan_in]
-        } else {
-            &self.acts[k - 1][..rows * fan_in]
-        };
+        // The layer's input: the data, or the activations of the layer below.
+        let below = if k == 0 { x } else { &self.acts[k - 1] };
+        let input = &below[..rows * fan_in];
         let delta = &self.delta[..rows * fan_out];
-        if let (Some(step), Some(fpc)) = (step.as_mut(), noise_fpc) {
-            if step.wants_gradient_noise() {
-                let (weights, bias) = gradient_noise(delta, input, rows, fpc);
-                step.gradient_noise(2 * k, weights)?;
-                step.gradient_noise(2 * k + 1, bias)?;
-            }
+        if let (Some(step), Some(fpc)) = (step.as_mut(), pass.noise_fpc) {
+            report_gradient_noise(step, k, delta, input, rows, fpc)?;
         }
-        let lw = (prior_factor * prior_precision[2 * k]) as f32;
-        let lb = (prior_factor * prior_precision[2 * k + 1]) as f32;
+        let prior = |t: usize| (pass.prior_factor * pass.prior_precision[t]) as f32;
+        let (lw, lb) = (prior(2 * k), prior(2 * k + 1));
         let zeros = input_zeros(&self.input_nonzero, self.sparse_input, k)
             .map_or(Zeros::Unknown, Zeros::Rhs);
         let (delta_t, input_mat) = (Mat::transposed(delta, fan_out), Mat::rows(input, fan_in));
         // The sampler may update W inside its gradient's product; then everything that
         // reads W (the input error) runs first.
         let inline = match step.as_mut() {
-            Some(step)
-                if self.inline_update
-                    && rows > 0
-                    && updates_inline(fan_in)
-                    && fan_in * fan_out >= INLINE_MIN_WEIGHTS =>
-            {
+            Some(step) if self.inline_update && inline_pays(rows, fan_in, fan_out) => {
                 step.inline(2 * k)?
             }
             _ => None,
@@ -554,19 +536,8 @@ impl MlpBackprop {
         with_data_mut(&self.grads[2 * k + 1], |g| bias_gradient(g, b, lb, delta))?;
         if k > 0 {
             let prev = &mut self.delta_prev[..rows * fan_in];
-            matmul(
-                rows,
-                fan_in,
-                fan_out,
-                prev,
-                false,
-                Mat::rows(delta, fan_out),
-                Mat::rows(held(views, 2 * k)?, fan_in),
-            );
-            let act = self.activation;
-            pool::halves(prev, 1, prev.len(), |half, at| {
-                activation_backward(half, &input[at..at + half.len()], act)
-            });
+            let w = held(views, 2 * k)?;
+            input_error(prev, delta, w, input, fan_out, self.activation);
         }
         if let Some(update) = inline {
             // Nothing reads W any more: release it, and run its gradient's product with
@@ -593,18 +564,72 @@ impl MlpBackprop {
         if let Some(step) = step.as_mut() {
             // Nothing below reads this layer's parameters: release them, then update
             // them from their final gradients.
-            let tensors = if updated_inline {
-                2 * k + 1..2 * k + 2
-            } else {
-                2 * k..2 * k + 2
-            };
-            for t in tensors {
-                views[t] = None;
-                step.tensor(t, &model.params[t].var, &self.grads[t])?;
-            }
+            let first = if updated_inline { 2 * k + 1 } else { 2 * k };
+            hand_over(step, views, model, &self.grads, first..2 * k + 2)?;
         }
         Ok(())
     }
+}
+
+/// Releases the views of tensors `ts`, which nothing reads any more, and hands them to
+/// the sampler with their final gradients.
+fn hand_over(
+    step: &mut OpenUpdate<'_, dyn TensorwiseStep + '_>,
+    views: &mut [Option<CpuView<'_>>],
+    model: &Network,
+    grads: &[Tensor],
+    ts: std::ops::Range<usize>,
+) -> Result<()> {
+    for t in ts {
+        views[t] = None;
+        step.tensor(t, &model.params[t].var, &grads[t])?;
+    }
+    Ok(())
+}
+
+/// Whether updating a `fan_out` × `fan_in` weight inside its gradient's product pays:
+/// rows of whole Philox blocks, a minibatch, and enough weights
+/// ([`INLINE_MIN_WEIGHTS`]).
+fn inline_pays(rows: usize, fan_in: usize, fan_out: usize) -> bool {
+    rows > 0 && updates_inline(fan_in) && fan_in * fan_out >= INLINE_MIN_WEIGHTS
+}
+
+/// Gives the sampler the gradient-noise traces of layer `k`'s W and b in this minibatch
+/// (from its per-example gradients, `fpc` the finite-population correction) where it
+/// asks for them.
+fn report_gradient_noise(
+    step: &mut OpenUpdate<'_, dyn TensorwiseStep + '_>,
+    k: usize,
+    delta: &[f32],
+    input: &[f32],
+    rows: usize,
+    fpc: f64,
+) -> Result<()> {
+    if step.wants_gradient_noise() {
+        let (weights, bias) = gradient_noise(delta, input, rows, fpc);
+        step.gradient_noise(2 * k, weights)?;
+        step.gradient_noise(2 * k + 1, bias)?;
+    }
+    Ok(())
+}
+
+/// The error of a layer's input, `prev` = (Δ·W) ⊙ f'(input) for its `fan_out` × fan-in
+/// weights `w`, the activation `act`'s derivative taken at the input it was given.
+fn input_error(
+    prev: &mut [f32],
+    delta: &[f32],
+    w: &[f32],
+    input: &[f32],
+    fan_out: usize,
+    act: Activation,
+) {
+    let fan_in = w.len() / fan_out.max(1);
+    let rows = prev.len() / fan_in.max(1);
+    let (d, w) = (Mat::rows(delta, fan_out), Mat::rows(w, fan_in));
+    matmul(rows, fan_in, fan_out, prev, false, d, w);
+    pool::halves(prev, 1, prev.len(), |half, at| {
+        activation_backward(half, &input[at..at + half.len()], act)
+    });
 }
 
 impl HandPass for MlpBackprop {

@@ -340,69 +340,20 @@ impl ResnetBackprop {
         x: &[f32],
         rows: usize,
     ) -> Result<()> {
-        let [c, h, w] = self.layout.image;
-        // Channel-major input: (B × C·H·W) → (C × B × H·W); one channel is already so.
-        if c == 1 {
-            self.input.clear();
-            self.input.extend_from_slice(x);
-        } else {
-            for (ch, dst) in self
-                .input
-                .chunks_exact_mut(rows * h * w)
-                .take(c)
-                .enumerate()
-            {
-                for (b, plane) in dst.chunks_exact_mut(h * w).enumerate() {
-                    plane.copy_from_slice(&x[(b * c + ch) * h * w..][..h * w]);
-                }
-            }
-        }
+        to_channel_major(&mut self.input, x, rows, self.layout.image);
         let act = self.layout.activation;
         self.conv_norm(views, 0, Source::Input, rows, PreActivation::Stem)?;
         let stem = &mut self.stem;
         activate(&mut stem.pre, &mut stem.out, act);
         for b in 0..self.block_convs.len() {
-            let bc = self.block_convs[b];
-            let input = if b == 0 {
-                Source::Stem
-            } else {
-                Source::End(b - 1)
-            };
-            self.conv_norm(views, bc.conv1, input, rows, PreActivation::Mid(b))?;
-            let mid = &mut self.mid[b];
-            activate(&mut mid.pre, &mut mid.out, act);
-            self.conv_norm(views, bc.conv2, Source::Mid(b), rows, PreActivation::End(b))?;
-            let g = self.convs[bc.conv2].geometry;
-            let n = g.out_channels * rows * g.out_plane();
-            if let Some(s) = bc.shortcut {
-                self.conv_norm_shortcut(views, s, input, rows)?;
-                let sc = &self.conv[s].z[..n];
-                add_into(&mut self.end[b].pre[..n], sc);
-            } else {
-                let mut pre = std::mem::take(&mut self.end[b].pre);
-                add_into(&mut pre[..n], &self.source(input)[..n]);
-                self.end[b].pre = pre;
-            }
-            let end = &mut self.end[b];
-            activate(&mut end.pre[..n], &mut end.out[..n], act);
+            self.block_forward(views, b, rows)?;
         }
-        // Global average pooling: features[b][c] = mean of plane (c, b).
         let last = &self.end[self.end.len() - 1].out;
         let g = self.layout.blocks[self.layout.blocks.len() - 1]
             .conv2
             .geometry;
-        let (channels, plane) = (g.out_channels, g.out_plane());
-        for (b, f) in self
-            .features
-            .chunks_exact_mut(channels)
-            .take(rows)
-            .enumerate()
-        {
-            for (ch, v) in f.iter_mut().enumerate() {
-                let p = &last[(ch * rows + b) * plane..][..plane];
-                *v = p.iter().sum::<f32>() / plane as f32;
-            }
-        }
+        let channels = g.out_channels;
+        average_pool(&mut self.features, last, rows, channels, g.out_plane());
         let t = self.layout.fc_weight;
         dense_forward(
             &mut self.logits,
@@ -413,6 +364,41 @@ impl ResnetBackprop {
             None,
             Zeros::Unknown,
         );
+        Ok(())
+    }
+
+    /// Residual block `b`'s forward: conv–norm–activation twice, the shortcut (its
+    /// projection, or the block's input itself) added before the last activation.
+    fn block_forward(
+        &mut self,
+        views: &[Option<CpuView<'_>>],
+        b: usize,
+        rows: usize,
+    ) -> Result<()> {
+        let act = self.layout.activation;
+        let bc = self.block_convs[b];
+        let input = if b == 0 {
+            Source::Stem
+        } else {
+            Source::End(b - 1)
+        };
+        self.conv_norm(views, bc.conv1, input, rows, PreActivation::Mid(b))?;
+        let mid = &mut self.mid[b];
+        activate(&mut mid.pre, &mut mid.out, act);
+        self.conv_norm(views, bc.conv2, Source::Mid(b), rows, PreActivation::End(b))?;
+        let g = self.convs[bc.conv2].geometry;
+        let n = g.out_channels * rows * g.out_plane();
+        if let Some(s) = bc.shortcut {
+            self.conv_norm_shortcut(views, s, input, rows)?;
+            let sc = &self.conv[s].z[..n];
+            add_into(&mut self.end[b].pre[..n], sc);
+        } else {
+            let mut pre = std::mem::take(&mut self.end[b].pre);
+            add_into(&mut pre[..n], &self.source(input)[..n]);
+            self.end[b].pre = pre;
+        }
+        let end = &mut self.end[b];
+        activate(&mut end.pre[..n], &mut end.out[..n], act);
         Ok(())
     }
 
@@ -496,41 +482,15 @@ impl ResnetBackprop {
         let last = self.layout.blocks[self.layout.blocks.len() - 1]
             .conv2
             .geometry;
-        let plane = last.out_plane();
         let mut g = std::mem::take(&mut self.g);
-        for ch in 0..features {
-            for b in 0..rows {
-                let e = self.features_err[b * features + ch] / plane as f32;
-                g[0][(ch * rows + b) * plane..][..plane].fill(e);
-            }
-        }
-        let act = self.layout.activation;
+        let err = &self.features_err[..rows * features];
+        spread_over_planes(&mut g[0], err, rows, last.out_plane());
         for bi in (0..self.block_convs.len()).rev() {
             self.block_backward(bi, &mut views, rows, &mut g, &grads, prior, &mut hand_over)?;
             g.swap(0, 2);
         }
-        let stem = self.convs[0].geometry;
-        let n = stem.out_channels * rows * stem.out_plane();
-        activation_backward(
-            &mut g[0][..n],
-            &self.stem.pre[..n],
-            &self.stem.out[..n],
-            act,
-        );
-        let ts = self.norm_backward(&views, 0, rows, &mut g[0][..n], &grads, prior)?;
-        let mut ts0 = self.conv_backward(
-            &views,
-            0,
-            Source::Input,
-            rows,
-            &mut g[0][..n],
-            None,
-            false,
-            &grads,
-            prior,
-        )?;
-        ts0.extend(ts);
-        hand_over(&mut views, &ts0)?;
+        let ts = self.stem_backward(&views, rows, &mut g[0], &grads, prior)?;
+        hand_over(&mut views, &ts)?;
         self.g = g;
         if let Some(step) = step {
             step.finish()?;
@@ -540,6 +500,25 @@ impl ResnetBackprop {
             correct,
             sq_error: 0.0,
         })
+    }
+
+    /// The stem's backward from its output error `g0`: through its activation, its
+    /// normalisation and its convolution (no input error: the input is the data).
+    /// Returns the tensors it finished.
+    fn stem_backward(
+        &mut self,
+        views: &[Option<CpuView<'_>>],
+        rows: usize,
+        g0: &mut [f32],
+        grads: &[Tensor],
+        prior: impl Fn(usize) -> f32 + Copy,
+    ) -> Result<Vec<usize>> {
+        let stem = self.convs[0].geometry;
+        let n = stem.out_channels * rows * stem.out_plane();
+        let (pre, out) = (&self.stem.pre[..n], &self.stem.out[..n]);
+        activation_backward(&mut g0[..n], pre, out, self.layout.activation);
+        let stem = (0, Source::Input);
+        self.conv_norm_backward(views, stem, rows, &mut g0[..n], (None, false), grads, prior)
     }
 
     /// The head: ∇W = Δᵀ·F + λW, ∇b, and the features' error Δ·W. Returns the index of
@@ -636,43 +615,47 @@ impl ResnetBackprop {
             }
             None => g_in[..n_in].copy_from_slice(&g_out[..n_out]),
         }
-        let ts = self.norm_backward(views, bc.conv2, rows, &mut g_out[..n_out], grads, prior)?;
         let n_mid = g1.out_channels * rows * g1.out_plane();
-        let mut ts2 = self.conv_backward(
-            views,
-            bc.conv2,
-            Source::Mid(bi),
-            rows,
-            &mut g_out[..n_out],
-            Some(&mut g_mid[..n_mid]),
-            false,
-            grads,
-            prior,
-        )?;
-        ts2.extend(ts);
-        hand_over(views, &ts2)?;
-        let mid = &self.mid[bi];
-        activation_backward(
-            &mut g_mid[..n_mid],
-            &mid.pre[..n_mid],
-            &mid.out[..n_mid],
-            act,
+        // conv2 writes the middle's error afresh; conv1 adds its part of the input's onto
+        // the shortcut's.
+        let (conv2, mid_err) = (
+            (bc.conv2, Source::Mid(bi)),
+            (Some(&mut g_mid[..n_mid]), false),
         );
-        let ts = self.norm_backward(views, bc.conv1, rows, &mut g_mid[..n_mid], grads, prior)?;
-        let mut ts1 = self.conv_backward(
-            views,
-            bc.conv1,
-            input,
-            rows,
-            &mut g_mid[..n_mid],
-            Some(&mut g_in[..n_in]),
-            true,
-            grads,
-            prior,
-        )?;
-        ts1.extend(ts);
-        hand_over(views, &ts1)?;
+        let g_conv2 = &mut g_out[..n_out];
+        let ts = self.conv_norm_backward(views, conv2, rows, g_conv2, mid_err, grads, prior)?;
+        hand_over(views, &ts)?;
+        let mid = &self.mid[bi];
+        let (pre, out) = (&mid.pre[..n_mid], &mid.out[..n_mid]);
+        activation_backward(&mut g_mid[..n_mid], pre, out, act);
+        let (conv1, in_err) = ((bc.conv1, input), (Some(&mut g_in[..n_in]), true));
+        let g_conv1 = &mut g_mid[..n_mid];
+        let ts = self.conv_norm_backward(views, conv1, rows, g_conv1, in_err, grads, prior)?;
+        hand_over(views, &ts)?;
         Ok(())
+    }
+
+    /// Convolution `l` and its normalisation, backwards, from the error `g_out` of its
+    /// normalised output: the normalisation's ∂u → ∂Z in place, then the convolution's
+    /// gradients and, with `input_err`, its input error (onto what is there with
+    /// `accumulate`) from `input`. Returns the tensors it finished.
+    #[allow(clippy::too_many_arguments)]
+    fn conv_norm_backward(
+        &mut self,
+        views: &[Option<CpuView<'_>>],
+        (l, input): (usize, Source),
+        rows: usize,
+        g_out: &mut [f32],
+        (input_err, accumulate): (Option<&mut [f32]>, bool),
+        grads: &[Tensor],
+        prior: impl Fn(usize) -> f32 + Copy,
+    ) -> Result<Vec<usize>> {
+        let ts = self.norm_backward(views, l, rows, g_out, grads, prior)?;
+        let mut done = self.conv_backward(
+            views, l, input, rows, g_out, input_err, accumulate, grads, prior,
+        )?;
+        done.extend(ts);
+        Ok(done)
     }
 
     /// The normalisation's backward of convolution `l`: ∂u → ∂Z in place, and the
@@ -744,89 +727,15 @@ impl ResnetBackprop {
     ) -> Result<Vec<usize>> {
         let layer = self.convs[l];
         let g = layer.geometry;
-        let n = rows * g.out_plane();
         let k = g.patch();
         let t = layer.weight;
         let w = held(views, t)?;
-        let dz = &grad[..g.out_channels * n];
-        let c_out = g.out_channels;
-        let plane = g.out_plane();
+        let dz = &grad[..g.out_channels * rows * g.out_plane()];
         let mut weight_grad = std::mem::take(&mut self.weight_grad);
-        let wg = &mut weight_grad[..c_out * k];
-        let mut cols = std::mem::take(&mut self.cols);
-        let mut input_t = std::mem::take(&mut self.input_t);
-        let mut input_err = input_err;
-        // A 3×3 stride-1 convolution: ∇W and the input error directly (resnet_direct).
-        // Otherwise a chunk of images at a time (see bnn_kernels::conv::ops::CHUNK_BYTES): its patches
-        // as rows (im2row), its part of ∇W (C_out × k, patch in (i, j, c) order) =
-        // ∂Z·cols_t, summed over the chunks in order (the product packs only ∂Z and reads
-        // cols_t in place), and its input error col2im(Wᵀ·∂Z) through the same buffer.
-        let direct = direct::applies(&g);
-        if direct {
-            let (mut p, mut q, mut r) = (
-                std::mem::take(&mut self.padded),
-                std::mem::take(&mut self.partial),
-                std::mem::take(&mut self.wide),
-            );
-            let a = self.source(input);
-            direct::weight_grad(a, dz, &g, rows, &mut p, &mut q, &mut r, wg);
-            (self.padded, self.partial, self.wide) = (p, q, r);
-        }
-        for (c, images) in chunks(&g, rows).enumerate().filter(|_| !direct) {
-            let (at, width) = (images.start * plane, images.len() * plane);
-            let source = self.source(input);
-            im2row(source, &g, rows, images.clone(), &mut input_t, &mut cols);
-            let dz_chunk = Mat {
-                data: &dz[at..],
-                rs: n,
-                cs: 1,
-            };
-            product(
-                c_out,
-                k,
-                width,
-                wg,
-                dz_chunk,
-                Mat::rows(&cols[..width * k], k),
-                Options {
-                    accumulate: c > 0,
-                    ..Options::default()
-                },
-            );
-            if let Some(err) = input_err.as_deref_mut() {
-                product(
-                    k,
-                    width,
-                    c_out,
-                    &mut cols[..k * width],
-                    Mat::transposed(w, k),
-                    dz_chunk,
-                    Options::default(),
-                );
-                col2im(&cols, &g, rows, images, err, accumulate);
-            }
-        }
-        self.cols = cols;
-        self.input_t = input_t;
-        if let Some(err) = input_err.filter(|_| direct) {
-            let (p, q) = (&mut self.padded, &mut self.packed);
-            direct::conv(dz, &g, Direction::Adjoint, rows, w, p, q, err, accumulate);
-        }
-        let lw = prior(t);
-        let (taps, c_in) = (g.kernel * g.kernel, g.in_channels);
+        let wg = &mut weight_grad[..g.out_channels * k];
+        let direct = self.conv_products(&g, input, rows, w, dz, wg, input_err, accumulate);
         let stored = with_data_mut(&grads[t], |gr| {
-            let rows = gr.chunks_exact_mut(k).zip(w.chunks_exact(k));
-            for ((row, w), from) in rows.zip(wg.chunks_exact(k)) {
-                // W's patch order is (c, i, j); im2row's is (i, j, c).
-                for (q, (gq, &wq)) in row.iter_mut().zip(w).enumerate() {
-                    let at = if direct {
-                        q
-                    } else {
-                        q % taps * c_in + q / taps
-                    };
-                    *gq = from[at] + lw * wq;
-                }
-            }
+            weight_grad_with_prior(gr, w, wg, &g, direct, prior(t))
         });
         self.weight_grad = weight_grad;
         stored?;
@@ -846,6 +755,136 @@ impl ResnetBackprop {
             }
         }
         Ok(done)
+    }
+
+    /// A convolution's two products of its backward: its weights' data gradient ∂Z·colsᵀ
+    /// into `wg` and, with `input_err`, the input error col2im(Wᵀ·∂Z). Returns whether the
+    /// direct 3×3 path ran, which leaves `wg` in W's own patch order.
+    ///
+    /// A 3×3 stride-1 convolution computes both directly (resnet_direct). Otherwise a
+    /// chunk of images at a time (see bnn_kernels::conv::ops::CHUNK_BYTES): its patches
+    /// as rows (im2row), its part of ∇W (C_out × k, patch in (i, j, c) order) =
+    /// ∂Z·cols_t, summed over the chunks in order (the product packs only ∂Z and reads
+    /// cols_t in place), and its input error col2im(Wᵀ·∂Z) through the same buffer.
+    #[allow(clippy::too_many_arguments)]
+    fn conv_products(
+        &mut self,
+        g: &ConvGeometry,
+        input: Source,
+        rows: usize,
+        w: &[f32],
+        dz: &[f32],
+        wg: &mut [f32],
+        mut input_err: Option<&mut [f32]>,
+        accumulate: bool,
+    ) -> bool {
+        let (c_out, k, plane) = (g.out_channels, g.patch(), g.out_plane());
+        let n = rows * plane;
+        let direct = direct::applies(g);
+        if direct {
+            let (mut p, mut q, mut r) = (
+                std::mem::take(&mut self.padded),
+                std::mem::take(&mut self.partial),
+                std::mem::take(&mut self.wide),
+            );
+            let a = self.source(input);
+            direct::weight_grad(a, dz, g, rows, &mut p, &mut q, &mut r, wg);
+            (self.padded, self.partial, self.wide) = (p, q, r);
+            if let Some(err) = input_err {
+                let (p, q) = (&mut self.padded, &mut self.packed);
+                direct::conv(dz, g, Direction::Adjoint, rows, w, p, q, err, accumulate);
+            }
+            return true;
+        }
+        let mut cols = std::mem::take(&mut self.cols);
+        let mut input_t = std::mem::take(&mut self.input_t);
+        for (c, images) in chunks(g, rows).enumerate() {
+            let (at, width) = (images.start * plane, images.len() * plane);
+            let source = self.source(input);
+            im2row(source, g, rows, images.clone(), &mut input_t, &mut cols);
+            let dz_chunk = Mat {
+                data: &dz[at..],
+                rs: n,
+                cs: 1,
+            };
+            let options = Options {
+                accumulate: c > 0,
+                ..Options::default()
+            };
+            let patches = Mat::rows(&cols[..width * k], k);
+            product(c_out, k, width, wg, dz_chunk, patches, options);
+            if let Some(err) = input_err.as_deref_mut() {
+                let into = &mut cols[..k * width];
+                let wt = Mat::transposed(w, k);
+                product(k, width, c_out, into, wt, dz_chunk, Options::default());
+                col2im(&cols, g, rows, images, err, accumulate);
+            }
+        }
+        self.cols = cols;
+        self.input_t = input_t;
+        false
+    }
+}
+
+/// A convolution weight's gradient `gr` = its data part `wg` + λ·W (λ = `lw`, the
+/// prior's precision), from `wg` in im2row's (i, j, c) patch order, or, after the direct
+/// path, in W's own (c, i, j).
+fn weight_grad_with_prior(
+    gr: &mut [f32],
+    w: &[f32],
+    wg: &[f32],
+    g: &ConvGeometry,
+    direct: bool,
+    lw: f32,
+) {
+    let (k, taps, c_in) = (g.patch(), g.kernel * g.kernel, g.in_channels);
+    let rows = gr.chunks_exact_mut(k).zip(w.chunks_exact(k));
+    for ((row, w), from) in rows.zip(wg.chunks_exact(k)) {
+        for (q, (gq, &wq)) in row.iter_mut().zip(w).enumerate() {
+            let at = if direct {
+                q
+            } else {
+                q % taps * c_in + q / taps
+            };
+            *gq = from[at] + lw * wq;
+        }
+    }
+}
+
+/// The last block's output error `g0` (C × B × plane) from the features' error `err`
+/// (B × C): global average pooling's adjoint spreads each over its plane.
+fn spread_over_planes(g0: &mut [f32], err: &[f32], rows: usize, plane: usize) {
+    let features = err.len() / rows.max(1);
+    for ch in 0..features {
+        for b in 0..rows {
+            let e = err[b * features + ch] / plane as f32;
+            g0[(ch * rows + b) * plane..][..plane].fill(e);
+        }
+    }
+}
+
+/// `x`'s `rows` images (B × C·H·W) channel-major into `input` (C × B × H·W), as the
+/// convolutions read them; one channel is already so.
+fn to_channel_major(input: &mut Vec<f32>, x: &[f32], rows: usize, [c, h, w]: [usize; 3]) {
+    if c == 1 {
+        input.clear();
+        input.extend_from_slice(x);
+        return;
+    }
+    for (ch, dst) in input.chunks_exact_mut(rows * h * w).take(c).enumerate() {
+        for (b, plane) in dst.chunks_exact_mut(h * w).enumerate() {
+            plane.copy_from_slice(&x[(b * c + ch) * h * w..][..h * w]);
+        }
+    }
+}
+
+/// Global average pooling: `features[b][c]` = the mean of plane (c, b) of `last`.
+fn average_pool(features: &mut [f32], last: &[f32], rows: usize, channels: usize, plane: usize) {
+    for (b, f) in features.chunks_exact_mut(channels).take(rows).enumerate() {
+        for (ch, v) in f.iter_mut().enumerate() {
+            let p = &last[(ch * rows + b) * plane..][..plane];
+            *v = p.iter().sum::<f32>() / plane as f32;
+        }
     }
 }
 
