@@ -60,7 +60,7 @@ use candle_core::{DType, Tensor, Var};
 
 use crate::error::{Error, Result};
 use crate::likelihood::GaussianNoise;
-use crate::potential::{Prior, PriorSpec};
+use crate::potential::{tempered_gradient, Prior, PriorSpec};
 use crate::rng;
 use crate::sampler::{build_with, Diagnostics, Kernel, Sampler};
 pub use params::*;
@@ -209,7 +209,7 @@ impl<P: Params> SgMcmc<P> {
     /// ∇Ũ/T for every var from the gradients in `store` of the minibatch potential's
     /// likelihood part, multiplied by `scale` first where it is given.
     fn potential_gradients(&self, store: &GradStore, scale: Option<f64>) -> Result<Vec<Tensor>> {
-        let inv_t = 1.0 / self.config.posterior.temperature;
+        let temperature = self.config.posterior.temperature;
         let reached = self.vars.iter().filter(|v| store.get(v).is_some()).count();
         if reached == 0 {
             return Err(Error::Config(
@@ -228,9 +228,8 @@ impl<P: Params> SgMcmc<P> {
                     (Some(g), None) => g.detach(),
                     (None, _) => return Err(unreached(i, v)),
                 };
-                // As `Potential::evaluate` forms it, so that both paths give the same bits.
-                let g = (g + (v.as_detached_tensor() * lambda)?)?;
-                Ok((g * inv_t)?)
+                let prior = (v.as_detached_tensor() * lambda)?;
+                tempered_gradient(&g, &prior, temperature)
             })
             .collect()
     }

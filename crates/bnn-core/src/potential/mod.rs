@@ -230,9 +230,17 @@ impl Potential {
         Ok(())
     }
 
-    /// s = N/(|S|·T): the factor on Σ_{i∈S} ∇(−log p(yᵢ|xᵢ,θ)) in ∇Ũ/T.
+    /// s = N/(|S|·T): the factor on Σ_{i∈S} ∇(−log p(yᵢ|xᵢ,θ)) in ∇Ũ/T, as the
+    /// hand-written passes apply it (with [`Potential::inverse_temperature`] on the
+    /// prior's λθ). Autograd's paths form N·mean first and divide the sum by T
+    /// ([`tempered_gradient`]): the two scales of ∇Ũ/T, each defined here once.
     pub fn likelihood_scale(&self, batch: usize) -> f64 {
         self.n_data as f64 / (batch as f64 * self.temperature)
+    }
+
+    /// 1/T: the factor on the prior's λθ in ∇Ũ/T (and on the whole of U in HMC's Ũ/T).
+    pub fn inverse_temperature(&self) -> f64 {
+        1.0 / self.temperature
     }
 
     /// Gradient of the tempered minibatch potential: autograd on the likelihood term
@@ -252,7 +260,6 @@ impl Potential {
         };
         let scaled = (&nll * self.n_data as f64)?;
         let store = scaled.backward()?;
-        let inv_t = 1.0 / self.temperature;
         let mut grads = Vec::with_capacity(model.params.len());
         for (p, &lambda) in model.params.iter().zip(&self.prior.precisions) {
             let g = store
@@ -260,8 +267,8 @@ impl Potential {
                 .ok_or_else(|| Error::Config(format!("no gradient for parameter `{}`", p.name)))?;
             // Detached: the gradient must not carry the autograd graph into the sampler
             // state, or every step's graph stays alive through the momentum.
-            let g = (g.detach() + (p.var.as_detached_tensor() * lambda)?)?;
-            grads.push((g * inv_t)?);
+            let prior = (p.var.as_detached_tensor() * lambda)?;
+            grads.push(tempered_gradient(&g.detach(), &prior, self.temperature)?);
         }
         Ok(Evaluation {
             nll: nll.to_scalar::<f32>()? as f64,
@@ -269,6 +276,19 @@ impl Potential {
             grads,
         })
     }
+}
+
+/// ∇Ũ/T of one tensor as autograd's paths form it: (∇ + λθ)/T from the likelihood's
+/// gradient at N·mean (`likelihood`) and the prior's `prior_term` λθ, in that order, so
+/// that [`Potential::evaluate`], [`evaluate_stacked`] and the optimizers
+/// ([`crate::optim`]) give the same bits.
+pub fn tempered_gradient(
+    likelihood: &Tensor,
+    prior_term: &Tensor,
+    temperature: f64,
+) -> Result<Tensor> {
+    let inv_t = 1.0 / temperature;
+    Ok(((likelihood + prior_term)? * inv_t)?)
 }
 
 /// What one gradient evaluation of K stacked chains returns, chain k in row k.
@@ -351,7 +371,6 @@ pub fn evaluate_stacked(
         }
     };
     let store = (nll.sum_all()? * first.n_data as f64)?.backward()?;
-    let inv_t = 1.0 / first.temperature;
     let mut grads = Vec::with_capacity(model.params.len());
     for (t, p) in model.params.iter().enumerate() {
         let g = store
@@ -360,8 +379,8 @@ pub fn evaluate_stacked(
         let mut shape = vec![1; p.var.rank()];
         shape[0] = k;
         let lambda = per_chain(&|q| q.prior.precisions[t])?.reshape(shape)?;
-        let g = (g.detach() + p.var.as_detached_tensor().broadcast_mul(&lambda)?)?;
-        grads.push((g * inv_t)?);
+        let prior = p.var.as_detached_tensor().broadcast_mul(&lambda)?;
+        grads.push(tempered_gradient(&g.detach(), &prior, first.temperature)?);
     }
     // One read of the device per evaluation: the NLLs and the accuracy or squared error.
     let host = Tensor::stack(&[nll.detach(), quality], 0)?.to_dtype(candle_core::DType::F64)?;

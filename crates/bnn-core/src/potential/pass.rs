@@ -67,7 +67,10 @@ fn evaluate_by_hand<P: HandPass + ?Sized>(
     targets: Targets<'_>,
     step: Option<&mut dyn TensorwiseStep>,
 ) -> Result<BatchLoss> {
-    let prior = (&potential.prior.precisions[..], 1.0 / potential.temperature);
+    let prior = (
+        &potential.prior.precisions[..],
+        potential.inverse_temperature(),
+    );
     let scale = potential.likelihood_scale(targets.len());
     pass.targets_then(model, x, targets, scale, prior, step)
 }
