@@ -26,7 +26,7 @@ use crate::rng;
 use crate::run_state::{self, Position, RunState};
 use crate::sampler;
 use crate::settings::OnDivergence;
-use crate::signals;
+use crate::train::checkpoints::Checkpoints;
 
 /// What one chain leaves for the run's summary.
 #[derive(Debug, Clone)]
@@ -107,8 +107,8 @@ pub(super) const MAX_ROLLBACKS: u32 = 3;
 struct Walk {
     batches: usize,
     total_steps: u64,
-    /// Updates between saved states.
-    every: u64,
+    /// When states are saved.
+    checkpoints: Checkpoints,
     step: u64,
     step_seconds: f64,
     /// Training seconds of the earlier runs of a resumed run, and this run's start.
@@ -130,7 +130,7 @@ fn run_from<S: ChainSink>(chain: &mut Chain<S>, at: Position) -> Result<ChainOut
     let mut w = Walk {
         batches,
         total_steps: (batches * s.epochs) as u64,
-        every: s.checkpoint_interval(batches as u64),
+        checkpoints: Checkpoints::every(s.checkpoint_interval(batches as u64)),
         step: at.step,
         step_seconds: at.step_seconds,
         seconds_before: at.train_seconds,
@@ -155,9 +155,10 @@ fn run_from<S: ChainSink>(chain: &mut Chain<S>, at: Position) -> Result<ChainOut
         let at_batch = (&order[..], first_batch);
         run_batches(chain, &mut w, at_batch, (epoch, epoch_start), &mut sums)?;
         chain.end_epoch(epoch, w.step, &sums, epoch_start)?;
-        let signal = signals::pending();
-        let last = epoch + 1 == s.epochs;
-        if signal.is_some() || w.step.is_multiple_of(w.every) || last {
+        let due = w
+            .checkpoints
+            .due(w.step.saturating_sub(1), w.step, epoch + 1 == s.epochs);
+        if due.save {
             chain.save(Position {
                 epoch: epoch + 1,
                 batch: 0,
@@ -166,9 +167,7 @@ fn run_from<S: ChainSink>(chain: &mut Chain<S>, at: Position) -> Result<ChainOut
                 train_seconds: w.train_seconds(),
                 ..Position::default()
             })?;
-            if let (Some(signal), false) = (signal, last) {
-                return Err(interrupted(signal, w.step, chain.sink.location()));
-            }
+            due.stop(w.step, chain.sink.location())?;
         }
     }
     Ok(ChainOutcome {
@@ -222,8 +221,8 @@ fn run_batches<S: ChainSink>(
         }
         // Mid-epoch checkpoints; one due at the epoch's last update waits for the
         // epoch's end (the prior's Gibbs step and the metrics line).
-        let signal = signals::pending();
-        if b + 1 < w.batches && (signal.is_some() || w.step.is_multiple_of(w.every)) {
+        let due = w.checkpoints.due(w.step.saturating_sub(1), w.step, false);
+        if b + 1 < w.batches && due.save {
             chain.save(Position {
                 epoch,
                 batch: b + 1,
@@ -232,10 +231,10 @@ fn run_batches<S: ChainSink>(
                 train_seconds: w.train_seconds(),
                 ..sums.clone()
             })?;
-            if let Some(signal) = signal {
+            if due.signal.is_some() {
                 bar.finish_and_clear();
-                return Err(interrupted(signal, w.step, chain.sink.location()));
             }
+            due.stop(w.step, chain.sink.location())?;
         }
     }
     bar.finish_and_clear();
@@ -1073,14 +1072,6 @@ fn sample_metadata(
             env!("CARGO_PKG_VERSION").to_string(),
         ),
     ]))
-}
-
-pub(super) fn interrupted(signal: i32, step: u64, run_dir: &Path) -> Error {
-    Error::Interrupted {
-        signal,
-        step,
-        run_dir: run_dir.to_path_buf(),
-    }
 }
 
 /// Before a resume: drops what the run wrote after its saved state (samples of later

@@ -17,7 +17,7 @@ use std::time::Instant;
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
-use super::chain::{append_line, interrupted, model_and_potential, to_json, write_sample, Kept};
+use super::chain::{append_line, model_and_potential, to_json, write_sample, Kept};
 use super::hmc_state::{hmc_state_path, HmcState};
 use super::sink::RunFolder;
 use super::{manifest, ChainOutcome, TrainConfig};
@@ -30,7 +30,7 @@ use crate::model::Network;
 use crate::potential::{Backward, Potential, PriorSpec};
 use crate::run_state::Position;
 use crate::sampler::Diagnostics;
-use crate::signals;
+use crate::train::checkpoints::Checkpoints;
 
 /// Rows per chunk of the full-batch gradient (bounds the activations' memory).
 const CHUNK: usize = 1000;
@@ -128,7 +128,7 @@ impl Energy for FullBatch<'_> {
             }
             at += n;
         }
-        let inv_t = 1.0 / self.potential.temperature;
+        let inv_t = self.potential.inverse_temperature();
         grad.iter_mut().for_each(|g| *g *= inv_t);
         Ok(u * inv_t)
     }
@@ -326,7 +326,8 @@ pub(super) fn run_hmc_chain(
     let mut energy = FullBatch::new(&model, &ds.train, &potential)?;
     let mut sink = RunFolder::new(run_dir);
     let metrics = run_dir.join(crate::checkpoint::files::METRICS);
-    let mut saved = Instant::now();
+    let mut checkpoints =
+        Checkpoints::every(s.checkpoint_every as u64).or_every_seconds(SAVE_EVERY_SECONDS);
     while chain.iteration < s.epochs {
         let t = iterate(
             cfg,
@@ -337,16 +338,12 @@ pub(super) fn run_hmc_chain(
             &mut sink,
         )?;
         append_line(&metrics, &to_json(&record(&t, &chain))?)?;
-        let signal = signals::pending();
-        let last = chain.iteration == s.epochs;
-        let due = chain.iteration.is_multiple_of(s.checkpoint_every.max(1))
-            || saved.elapsed().as_secs_f64() >= SAVE_EVERY_SECONDS;
-        if signal.is_some() || last || due {
+        let it = chain.iteration as u64;
+        let due = checkpoints.due(it.saturating_sub(1), it, chain.iteration == s.epochs);
+        if due.save {
             chain.save(run_dir, elapsed(&chain))?;
-            saved = Instant::now();
-            if let (Some(signal), false) = (signal, last) {
-                return Err(interrupted(signal, chain.iteration as u64, run_dir));
-            }
+            checkpoints.saved();
+            due.stop(it, run_dir)?;
         }
     }
     if chain.divergences > 0 {

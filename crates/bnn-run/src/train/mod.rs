@@ -3,6 +3,7 @@
 //! metrics, and a summary.
 
 mod chain;
+mod checkpoints;
 pub mod configurational;
 pub mod diagnostics;
 pub mod disk;

@@ -24,7 +24,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
-use super::chain::{discard_after, interrupted, Chain, ChainOutcome, Predicted};
+use super::chain::{discard_after, Chain, ChainOutcome, Predicted};
 use super::sink::RunFolder;
 use super::stepper::Batch;
 use super::TrainConfig;
@@ -38,7 +38,7 @@ use crate::model::Network;
 use crate::potential::{evaluate_stacked, Backward, Potential};
 use crate::rng;
 use crate::run_state::Position;
-use crate::signals;
+use crate::train::checkpoints::Checkpoints;
 
 /// `RUN/stacked.json`: which slot holds the chains' states, and where the run stood.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -224,7 +224,7 @@ fn run_updates(
     clock: &Clock,
 ) -> Result<(u64, f64)> {
     let (cfg, batches) = (plan.cfg, plan.batches);
-    let every = cfg.settings.checkpoint_interval(batches);
+    let checkpoints = Checkpoints::every(cfg.settings.checkpoint_interval(batches));
     let bar = crate::progress::bar(cfg.progress, plan.total_steps, "stacked chains");
     let mut step_seconds = lanes[0].sums.step_seconds;
     while step < plan.total_steps {
@@ -247,16 +247,15 @@ fn run_updates(
         if step % 20 == 0 || step == plan.total_steps {
             bar.set_position(step);
         }
-        let signal = signals::pending();
-        let last = step == plan.total_steps;
-        if signal.is_some() || step.is_multiple_of(every) || last {
+        let due = checkpoints.due(step.saturating_sub(1), step, step == plan.total_steps);
+        if due.save {
             sync(lanes, stack)?;
             save(plan, lanes, step, (step_seconds, clock.elapsed()), saves)?;
             saves += 1;
-            if let (Some(signal), false) = (signal, last) {
+            if due.signal.is_some() {
                 bar.finish_and_clear();
-                return Err(interrupted(signal, step, &cfg.run_dir));
             }
+            due.stop(step, &cfg.run_dir)?;
         }
     }
     bar.finish_and_clear();

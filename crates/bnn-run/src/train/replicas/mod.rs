@@ -36,7 +36,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
-use super::chain::{append_line, interrupted, to_json, write_sample, Chain, ChainOutcome, Kept};
+use super::chain::{append_line, to_json, write_sample, Chain, ChainOutcome, Kept};
 use super::sink::RunFolder;
 use super::TrainConfig;
 use crate::checkpoint;
@@ -50,6 +50,7 @@ use crate::sampler::ladder::Ladder;
 use crate::sampler::replica::{epsilon_and_c, replica_params, ReplicaOptions};
 use crate::sampler::Method;
 use crate::signals;
+use crate::train::checkpoints::Checkpoints;
 
 mod cold;
 mod swap;
@@ -251,7 +252,7 @@ fn run_rounds(
 ) -> Result<()> {
     let s = &plan.cfg.settings;
     let root = ranks.is_root();
-    let every = s.checkpoint_interval(plan.batches);
+    let checkpoints = Checkpoints::every(s.checkpoint_interval(plan.batches));
     let compensation = Compensation::paper();
     let bar = crate::progress::bar(plan.cfg.progress && root, plan.total_steps, "replicas");
     while p.step < plan.total_steps {
@@ -271,21 +272,21 @@ fn run_rounds(
             cold.samples(),
             rates(&report.swap_rates)
         ));
-        // Every rank stops at the same round when any of them was signalled.
+        // Every rank stops at the same round when any of them was signalled (SIGTERM's
+        // number on a rank that was not).
         let signal = signals::pending();
-        let stop = ranks.any(signal.is_some());
-        let last = p.step == plan.total_steps;
-        // Due when the round passed a multiple of the checkpoint interval.
-        if stop || last || from / every < p.step / every {
+        let signal = ranks.any(signal.is_some()).then(|| signal.unwrap_or(15));
+        let due = checkpoints.due_with(from, p.step, p.step == plan.total_steps, signal);
+        if due.save {
             let seconds = p.train_seconds();
             save(
                 plan, replicas, cold, &p.report, p.step, seconds, p.saves, ranks,
             )?;
             p.saves += 1;
-            if stop && !last {
+            if due.signal.is_some() {
                 bar.finish_and_clear();
-                return Err(interrupted(signal.unwrap_or(15), p.step, &plan.cfg.run_dir));
             }
+            due.stop(p.step, &plan.cfg.run_dir)?;
         }
     }
     bar.finish_and_clear();
