@@ -357,19 +357,6 @@ fn optional_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T
     }
 }
 
-/// A `metrics.jsonl` line, and the temperature a replica held (replica runs).
-#[derive(Debug, Clone, Deserialize)]
-struct Line {
-    #[serde(flatten)]
-    record: EpochRecord,
-    #[serde(default)]
-    temperature: Option<f64>,
-}
-
-fn read_lines(path: &Path) -> Result<Vec<Line>> {
-    read_jsonl(path)
-}
-
 fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::Checkpoint(format!("cannot read {}: {e}", path.display())))?;
@@ -384,7 +371,7 @@ fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
 }
 
 fn read_epochs(path: &Path) -> Result<Vec<EpochRecord>> {
-    Ok(read_lines(path)?.into_iter().map(|l| l.record).collect())
+    read_jsonl(path)
 }
 
 fn panel(title: &str, x: &str, y: &str, series: Vec<Series>) -> Panel {
@@ -727,9 +714,9 @@ fn replicas(r: &ReplicaReport, run_dir: &Path) -> Result<Figure> {
         if !path.is_file() {
             break;
         }
-        let points = read_lines(&path)?
+        let points = read_epochs(&path)?
             .iter()
-            .filter_map(|l| l.temperature.map(|t| (l.record.epoch as f64, t.log10())))
+            .filter_map(|l| l.temperature.map(|t| (l.epoch as f64, t.log10())))
             .collect();
         held.push(Series::new(
             &format!("replica {j}"),

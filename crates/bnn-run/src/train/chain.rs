@@ -942,6 +942,8 @@ impl<'a, S: ChainSink> Chain<'a, S> {
         // last and mean step size too.
         let varies = sums.eta_last != sums.eta_first;
         EpochRecord {
+            replica: None,
+            temperature: None,
             epoch: epoch + 1,
             steps: step,
             train_nll: sums.nll_sum / sums.seen as f64,

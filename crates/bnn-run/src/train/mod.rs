@@ -60,9 +60,17 @@ pub struct TrainConfig {
     pub command_line: Vec<String>,
 }
 
-/// One line of `metrics.jsonl`.
+/// One line of `metrics.jsonl`: a chain's epoch, or a replica's (with which replica and
+/// the temperature it held).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EpochRecord {
+    /// Replica exchange: the replica whose line this is (absent in a chain's lines).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<usize>,
+    /// Replica exchange: the temperature that replica held at the epoch's end (in the T₀
+    /// chain's lines: the one its sample came from; absent in a chain's lines).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
     /// The epoch (from 1).
     pub epoch: usize,
     /// Updates done by its end.

@@ -12,7 +12,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::super::chain::{append_line, log_epoch, to_json, Kept, KeptSample};
+use super::super::chain::{log_epoch, Kept, KeptSample};
+use super::super::sink::{ChainSink, RunFolder};
 use super::super::EpochRecord;
 use crate::error::{Error, Result};
 use crate::ranks::Ranks;
@@ -23,17 +24,7 @@ pub(super) enum Event {
     /// A sample kept: its predictions and kinetic energy.
     Sample(KeptSample),
     /// An epoch ended: its line without the ensembles (filled in at rank 0).
-    Epoch(Box<ReplicaEpoch>),
-}
-
-/// A replica's line in its `metrics.jsonl` (and the T₀ chain's): the epoch's record, and
-/// the temperature it held at the epoch's end.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(super) struct ReplicaEpoch {
-    pub replica: usize,
-    pub temperature: f64,
-    #[serde(flatten)]
-    pub record: EpochRecord,
+    Epoch(Box<EpochRecord>),
 }
 
 /// Brings this round's events to rank 0 (`mine`: this rank's, empty where it does not hold
@@ -71,18 +62,14 @@ fn replay(events: Vec<Event>, cold: &mut Kept, cold_dir: &std::path::Path) -> Re
     for event in events {
         match event {
             Event::Sample(sample) => cold.add(sample)?,
-            Event::Epoch(mut line) => {
-                let r = &mut line.record;
+            Event::Epoch(mut r) => {
                 r.samples = cold.samples();
                 r.test_ensemble = cold.test.metrics();
                 r.test_regression = cold.regression.as_ref().and_then(|a| a.metrics());
                 r.test_last_sample = cold.test.last_sample;
                 r.valid_ensemble = cold.valid.as_ref().and_then(|a| a.metrics());
-                append_line(
-                    &cold_dir.join(crate::checkpoint::files::METRICS),
-                    &to_json(&line)?,
-                )?;
-                log_epoch(&line.record, Some(line.temperature));
+                RunFolder::new(cold_dir).metrics(&r)?;
+                log_epoch(&r, r.temperature);
             }
         }
     }
@@ -97,7 +84,7 @@ enum Sent {
         valid: Option<usize>,
         kinetic_energy: Option<f64>,
     },
-    Epoch(Box<ReplicaEpoch>),
+    Epoch(Box<EpochRecord>),
 }
 
 /// `events` as bytes: the JSON's length (8 bytes, little-endian), the JSON of what they
@@ -188,7 +175,7 @@ mod tests {
                 kinetic_energy: Some(0.51),
             })
         };
-        let line: ReplicaEpoch = serde_json::from_value(serde_json::json!({
+        let line: EpochRecord = serde_json::from_value(serde_json::json!({
             "replica": 2, "temperature": 1.5, "epoch": 3, "steps": 90, "train_nll": 0.25,
             "train_accuracy": 0.9, "step_size": 1e-6, "kinetic_energy": null,
             "thermostat": null, "prior_precisions": [1.0], "samples": 0,

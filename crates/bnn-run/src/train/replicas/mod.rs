@@ -36,8 +36,10 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
-use super::chain::{append_line, to_json, write_sample, Chain, ChainOutcome, Kept};
+use super::chain::{append_line, write_sample, Chain, ChainOutcome, Kept};
+use super::sink::ChainSink;
 use super::sink::RunFolder;
+use super::EpochRecord;
 use super::TrainConfig;
 use crate::checkpoint;
 use crate::data::Dataset;
@@ -55,7 +57,7 @@ use crate::train::checkpoints::Checkpoints;
 mod cold;
 mod swap;
 
-use cold::{Event, ReplicaEpoch};
+use cold::Event;
 
 /// What `summary.json` says of the replicas.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -587,15 +589,12 @@ fn advance(
             r.chain
                 .monitor
                 .end_epoch(epoch, record.kinetic_energy, r.sums.ke_count);
-            let line = ReplicaEpoch {
-                replica: j,
-                temperature: t,
-                record,
+            let line = EpochRecord {
+                replica: Some(j),
+                temperature: Some(t),
+                ..record
             };
-            append_line(
-                &r.chain.sink.dir.join(crate::checkpoint::files::METRICS),
-                &to_json(&line)?,
-            )?;
+            r.chain.sink.metrics(&line)?;
             if cold {
                 r.events.push(Event::Epoch(Box::new(line)));
             }
