@@ -17,9 +17,9 @@ use std::time::Instant;
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
-use super::chain::{append_line, model_and_potential, to_json, write_sample, Kept};
+use super::chain::{model_and_potential, write_sample, Kept};
 use super::hmc_state::{hmc_state_path, HmcState};
-use super::sink::RunFolder;
+use super::sink::{ChainSink, RunFolder};
 use super::{manifest, ChainOutcome, TrainConfig};
 use crate::checkpoint;
 use crate::data::{Dataset, Split};
@@ -212,7 +212,7 @@ impl HmcChain {
             step: self.iteration as u64,
             ..Position::default()
         };
-        super::chain::discard_after(run_dir, &at)?;
+        RunFolder::new(run_dir).discard_after(&at)?;
         tracing::info!(iteration = self.iteration, "resuming HMC");
         Ok(())
     }
@@ -325,7 +325,6 @@ pub(super) fn run_hmc_chain(
     let elapsed = |c: &HmcChain| c.seconds_before + started.elapsed().as_secs_f64();
     let mut energy = FullBatch::new(&model, &ds.train, &potential)?;
     let mut sink = RunFolder::new(run_dir);
-    let metrics = run_dir.join(crate::checkpoint::files::METRICS);
     let mut checkpoints =
         Checkpoints::every(s.checkpoint_every as u64).or_every_seconds(SAVE_EVERY_SECONDS);
     while chain.iteration < s.epochs {
@@ -337,7 +336,7 @@ pub(super) fn run_hmc_chain(
             &mut energy,
             &mut sink,
         )?;
-        append_line(&metrics, &to_json(&record(&t, &chain))?)?;
+        sink.iteration(&record(&t, &chain))?;
         let it = chain.iteration as u64;
         let due = checkpoints.due(it.saturating_sub(1), it, chain.iteration == s.epochs);
         if due.save {

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use candle_core::Tensor;
 
 use super::diagnostics::DiagnosticRecord;
-use super::EpochRecord;
+use super::{EpochRecord, HmcRecord};
 use crate::checkpoint;
 use crate::error::{Error, Result};
 use crate::run_state::{Position, RunState};
@@ -27,6 +27,9 @@ pub trait ChainSink {
     ) -> Result<()>;
     /// The line of an epoch that ended.
     fn metrics(&mut self, record: &EpochRecord) -> Result<()>;
+    /// The line of an HMC iteration that ended (full-batch HMC's chains, whose epochs are
+    /// its iterations).
+    fn iteration(&mut self, record: &HmcRecord) -> Result<()>;
     /// A line of the sampler's diagnostics (every `log_every` updates and at epochs' ends).
     fn diagnostics(&mut self, record: &DiagnosticRecord) -> Result<()>;
     /// The chain's state at a checkpoint; it replaces the one saved before.
@@ -76,6 +79,13 @@ impl ChainSink for RunFolder {
         )
     }
 
+    fn iteration(&mut self, record: &HmcRecord) -> Result<()> {
+        super::chain::append_line(
+            &self.dir.join(crate::checkpoint::files::METRICS),
+            &super::chain::to_json(record)?,
+        )
+    }
+
     fn diagnostics(&mut self, record: &DiagnosticRecord) -> Result<()> {
         super::chain::append_line(
             &self.dir.join(crate::checkpoint::files::DIAGNOSTICS),
@@ -118,6 +128,8 @@ pub struct InMemory {
     pub samples: Vec<PosteriorSample>,
     /// One record per epoch.
     pub metrics: Vec<EpochRecord>,
+    /// One record per HMC iteration.
+    pub iterations: Vec<HmcRecord>,
     /// The diagnostics lines.
     pub diagnostics: Vec<DiagnosticRecord>,
     /// The state saved last.
@@ -146,6 +158,11 @@ impl ChainSink for InMemory {
 
     fn metrics(&mut self, record: &EpochRecord) -> Result<()> {
         self.metrics.push(record.clone());
+        Ok(())
+    }
+
+    fn iteration(&mut self, record: &HmcRecord) -> Result<()> {
+        self.iterations.push(record.clone());
         Ok(())
     }
 
@@ -182,6 +199,7 @@ impl ChainSink for InMemory {
     fn discard_after(&mut self, at: &Position) -> Result<()> {
         self.samples.retain(|s| s.step <= at.step);
         self.metrics.truncate(at.epoch);
+        self.iterations.truncate(at.epoch);
         self.diagnostics.retain(|d| d.step <= at.step);
         Ok(())
     }
