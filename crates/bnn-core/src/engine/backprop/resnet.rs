@@ -377,11 +377,7 @@ impl ResnetBackprop {
     ) -> Result<()> {
         let act = self.layout.activation;
         let bc = self.block_convs[b];
-        let input = if b == 0 {
-            Source::Stem
-        } else {
-            Source::End(b - 1)
-        };
+        let input = Source::block_input(b);
         self.conv_norm(views, bc.conv1, input, rows, PreActivation::Mid(b))?;
         let mid = &mut self.mid[b];
         activate(&mut mid.pre, &mut mid.out, act);
@@ -580,11 +576,7 @@ impl ResnetBackprop {
     ) -> Result<()> {
         let act = self.layout.activation;
         let bc = self.block_convs[bi];
-        let input = if bi == 0 {
-            Source::Stem
-        } else {
-            Source::End(bi - 1)
-        };
+        let input = Source::block_input(bi);
         let g2 = self.convs[bc.conv2].geometry;
         let n_out = g2.out_channels * rows * g2.out_plane();
         let g1 = self.convs[bc.conv1].geometry;
@@ -895,6 +887,16 @@ enum Source {
     Stem,
     Mid(usize),
     End(usize),
+}
+
+impl Source {
+    /// What residual block `b` reads: the stem's output, or the block before's.
+    fn block_input(b: usize) -> Source {
+        match b {
+            0 => Source::Stem,
+            b => Source::End(b - 1),
+        }
+    }
 }
 
 /// Which pre-activation a convolution's normalised output goes to.
