@@ -780,7 +780,7 @@ pub struct SettingsLayer {
     #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
     pub log_every: Option<usize>,
     /// Run K independent chains side by side (seeds derived from --seed; chain 0 has
-    /// --seed itself), in RUN/chain-<k>/; the ensemble pools them, and the summary adds
+    /// --seed itself), in `RUN/chain-<k>/`; the ensemble pools them, and the summary adds
     /// each chain's figures, split-R-hat and ESS. A preset's chains go with its sampler
     /// only; replica exchange runs its replicas as its chains.
     #[cfg_attr(feature = "cli", arg(long, value_name = "K"))]
