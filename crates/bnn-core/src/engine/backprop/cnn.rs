@@ -539,14 +539,11 @@ impl HandPass for CnnBackprop {
         };
         // Updates tensors `ts` once nothing reads them any more.
         let mut hand_over =
-            |views: &mut Vec<Option<CpuView<'_>>>, grads: &[Tensor], ts: [usize; 2]| {
-                if let Some(step) = step.as_mut() {
-                    for t in ts {
-                        views[t] = None;
-                        step.tensor(t, &model.params[t].var, &grads[t])?;
-                    }
-                }
-                Ok::<(), Error>(())
+            |views: &mut [Option<CpuView<'_>>], grads: &[Tensor], ts: [usize; 2]| {
+                let Some(step) = step.as_mut() else {
+                    return Ok(());
+                };
+                super::mlp::hand_over(step, views, model, grads, ts)
             };
 
         let pass = PassInputs {

@@ -572,13 +572,14 @@ impl MlpBackprop {
 }
 
 /// Releases the views of tensors `ts`, which nothing reads any more, and hands them to
-/// the sampler with their final gradients.
-fn hand_over(
+/// the sampler with their final gradients: every hand-written pass's step, as soon as a
+/// layer is done.
+pub(super) fn hand_over(
     step: &mut OpenUpdate<'_, dyn TensorwiseStep + '_>,
     views: &mut [Option<CpuView<'_>>],
     model: &Network,
     grads: &[Tensor],
-    ts: std::ops::Range<usize>,
+    ts: impl IntoIterator<Item = usize>,
 ) -> Result<()> {
     for t in ts {
         views[t] = None;

@@ -26,8 +26,8 @@
 use candle_core::Tensor;
 
 use super::mlp::{
-    bias_gradient, dense_forward, held, lock_params, prepare_grads, softmax_xent, with_data_mut,
-    BatchLoss, CpuView,
+    bias_gradient, dense_forward, hand_over, held, lock_params, prepare_grads, softmax_xent,
+    with_data_mut, BatchLoss, CpuView,
 };
 use crate::error::{Error, Result};
 use crate::kernels::conv::direct::{self, Direction};
@@ -461,14 +461,10 @@ impl ResnetBackprop {
             None => None,
         };
         let grads = self.grads.clone();
-        let mut hand_over = |views: &mut Vec<Option<CpuView<'_>>>, ts: &[usize]| {
-            if let Some(step) = step.as_mut() {
-                for &t in ts {
-                    views[t] = None;
-                    step.tensor(t, &model.params[t].var, &grads[t])?;
-                }
-            }
-            Ok::<(), Error>(())
+        let mut hand_over = |views: &mut Vec<Option<CpuView<'_>>>, ts: &[usize]| match step.as_mut()
+        {
+            Some(step) => hand_over(step, views, model, &grads, ts.iter().copied()),
+            None => Ok(()),
         };
 
         let t = self.head_backward(&views, rows, &grads, prior)?;
