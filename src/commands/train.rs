@@ -271,14 +271,13 @@ fn refuse_foreign_flags(kind: bnn::sampler::SamplerKind, flags: &SettingsLayer) 
         ("target_accept", flags.target_accept.is_some()),
         ("init_from", flags.init_from.is_some()),
     ];
-    if let Some((field, _)) = hmc_only.iter().find(|(_, given)| *given) {
-        if kind != bnn::sampler::SamplerKind::Hmc {
-            return Err(Error::Config(format!(
-                "--{} is for --sampler hmc, not {}",
-                field.replace('_', "-"),
-                kind.name()
-            )));
-        }
+    let hmc = kind == bnn::sampler::SamplerKind::Hmc;
+    if let Some((field, _)) = hmc_only.iter().find(|(_, given)| *given && !hmc) {
+        return Err(Error::Config(format!(
+            "--{} is for --sampler hmc, not {}",
+            field.replace('_', "-"),
+            kind.name()
+        )));
     }
     for (field, given) in typed {
         if given && !kind.own_fields().contains(&field) {

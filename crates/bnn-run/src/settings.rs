@@ -811,6 +811,7 @@ pub struct SettingsLayer {
     )]
     pub standardize: Option<bool>,
 }
+
 impl SettingsLayer {
     /// Every field `s` has, as a layer (`standardize` absent: a property of the data, not
     /// of [`Settings`]): resolved over any defaults, it gives `s`'s values back. The CLI
@@ -861,8 +862,8 @@ impl SettingsLayer {
 impl Settings {
     /// The settings of `preset` over the defaults, and of `flags` over both: the one place
     /// where they are stacked. A preset's sampler settings (step size, friction, diffusion,
-    /// noise estimate, integrator, pSGLD's β and λ) and its number of chains go with its sampler: not used
-    /// when the flags name another. HMC's options are set for `--sampler hmc` only. The
+    /// noise estimate, integrator, pSGLD's β and λ) and its number of chains go with its
+    /// sampler: not used when the flags name another. HMC's options are set for `--sampler hmc` only. The
     /// model is the default MLP and there are no replicas: the network comes from the
     /// preset's `[model]` and the replica options from their flags.
     pub fn resolve(preset: &SettingsLayer, flags: &SettingsLayer) -> Settings {
@@ -894,6 +895,10 @@ impl Settings {
             };
         }
         let sd = kind.defaults();
+        // The same for a sampler's optional settings (pSGLD's β and λ).
+        let own = |typed: Option<f64>, preset_value: Option<f64>, default: Option<f64>| {
+            typed.or(preset_value.filter(|_| with_sampler)).or(default)
+        };
         Settings {
             model: d.model,
             sampler: SamplerConfig {
@@ -903,14 +908,8 @@ impl Settings {
                 noise_estimate: pick_with_sampler!(noise_estimate, sd.noise_estimate),
                 diffusion: pick_with_sampler!(diffusion, sd.diffusion),
                 integrator: pick_with_sampler!(integrator, sd.integrator),
-                rms_decay: flags
-                    .rms_decay
-                    .or(preset.rms_decay.filter(|_| with_sampler))
-                    .or(sd.rms_decay),
-                rms_damping: flags
-                    .rms_damping
-                    .or(preset.rms_damping.filter(|_| with_sampler))
-                    .or(sd.rms_damping),
+                rms_decay: own(flags.rms_decay, preset.rms_decay, sd.rms_decay),
+                rms_damping: own(flags.rms_damping, preset.rms_damping, sd.rms_damping),
             },
             kernel: pick!(kernel, d.kernel),
             backward: pick!(backward, d.backward),

@@ -6,7 +6,7 @@
 //! a round, an iteration, an epoch), asks [`Checkpoints::due`]. A state is saved when a
 //! signal is pending, at the run's last unit, when the count passed a multiple of the
 //! interval, or, where the loop sets one, when the last save is older than its
-//! seconds. After the save, [`Checkpoints::stop`] turns a pending signal into the error
+//! seconds. After the save, [`Due::stop`] turns a pending signal into the error
 //! that ends the run (naming the update and the folder to resume from), unless the run
 //! had finished anyway.
 
