@@ -15,7 +15,7 @@ from pathlib import Path
 # The floor below, as each library crate names it at its root (`use bnn_kernels as
 # kernels; use bnn_kernels::{error, ...}`): always allowed.
 KERNELS_FLOOR = {"kernels", "error", "rng", "pool", "alloc", "atomic", "signals"}
-CORE_FLOOR = {"backprop", "convergence", "data", "engine", "ensemble", "hmc", "likelihood", "metrics",
+CORE_FLOOR = {"backprop", "convergence", "data", "driver", "engine", "ensemble", "hmc", "likelihood", "metrics",
               "model", "optim", "potential", "regression", "sample_file", "sampler", "schedule",
               "synthetic", "uncertainty"}
 
@@ -36,6 +36,8 @@ RULES = {
         "engine::composed": KERNELS_FLOOR | {"sampler"},
         "engine::exchange": KERNELS_FLOOR,
         "data": KERNELS_FLOOR,
+        # The chain driver sees transitions only: no model, sampler or data.
+        "driver": KERNELS_FLOOR,
         "model": KERNELS_FLOOR,
         # The likelihood is arithmetic on outputs and targets: below the passes.
         "likelihood": KERNELS_FLOOR,

@@ -70,12 +70,13 @@
 
 // The floor below, under the names this crate's modules use (`crate::kernels::gemm`, …).
 use bnn_kernels as kernels;
-use bnn_kernels::{atomic, error, pool, rng};
+use bnn_kernels::{atomic, error, pool, rng, signals};
 
 pub use bnn_kernels::{Error, Result};
 
 pub mod convergence;
 pub mod data;
+pub mod driver;
 pub mod engine;
 pub mod ensemble;
 pub mod hmc;

@@ -8,7 +8,7 @@
 
 // The floors below, under the names this crate's modules use (`crate::data`, …).
 use bnn_core::engine::backprop;
-use bnn_core::{convergence, data, engine, ensemble, metrics, model, potential, sampler};
+use bnn_core::{convergence, data, driver, engine, ensemble, metrics, model, potential, sampler};
 use bnn_core::{hmc, likelihood, regression, schedule, uncertainty};
 use bnn_kernels as kernels;
 use bnn_kernels::{atomic, error, pool, rng, signals};

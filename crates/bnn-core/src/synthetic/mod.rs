@@ -9,6 +9,7 @@ use candle_core::{Device, Tensor, Var};
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
+use crate::driver;
 use crate::error::{Error, Result};
 use crate::rng::NoiseKey;
 use crate::sampler::{self, Integrator, Kernel, SamplerConfig, SamplerKind};
@@ -288,60 +289,115 @@ pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
     let pot = Potential::new(opts.potential, opts.seed);
     let dim = pot.dim();
     check_grid(opts, dim)?;
+    let mut walk = Walk::new(opts, &pot)?;
+    driver::drive(&mut walk, &mut driver::Checkpoints::in_memory())?;
     let n = opts.chains * dim;
-    let theta = Var::from_vec(start_point(opts, &pot), n, &Device::Cpu)?;
-    let params = [theta.clone()];
-    let chain = sampler_config(opts).params()?;
-    let mut s = sampler::build_with(chain, &params, opts.seed, Kernel::Fused)?;
-    let mut gradients = NoisyGradient::new(opts, &pot);
-    let kept = opts.steps - opts.burnin;
-    let mut samples = Vec::with_capacity(kept * n);
-    let (mut ke_sum, mut xi_sum, mut diag_n) = (0f64, 0f64, 0usize);
-    let mut has_ke = false;
-    let mut has_xi = false;
-    let mut diverged_at = None;
-    for step in 0..opts.steps {
-        let x: Vec<f32> = theta.as_tensor().to_vec1()?;
-        let g = gradients.at(&x, step as u64);
-        s.step(&params, &[Tensor::from_vec(g, n, &Device::Cpu)?])?;
-        let now: Vec<f32> = theta.as_tensor().to_vec1()?;
-        if now.iter().any(|v| !v.is_finite()) {
-            diverged_at = Some(step);
-            break;
-        }
-        if step >= opts.burnin {
-            samples.extend(now);
-            let diag = s.diagnostics();
-            if let Some(k) = diag.kinetic_energy {
-                ke_sum += k;
-                has_ke = true;
-            }
-            if let Some(t) = diag.thermostat {
-                xi_sum += t / opts.h;
-                has_xi = true;
-            }
-            diag_n += 1;
-        }
-    }
-    if let Some(step) = diverged_at {
+    let samples = walk.samples;
+    if let Some(step) = walk.diverged_at {
         tracing::warn!(
             step,
             "the chain diverged (non-finite position); try a smaller --h"
         );
         let report = SampleReport {
             kl: f64::INFINITY,
-            diverged_at,
+            diverged_at: walk.diverged_at,
             ..summarise(&pot, opts, &samples, samples.len() / n, dim)?
         };
         return Ok((report, samples));
     }
-    let report = summarise(&pot, opts, &samples, kept, dim)?;
+    let report = summarise(&pot, opts, &samples, opts.steps - opts.burnin, dim)?;
+    let (ke, xi, count) = walk.diagnostics;
     let report = SampleReport {
-        kinetic_energy: has_ke.then(|| ke_sum / diag_n as f64),
-        thermostat: has_xi.then(|| xi_sum / diag_n as f64),
+        kinetic_energy: ke.map(|k| k / count as f64),
+        thermostat: xi.map(|x| x / count as f64),
         ..report
     };
     Ok((report, samples))
+}
+
+/// The chains' walk, as the driver runs it in memory: one update of every chain a unit,
+/// the positions after burn-in kept.
+struct Walk<'a> {
+    opts: &'a SampleOptions,
+    /// Every chain's position (chain after chain), its sampler and its noisy gradient.
+    params: [Var; 1],
+    sampler: Box<dyn sampler::Sampler>,
+    gradients: NoisyGradient<'a>,
+    step: usize,
+    /// The positions after burn-in (steps × chains × dim).
+    samples: Vec<f32>,
+    /// After burn-in: the sums of the kinetic energy and of ξ where the sampler has
+    /// them, and the updates summed.
+    diagnostics: (Option<f64>, Option<f64>, usize),
+    /// The update at which a chain left the finite numbers.
+    diverged_at: Option<usize>,
+}
+
+impl<'a> Walk<'a> {
+    fn new(opts: &'a SampleOptions, pot: &'a Potential) -> Result<Self> {
+        let n = opts.chains * pot.dim();
+        let theta = Var::from_vec(start_point(opts, pot), n, &Device::Cpu)?;
+        let params = [theta];
+        let chain = sampler_config(opts).params()?;
+        Ok(Walk {
+            opts,
+            sampler: sampler::build_with(chain, &params, opts.seed, Kernel::Fused)?,
+            params,
+            gradients: NoisyGradient::new(opts, pot),
+            step: 0,
+            samples: Vec::with_capacity((opts.steps - opts.burnin) * n),
+            diagnostics: (None, None, 0),
+            diverged_at: None,
+        })
+    }
+}
+
+impl driver::Transition for Walk<'_> {
+    fn done(&self) -> u64 {
+        self.step as u64
+    }
+
+    fn total(&self) -> u64 {
+        self.opts.steps as u64
+    }
+
+    /// One update; false when a chain left the finite numbers.
+    fn advance(&mut self) -> Result<bool> {
+        let (opts, step) = (self.opts, self.step);
+        let theta = self.params[0].as_tensor();
+        let x: Vec<f32> = theta.to_vec1()?;
+        let g = self.gradients.at(&x, step as u64);
+        let g = Tensor::from_vec(g, x.len(), &Device::Cpu)?;
+        self.sampler.step(&self.params, &[g])?;
+        let now: Vec<f32> = self.params[0].as_tensor().to_vec1()?;
+        if now.iter().any(|v| !v.is_finite()) {
+            self.diverged_at = Some(step);
+            return Ok(false);
+        }
+        if step >= opts.burnin {
+            self.samples.extend(now);
+            let diag = self.sampler.diagnostics();
+            let (ke, xi, count) = &mut self.diagnostics;
+            if let Some(k) = diag.kinetic_energy {
+                *ke = Some(ke.unwrap_or(0.0) + k);
+            }
+            if let Some(t) = diag.thermostat {
+                *xi = Some(xi.unwrap_or(0.0) + t / opts.h);
+            }
+            *count += 1;
+        }
+        self.step += 1;
+        Ok(true)
+    }
+
+    /// A chain in memory saves nothing.
+    fn save(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn folder(&self) -> Option<&std::path::Path> {
+        None
+    }
 }
 
 /// Refuses options that give no chain to run.

@@ -18,6 +18,7 @@ use rand_distr::StandardNormal;
 use super::{
     gradient_noise_sd, noise_variance, summarise, PotentialKind, SampleOptions, SampleReport,
 };
+use crate::driver;
 use crate::engine::exchange::{energy_difference, logistic, Compensation};
 use crate::error::{Error, Result};
 use crate::rng::NoiseKey;
@@ -35,7 +36,7 @@ const MAX_EVALUATIONS: usize = 1 << 16;
 /// replica holds T₀ = 1 at each step after burn-in.
 pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
     check(opts)?;
-    let mut ladder = new_ladder(opts)?;
+    let ladder = new_ladder(opts)?;
     let pot = super::Potential::new(opts.potential, opts.seed);
     // One chain: the T = 1 replica's samples.
     let single = SampleOptions {
@@ -43,24 +44,64 @@ pub fn run(opts: &SampleOptions) -> Result<(SampleReport, Vec<f32>)> {
         ..opts.clone()
     };
     let start = super::start_point(&single, &pot);
-    let mut walk = Walk::new(opts, &pot, &start)?;
+    let walk = Walk::new(opts, &pot, &start)?;
     let compensation = Compensation::paper();
     let energies = Energies {
         pot: &pot,
         noise_sd: noise_variance(opts).unwrap_or(0.0).sqrt(),
         compensation: &compensation,
     };
-    let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed ^ crate::rng::EXCHANGE_STREAM);
-    while walk.step < opts.steps {
-        if walk.step >= opts.burnin {
-            ladder.freeze();
-        }
-        if !walk.round(&ladder)? {
-            break;
-        }
-        exchange(&mut ladder, &mut rng, &walk.positions, &energies)?;
+    let mut rounds = Rounds {
+        walk,
+        ladder,
+        rng: rand::rngs::StdRng::seed_from_u64(opts.seed ^ crate::rng::EXCHANGE_STREAM),
+        energies,
+    };
+    driver::drive(&mut rounds, &mut driver::Checkpoints::in_memory())?;
+    rounds.walk.report(&single, rounds.ladder)
+}
+
+/// The replicas' rounds, as the driver runs them in memory: a round of updates and the
+/// exchanges after it a unit, counted in updates.
+struct Rounds<'a> {
+    walk: Walk<'a>,
+    ladder: Ladder,
+    /// The exchanges' stream, and the energies they compare.
+    rng: rand::rngs::StdRng,
+    energies: Energies<'a>,
+}
+
+impl driver::Transition for Rounds<'_> {
+    fn done(&self) -> u64 {
+        self.walk.step as u64
     }
-    walk.report(&single, ladder)
+
+    fn total(&self) -> u64 {
+        self.walk.opts.steps as u64
+    }
+
+    /// A round and its exchanges, the ladder frozen after burn-in; false when the T = 1
+    /// replica diverged.
+    fn advance(&mut self) -> Result<bool> {
+        if self.walk.step >= self.walk.opts.burnin {
+            self.ladder.freeze();
+        }
+        if !self.walk.round(&self.ladder)? {
+            return Ok(false);
+        }
+        let positions = &self.walk.positions;
+        exchange(&mut self.ladder, &mut self.rng, positions, &self.energies)?;
+        Ok(true)
+    }
+
+    /// Replicas in memory save nothing.
+    fn save(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn folder(&self) -> Option<&std::path::Path> {
+        None
+    }
 }
 
 /// The replicas' walk between exchanges, and what it keeps.

@@ -1,5 +1,7 @@
-//! One chain: the training loop proper. [`run_chain`] reads as the algorithm; [`Chain`]
-//! holds the chain's model, its update and its running results, and does each part.
+//! One chain: the training loop proper. [`run_chain`] reads as the algorithm; a `Walk`
+//! over the epochs' minibatches is the transition the one driver ([`crate::driver`]) runs,
+//! which saves the state and stops on a signal; [`Chain`] holds the chain's model, its
+//! update and its running results, and does each part.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -16,6 +18,7 @@ use super::task;
 use super::{manifest, EpochRecord, Stepper, TrainConfig};
 use crate::checkpoint;
 use crate::data::{Dataset, Task};
+use crate::driver;
 use crate::ensemble::{self, Accumulator, AccumulatorState, Sums};
 use crate::error::{Error, Result};
 use crate::likelihood::Noise;
@@ -26,7 +29,6 @@ use crate::rng;
 use crate::run_state::{self, Position, RunState};
 use crate::sampler;
 use crate::settings::OnDivergence;
-use crate::train::checkpoints::Checkpoints;
 
 /// What one chain leaves for the run's summary.
 #[derive(Debug, Clone)]
@@ -102,143 +104,199 @@ pub const NOISE_PRECISION_KEY: &str = "noise_precision";
 /// How often `--on-divergence rollback` may roll a chain back.
 pub(super) const MAX_ROLLBACKS: u32 = 3;
 
-/// Where a chain's walk stands: its update count and seconds, and the run's constants
-/// the loop needs.
-struct Walk {
+/// A chain's walk over its epochs' minibatches, as the driver runs it: one update a
+/// unit. Before an epoch's first update, a fresh shuffle and the epoch's labels; after its
+/// last, the prior's Gibbs step and the metrics line.
+struct Walk<'c, 'a, S: ChainSink> {
+    chain: &'c mut Chain<'a, S>,
     batches: usize,
     total_steps: u64,
-    /// When states are saved.
-    checkpoints: Checkpoints,
+    /// Where the walk stands: the epoch, the minibatch within it, the updates done and
+    /// their seconds.
+    epoch: usize,
+    batch: usize,
     step: u64,
     step_seconds: f64,
     /// Training seconds of the earlier runs of a resumed run, and this run's start.
     seconds_before: f64,
     started: Instant,
+    /// The minibatch order: the shuffle stream, and this epoch's order.
+    shuffle: rand::rngs::StdRng,
+    order: Vec<usize>,
+    /// The open epoch, if one is: its running figures, the minibatch this run began it
+    /// at, its clock and its bar.
+    open: Option<Epoch>,
 }
 
-impl Walk {
+/// The epoch a [`Walk`] is in.
+struct Epoch {
+    sums: Position,
+    first_batch: usize,
+    started: Instant,
+    bar: Box<dyn crate::progress::ProgressBar>,
+}
+
+impl<'c, 'a, S: ChainSink> Walk<'c, 'a, S> {
+    /// The walk of `chain` from where `at` says it stands: the shuffles of the epochs
+    /// done replayed, and a resumed epoch's figures taken back.
+    fn new(chain: &'c mut Chain<'a, S>, at: Position) -> Self {
+        let (s, ds) = (&chain.cfg.settings, chain.ds);
+        let batches = ds.train.len() / s.batch_size;
+        let mut shuffle = rand::rngs::StdRng::seed_from_u64(s.seed ^ rng::SHUFFLE_STREAM);
+        let mut order: Vec<usize> = (0..ds.train.len()).collect();
+        for _ in 0..at.epoch {
+            order.shuffle(&mut shuffle);
+        }
+        let mut walk = Walk {
+            batches,
+            total_steps: (batches * s.epochs) as u64,
+            epoch: at.epoch,
+            batch: at.batch,
+            step: at.step,
+            step_seconds: at.step_seconds,
+            seconds_before: at.train_seconds,
+            started: Instant::now(),
+            shuffle,
+            order,
+            open: None,
+            chain,
+        };
+        if at.epoch < s.epochs {
+            walk.open = Some(walk.open_epoch(at));
+        }
+        walk
+    }
+
     fn train_seconds(&self) -> f64 {
         self.seconds_before + self.started.elapsed().as_secs_f64()
+    }
+
+    /// Opens epoch `self.epoch` with `sums` (a resumed epoch's, or none): its shuffle,
+    /// its labels, its clock and its bar.
+    fn open_epoch(&mut self, sums: Position) -> Epoch {
+        let cfg = self.chain.cfg;
+        self.order.shuffle(&mut self.shuffle);
+        self.chain.relabel(self.epoch);
+        let bar = progress_bar(
+            cfg.progress,
+            self.batches as u64,
+            self.epoch,
+            cfg.settings.epochs,
+        );
+        Epoch {
+            sums,
+            first_batch: self.batch,
+            started: Instant::now(),
+            bar,
+        }
+    }
+
+    /// What the chain leaves for the run's summary.
+    fn outcome(self) -> ChainOutcome {
+        let train_seconds = self.train_seconds();
+        let chain = self.chain;
+        ChainOutcome {
+            seed: chain.cfg.settings.seed,
+            num_params: chain.model.num_params(),
+            steps: self.step,
+            step_seconds: self.step_seconds,
+            train_seconds,
+            backward: chain.stepper.backward,
+            test: chain.kept.test.clone(),
+            valid: chain.kept.valid.clone(),
+            regression: chain.kept.regression.clone(),
+            kinetic_trace: std::mem::take(&mut chain.kept.kinetic_trace),
+            rollbacks: chain.rollbacks,
+        }
+    }
+}
+
+impl<S: ChainSink> driver::Transition for Walk<'_, '_, S> {
+    fn done(&self) -> u64 {
+        self.step
+    }
+
+    fn total(&self) -> u64 {
+        self.total_steps
+    }
+
+    /// One update on the next minibatch at the schedule's step size, a sample where the
+    /// schedule keeps one; the epoch's end after its last minibatch.
+    fn advance(&mut self) -> Result<bool> {
+        let cfg = self.chain.cfg;
+        let s = &cfg.settings;
+        let mut e = match self.open.take() {
+            Some(e) => e,
+            None => self.open_epoch(Position::default()),
+        };
+        let (epoch, b) = (self.epoch, self.batch);
+        let t0 = Instant::now();
+        let eta = s.schedule.step_size_of(
+            self.chain.base_step_size(),
+            self.step,
+            self.total_steps,
+            epoch,
+        );
+        let idx = &self.order[b * s.batch_size..(b + 1) * s.batch_size];
+        let diag = self.chain.update(idx, eta, &mut e.sums, self.step, epoch)?;
+        self.step += 1;
+        let last_of_epoch = b + 1 == self.batches;
+        self.chain.watch(self.step, epoch, last_of_epoch, None)?;
+        self.step_seconds += t0.elapsed().as_secs_f64();
+        if s.schedule.keeps_sample(self.step, self.total_steps, epoch) {
+            self.chain.keep_sample(self.step, epoch, eta, diag, None)?;
+        }
+        if b % 20 == 0 {
+            e.bar.set_position(b as u64);
+            let images = ((b + 1 - e.first_batch) * s.batch_size) as f64;
+            let rate = images / e.started.elapsed().as_secs_f64().max(1e-9);
+            let message = progress_message(&e.sums, diag);
+            e.bar.set_message(format!("{rate:.0} img/s {message}"));
+        }
+        self.batch += 1;
+        if last_of_epoch {
+            e.bar.finish_and_clear();
+            self.chain.end_epoch(epoch, self.step, &e.sums, e.started)?;
+            (self.epoch, self.batch) = (epoch + 1, 0);
+        } else {
+            self.open = Some(e);
+        }
+        Ok(true)
+    }
+
+    /// The state mid-epoch with the epoch's figures, or at an epoch's end.
+    fn save(&mut self) -> Result<()> {
+        let sums = self.open.as_ref().map(|e| e.sums.clone());
+        let progress = Position {
+            epoch: self.epoch,
+            batch: self.batch,
+            step: self.step,
+            step_seconds: self.step_seconds,
+            train_seconds: self.train_seconds(),
+            ..sums.unwrap_or_default()
+        };
+        self.chain.save(progress)
+    }
+
+    fn folder(&self) -> Option<&Path> {
+        Some(self.chain.sink.location())
+    }
+
+    fn stopping(&mut self) {
+        if let Some(e) = &self.open {
+            e.bar.finish_and_clear();
+        }
     }
 }
 
 /// Runs `chain` from where `at` says it stands to the end of the run.
 fn run_from<S: ChainSink>(chain: &mut Chain<S>, at: Position) -> Result<ChainOutcome> {
-    let (cfg, ds) = (chain.cfg, chain.ds);
-    let s = &cfg.settings;
-    let batches = ds.train.len() / s.batch_size;
-    let mut w = Walk {
-        batches,
-        total_steps: (batches * s.epochs) as u64,
-        checkpoints: Checkpoints::every(s.checkpoint_interval(batches as u64)),
-        step: at.step,
-        step_seconds: at.step_seconds,
-        seconds_before: at.train_seconds,
-        started: Instant::now(),
-    };
-    // The minibatch order of the epochs done: the shuffle stream replayed.
-    let mut shuffle = rand::rngs::StdRng::seed_from_u64(s.seed ^ rng::SHUFFLE_STREAM);
-    let mut order: Vec<usize> = (0..ds.train.len()).collect();
-    for _ in 0..at.epoch {
-        order.shuffle(&mut shuffle);
-    }
-    for epoch in at.epoch..s.epochs {
-        let epoch_start = Instant::now();
-        order.shuffle(&mut shuffle);
-        chain.relabel(epoch);
-        let resumed = epoch == at.epoch;
-        let mut sums = match resumed {
-            true => at.clone(),
-            false => Position::default(),
-        };
-        let first_batch = if resumed { at.batch } else { 0 };
-        let at_batch = (&order[..], first_batch);
-        run_batches(chain, &mut w, at_batch, (epoch, epoch_start), &mut sums)?;
-        chain.end_epoch(epoch, w.step, &sums, epoch_start)?;
-        let due = w
-            .checkpoints
-            .due(w.step.saturating_sub(1), w.step, epoch + 1 == s.epochs);
-        if due.save {
-            chain.save(Position {
-                epoch: epoch + 1,
-                batch: 0,
-                step: w.step,
-                step_seconds: w.step_seconds,
-                train_seconds: w.train_seconds(),
-                ..Position::default()
-            })?;
-            due.stop(w.step, chain.sink.location())?;
-        }
-    }
-    Ok(ChainOutcome {
-        seed: s.seed,
-        num_params: chain.model.num_params(),
-        steps: w.step,
-        step_seconds: w.step_seconds,
-        train_seconds: w.train_seconds(),
-        backward: chain.stepper.backward,
-        test: chain.kept.test.clone(),
-        valid: chain.kept.valid.clone(),
-        regression: chain.kept.regression.clone(),
-        kinetic_trace: std::mem::take(&mut chain.kept.kinetic_trace),
-        rollbacks: chain.rollbacks,
-    })
-}
-
-/// Epoch `epoch`'s updates over the minibatches of `order` from `first_batch` on, with
-/// the samples kept and the states saved mid-epoch (every `--checkpoint-every` updates
-/// and on a signal; then the run stops with an error naming it).
-fn run_batches<S: ChainSink>(
-    chain: &mut Chain<S>,
-    w: &mut Walk,
-    (order, first_batch): (&[usize], usize),
-    (epoch, epoch_start): (usize, Instant),
-    sums: &mut Position,
-) -> Result<()> {
     let s = &chain.cfg.settings;
-    let bar = progress_bar(chain.cfg.progress, w.batches as u64, epoch, s.epochs);
-    for (b, idx) in order
-        .chunks_exact(s.batch_size)
-        .enumerate()
-        .skip(first_batch)
-    {
-        let t0 = Instant::now();
-        let eta = s
-            .schedule
-            .step_size_of(chain.base_step_size(), w.step, w.total_steps, epoch);
-        let diag = chain.update(idx, eta, sums, w.step, epoch)?;
-        w.step += 1;
-        chain.watch(w.step, epoch, b + 1 == w.batches, None)?;
-        w.step_seconds += t0.elapsed().as_secs_f64();
-        if s.schedule.keeps_sample(w.step, w.total_steps, epoch) {
-            chain.keep_sample(w.step, epoch, eta, diag, None)?;
-        }
-        if b % 20 == 0 {
-            bar.set_position(b as u64);
-            let images = ((b + 1 - first_batch) * s.batch_size) as f64;
-            let rate = images / epoch_start.elapsed().as_secs_f64().max(1e-9);
-            bar.set_message(format!("{rate:.0} img/s {}", progress_message(sums, diag)));
-        }
-        // Mid-epoch checkpoints; one due at the epoch's last update waits for the
-        // epoch's end (the prior's Gibbs step and the metrics line).
-        let due = w.checkpoints.due(w.step.saturating_sub(1), w.step, false);
-        if b + 1 < w.batches && due.save {
-            chain.save(Position {
-                epoch,
-                batch: b + 1,
-                step: w.step,
-                step_seconds: w.step_seconds,
-                train_seconds: w.train_seconds(),
-                ..sums.clone()
-            })?;
-            if due.signal.is_some() {
-                bar.finish_and_clear();
-            }
-            due.stop(w.step, chain.sink.location())?;
-        }
-    }
-    bar.finish_and_clear();
-    Ok(())
+    let batches = chain.ds.train.len() / s.batch_size;
+    let mut checkpoints = driver::Checkpoints::every(s.checkpoint_interval(batches as u64));
+    let mut walk = Walk::new(chain, at);
+    driver::drive(&mut walk, &mut checkpoints)?;
+    Ok(walk.outcome())
 }
 
 /// A chain's model, its update, its running results, and where it hands them on.

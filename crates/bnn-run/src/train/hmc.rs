@@ -23,6 +23,7 @@ use super::sink::{ChainSink, RunFolder};
 use super::{manifest, ChainOutcome, TrainConfig};
 use crate::checkpoint;
 use crate::data::{Dataset, Split};
+use crate::driver;
 use crate::error::{Error, Result};
 use crate::hmc::{DualAveraging, Energy, Hmc, Transition};
 use crate::likelihood::Noise;
@@ -30,7 +31,6 @@ use crate::model::Network;
 use crate::potential::{Backward, Potential, PriorSpec};
 use crate::run_state::Position;
 use crate::sampler::Diagnostics;
-use crate::train::checkpoints::Checkpoints;
 
 /// Rows per chunk of the full-batch gradient (bounds the activations' memory).
 const CHUNK: usize = 1000;
@@ -322,33 +322,23 @@ pub(super) fn run_hmc_chain(
     if write_manifest {
         manifest(cfg, ds, model.num_params()).write(run_dir)?;
     }
-    let elapsed = |c: &HmcChain| c.seconds_before + started.elapsed().as_secs_f64();
-    let mut energy = FullBatch::new(&model, &ds.train, &potential)?;
-    let mut sink = RunFolder::new(run_dir);
+    let mut walk = Iterations {
+        cfg,
+        ds,
+        chain,
+        net: (&model, &potential),
+        energy: FullBatch::new(&model, &ds.train, &potential)?,
+        sink: RunFolder::new(run_dir),
+        started,
+    };
     let mut checkpoints =
-        Checkpoints::every(s.checkpoint_every as u64).or_every_seconds(SAVE_EVERY_SECONDS);
-    while chain.iteration < s.epochs {
-        let t = iterate(
-            cfg,
-            ds,
-            &mut chain,
-            (&model, &potential),
-            &mut energy,
-            &mut sink,
-        )?;
-        sink.iteration(&record(&t, &chain))?;
-        let it = chain.iteration as u64;
-        let due = checkpoints.due(it.saturating_sub(1), it, chain.iteration == s.epochs);
-        if due.save {
-            chain.save(run_dir, elapsed(&chain))?;
-            checkpoints.saved();
-            due.stop(it, run_dir)?;
-        }
-    }
+        driver::Checkpoints::every(s.checkpoint_every as u64).or_every_seconds(SAVE_EVERY_SECONDS);
+    driver::drive(&mut walk, &mut checkpoints)?;
+    let seconds = walk.seconds();
+    let chain = walk.chain;
     if chain.divergences > 0 {
         tracing::warn!(divergences = chain.divergences, "HMC: divergent trajectories (rejected); a smaller --step-size or --target-accept closer to 1 helps");
     }
-    let seconds = elapsed(&chain);
     Ok(ChainOutcome {
         seed: s.seed,
         num_params: model.num_params(),
@@ -362,6 +352,52 @@ pub(super) fn run_hmc_chain(
         backward: Backward::Custom,
         rollbacks: 0,
     })
+}
+
+/// An HMC chain's iterations, as the driver runs them: one iteration a unit, its line
+/// of `metrics.jsonl` written after it.
+struct Iterations<'a> {
+    cfg: &'a TrainConfig,
+    ds: &'a Dataset,
+    chain: HmcChain,
+    net: (&'a Network, &'a Potential),
+    energy: FullBatch<'a>,
+    sink: RunFolder,
+    /// When this process took the chain over.
+    started: Instant,
+}
+
+impl Iterations<'_> {
+    /// Seconds of sampling, over this process and the earlier ones.
+    fn seconds(&self) -> f64 {
+        self.chain.seconds_before + self.started.elapsed().as_secs_f64()
+    }
+}
+
+impl driver::Transition for Iterations<'_> {
+    fn done(&self) -> u64 {
+        self.chain.iteration as u64
+    }
+
+    fn total(&self) -> u64 {
+        self.cfg.settings.epochs as u64
+    }
+
+    fn advance(&mut self) -> Result<bool> {
+        let (cfg, ds, net) = (self.cfg, self.ds, self.net);
+        let chain = &mut self.chain;
+        let t = iterate(cfg, ds, chain, net, &mut self.energy, &mut self.sink)?;
+        self.sink.iteration(&record(&t, chain))?;
+        Ok(true)
+    }
+
+    fn save(&mut self) -> Result<()> {
+        self.chain.save(self.sink.location(), self.seconds())
+    }
+
+    fn folder(&self) -> Option<&Path> {
+        Some(self.sink.location())
+    }
 }
 
 /// The metrics line of the iteration that did `t` and left `chain` as it is.

@@ -3,7 +3,6 @@
 //! metrics, and a summary.
 
 mod chain;
-mod checkpoints;
 pub mod configurational;
 pub mod diagnostics;
 pub mod disk;

@@ -31,6 +31,7 @@ use super::TrainConfig;
 use crate::backprop::mlp::BatchLoss;
 use crate::checkpoint;
 use crate::data::Dataset;
+use crate::driver;
 use crate::ensemble;
 use crate::error::{Error, Result};
 use crate::model::stacked::Stacked;
@@ -38,7 +39,6 @@ use crate::model::Network;
 use crate::potential::{evaluate_stacked, Backward, Potential};
 use crate::rng;
 use crate::run_state::Position;
-use crate::train::checkpoints::Checkpoints;
 
 /// `RUN/stacked.json`: which slot holds the chains' states, and where the run stood.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -213,25 +213,36 @@ fn new_lanes<'a>(plan: &Plan<'a>, cfgs: &'a [TrainConfig]) -> Result<Vec<Lane<'a
     Ok(lanes)
 }
 
-/// The updates from `step` to the run's end, the state saved every `--checkpoint-every`
-/// updates, at the end and on a signal (then the run stops with an error naming it): the
-/// updates done and the seconds spent in them.
-fn run_updates(
-    plan: &Plan,
-    lanes: &mut [Lane],
-    stack: &Stacked,
-    (mut step, mut saves): (u64, usize),
-    clock: &Clock,
-) -> Result<(u64, f64)> {
-    let (cfg, batches) = (plan.cfg, plan.batches);
-    let checkpoints = Checkpoints::every(cfg.settings.checkpoint_interval(batches));
-    let bar = crate::progress::bar(cfg.progress, plan.total_steps, "stacked chains");
-    let mut step_seconds = lanes[0].sums.step_seconds;
-    while step < plan.total_steps {
-        let epoch = (step / batches) as usize;
-        let b = step % batches;
+/// The stacked chains' walk, as the driver runs it: one update of every chain a unit,
+/// each chain's epoch begun (a fresh shuffle, its labels) before its first minibatch.
+struct Walk<'p, 'l> {
+    plan: &'p Plan<'p>,
+    lanes: &'p mut [Lane<'l>],
+    stack: &'p Stacked,
+    /// Updates done and their seconds, and the states saved so far (which alternate
+    /// between two slots).
+    step: u64,
+    step_seconds: f64,
+    saves: usize,
+    clock: &'p Clock,
+    bar: Box<dyn crate::progress::ProgressBar>,
+}
+
+impl driver::Transition for Walk<'_, '_> {
+    fn done(&self) -> u64 {
+        self.step
+    }
+
+    fn total(&self) -> u64 {
+        self.plan.total_steps
+    }
+
+    fn advance(&mut self) -> Result<bool> {
+        let (plan, stack) = (self.plan, self.stack);
+        let epoch = (self.step / plan.batches) as usize;
+        let b = self.step % plan.batches;
         if b == 0 {
-            for lane in lanes.iter_mut() {
+            for lane in self.lanes.iter_mut() {
                 lane.order.shuffle(&mut lane.shuffle);
                 lane.chain.relabel(epoch);
                 lane.sums = Position::default();
@@ -239,27 +250,70 @@ fn run_updates(
             }
         }
         let t0 = Instant::now();
-        let diags = update(plan, lanes, stack, step, epoch)?;
-        step_seconds += t0.elapsed().as_secs_f64();
-        step += 1;
-        let last_of_epoch = b + 1 == batches;
-        after_update(plan, lanes, stack, step, epoch, last_of_epoch, &diags)?;
-        if step % 20 == 0 || step == plan.total_steps {
-            bar.set_position(step);
+        let diags = update(plan, self.lanes, stack, self.step, epoch)?;
+        self.step_seconds += t0.elapsed().as_secs_f64();
+        self.step += 1;
+        let last_of_epoch = b + 1 == plan.batches;
+        after_update(
+            plan,
+            self.lanes,
+            stack,
+            self.step,
+            epoch,
+            last_of_epoch,
+            &diags,
+        )?;
+        if self.step.is_multiple_of(20) || self.step == plan.total_steps {
+            self.bar.set_position(self.step);
         }
-        let due = checkpoints.due(step.saturating_sub(1), step, step == plan.total_steps);
-        if due.save {
-            sync(lanes, stack)?;
-            save(plan, lanes, step, (step_seconds, clock.elapsed()), saves)?;
-            saves += 1;
-            if due.signal.is_some() {
-                bar.finish_and_clear();
-            }
-            due.stop(step, &cfg.run_dir)?;
-        }
+        Ok(true)
     }
-    bar.finish_and_clear();
-    Ok((step, step_seconds))
+
+    /// Every chain's parameters copied out of the stack, then saved.
+    fn save(&mut self) -> Result<()> {
+        sync(self.lanes, self.stack)?;
+        let seconds = (self.step_seconds, self.clock.elapsed());
+        save(self.plan, self.lanes, self.step, seconds, self.saves)?;
+        self.saves += 1;
+        Ok(())
+    }
+
+    fn folder(&self) -> Option<&std::path::Path> {
+        Some(&self.plan.cfg.run_dir)
+    }
+
+    fn stopping(&mut self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+/// The updates from `step` to the run's end, the state saved every `--checkpoint-every`
+/// updates, at the end and on a signal (then the run stops with an error naming it): the
+/// updates done and the seconds spent in them.
+fn run_updates(
+    plan: &Plan,
+    lanes: &mut [Lane],
+    stack: &Stacked,
+    (step, saves): (u64, usize),
+    clock: &Clock,
+) -> Result<(u64, f64)> {
+    let cfg = plan.cfg;
+    let mut checkpoints =
+        driver::Checkpoints::every(cfg.settings.checkpoint_interval(plan.batches));
+    let step_seconds = lanes[0].sums.step_seconds;
+    let mut walk = Walk {
+        plan,
+        lanes,
+        stack,
+        step,
+        step_seconds,
+        saves,
+        clock,
+        bar: crate::progress::bar(cfg.progress, plan.total_steps, "stacked chains"),
+    };
+    driver::drive(&mut walk, &mut checkpoints)?;
+    walk.bar.finish_and_clear();
+    Ok((walk.step, walk.step_seconds))
 }
 
 /// Refuses a stack of networks like `net` that cannot fit in the device's free memory,

@@ -43,6 +43,7 @@ use super::EpochRecord;
 use super::TrainConfig;
 use crate::checkpoint;
 use crate::data::Dataset;
+use crate::driver;
 use crate::engine::exchange::Compensation;
 use crate::error::{Error, Result};
 use crate::ranks::Ranks;
@@ -52,7 +53,6 @@ use crate::sampler::ladder::Ladder;
 use crate::sampler::replica::{epsilon_and_c, replica_params, ReplicaOptions};
 use crate::sampler::Method;
 use crate::signals;
-use crate::train::checkpoints::Checkpoints;
 
 mod cold;
 mod swap;
@@ -242,6 +242,92 @@ fn begin(
     })
 }
 
+/// The replicas' walk, as the driver runs it: a round of updates of every replica and
+/// the exchanges after it a unit, counted in updates.
+struct Rounds<'p, 'r> {
+    plan: &'p Plan<'p>,
+    replicas: &'p mut [Option<Replica<'r>>],
+    cold: &'p mut Kept,
+    p: &'p mut Progress,
+    ranks: &'p Ranks,
+    compensation: Compensation,
+    bar: Box<dyn crate::progress::ProgressBar>,
+}
+
+impl driver::Transition for Rounds<'_, '_> {
+    fn done(&self) -> u64 {
+        self.p.step
+    }
+
+    fn total(&self) -> u64 {
+        self.plan.total_steps
+    }
+
+    /// A round, the exchanges after it and its line in the log.
+    fn advance(&mut self) -> Result<bool> {
+        let (plan, ranks) = (self.plan, self.ranks);
+        let from = self.p.step;
+        let p = &mut *self.p;
+        p.step = run_round(plan, self.replicas, &mut p.report, self.cold, p.step, ranks)?;
+        swap::exchange(
+            plan,
+            self.replicas,
+            &mut p.report,
+            &self.compensation,
+            ranks,
+        )?;
+        let report = &mut p.report;
+        report.ladder.end_round();
+        report.swap_rates = report.ladder.swap_rates();
+        report.expected_swap_rates = report.ladder.expected_swap_rates();
+        if ranks.is_root() {
+            log_round(plan, report, from, p.step)?;
+        }
+        self.bar.set_position(p.step);
+        self.bar.set_message(format!(
+            "T0 samples {} swap rates {}",
+            self.cold.samples(),
+            rates(&report.swap_rates)
+        ));
+        Ok(true)
+    }
+
+    fn save(&mut self) -> Result<()> {
+        let (plan, p) = (self.plan, &mut *self.p);
+        let seconds = p.train_seconds();
+        save(
+            plan,
+            self.replicas,
+            self.cold,
+            &p.report,
+            p.step,
+            seconds,
+            p.saves,
+            self.ranks,
+        )?;
+        p.saves += 1;
+        Ok(())
+    }
+
+    fn folder(&self) -> Option<&std::path::Path> {
+        Some(&self.plan.cfg.run_dir)
+    }
+
+    /// Every rank stops at the same round when any of them was signalled (SIGTERM's
+    /// number on a rank that was not).
+    fn signal(&self) -> Result<Option<i32>> {
+        let signal = signals::pending();
+        Ok(self
+            .ranks
+            .any(signal.is_some())
+            .then(|| signal.unwrap_or(15)))
+    }
+
+    fn stopping(&mut self) {
+        self.bar.finish_and_clear();
+    }
+}
+
 /// The rounds to the run's end: updates, exchanges, their log, and the state saved when a
 /// round passed a multiple of the checkpoint interval, at the end, or on a signal (then
 /// the run stops with an error naming it).
@@ -253,45 +339,19 @@ fn run_rounds(
     ranks: &Ranks,
 ) -> Result<()> {
     let s = &plan.cfg.settings;
-    let root = ranks.is_root();
-    let checkpoints = Checkpoints::every(s.checkpoint_interval(plan.batches));
-    let compensation = Compensation::paper();
-    let bar = crate::progress::bar(plan.cfg.progress && root, plan.total_steps, "replicas");
-    while p.step < plan.total_steps {
-        let from = p.step;
-        p.step = run_round(plan, replicas, &mut p.report, cold, p.step, ranks)?;
-        swap::exchange(plan, replicas, &mut p.report, &compensation, ranks)?;
-        let report = &mut p.report;
-        report.ladder.end_round();
-        report.swap_rates = report.ladder.swap_rates();
-        report.expected_swap_rates = report.ladder.expected_swap_rates();
-        if root {
-            log_round(plan, report, from, p.step)?;
-        }
-        bar.set_position(p.step);
-        bar.set_message(format!(
-            "T0 samples {} swap rates {}",
-            cold.samples(),
-            rates(&report.swap_rates)
-        ));
-        // Every rank stops at the same round when any of them was signalled (SIGTERM's
-        // number on a rank that was not).
-        let signal = signals::pending();
-        let signal = ranks.any(signal.is_some()).then(|| signal.unwrap_or(15));
-        let due = checkpoints.due_with(from, p.step, p.step == plan.total_steps, signal);
-        if due.save {
-            let seconds = p.train_seconds();
-            save(
-                plan, replicas, cold, &p.report, p.step, seconds, p.saves, ranks,
-            )?;
-            p.saves += 1;
-            if due.signal.is_some() {
-                bar.finish_and_clear();
-            }
-            due.stop(p.step, &plan.cfg.run_dir)?;
-        }
-    }
-    bar.finish_and_clear();
+    let mut checkpoints = driver::Checkpoints::every(s.checkpoint_interval(plan.batches));
+    let show = plan.cfg.progress && ranks.is_root();
+    let mut rounds = Rounds {
+        plan,
+        replicas,
+        cold,
+        p,
+        ranks,
+        compensation: Compensation::paper(),
+        bar: crate::progress::bar(show, plan.total_steps, "replicas"),
+    };
+    driver::drive(&mut rounds, &mut checkpoints)?;
+    rounds.bar.finish_and_clear();
     Ok(())
 }
 
