@@ -10,7 +10,7 @@ pub use bnn_kernels as kernels;
 pub use bnn_kernels::{alloc, atomic, error, pool, rng, signals};
 pub use bnn_kernels::{Error, Result};
 
-pub use bnn_core::{convergence, data, engine, ensemble, hmc, metrics, model, potential};
+pub use bnn_core::{convergence, data, driver, engine, ensemble, hmc, metrics, model, potential};
 pub use bnn_core::{likelihood, regression, sampler, schedule, synthetic, uncertainty};
 
 pub use bnn_run::{band, checkpoint, compare, eval, progress, ranks, run_state, settings, train};

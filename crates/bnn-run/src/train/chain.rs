@@ -19,7 +19,7 @@ use super::{manifest, EpochRecord, Stepper, TrainConfig};
 use crate::checkpoint;
 use crate::data::{Dataset, Task};
 use crate::driver;
-use crate::ensemble::{self, Accumulator, AccumulatorState, Sums};
+use crate::ensemble::{self, Accumulator, AccumulatorState, Ensemble, Prediction, Sums};
 use crate::error::{Error, Result};
 use crate::likelihood::Noise;
 use crate::model::Network;
@@ -37,12 +37,10 @@ pub struct ChainOutcome {
     pub seed: u64,
     /// Parameters of the model.
     pub num_params: usize,
-    /// The ensemble of its samples on the test set.
-    pub test: Accumulator,
-    /// And on the validation set, with `--valid`.
+    /// The ensemble of its samples on the test set (a classifier's or a regression's).
+    pub test: Ensemble,
+    /// And on the validation set, with `--valid` (a classifier's).
     pub valid: Option<Accumulator>,
-    /// A regression's test ensemble (then `test` is empty).
-    pub regression: Option<RegressionAccumulator>,
     /// Updates done.
     pub steps: u64,
     /// Seconds in updates.
@@ -204,7 +202,6 @@ impl<'c, 'a, S: ChainSink> Walk<'c, 'a, S> {
             backward: chain.stepper.backward,
             test: chain.kept.test.clone(),
             valid: chain.kept.valid.clone(),
-            regression: chain.kept.regression.clone(),
             kinetic_trace: std::mem::take(&mut chain.kept.kinetic_trace),
             rollbacks: chain.rollbacks,
         }
@@ -325,33 +322,38 @@ pub(super) struct Chain<'a, S: ChainSink = RunFolder> {
 /// the step is not what is wrong.
 const MAX_STEP_HALVINGS: u32 = 4;
 
+/// The ensembles in a saved state's form: the test classes' sums, the validation set's,
+/// and a regression's mixture.
+pub(super) type SavedEnsembles = (
+    (AccumulatorState, Sums),
+    Option<(AccumulatorState, Sums)>,
+    Option<RegressionAccumulator>,
+);
+
 /// The kept samples' running results: the streaming ensembles on the test and validation
 /// sets, and the kinetic energy per parameter at each sample.
 pub(super) struct Kept {
-    pub test: Accumulator,
+    pub test: Ensemble,
     pub valid: Option<Accumulator>,
-    /// A regression's test ensemble.
-    pub regression: Option<RegressionAccumulator>,
     pub kinetic_trace: Vec<f64>,
 }
 
 impl Kept {
     pub fn new(ds: &Dataset) -> Result<Self> {
-        let (test, regression) = task::ensembles(&ds.test, ds.task)?;
         let valid = match ds.valid.as_ref() {
-            Some(v) => Some(task::ensembles(v, ds.task)?.0),
+            Some(v) => Some(task::class_ensemble(v, ds.task)?),
             None => None,
         };
         Ok(Kept {
-            test,
+            test: task::ensemble(&ds.test, ds.task)?,
             valid,
-            regression,
             kinetic_trace: Vec::new(),
         })
     }
 
-    /// The ensembles as a saved state left them (a minibatch chain's or an HMC chain's);
-    /// refused where the state and the data disagree on a validation set.
+    /// The ensembles as a saved state left them (a minibatch chain's or an HMC chain's:
+    /// the classes' sums, or a regression's mixture); refused where the state and the
+    /// data disagree on a validation set or on the task.
     pub fn restore(
         &mut self,
         ds: &Dataset,
@@ -359,36 +361,46 @@ impl Kept {
         valid: Option<(AccumulatorState, Sums)>,
         regression: Option<RegressionAccumulator>,
     ) -> Result<()> {
-        self.test = Accumulator::restore(&ds.test.labels, test.0, test.1)?;
+        let disagree = |what: &str| {
+            Err(Error::Checkpoint(format!(
+                "the saved state and the data disagree on {what}"
+            )))
+        };
+        self.test = match (ds.task.is_regression(), regression) {
+            (true, Some(r)) => Ensemble::Gaussian(r),
+            (false, None) => {
+                Ensemble::Classes(Accumulator::restore(&ds.test.labels, test.0, test.1)?)
+            }
+            _ => return disagree("the task"),
+        };
         self.valid = match (ds.valid.as_ref(), valid) {
             (Some(v), Some((s, sum))) => Some(Accumulator::restore(&v.labels, s, sum)?),
             (None, None) => None,
-            _ => {
-                return Err(Error::Checkpoint(
-                    "the saved state and the data disagree on a validation set".into(),
-                ))
-            }
+            _ => return disagree("a validation set"),
         };
-        self.regression = regression;
         Ok(())
+    }
+
+    /// The ensembles in the saved state's form: the classes' sums (an empty ensemble's
+    /// for a regression), the validation set's, and a regression's mixture.
+    pub fn saved(&self) -> SavedEnsembles {
+        let test = match &self.test {
+            Ensemble::Classes(a) => a.state(),
+            Ensemble::Gaussian(_) => Accumulator::new(&[]).state(),
+        };
+        let valid = self.valid.as_ref().map(|a| a.state());
+        (test, valid, self.test.gaussian().cloned())
     }
 
     /// Samples in the test ensemble.
     pub fn samples(&self) -> usize {
-        match &self.regression {
-            Some(r) => r.samples(),
-            None => self.test.samples(),
-        }
+        self.test.samples()
     }
 
     /// A sample's predictions into the ensembles, its kinetic energy into the trace.
     pub fn add(&mut self, sample: KeptSample) -> Result<()> {
         if let Some(ke) = sample.kinetic_energy {
             self.kinetic_trace.push(ke);
-        }
-        if let (Some(acc), Some((mean, var))) = (self.regression.as_mut(), &sample.gaussians) {
-            acc.add(mean, var)?;
-            return Ok(());
         }
         self.test.add(&sample.test)?;
         if let (Some(acc), Some(v)) = (self.valid.as_mut(), sample.valid.as_ref()) {
@@ -398,13 +410,12 @@ impl Kept {
     }
 }
 
-/// What a kept sample adds to the ensembles: its predictive probabilities on the test
-/// and validation sets, and the kinetic energy per parameter when it was taken.
+/// What a kept sample adds to the ensembles: its predictions on the test set (class
+/// probabilities, or a regression's Gaussians) and the validation set's probabilities,
+/// and the kinetic energy per parameter when it was taken.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct KeptSample {
-    pub test: Vec<f32>,
-    /// A regression's predictive Gaussians on the test set (means, variances).
-    pub gaussians: Option<(Vec<f64>, Vec<f64>)>,
+    pub test: Prediction,
     pub valid: Option<Vec<f32>>,
     pub kinetic_energy: Option<f64>,
 }
@@ -450,10 +461,10 @@ pub(super) fn write_sample(
     let device = &cfg.device;
     if ds.task.is_regression() {
         sink.sample(step, params, meta)?;
-        let g = task::predict_gaussians(model, &ds.test, ds.task, noise_precision, device)?;
+        let (mean, var) =
+            task::predict_gaussians(model, &ds.test, ds.task, noise_precision, device)?;
         return Ok(KeptSample {
-            test: Vec::new(),
-            gaussians: Some(g),
+            test: Prediction::Gaussian { mean, var },
             valid: None,
             kinetic_energy: diag.kinetic_energy,
         });
@@ -485,8 +496,7 @@ pub(super) fn write_sample(
     }
     sink.sample(step, params, meta)?;
     Ok(KeptSample {
-        test,
-        gaussians: None,
+        test: Prediction::Classes(test),
         valid,
         kinetic_energy: diag.kinetic_energy,
     })
@@ -1013,8 +1023,8 @@ impl<'a, S: ChainSink> Chain<'a, S> {
             thermostat: diag.thermostat,
             prior_precisions: self.stepper.potential.prior.precisions.clone(),
             samples: kept.map_or(0, |k| k.samples()),
-            test_ensemble: kept.and_then(|k| k.test.metrics()),
-            test_regression: kept.and_then(|k| k.regression.as_ref()?.metrics()),
+            test_ensemble: kept.and_then(|k| k.test.classes()?.metrics()),
+            test_regression: kept.and_then(|k| k.test.gaussian()?.metrics()),
             train_rmse: match self.ds.task {
                 Task::Regression { std, .. } => {
                     Some((sums.sq_error / sums.seen as f64).sqrt() * std)
@@ -1027,7 +1037,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
                 }
                 Task::Classification { .. } => None,
             },
-            test_last_sample: kept.and_then(|k| k.test.last_sample),
+            test_last_sample: kept.and_then(|k| k.test.classes()?.last_sample),
             valid_ensemble: kept.and_then(|k| k.valid.as_ref().and_then(|a| a.metrics())),
             seconds: started.elapsed().as_secs_f64(),
         }
@@ -1041,7 +1051,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
 
     /// The chain's state as it stands at `progress`, with `kept`'s ensembles.
     pub fn state_at(&self, progress: Position, kept: &Kept) -> Result<RunState> {
-        let (ts, tsum) = kept.test.state();
+        let (test, valid, regression) = kept.saved();
         Ok(RunState {
             progress,
             params: self
@@ -1052,9 +1062,9 @@ impl<'a, S: ChainSink> Chain<'a, S> {
                 .collect::<Result<_>>()?,
             sampler: self.stepper.sampler.state()?,
             prior_precisions: self.stepper.potential.prior.precisions.clone(),
-            test: (ts, tsum),
-            valid: kept.valid.as_ref().map(|a| a.state()),
-            regression: kept.regression.clone(),
+            test,
+            valid,
+            regression,
             noise_precision: (!self.stepper.potential.likelihood.is_categorical())
                 .then_some(self.stepper.potential.noise_precision),
             kinetic_trace: kept.kinetic_trace.clone(),

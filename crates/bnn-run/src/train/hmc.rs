@@ -219,6 +219,7 @@ impl HmcChain {
 
     /// Saves the chain's state in `run_dir`.
     fn save(&self, run_dir: &Path, seconds: f64) -> Result<()> {
+        let (test, valid, regression) = self.kept.saved();
         HmcState {
             iteration: self.iteration,
             theta: self.theta.clone(),
@@ -227,9 +228,9 @@ impl HmcChain {
             divergences: self.divergences,
             gradients: self.gradients,
             seconds,
-            test: self.kept.test.state(),
-            valid: self.kept.valid.as_ref().map(|a| a.state()),
-            regression: self.kept.regression.clone(),
+            test,
+            valid,
+            regression,
         }
         .save(run_dir)
     }
@@ -344,7 +345,6 @@ pub(super) fn run_hmc_chain(
         num_params: model.num_params(),
         test: chain.kept.test,
         valid: chain.kept.valid,
-        regression: chain.kept.regression,
         steps: chain.gradients,
         step_seconds: seconds,
         train_seconds: seconds,

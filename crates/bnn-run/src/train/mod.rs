@@ -29,13 +29,13 @@ use serde::{Deserialize, Serialize};
 use crate::checkpoint::{self, RunManifest};
 use crate::convergence::{self, Convergence};
 use crate::data::Dataset;
-use crate::ensemble::Accumulator;
+use crate::ensemble::{Accumulator, Ensemble};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::model::Network;
 use crate::potential::Backward;
 use crate::ranks::Ranks;
-use crate::regression::{RegressionAccumulator, RegressionMetrics};
+use crate::regression::RegressionMetrics;
 use crate::sampler::Method;
 use crate::settings::{ChainLayout, Settings};
 use chain::run_chain;
@@ -474,13 +474,10 @@ fn chain_summary((k, c): (usize, &ChainOutcome)) -> ChainSummary {
     ChainSummary {
         chain: k,
         seed: c.seed,
-        samples: c
-            .regression
-            .as_ref()
-            .map_or(c.test.samples(), |r| r.samples()),
-        ensemble: c.test.metrics(),
-        regression: c.regression.as_ref().and_then(|r| r.metrics()),
-        last_sample: c.test.last_sample,
+        samples: c.test.samples(),
+        ensemble: c.test.classes().and_then(|a| a.metrics()),
+        regression: c.test.gaussian().and_then(|r| r.metrics()),
+        last_sample: c.test.classes().and_then(|a| a.last_sample),
         valid_ensemble: c.valid.as_ref().and_then(|a| a.metrics()),
         steps_per_second: c.steps as f64 / c.step_seconds.max(1e-9),
     }
@@ -492,13 +489,7 @@ fn chain_diagnostics(chains: &[ChainOutcome]) -> ChainDiagnostics {
     // The test log-likelihood of each sample alone, and the kinetic energy at it.
     let loglik: Vec<Vec<f64>> = chains
         .iter()
-        .map(|c| {
-            let nll = c
-                .regression
-                .as_ref()
-                .map_or(c.test.sample_nll(), |r| r.sample_nll());
-            nll.iter().map(|n| -n).collect()
-        })
+        .map(|c| c.test.sample_nll().iter().map(|n| -n).collect())
         .collect();
     let kinetic: Vec<Vec<f64>> = chains.iter().map(|c| c.kinetic_trace.clone()).collect();
     let d = ChainDiagnostics {
@@ -535,13 +526,8 @@ fn finish(
 ) -> Result<Summary> {
     let run_dir = &cfg.run_dir;
     let num_params = chains.first().map_or(0, |c| c.num_params);
-    let test = Accumulator::pooled(chains.iter().map(|c| &c.test))?;
-    let regression = match chains.first().and_then(|c| c.regression.as_ref()) {
-        Some(_) => Some(RegressionAccumulator::pooled(
-            chains.iter().filter_map(|c| c.regression.as_ref()),
-        )?),
-        None => None,
-    };
+    let test = Ensemble::pooled(chains.iter().map(|c| &c.test))?;
+    let (classes, regression) = (test.classes(), test.gaussian());
     let valid = match chains.first().and_then(|c| c.valid.as_ref()) {
         Some(_) => Some(Accumulator::pooled(
             chains.iter().filter_map(|c| c.valid.as_ref()),
@@ -564,14 +550,14 @@ fn finish(
         num_params,
         isa: crate::kernels::isa::current().name().to_string(),
         backward_used: chains.first().map_or(cfg.settings.backward, |c| c.backward),
-        samples: regression.as_ref().map_or(test.samples(), |r| r.samples()),
-        ensemble: test.metrics(),
-        uncertainty: test.uncertainty(),
-        last_sample: test.last_sample,
-        regression: regression.as_ref().and_then(|r| r.metrics()),
-        regression_last_sample: regression.as_ref().and_then(|r| r.last_sample),
+        samples: test.samples(),
+        ensemble: classes.and_then(|a| a.metrics()),
+        uncertainty: classes.and_then(|a| a.uncertainty()),
+        last_sample: classes.and_then(|a| a.last_sample),
+        regression: regression.and_then(|r| r.metrics()),
+        regression_last_sample: regression.and_then(|r| r.last_sample),
         valid_ensemble: valid.as_ref().and_then(|a| a.metrics()),
-        progress: test.progress(),
+        progress: classes.map_or(Vec::new(), |a| a.progress()),
         steps,
         rollbacks: chains.iter().map(|c| c.rollbacks).sum(),
         train_seconds: chains.iter().map(|c| c.train_seconds).fold(0.0, f64::max),

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::chain::ChainOutcome;
 use crate::data::Dataset;
-use crate::ensemble::{Accumulator, AccumulatorState, Sums};
+use crate::ensemble::{Accumulator, AccumulatorState, Ensemble, Sums};
 use crate::error::{Error, Result};
 use crate::potential::Backward;
 use crate::ranks::Ranks;
@@ -48,22 +48,28 @@ pub(super) fn gather(
         mine.sort_by_key(|(k, _)| *k);
         return Ok(Some(mine.into_iter().map(|(_, c)| c).collect()));
     }
-    let sent: Vec<Sent> = mine
-        .into_iter()
-        .map(|(k, c)| Sent {
-            k,
-            seed: c.seed,
-            num_params: c.num_params,
-            steps: c.steps,
-            step_seconds: c.step_seconds,
-            train_seconds: c.train_seconds,
-            kinetic_trace: c.kinetic_trace,
-            backward: c.backward,
-            rollbacks: c.rollbacks,
-            test: sums_of(&c.test),
-            valid: c.valid.as_ref().map(sums_of),
-        })
-        .collect();
+    let sent: Vec<Sent> =
+        mine.into_iter()
+            .map(|(k, c)| {
+                // A regression runs on one rank (`train_on` refuses more).
+                let test = c.test.classes().ok_or_else(|| {
+                    Error::Config("a regression's chains do not cross ranks".into())
+                })?;
+                Ok(Sent {
+                    k,
+                    seed: c.seed,
+                    num_params: c.num_params,
+                    steps: c.steps,
+                    step_seconds: c.step_seconds,
+                    train_seconds: c.train_seconds,
+                    kinetic_trace: c.kinetic_trace,
+                    backward: c.backward,
+                    rollbacks: c.rollbacks,
+                    test: sums_of(test),
+                    valid: c.valid.as_ref().map(sums_of),
+                })
+            })
+            .collect::<Result<_>>()?;
     let bytes = serde_json::to_vec(&sent)
         .map_err(|e| Error::Config(format!("rank {}: chains not encoded: {e}", ranks.rank())))?;
     let Some(all) = ranks.gather(bytes) else {
@@ -91,10 +97,8 @@ pub(super) fn gather(
             let outcome = ChainOutcome {
                 seed: s.seed,
                 num_params: s.num_params,
-                test: restore(s.test, &ds.test.labels)?,
+                test: Ensemble::Classes(restore(s.test, &ds.test.labels)?),
                 valid,
-                // A regression runs on one rank (`train_on` refuses more).
-                regression: None,
                 steps: s.steps,
                 step_seconds: s.step_seconds,
                 train_seconds: s.train_seconds,

@@ -175,7 +175,6 @@ pub(super) fn run_stacked(cfg: &TrainConfig, ds: &Dataset) -> Result<Vec<ChainOu
             backward: Backward::Autograd,
             test: l.chain.kept.test.clone(),
             valid: l.chain.kept.valid.clone(),
-            regression: l.chain.kept.regression.clone(),
             kinetic_trace: std::mem::take(&mut l.chain.kept.kinetic_trace),
             rollbacks: 0,
         })

@@ -5,7 +5,7 @@
 use candle_core::Device;
 
 use crate::data::{Dataset, Split, Task};
-use crate::ensemble::{self, Accumulator};
+use crate::ensemble::{self, Accumulator, Ensemble};
 use crate::error::{Error, Result};
 use crate::model::Network;
 use crate::regression::RegressionAccumulator;
@@ -27,21 +27,26 @@ pub fn test_targets(ds: &Dataset) -> Vec<f64> {
     targets(&ds.test, ds.task)
 }
 
-/// The empty ensembles of a split: the classes' (over no example for a regression, where
-/// it stays empty) and, for a regression, the mixture's.
-pub fn ensembles(
-    split: &Split,
-    task: Task,
-) -> Result<(Accumulator, Option<RegressionAccumulator>)> {
+/// The empty ensemble of a split: the classes' average, or a regression's mixture.
+pub fn ensemble(split: &Split, task: Task) -> Result<Ensemble> {
     Ok(match task {
         Task::Classification { classes } => {
-            (Accumulator::with_classes(&split.labels, classes)?, None)
+            Ensemble::Classes(Accumulator::with_classes(&split.labels, classes)?)
         }
-        Task::Regression { .. } => (
-            Accumulator::new(&[]),
-            Some(RegressionAccumulator::new(&targets(split, task))),
-        ),
+        Task::Regression { .. } => {
+            Ensemble::Gaussian(RegressionAccumulator::new(&targets(split, task)))
+        }
     })
+}
+
+/// The empty class ensemble of a classifier's split (a validation set's).
+pub fn class_ensemble(split: &Split, task: Task) -> Result<Accumulator> {
+    match task {
+        Task::Classification { classes } => Accumulator::with_classes(&split.labels, classes),
+        Task::Regression { .. } => Err(Error::Config(
+            "a regression is scored on its test rows, not a validation set".into(),
+        )),
+    }
 }
 
 /// One sample's predictive Gaussians on `split` in the target's units: the means

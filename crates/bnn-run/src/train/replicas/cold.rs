@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::super::chain::{log_epoch, Kept, KeptSample};
 use super::super::sink::{ChainSink, RunFolder};
 use super::super::EpochRecord;
+use crate::ensemble::Prediction;
 use crate::error::{Error, Result};
 use crate::ranks::Ranks;
 
@@ -64,9 +65,10 @@ fn replay(events: Vec<Event>, cold: &mut Kept, cold_dir: &std::path::Path) -> Re
             Event::Sample(sample) => cold.add(sample)?,
             Event::Epoch(mut r) => {
                 r.samples = cold.samples();
-                r.test_ensemble = cold.test.metrics();
-                r.test_regression = cold.regression.as_ref().and_then(|a| a.metrics());
-                r.test_last_sample = cold.test.last_sample;
+                let classes = cold.test.classes();
+                r.test_ensemble = classes.and_then(|a| a.metrics());
+                r.test_regression = cold.test.gaussian().and_then(|a| a.metrics());
+                r.test_last_sample = classes.and_then(|a| a.last_sample);
                 r.valid_ensemble = cold.valid.as_ref().and_then(|a| a.metrics());
                 RunFolder::new(cold_dir).metrics(&r)?;
                 log_epoch(&r, r.temperature);
@@ -96,17 +98,23 @@ fn encode(events: &[Event]) -> Result<Vec<u8>> {
         .iter()
         .map(|e| match e {
             Event::Sample(k) => {
-                floats.push(&k.test);
+                // A regression runs in one process (`train` refuses ranks for it).
+                let Prediction::Classes(test) = &k.test else {
+                    return Err(Error::Config(
+                        "a regression's predictions do not cross ranks".into(),
+                    ));
+                };
+                floats.push(test);
                 floats.extend(k.valid.as_deref());
-                Sent::Sample {
-                    test: k.test.len(),
+                Ok(Sent::Sample {
+                    test: test.len(),
                     valid: k.valid.as_ref().map(Vec::len),
                     kinetic_energy: k.kinetic_energy,
-                }
+                })
             }
-            Event::Epoch(line) => Sent::Epoch(line.clone()),
+            Event::Epoch(line) => Ok(Sent::Epoch(line.clone())),
         })
-        .collect();
+        .collect::<Result<_>>()?;
     let json = serde_json::to_vec(&sent)
         .map_err(|e| Error::Config(format!("T0 events not encoded: {e}")))?;
     let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
@@ -147,8 +155,7 @@ fn decode(bytes: &[u8]) -> Result<Vec<Event>> {
                 valid,
                 kinetic_energy,
             } => Event::Sample(KeptSample {
-                test: take(test)?,
-                gaussians: None,
+                test: Prediction::Classes(take(test)?),
                 valid: valid.map(&mut take).transpose()?,
                 kinetic_energy,
             }),
@@ -169,8 +176,12 @@ mod tests {
     fn events_cross_as_the_same_bits() {
         let sample = |valid| {
             Event::Sample(KeptSample {
-                test: vec![0.1, f32::MIN_POSITIVE / 3.0, 1.0 - f32::EPSILON, 7e-38],
-                gaussians: None,
+                test: Prediction::Classes(vec![
+                    0.1,
+                    f32::MIN_POSITIVE / 3.0,
+                    1.0 - f32::EPSILON,
+                    7e-38,
+                ]),
                 valid,
                 kinetic_energy: Some(0.51),
             })

@@ -202,7 +202,6 @@ pub(super) fn run_replicas(
         backward,
         test: cold.test,
         valid: cold.valid,
-        regression: cold.regression,
         kinetic_trace: cold.kinetic_trace,
         rollbacks: 0,
     };

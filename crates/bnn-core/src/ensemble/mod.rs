@@ -12,6 +12,9 @@ use crate::metrics::{self, Label, Metrics};
 use crate::model::Network;
 use crate::uncertainty::{self, Uncertainty};
 
+mod task;
+pub use task::{Ensemble, Prediction};
+
 /// Examples per forward pass when predicting a whole split.
 pub(crate) const EVAL_BATCH: usize = 1000;
 /// The same for a CNN or a ResNet, whose im2col buffers grow with the batch (25 floats
