@@ -65,33 +65,52 @@ struct ResumeFields {
     no_progress: bool,
 }
 
+/// The clap id of the flag of field `$a.$path` (its last name), the path checked by the
+/// compiler against `$a`'s type, so that renaming a field cannot leave a stale id behind.
+macro_rules! flag_id {
+    ($a:ident . $($path:ident).+) => {{
+        let _ = &$a.$($path).+;
+        flag_id!(@last $($path).+)
+    }};
+    (@last $last:ident) => {
+        stringify!($last)
+    };
+    (@last $first:ident . $($rest:ident).+) => {
+        flag_id!(@last $($rest).+)
+    };
+}
+
 impl ResumeFields {
-    /// The flags of `bnn train` that may go with `--resume` (clap's ids: field names).
-    const FLAGS: [&'static str; 9] = [
-        "resume",
-        "epochs",
-        "checkpoint_every",
-        "log_every",
-        "on_divergence",
-        "data_dir",
-        "offline",
-        "device",
-        "no_progress",
-    ];
+    /// The flags of `bnn train` that may go with `--resume` (clap's ids: field names),
+    /// `--resume` itself first.
+    fn flags(a: &TrainArgs) -> [&'static str; 9] {
+        [
+            flag_id!(a.resume),
+            flag_id!(a.settings.epochs),
+            flag_id!(a.settings.checkpoint_every),
+            flag_id!(a.settings.log_every),
+            flag_id!(a.settings.on_divergence),
+            flag_id!(a.data.data_dir),
+            flag_id!(a.offline),
+            flag_id!(a.device),
+            flag_id!(a.no_progress),
+        ]
+    }
 
     /// The resume fields of `args`; a typed flag outside them is refused, by name.
     fn of(args: &TrainArgs, given: &GivenFlags) -> Result<Self> {
+        let flags = Self::flags(args);
         let global = ["quiet", "verbose"];
         // clap also reports a flattened group (`TableArgs`) whose flag was typed: the flag
         // itself is reported by its own id.
         let group = |id: &str| id.starts_with(|c: char| c.is_ascii_uppercase());
         if let Some(id) = given.iter().find(|id| {
-            !Self::FLAGS.contains(&id.as_str()) && !global.contains(&id.as_str()) && !group(id)
+            !flags.contains(&id.as_str()) && !global.contains(&id.as_str()) && !group(id)
         }) {
             return Err(Error::Config(format!(
                 "--{} cannot be given with --resume: a resumed run keeps its recorded settings (start a new run to change them); with --resume only {} may be given",
                 id.replace('_', "-"),
-                Self::FLAGS[1..]
+                flags[1..]
                     .iter()
                     .map(|f| format!("--{}", f.replace('_', "-")))
                     .collect::<Vec<_>>()
@@ -259,17 +278,23 @@ fn settings_on(d: Settings, args: &TrainArgs, layers: &Layers) -> Result<Setting
 /// sgnht, `--trajectory-length` with anything but hmc) is an error, not a value recorded
 /// and never used.
 fn refuse_foreign_flags(kind: bnn::sampler::SamplerKind, flags: &SettingsLayer) -> Result<()> {
+    // A field's flag id and whether it was typed.
+    macro_rules! given {
+        ($field:ident) => {
+            (flag_id!(flags.$field), flags.$field.is_some())
+        };
+    }
     let typed = [
-        ("friction", flags.friction.is_some()),
-        ("diffusion", flags.diffusion.is_some()),
-        ("noise_estimate", flags.noise_estimate.is_some()),
-        ("rms_decay", flags.rms_decay.is_some()),
-        ("rms_damping", flags.rms_damping.is_some()),
+        given!(friction),
+        given!(diffusion),
+        given!(noise_estimate),
+        given!(rms_decay),
+        given!(rms_damping),
     ];
     let hmc_only = [
-        ("trajectory_length", flags.trajectory_length.is_some()),
-        ("target_accept", flags.target_accept.is_some()),
-        ("init_from", flags.init_from.is_some()),
+        given!(trajectory_length),
+        given!(target_accept),
+        given!(init_from),
     ];
     let hmc = kind == bnn::sampler::SamplerKind::Hmc;
     if let Some((field, _)) = hmc_only.iter().find(|(_, given)| *given && !hmc) {
@@ -508,6 +533,12 @@ mod tests {
         );
         // pSGLD's β and λ reach its update; absent, they are the defaults.
         let psgld = |flags: &[&str]| settings_for(flags).sampler.params().unwrap();
+        // A field's flag id and whether it was typed.
+        macro_rules! given {
+            ($field:ident) => {
+                (flag_id!(flags.$field), flags.$field.is_some())
+            };
+        }
         let typed = [
             "--sampler",
             "psgld",

@@ -165,6 +165,12 @@ impl<'c, 'a, S: ChainSink> Walk<'c, 'a, S> {
         walk
     }
 
+    /// The chain's saving rule: every `--checkpoint-every` updates (0: every epoch).
+    fn checkpoints(&self) -> driver::Checkpoints {
+        let s = &self.chain.cfg.settings;
+        driver::Checkpoints::every(s.checkpoint_interval(self.batches as u64))
+    }
+
     fn train_seconds(&self) -> f64 {
         self.seconds_before + self.started.elapsed().as_secs_f64()
     }
@@ -288,10 +294,8 @@ impl<S: ChainSink> driver::Transition for Walk<'_, '_, S> {
 
 /// Runs `chain` from where `at` says it stands to the end of the run.
 fn run_from<S: ChainSink>(chain: &mut Chain<S>, at: Position) -> Result<ChainOutcome> {
-    let s = &chain.cfg.settings;
-    let batches = chain.ds.train.len() / s.batch_size;
-    let mut checkpoints = driver::Checkpoints::every(s.checkpoint_interval(batches as u64));
     let mut walk = Walk::new(chain, at);
+    let mut checkpoints = walk.checkpoints();
     driver::drive(&mut walk, &mut checkpoints)?;
     Ok(walk.outcome())
 }
