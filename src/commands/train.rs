@@ -533,12 +533,6 @@ mod tests {
         );
         // pSGLD's β and λ reach its update; absent, they are the defaults.
         let psgld = |flags: &[&str]| settings_for(flags).sampler.params().unwrap();
-        // A field's flag id and whether it was typed.
-        macro_rules! given {
-            ($field:ident) => {
-                (flag_id!(flags.$field), flags.$field.is_some())
-            };
-        }
         let typed = [
             "--sampler",
             "psgld",
