@@ -45,6 +45,7 @@ pub mod host;
 pub mod isa;
 pub mod memory;
 pub mod noise;
+pub mod plan;
 pub mod stacked;
 pub mod update;
 

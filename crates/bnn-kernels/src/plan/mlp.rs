@@ -1,0 +1,301 @@
+//! The plan of an MLP's update: L linear layers of widths w₀ = D, …, w_L (classes, or
+//! one output of a Gaussian likelihood), K chains at batch B. Activations are row-major
+//! B × w per chain, so in cuBLAS's column-major terms a layer's output is w × B and its
+//! weight W (w_out × w_in, row-major) is w_in × w_out: the forward is Z = Wᵀ·X, the weight
+//! gradient ∇W = X·Δᵀ and the input error ΔX = W·Δ, each one strided-batched GEMM over
+//! the chains (stride P in θ). Launches: 1 gather, per layer a GEMM, a bias+activation
+//! (the output's bias is in the likelihood's kernel), the likelihood, the loss sums, per
+//! layer the error's column sums and the weight gradient, per layer but the first the
+//! input error, the fused update and its finish: 5L + 3, 13 for one hidden layer.
+
+use super::{Act, At, Buf, Elem, Gemm, Op, Plan, TensorTable};
+use crate::update::Update;
+
+/// What the plan of an MLP is built for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MlpShape {
+    /// w₀ (the input's features), the hidden widths, the outputs.
+    pub widths: Vec<usize>,
+    /// The hidden layers' activation.
+    pub act: Act,
+    /// B, rows of a minibatch.
+    pub batch: usize,
+    /// K, chains stepped together.
+    pub chains: usize,
+    /// N, rows of the resident training set.
+    pub rows: usize,
+    /// M, the length of a chain's row of the epoch's index (its minibatches' rows).
+    pub epoch_rows: usize,
+    /// The element update of the sampler.
+    pub update: Update,
+    /// A Gaussian likelihood (one output) instead of softmax cross-entropy.
+    pub gaussian: bool,
+}
+
+impl MlpShape {
+    /// The parameter tensors' sizes in the model's order: W₁, b₁, W₂, b₂, …
+    pub fn tensor_sizes(&self) -> Vec<usize> {
+        self.widths
+            .windows(2)
+            .flat_map(|w| [w[0] * w[1], w[1]])
+            .collect()
+    }
+
+    /// Linear layers.
+    pub fn layers(&self) -> usize {
+        self.widths.len() - 1
+    }
+}
+
+/// The buffers of an MLP's plan, by role.
+#[derive(Debug, Clone)]
+pub struct MlpBuffers {
+    /// The resident training set, N × D.
+    pub data: Buf,
+    /// Its labels (u32) or a regression's targets (f32), N.
+    pub targets: Buf,
+    /// The epoch's minibatch rows, K × M.
+    pub index: Buf,
+    /// The chains' control blocks, K.
+    pub control: Buf,
+    /// The update's tensor table.
+    pub table: Buf,
+    /// The minibatch, K × B × D.
+    pub x: Buf,
+    /// Layer l's output (z, then h in place), K × B × w_l, l = 1..L.
+    pub acts: Vec<Buf>,
+    /// Layer l's error, K × B × w_l.
+    pub deltas: Vec<Buf>,
+    /// θ, ∇ (the likelihood's part), K × P.
+    pub theta: Buf,
+    /// ∇, K × P.
+    pub grad: Buf,
+    /// v, K × P (rules with a momentum).
+    pub momentum: Option<Buf>,
+    /// αᵢ or Vᵢ, K × P (rules with a per-element state).
+    pub per_element: Option<Buf>,
+    /// Per-row loss and arg-max hits, K × B each.
+    pub loss: Buf,
+    /// Per-row hits.
+    pub hit: Buf,
+    /// The update's per-chunk sums, K × chunks × 3 (f64).
+    pub partials: Buf,
+}
+
+/// An MLP's plan with its buffers' roles and its tensor table.
+#[derive(Debug, Clone)]
+pub struct MlpPlan {
+    /// The operations and buffers.
+    pub plan: Plan,
+    /// What it was built for.
+    pub shape: MlpShape,
+    /// The update's tensor table (the `table` buffer's one value).
+    pub table: TensorTable,
+    /// The buffers by role.
+    pub bufs: MlpBuffers,
+}
+
+impl MlpPlan {
+    /// The plan of one update of `shape`.
+    pub fn new(shape: MlpShape) -> crate::Result<Self> {
+        check(&shape)?;
+        let sizes = shape.tensor_sizes();
+        let table = TensorTable::new(&sizes, shape.update.rule())?;
+        let (k, b, p) = (shape.chains, shape.batch, table.p as usize);
+        let mut plan = Plan {
+            buffers: Vec::new(),
+            ops: Vec::new(),
+        };
+        let d = shape.widths[0];
+        let target_elem = if shape.gaussian { Elem::F32 } else { Elem::U32 };
+        let (has_v, has_s) = shape.update.states();
+        let bufs = MlpBuffers {
+            data: plan.buffer("data", shape.rows * d, Elem::F32),
+            targets: plan.buffer("targets", shape.rows, target_elem),
+            index: plan.buffer("index", k * shape.epoch_rows, Elem::U32),
+            control: plan.buffer("control", k, Elem::Control),
+            table: plan.buffer("table", 1, Elem::Table),
+            x: plan.buffer("x", k * b * d, Elem::F32),
+            acts: (1..shape.widths.len())
+                .map(|l| plan.buffer(format!("h{l}"), k * b * shape.widths[l], Elem::F32))
+                .collect(),
+            deltas: (1..shape.widths.len())
+                .map(|l| plan.buffer(format!("δ{l}"), k * b * shape.widths[l], Elem::F32))
+                .collect(),
+            theta: plan.buffer("θ", k * p, Elem::F32),
+            grad: plan.buffer("∇", k * p, Elem::F32),
+            momentum: has_v.then(|| plan.buffer("v", k * p, Elem::F32)),
+            per_element: has_s.then(|| plan.buffer("αᵢ|Vᵢ", k * p, Elem::F32)),
+            loss: plan.buffer("loss", k * b, Elem::F32),
+            hit: plan.buffer("hit", k * b, Elem::F32),
+            partials: plan.buffer("partials", k * table.chunks() * 3, Elem::F64),
+        };
+        let mut mlp = MlpPlan {
+            plan,
+            shape,
+            table,
+            bufs,
+        };
+        mlp.forward();
+        mlp.backward();
+        mlp.update();
+        Ok(mlp)
+    }
+
+    /// θ's place of tensor t (W_l is 2(l − 1), b_l is 2l − 1).
+    fn param(&self, t: usize) -> At {
+        self.bufs.theta.at(self.table.offsets[t] as usize)
+    }
+
+    fn grad_of(&self, t: usize) -> At {
+        self.bufs.grad.at(self.table.offsets[t] as usize)
+    }
+
+    /// Layer l's input (l = 1: the minibatch) with its width.
+    fn input(&self, l: usize) -> (Buf, usize) {
+        match l {
+            1 => (self.bufs.x, self.shape.widths[0]),
+            _ => (self.bufs.acts[l - 2], self.shape.widths[l - 1]),
+        }
+    }
+
+    fn forward(&mut self) {
+        let s = &self.shape;
+        let (k, b, p, m) = (s.chains, s.batch, self.table.p as usize, s.epoch_rows);
+        let bf = &self.bufs;
+        let gather = Op::Gather {
+            bufs: [bf.x, bf.data, bf.index, bf.control],
+            dims: [m, b, s.widths[0], k],
+        };
+        let mut ops = vec![gather];
+        let layers = s.layers();
+        for l in 1..=layers {
+            let (input, w_in) = self.input(l);
+            let w_out = s.widths[l];
+            let h = self.bufs.acts[l - 1];
+            ops.push(Op::Gemm(Gemm {
+                transa: true,
+                transb: false,
+                m: w_out,
+                n: b,
+                k: w_in,
+                a: (self.param(2 * (l - 1)), w_in, p),
+                b: (input.at(0), w_in, b * w_in),
+                c: (h.at(0), w_out, b * w_out),
+                batch: k,
+                accumulate: false,
+            }));
+            let bias = self.param(2 * l - 1);
+            if l < layers {
+                ops.push(Op::BiasAct {
+                    h,
+                    bias,
+                    dims: [p, b, w_out, k],
+                    act: s.act,
+                });
+                continue;
+            }
+            let bf = &self.bufs;
+            let delta = bf.deltas[l - 1];
+            let bufs = [h, delta, bf.loss, bf.hit, bf.targets, bf.index, bf.control];
+            ops.push(match s.gaussian {
+                true => Op::Gaussian {
+                    bufs,
+                    bias,
+                    dims: [p, m, b, k],
+                },
+                false => Op::SoftmaxXent {
+                    bufs,
+                    bias,
+                    dims: [p, m, b, w_out, k],
+                },
+            });
+            ops.push(Op::ReduceLoss {
+                bufs: [bf.loss, bf.hit, bf.control],
+                dims: [b, k],
+                gaussian: s.gaussian,
+            });
+        }
+        self.plan.ops.extend(ops);
+    }
+
+    fn backward(&mut self) {
+        let s = self.shape.clone();
+        let (k, b, p) = (s.chains, s.batch, self.table.p as usize);
+        for l in (1..=s.layers()).rev() {
+            let (input, w_in) = self.input(l);
+            let w_out = s.widths[l];
+            let delta = self.bufs.deltas[l - 1];
+            let (act, a) = match l == s.layers() {
+                true => (Act::Identity, delta),
+                false => (s.act, self.bufs.acts[l - 1]),
+            };
+            self.plan.ops.push(Op::BackwardColumns {
+                bufs: [delta, a],
+                grad_bias: self.grad_of(2 * l - 1),
+                dims: [p, b, w_out, k],
+                act,
+            });
+            self.plan.ops.push(Op::Gemm(Gemm {
+                transa: false,
+                transb: true,
+                m: w_in,
+                n: w_out,
+                k: b,
+                a: (input.at(0), w_in, b * w_in),
+                b: (delta.at(0), w_out, b * w_out),
+                c: (self.grad_of(2 * (l - 1)), w_in, p),
+                batch: k,
+                accumulate: false,
+            }));
+            if l > 1 {
+                self.plan.ops.push(Op::Gemm(Gemm {
+                    transa: false,
+                    transb: false,
+                    m: w_in,
+                    n: b,
+                    k: w_out,
+                    a: (self.param(2 * (l - 1)), w_in, p),
+                    b: (delta.at(0), w_out, b * w_out),
+                    c: (self.bufs.deltas[l - 2].at(0), w_in, b * w_in),
+                    batch: k,
+                    accumulate: false,
+                }));
+            }
+        }
+    }
+
+    fn update(&mut self) {
+        let bf = &self.bufs;
+        let (k, chunks) = (self.shape.chains, self.table.chunks());
+        self.plan.ops.push(Op::Update {
+            bufs: [bf.theta, bf.grad, bf.table, bf.partials, bf.control],
+            states: (bf.momentum, bf.per_element),
+            dims: [k, chunks],
+        });
+        self.plan.ops.push(Op::Finish {
+            bufs: [bf.control, bf.partials, bf.table],
+            dims: [self.shape.batch, k],
+        });
+    }
+}
+
+fn check(s: &MlpShape) -> crate::Result<()> {
+    let bad = |why: String| Err(crate::Error::Config(format!("step plan: {why}")));
+    if s.widths.len() < 2 || s.widths.contains(&0) {
+        return bad(format!("widths {:?}", s.widths));
+    }
+    if s.batch == 0 || s.chains == 0 || s.epoch_rows < s.batch {
+        return bad(format!(
+            "batch {}, chains {}, epoch rows {}",
+            s.batch, s.chains, s.epoch_rows
+        ));
+    }
+    if s.gaussian && s.widths.last() != Some(&1) {
+        return bad("a Gaussian likelihood has one output".into());
+    }
+    if u32::try_from(s.chains * s.epoch_rows).is_err() || u32::try_from(s.rows).is_err() {
+        return bad("more than 2³² rows".into());
+    }
+    Ok(())
+}

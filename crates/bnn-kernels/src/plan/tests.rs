@@ -1,0 +1,453 @@
+//! Each kernel of the step plan, host-compiled, against a plain Rust reference: rows not
+//! a multiple of any block, one chain and several, 2 and 10 classes, labels at the edges,
+//! a non-finite loss (the chain halts: no update). Where the reference does the same f32
+//! operations in the same order the check is bit for bit; where it is written in f64
+//! (the GEMM, the polynomial exp and log against std's) the tolerance says why.
+
+use super::host::{self, HostWorkspace};
+use super::*;
+use crate::rng::NoiseKey;
+use crate::update::{StepConsts, Update};
+
+/// A deterministic stream of values in [-1, 1) (an LCG: no dependency, no seed policy).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn empty() -> Plan {
+    Plan {
+        buffers: Vec::new(),
+        ops: Vec::new(),
+    }
+}
+
+fn control(k: usize, scale: f32) -> Vec<ChainControl> {
+    (0..k)
+        .map(|i| ChainControl {
+            seed: 11 + i as u64,
+            step: 3 + i as u64,
+            offset: (2 * i) as u32,
+            scale,
+            precision: 1.0,
+            ..ChainControl::default()
+        })
+        .collect()
+}
+
+#[test]
+fn the_rust_mirrors_have_the_c_layouts() {
+    assert_eq!(
+        host::c_layout_sizes(),
+        (
+            std::mem::size_of::<ChainControl>(),
+            std::mem::size_of::<TensorTable>()
+        )
+    );
+}
+
+/// Every transpose pair, leading dimensions wider than the rows, three problems, with
+/// and without β = 1. The project's kernel sums in f32 with fused multiply-adds, the
+/// reference in f64: |Δ| ≤ 1e-5 on sums of ≤ 13 terms of |a·b| < 1.
+#[test]
+fn gemm_has_cublas_conventions() {
+    let (m, n, k, batch) = (5, 7, 13, 3);
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        for accumulate in [false, true] {
+            let (ar, ac) = if ta { (k, m) } else { (m, k) };
+            let (br, bc) = if tb { (n, k) } else { (k, n) };
+            let (lda, ldb, ldc) = (ar + 2, br + 1, m + 3);
+            let (sa, sb, sc) = (lda * ac + 4, ldb * bc, ldc * n + 1);
+            let mut plan = empty();
+            let a = plan.buffer("a", sa * batch, Elem::F32);
+            let b = plan.buffer("b", sb * batch, Elem::F32);
+            let c = plan.buffer("c", sc * batch, Elem::F32);
+            plan.ops.push(Op::Gemm(Gemm {
+                transa: ta,
+                transb: tb,
+                m,
+                n,
+                k,
+                a: (a.at(0), lda, sa),
+                b: (b.at(0), ldb, sb),
+                c: (c.at(0), ldc, sc),
+                batch,
+                accumulate,
+            }));
+            let mut ws = HostWorkspace::new(&plan);
+            let (av, bv, cv) = (values(sa * batch, 1), values(sb * batch, 2), values(sc * batch, 3));
+            ws.f32(a).copy_from_slice(&av);
+            ws.f32(b).copy_from_slice(&bv);
+            ws.f32(c).copy_from_slice(&cv);
+            host::run(&plan, &mut ws).unwrap();
+            let mut want = cv.clone();
+            for i in 0..batch {
+                host::reference_gemm(
+                    (ta, tb),
+                    (m, n, k),
+                    &av[i * sa..],
+                    lda,
+                    &bv[i * sb..],
+                    ldb,
+                    &mut want[i * sc..],
+                    ldc,
+                    accumulate,
+                );
+            }
+            for (j, (g, w)) in ws.f32(c).iter().zip(&want).enumerate() {
+                assert!((g - w).abs() <= 1e-5, "{ta} {tb} {accumulate} [{j}]: {g} vs {w}");
+            }
+        }
+    }
+}
+
+#[test]
+fn gather_copies_each_chains_rows_at_its_offset() {
+    for k in [1usize, 3] {
+        let (n, d, b, m) = (9usize, 5usize, 7usize, 11usize);
+        let mut plan = empty();
+        let x = plan.buffer("x", k * b * d, Elem::F32);
+        let data = plan.buffer("data", n * d, Elem::F32);
+        let index = plan.buffer("index", k * m, Elem::U32);
+        let ctl = plan.buffer("control", k, Elem::Control);
+        plan.ops.push(Op::Gather {
+            bufs: [x, data, index, ctl],
+            dims: [m, b, d, k],
+        });
+        let mut ws = HostWorkspace::new(&plan);
+        let dv = values(n * d, 4);
+        ws.f32(data).copy_from_slice(&dv);
+        let idx: Vec<u32> = (0..k * m).map(|i| ((i * 7 + 3) % n) as u32).collect();
+        ws.u32(index).copy_from_slice(&idx);
+        ws.control(ctl).copy_from_slice(&control(k, 1.0));
+        host::run(&plan, &mut ws).unwrap();
+        let got = ws.f32(x).to_vec();
+        for c in 0..k {
+            for r in 0..b {
+                let row = idx[c * m + 2 * c + r] as usize;
+                assert_eq!(&got[(c * b + r) * d..][..d], &dv[row * d..][..d]);
+            }
+        }
+    }
+}
+
+/// The activations against std's: relu exactly; sigmoid and tanh through the polynomial
+/// exp (2 ulp of e^x) within 3e-7 absolute, a few ulp of outputs below 1.
+#[test]
+fn bias_and_activation() {
+    let (k, b, w, p) = (2usize, 7usize, 5usize, 40usize);
+    for act in [Act::Identity, Act::Relu, Act::Sigmoid, Act::Tanh] {
+        let mut plan = empty();
+        let h = plan.buffer("h", k * b * w, Elem::F32);
+        let theta = plan.buffer("θ", k * p, Elem::F32);
+        plan.ops.push(Op::BiasAct {
+            h,
+            bias: theta.at(30),
+            dims: [p, b, w, k],
+            act,
+        });
+        let mut ws = HostWorkspace::new(&plan);
+        let z: Vec<f32> = values(k * b * w, 5).iter().map(|v| v * 6.0).collect();
+        let t = values(k * p, 6);
+        ws.f32(h).copy_from_slice(&z);
+        ws.f32(theta).copy_from_slice(&t);
+        host::run(&plan, &mut ws).unwrap();
+        for (e, &got) in ws.f32(h).iter().enumerate() {
+            let (c, chain) = (e % w, e / (b * w));
+            let x = z[e] + t[chain * p + 30 + c];
+            let want = match act {
+                Act::Identity => x,
+                Act::Relu => x.max(0.0),
+                Act::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+                Act::Tanh => x.tanh(),
+            };
+            let tol = if matches!(act, Act::Sigmoid | Act::Tanh) { 3e-7 } else { 0.0 };
+            assert!((got - want).abs() <= tol, "{act:?} [{e}] {got} vs {want}");
+        }
+    }
+}
+
+/// Softmax cross-entropy against f64 softmax: the error within 2e-6·scale of
+/// scale·(p − onehot) (the polynomial exp's 2 ulp and f32 sums of ≤ 10 terms), the
+/// loss within 2e-6 relative, the hits exact; a label past the classes gives NaN.
+#[test]
+fn softmax_cross_entropy_rows() {
+    for (k, classes) in [(1usize, 2usize), (3, 10), (2, 10)] {
+        let (n, b, m, p) = (12usize, 7usize, 12usize, 30usize);
+        let mut plan = empty();
+        let z = plan.buffer("z", k * b * classes, Elem::F32);
+        let delta = plan.buffer("δ", k * b * classes, Elem::F32);
+        let loss = plan.buffer("loss", k * b, Elem::F32);
+        let hit = plan.buffer("hit", k * b, Elem::F32);
+        let labels = plan.buffer("labels", n, Elem::U32);
+        let index = plan.buffer("index", k * m, Elem::U32);
+        let ctl = plan.buffer("control", k, Elem::Control);
+        let theta = plan.buffer("θ", k * p, Elem::F32);
+        plan.ops.push(Op::SoftmaxXent {
+            bufs: [z, delta, loss, hit, labels, index, ctl],
+            bias: theta.at(p - classes),
+            dims: [p, m, b, classes, k],
+        });
+        let mut ws = HostWorkspace::new(&plan);
+        let zv: Vec<f32> = values(k * b * classes, 7).iter().map(|v| v * 8.0).collect();
+        let tv = values(k * p, 8);
+        // Labels at both edges, and one past them (row 11).
+        let lv: Vec<u32> = (0..n as u32).map(|i| if i == 11 { classes as u32 } else { [0, classes as u32 - 1, 1][i as usize % 3] }).collect();
+        let iv: Vec<u32> = (0..k * m).map(|i| ((i * 5 + 1) % (n - 1)) as u32).collect();
+        ws.f32(z).copy_from_slice(&zv);
+        ws.f32(theta).copy_from_slice(&tv);
+        ws.u32(labels).copy_from_slice(&lv);
+        ws.u32(index).copy_from_slice(&iv);
+        let scale = 60.0;
+        ws.control(ctl).copy_from_slice(&control(k, scale));
+        // Row 0 of the last chain reads the label past the classes.
+        ws.u32(index)[(k - 1) * m + 2 * (k - 1)] = 11;
+        let iv = ws.u32(index).to_vec();
+        host::run(&plan, &mut ws).unwrap();
+        let (dg, lg, hg) = (ws.f32(delta).to_vec(), ws.f32(loss).to_vec(), ws.f32(hit).to_vec());
+        for e in 0..k * b {
+            let (chain, r) = (e / b, e % b);
+            let y = lv[iv[chain * m + 2 * chain + r] as usize] as usize;
+            let logits: Vec<f64> = (0..classes)
+                .map(|j| (zv[e * classes + j] + tv[chain * p + p - classes + j]) as f64)
+                .collect();
+            if y >= classes {
+                assert!(lg[e].is_nan(), "a label out of range gives NaN");
+                continue;
+            }
+            let max = logits.iter().copied().fold(f64::MIN, f64::max);
+            let sum: f64 = logits.iter().map(|v| (v - max).exp()).sum();
+            let want_loss = max + sum.ln() - logits[y];
+            assert!((lg[e] as f64 - want_loss).abs() <= 2e-6 * want_loss.abs().max(1.0), "loss {e}");
+            let arg = (0..classes).fold(0, |a, j| if logits[j] > logits[a] { j } else { a });
+            assert_eq!(hg[e], (arg == y) as u8 as f32);
+            for j in 0..classes {
+                let pj = (logits[j] - max).exp() / sum;
+                let want = scale as f64 * (pj - (j == y) as u8 as f64);
+                let got = dg[e * classes + j] as f64;
+                assert!((got - want).abs() <= 2e-6 * scale as f64, "δ[{e}][{j}] {got} vs {want}");
+            }
+        }
+    }
+}
+
+/// The error's column sums and the activation's derivative: the same f32 operations in
+/// the same order as the reference loop, so bit for bit.
+#[test]
+fn backward_columns_sum_rows_in_order() {
+    let (k, b, w, p) = (3usize, 7usize, 5usize, 50usize);
+    for act in [Act::Identity, Act::Relu, Act::Sigmoid, Act::Tanh] {
+        let mut plan = empty();
+        let delta = plan.buffer("δ", k * b * w, Elem::F32);
+        let a = plan.buffer("h", k * b * w, Elem::F32);
+        let grad = plan.buffer("∇", k * p, Elem::F32);
+        let a_buf = if act == Act::Identity { delta } else { a };
+        plan.ops.push(Op::BackwardColumns {
+            bufs: [delta, a_buf],
+            grad_bias: grad.at(10),
+            dims: [p, b, w, k],
+            act,
+        });
+        let mut ws = HostWorkspace::new(&plan);
+        let dv = values(k * b * w, 9);
+        let av: Vec<f32> = values(k * b * w, 10).iter().map(|v| v.abs() * 0.9).collect();
+        ws.f32(delta).copy_from_slice(&dv);
+        ws.f32(a).copy_from_slice(&av);
+        host::run(&plan, &mut ws).unwrap();
+        let (dg, gg) = (ws.f32(delta).to_vec(), ws.f32(grad).to_vec());
+        for chain in 0..k {
+            for c in 0..w {
+                let mut sum = 0f32;
+                for r in 0..b {
+                    let i = (chain * b + r) * w + c;
+                    let (d, x) = (dv[i], av[i]);
+                    let want = match act {
+                        Act::Identity => d,
+                        Act::Relu => if x > 0.0 { d } else { 0.0 },
+                        Act::Sigmoid => d * (x * (1.0 - x)),
+                        Act::Tanh => d * (1.0 - x * x),
+                    };
+                    assert_eq!(dg[i].to_bits(), want.to_bits(), "{act:?} δ[{i}]");
+                    sum += want;
+                }
+                assert_eq!(gg[chain * p + 10 + c].to_bits(), sum.to_bits(), "{act:?} ∇b");
+            }
+        }
+    }
+}
+
+/// The loss sums: the rows' f32 losses added in f64 in row order; a NaN row halts its
+/// chain alone and leaves its epoch sums as they were.
+#[test]
+fn loss_sums_and_the_halt() {
+    let (k, b) = (2usize, 7usize);
+    let mut plan = empty();
+    let loss = plan.buffer("loss", k * b, Elem::F32);
+    let hit = plan.buffer("hit", k * b, Elem::F32);
+    let ctl = plan.buffer("control", k, Elem::Control);
+    plan.ops.push(Op::ReduceLoss {
+        bufs: [loss, hit, ctl],
+        dims: [b, k],
+        gaussian: false,
+    });
+    let mut ws = HostWorkspace::new(&plan);
+    let mut lv: Vec<f32> = values(k * b, 11).iter().map(|v| v.abs()).collect();
+    lv[b + 3] = f32::NAN;
+    ws.f32(loss).copy_from_slice(&lv);
+    ws.f32(hit).copy_from_slice(&[1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]);
+    ws.control(ctl).copy_from_slice(&control(k, 1.0));
+    host::run(&plan, &mut ws).unwrap();
+    let c = ws.control(ctl).to_vec();
+    let want: f64 = lv[..b].iter().fold(0.0, |a, &v| a + v as f64) / b as f64;
+    assert_eq!(c[0].nll.to_bits(), want.to_bits());
+    assert_eq!((c[0].halted, c[0].epoch_nll, c[0].epoch_correct), (0, want, 4.0));
+    assert!(c[1].nll.is_nan());
+    assert_eq!((c[1].halted, c[1].epoch_nll, c[1].epoch_correct), (1, 0.0, 0.0));
+}
+
+/// A plan of the fused update and its finish over tensors of `sizes`, K chains.
+fn update_plan(sizes: &[usize], update: Update, k: usize) -> (Plan, [Buf; 7], TensorTable) {
+    let table = TensorTable::new(sizes, update.rule()).unwrap();
+    let p = table.p as usize;
+    let mut plan = empty();
+    let theta = plan.buffer("θ", k * p, Elem::F32);
+    let grad = plan.buffer("∇", k * p, Elem::F32);
+    let tab = plan.buffer("table", 1, Elem::Table);
+    let partials = plan.buffer("partials", k * table.chunks() * 3, Elem::F64);
+    let ctl = plan.buffer("control", k, Elem::Control);
+    let v = plan.buffer("v", k * p, Elem::F32);
+    let s1 = plan.buffer("s", k * p, Elem::F32);
+    let (hv, hs) = update.states();
+    plan.ops.push(Op::Update {
+        bufs: [theta, grad, tab, partials, ctl],
+        states: (hv.then_some(v), hs.then_some(s1)),
+        dims: [k, table.chunks()],
+    });
+    plan.ops.push(Op::Finish {
+        bufs: [ctl, partials, tab],
+        dims: [4, k],
+    });
+    (plan, [theta, grad, tab, partials, ctl, v, s1], table)
+}
+
+/// The fused update of the plan, tensor by tensor, is the header's update of each tensor
+/// alone (`crate::host::update`, the CUDA kernels' own element loop) on ∇ + (λ/T)θ, bit
+/// for bit in θ, v and αᵢ or Vᵢ, for every rule, tensors of lengths that fill no chunk
+/// and several chunks, one chain and three; the sums to 1e-12 relative (tree against
+/// element order); a halted chain does not move.
+#[test]
+fn the_fused_update_is_each_tensors_update() {
+    let sizes = [3usize, 1030, 4097, 10];
+    let rules = [
+        Update::Sgld,
+        Update::Momentum,
+        Update::Thermostat { splitting: false },
+        Update::Thermostat { splitting: true },
+        Update::Preconditioned,
+    ];
+    for update in rules {
+        for k in [1usize, 3] {
+            let (plan, [theta, grad, tab, _, ctl, v, s1], table) = update_plan(&sizes, update, k);
+            let p = table.p as usize;
+            let mut ws = HostWorkspace::new(&plan);
+            *ws.table(tab) = table;
+            let (t0, g0) = (values(k * p, 12), values(k * p, 13));
+            let v0: Vec<f32> = values(k * p, 14).iter().map(|x| x * 0.01).collect();
+            let s0: Vec<f32> = values(k * p, 15).iter().map(|x| x.abs() * 0.01).collect();
+            ws.f32(theta).copy_from_slice(&t0);
+            ws.f32(grad).copy_from_slice(&g0);
+            ws.f32(v).copy_from_slice(&v0);
+            ws.f32(s1).copy_from_slice(&s0);
+            let mut blocks = control(k, 1.0);
+            let consts = match update {
+                Update::Preconditioned => StepConsts::preconditioned(1e-3, 0.99, 1e-2),
+                _ => StepConsts::new(1e-3, 0.1, 0.03),
+            };
+            for (i, c) in blocks.iter_mut().enumerate() {
+                c.consts = [consts.step_size, consts.decay, consts.post, consts.noise_scale];
+                c.prior = [0.5 + i as f32; MAX_TENSORS];
+                c.eta = 1e-3;
+                c.n_params = p as f64;
+            }
+            blocks[k - 1].halted = (k > 1) as u32;
+            ws.control(ctl).copy_from_slice(&blocks);
+            host::run(&plan, &mut ws).unwrap();
+            let after = ws.control(ctl).to_vec();
+            for chain in 0..k {
+                let (mut t, mut vv, mut ss) = (t0.clone(), v0.clone(), s0.clone());
+                let halted = blocks[chain].halted == 1;
+                for (i, &n) in sizes.iter().enumerate() {
+                    let at = chain * p + table.offsets[i] as usize;
+                    let r = at..at + n;
+                    let g: Vec<f32> = g0[r.clone()]
+                        .iter()
+                        .zip(&t0[r.clone()])
+                        .map(|(&g, &x)| g + blocks[chain].prior[i] * x)
+                        .collect();
+                    let key = NoiseKey { seed: blocks[chain].seed, step: blocks[chain].step, param: i as u32 };
+                    let sums = crate::host::update(update, &mut t[r.clone()], &mut vv[r.clone()], &mut ss[r.clone()], &g, key, consts);
+                    if halted {
+                        continue;
+                    }
+                    let got = after[chain].sums[i];
+                    for (j, want) in [sums.sum_sq, sums.sum_thermostat, sums.virial].iter().enumerate() {
+                        assert!((got[j] - want).abs() <= 1e-12 * want.abs().max(1e-300), "{update:?} sums {i} {j}");
+                    }
+                }
+                let span = chain * p..(chain + 1) * p;
+                let (want_t, want_v, want_s) = match halted {
+                    true => (&t0, &v0, &s0),
+                    false => (&t, &vv, &ss),
+                };
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&ws.f32(theta)[span.clone()]), bits(&want_t[span.clone()]), "{update:?} θ k={chain}");
+                assert_eq!(bits(&ws.f32(v)[span.clone()]), bits(&want_v[span.clone()]), "{update:?} v");
+                assert_eq!(bits(&ws.f32(s1)[span.clone()]), bits(&want_s[span.clone()]), "{update:?} s");
+                assert_eq!(after[chain].step, blocks[chain].step + (!halted) as u64);
+            }
+        }
+    }
+}
+
+/// The finish's bookkeeping: SGNHT's α ← α + vᵀv/n − η, the kinetic energy, the offset
+/// moved by B, and the next constants as `StepConsts::{new, splitting}` form them.
+#[test]
+fn finish_moves_the_thermostat_and_forms_the_next_constants() {
+    let sizes = [1030usize, 7];
+    for splitting in [false, true] {
+        let (plan, [theta, grad, tab, _, ctl, v, _], table) = update_plan(&sizes, Update::Momentum, 1);
+        let p = table.p as usize;
+        let mut ws = HostWorkspace::new(&plan);
+        *ws.table(tab) = table;
+        ws.f32(theta).copy_from_slice(&values(p, 16));
+        ws.f32(grad).copy_from_slice(&values(p, 17));
+        ws.f32(v).copy_from_slice(&values(p, 18));
+        let mut c = control(1, 1.0)[0];
+        c.eta = 2e-3;
+        c.diffusion = 0.05;
+        c.thermostat = 0.2;
+        c.n_params = p as f64;
+        c.sampler = Bookkeeping::Sgnht as u32;
+        c.splitting = splitting as u32;
+        host::next_consts(&mut c);
+        ws.control(ctl)[0] = c;
+        host::run(&plan, &mut ws).unwrap();
+        let got = ws.control(ctl)[0];
+        let sum_sq = got.sums[0][0] + got.sums[1][0];
+        let alpha = 0.2 + sum_sq / p as f64 - 2e-3;
+        assert_eq!(got.thermostat.to_bits(), alpha.to_bits());
+        assert_eq!(got.kinetic, 0.5 * sum_sq / (p as f64 * 2e-3));
+        assert_eq!((got.offset, got.step), (c.offset + 4, c.step + 1));
+        let sigma = (2.0 * 0.05 * 2e-3f64).sqrt();
+        let want = match splitting {
+            false => StepConsts::new(2e-3, alpha, sigma),
+            true => StepConsts::splitting(2e-3, alpha, sigma),
+        };
+        assert_eq!(got.consts, [want.step_size, want.decay, want.post, want.noise_scale]);
+    }
+}
