@@ -35,6 +35,9 @@ RULES = {
         "engine::dynamics": KERNELS_FLOOR | {"sampler", "engine::composed"},
         "engine::composed": KERNELS_FLOOR | {"sampler"},
         "engine::exchange": KERNELS_FLOOR,
+        # The step plan's binding: a chain's θ, sampler state and potential in and out of
+        # the plan's workspace.
+        "engine::planned": KERNELS_FLOOR | {"model", "sampler", "potential", "likelihood"},
         "data": KERNELS_FLOOR,
         # The chain driver sees transitions only: no model, sampler or data.
         "driver": KERNELS_FLOOR,

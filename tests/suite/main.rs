@@ -19,6 +19,7 @@ mod isa;
 mod kernel_equivalence;
 mod minibatch_posterior;
 mod optimizer;
+mod plan;
 mod plot;
 mod posterior;
 mod potential;

@@ -9,3 +9,4 @@ pub mod backprop;
 pub mod composed;
 pub mod dynamics;
 pub mod exchange;
+pub mod planned;

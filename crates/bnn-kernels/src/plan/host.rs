@@ -212,7 +212,12 @@ impl HostWorkspace {
     /// The address of `at` as a `T` pointer, `T`'s size that of the buffer's elements.
     fn ptr<T>(&mut self, at: At) -> *mut T {
         let (base, len) = self.buffers[at.buf.0].raw();
-        assert!(at.offset <= len, "plan: offset {} past buffer {}", at.offset, at.buf.0);
+        assert!(
+            at.offset <= len,
+            "plan: offset {} past buffer {}",
+            at.offset,
+            at.buf.0
+        );
         // SAFETY: `offset` ≤ the buffer's length (checked), in elements of its type, which
         // the caller names as T.
         unsafe { base.cast::<T>().add(at.offset) }
@@ -252,33 +257,126 @@ fn run_op(op: &Op, ws: &mut HostWorkspace) {
     unsafe {
         match *op {
             Op::Gemm(g) => gemm(&g, ws),
-            Op::Gather { bufs: [x, data, index, ctl], dims: [m, b, d, k] } => {
-                ffi::bnn_host_plan_gather((k * b * d) as u64, ws.p(x), ws.p(data), ws.p(index), ws.p(ctl), u(m), u(b), u(d))
-            }
-            Op::BiasAct { h, bias, dims: [p, b, w, k], act } => {
+            Op::Gather {
+                bufs: [x, data, index, ctl],
+                dims: [m, b, d, k],
+            } => ffi::bnn_host_plan_gather(
+                (k * b * d) as u64,
+                ws.p(x),
+                ws.p(data),
+                ws.p(index),
+                ws.p(ctl),
+                u(m),
+                u(b),
+                u(d),
+            ),
+            Op::BiasAct {
+                h,
+                bias,
+                dims: [p, b, w, k],
+                act,
+            } => {
                 let hp = ws.p::<f32>(h);
-                ffi::bnn_host_plan_bias_act((k * b * w) as u64, hp, hp, ws.ptr(bias), p as u64, u(b), u(w), act as i32)
+                ffi::bnn_host_plan_bias_act(
+                    (k * b * w) as u64,
+                    hp,
+                    hp,
+                    ws.ptr(bias),
+                    p as u64,
+                    u(b),
+                    u(w),
+                    act as i32,
+                )
             }
-            Op::SoftmaxXent { bufs: [z, delta, loss, hit, labels, index, ctl], bias, dims: [p, m, b, classes, k] } => {
-                ffi::bnn_host_plan_softmax_xent((k * b) as u64, ws.p(z), ws.p(delta), ws.p(loss), ws.p(hit), ws.ptr(bias), p as u64, ws.p(labels), ws.p(index), ws.p(ctl), u(m), u(b), u(classes))
-            }
-            Op::Gaussian { bufs: [z, delta, loss, hit, targets, index, ctl], bias, dims: [p, m, b, k] } => {
-                ffi::bnn_host_plan_gaussian((k * b) as u64, ws.p(z), ws.p(delta), ws.p(loss), ws.p(hit), ws.ptr(bias), p as u64, ws.p(targets), ws.p(index), ws.p(ctl), u(m), u(b))
-            }
-            Op::BackwardColumns { bufs: [delta, a], grad_bias, dims: [p, b, w, k], act } => {
+            Op::SoftmaxXent {
+                bufs: [z, delta, loss, hit, labels, index, ctl],
+                bias,
+                dims: [p, m, b, classes, k],
+            } => ffi::bnn_host_plan_softmax_xent(
+                (k * b) as u64,
+                ws.p(z),
+                ws.p(delta),
+                ws.p(loss),
+                ws.p(hit),
+                ws.ptr(bias),
+                p as u64,
+                ws.p(labels),
+                ws.p(index),
+                ws.p(ctl),
+                u(m),
+                u(b),
+                u(classes),
+            ),
+            Op::Gaussian {
+                bufs: [z, delta, loss, hit, targets, index, ctl],
+                bias,
+                dims: [p, m, b, k],
+            } => ffi::bnn_host_plan_gaussian(
+                (k * b) as u64,
+                ws.p(z),
+                ws.p(delta),
+                ws.p(loss),
+                ws.p(hit),
+                ws.ptr(bias),
+                p as u64,
+                ws.p(targets),
+                ws.p(index),
+                ws.p(ctl),
+                u(m),
+                u(b),
+            ),
+            Op::BackwardColumns {
+                bufs: [delta, a],
+                grad_bias,
+                dims: [p, b, w, k],
+                act,
+            } => {
                 let dp = ws.p::<f32>(delta);
-                ffi::bnn_host_plan_backward_columns((k * w) as u64, dp, dp, ws.p(a), ws.ptr(grad_bias), p as u64, u(b), u(w), act as i32)
+                ffi::bnn_host_plan_backward_columns(
+                    (k * w) as u64,
+                    dp,
+                    dp,
+                    ws.p(a),
+                    ws.ptr(grad_bias),
+                    p as u64,
+                    u(b),
+                    u(w),
+                    act as i32,
+                )
             }
-            Op::ReduceLoss { bufs: [loss, hit, ctl], dims: [b, k], gaussian } => {
-                ffi::bnn_host_plan_reduce_loss(u(k), ws.p(ctl), ws.p(loss), ws.p(hit), u(b), gaussian as i32)
-            }
-            Op::Update { bufs: [theta, grad, table, partials, ctl], states: (v, s1), dims: [k, _] } => {
+            Op::ReduceLoss {
+                bufs: [loss, hit, ctl],
+                dims: [b, k],
+                gaussian,
+            } => ffi::bnn_host_plan_reduce_loss(
+                u(k),
+                ws.p(ctl),
+                ws.p(loss),
+                ws.p(hit),
+                u(b),
+                gaussian as i32,
+            ),
+            Op::Update {
+                bufs: [theta, grad, table, partials, ctl],
+                states: (v, s1),
+                dims: [k, _],
+            } => {
                 let (vp, sp) = (ws.opt(v), ws.opt(s1));
-                ffi::bnn_host_plan_update(u(k), ws.p(theta), vp, sp, ws.p(grad), ws.p(ctl), ws.p(table), ws.p(partials))
+                ffi::bnn_host_plan_update(
+                    u(k),
+                    ws.p(theta),
+                    vp,
+                    sp,
+                    ws.p(grad),
+                    ws.p(ctl),
+                    ws.p(table),
+                    ws.p(partials),
+                )
             }
-            Op::Finish { bufs: [ctl, partials, table], dims: [b, k] } => {
-                ffi::bnn_host_plan_finish(u(k), ws.p(ctl), ws.p(partials), ws.p(table), u(b))
-            }
+            Op::Finish {
+                bufs: [ctl, partials, table],
+                dims: [b, k],
+            } => ffi::bnn_host_plan_finish(u(k), ws.p(ctl), ws.p(partials), ws.p(table), u(b)),
         }
     }
 }
@@ -313,12 +411,28 @@ fn gemm(g: &Gemm, ws: &mut HostWorkspace) {
             )
         };
         let lhs = match g.transb {
-            false => Mat { data: b_data, rs: b.1, cs: 1 },
-            true => Mat { data: b_data, rs: 1, cs: b.1 },
+            false => Mat {
+                data: b_data,
+                rs: b.1,
+                cs: 1,
+            },
+            true => Mat {
+                data: b_data,
+                rs: 1,
+                cs: b.1,
+            },
         };
         let rhs = match g.transa {
-            false => Mat { data: a_data, rs: a.1, cs: 1 },
-            true => Mat { data: a_data, rs: 1, cs: a.1 },
+            false => Mat {
+                data: a_data,
+                rs: a.1,
+                cs: 1,
+            },
+            true => Mat {
+                data: a_data,
+                rs: 1,
+                cs: a.1,
+            },
         };
         let opts = Options {
             accumulate: g.accumulate,
@@ -334,7 +448,10 @@ fn gemm(g: &Gemm, ws: &mut HostWorkspace) {
 fn span_of(ws: &mut HostWorkspace, at: At, extra: usize, len: usize) -> *mut f32 {
     let v = ws.f32(at.buf);
     let start = at.offset + extra;
-    assert!(start + len <= v.len(), "plan: a GEMM operand past its buffer");
+    assert!(
+        start + len <= v.len(),
+        "plan: a GEMM operand past its buffer"
+    );
     v[start..start + len].as_mut_ptr()
 }
 
@@ -356,11 +473,23 @@ pub fn reference_gemm(
         for i in 0..m {
             let mut s = 0f64;
             for p in 0..k {
-                let av = if transa { a[p + i * lda] } else { a[i + p * lda] };
-                let bv = if transb { b[j + p * ldb] } else { b[p + j * ldb] };
+                let av = if transa {
+                    a[p + i * lda]
+                } else {
+                    a[i + p * lda]
+                };
+                let bv = if transb {
+                    b[j + p * ldb]
+                } else {
+                    b[p + j * ldb]
+                };
                 s += av as f64 * bv as f64;
             }
-            let old = if accumulate { c[i + j * ldc] as f64 } else { 0.0 };
+            let old = if accumulate {
+                c[i + j * ldc] as f64
+            } else {
+                0.0
+            };
             c[i + j * ldc] = (old + s) as f32;
         }
     }

@@ -11,10 +11,14 @@ use crate::update::{StepConsts, Update};
 
 /// A deterministic stream of values in [-1, 1) (an LCG: no dependency, no seed policy).
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
@@ -80,7 +84,11 @@ fn gemm_has_cublas_conventions() {
                 accumulate,
             }));
             let mut ws = HostWorkspace::new(&plan);
-            let (av, bv, cv) = (values(sa * batch, 1), values(sb * batch, 2), values(sc * batch, 3));
+            let (av, bv, cv) = (
+                values(sa * batch, 1),
+                values(sb * batch, 2),
+                values(sc * batch, 3),
+            );
             ws.f32(a).copy_from_slice(&av);
             ws.f32(b).copy_from_slice(&bv);
             ws.f32(c).copy_from_slice(&cv);
@@ -100,7 +108,10 @@ fn gemm_has_cublas_conventions() {
                 );
             }
             for (j, (g, w)) in ws.f32(c).iter().zip(&want).enumerate() {
-                assert!((g - w).abs() <= 1e-5, "{ta} {tb} {accumulate} [{j}]: {g} vs {w}");
+                assert!(
+                    (g - w).abs() <= 1e-5,
+                    "{ta} {tb} {accumulate} [{j}]: {g} vs {w}"
+                );
             }
         }
     }
@@ -166,7 +177,11 @@ fn bias_and_activation() {
                 Act::Sigmoid => 1.0 / (1.0 + (-x).exp()),
                 Act::Tanh => x.tanh(),
             };
-            let tol = if matches!(act, Act::Sigmoid | Act::Tanh) { 3e-7 } else { 0.0 };
+            let tol = if matches!(act, Act::Sigmoid | Act::Tanh) {
+                3e-7
+            } else {
+                0.0
+            };
             assert!((got - want).abs() <= tol, "{act:?} [{e}] {got} vs {want}");
         }
     }
@@ -197,7 +212,15 @@ fn softmax_cross_entropy_rows() {
         let zv: Vec<f32> = values(k * b * classes, 7).iter().map(|v| v * 8.0).collect();
         let tv = values(k * p, 8);
         // Labels at both edges, and one past them (row 11).
-        let lv: Vec<u32> = (0..n as u32).map(|i| if i == 11 { classes as u32 } else { [0, classes as u32 - 1, 1][i as usize % 3] }).collect();
+        let lv: Vec<u32> = (0..n as u32)
+            .map(|i| {
+                if i == 11 {
+                    classes as u32
+                } else {
+                    [0, classes as u32 - 1, 1][i as usize % 3]
+                }
+            })
+            .collect();
         let iv: Vec<u32> = (0..k * m).map(|i| ((i * 5 + 1) % (n - 1)) as u32).collect();
         ws.f32(z).copy_from_slice(&zv);
         ws.f32(theta).copy_from_slice(&tv);
@@ -209,7 +232,11 @@ fn softmax_cross_entropy_rows() {
         ws.u32(index)[(k - 1) * m + 2 * (k - 1)] = 11;
         let iv = ws.u32(index).to_vec();
         host::run(&plan, &mut ws).unwrap();
-        let (dg, lg, hg) = (ws.f32(delta).to_vec(), ws.f32(loss).to_vec(), ws.f32(hit).to_vec());
+        let (dg, lg, hg) = (
+            ws.f32(delta).to_vec(),
+            ws.f32(loss).to_vec(),
+            ws.f32(hit).to_vec(),
+        );
         for e in 0..k * b {
             let (chain, r) = (e / b, e % b);
             let y = lv[iv[chain * m + 2 * chain + r] as usize] as usize;
@@ -223,14 +250,20 @@ fn softmax_cross_entropy_rows() {
             let max = logits.iter().copied().fold(f64::MIN, f64::max);
             let sum: f64 = logits.iter().map(|v| (v - max).exp()).sum();
             let want_loss = max + sum.ln() - logits[y];
-            assert!((lg[e] as f64 - want_loss).abs() <= 2e-6 * want_loss.abs().max(1.0), "loss {e}");
+            assert!(
+                (lg[e] as f64 - want_loss).abs() <= 2e-6 * want_loss.abs().max(1.0),
+                "loss {e}"
+            );
             let arg = (0..classes).fold(0, |a, j| if logits[j] > logits[a] { j } else { a });
             assert_eq!(hg[e], (arg == y) as u8 as f32);
             for j in 0..classes {
                 let pj = (logits[j] - max).exp() / sum;
                 let want = scale as f64 * (pj - (j == y) as u8 as f64);
                 let got = dg[e * classes + j] as f64;
-                assert!((got - want).abs() <= 2e-6 * scale as f64, "δ[{e}][{j}] {got} vs {want}");
+                assert!(
+                    (got - want).abs() <= 2e-6 * scale as f64,
+                    "δ[{e}][{j}] {got} vs {want}"
+                );
             }
         }
     }
@@ -255,7 +288,10 @@ fn backward_columns_sum_rows_in_order() {
         });
         let mut ws = HostWorkspace::new(&plan);
         let dv = values(k * b * w, 9);
-        let av: Vec<f32> = values(k * b * w, 10).iter().map(|v| v.abs() * 0.9).collect();
+        let av: Vec<f32> = values(k * b * w, 10)
+            .iter()
+            .map(|v| v.abs() * 0.9)
+            .collect();
         ws.f32(delta).copy_from_slice(&dv);
         ws.f32(a).copy_from_slice(&av);
         host::run(&plan, &mut ws).unwrap();
@@ -268,14 +304,24 @@ fn backward_columns_sum_rows_in_order() {
                     let (d, x) = (dv[i], av[i]);
                     let want = match act {
                         Act::Identity => d,
-                        Act::Relu => if x > 0.0 { d } else { 0.0 },
+                        Act::Relu => {
+                            if x > 0.0 {
+                                d
+                            } else {
+                                0.0
+                            }
+                        }
                         Act::Sigmoid => d * (x * (1.0 - x)),
                         Act::Tanh => d * (1.0 - x * x),
                     };
                     assert_eq!(dg[i].to_bits(), want.to_bits(), "{act:?} δ[{i}]");
                     sum += want;
                 }
-                assert_eq!(gg[chain * p + 10 + c].to_bits(), sum.to_bits(), "{act:?} ∇b");
+                assert_eq!(
+                    gg[chain * p + 10 + c].to_bits(),
+                    sum.to_bits(),
+                    "{act:?} ∇b"
+                );
             }
         }
     }
@@ -299,15 +345,23 @@ fn loss_sums_and_the_halt() {
     let mut lv: Vec<f32> = values(k * b, 11).iter().map(|v| v.abs()).collect();
     lv[b + 3] = f32::NAN;
     ws.f32(loss).copy_from_slice(&lv);
-    ws.f32(hit).copy_from_slice(&[1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]);
+    ws.f32(hit).copy_from_slice(&[
+        1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0,
+    ]);
     ws.control(ctl).copy_from_slice(&control(k, 1.0));
     host::run(&plan, &mut ws).unwrap();
     let c = ws.control(ctl).to_vec();
     let want: f64 = lv[..b].iter().fold(0.0, |a, &v| a + v as f64) / b as f64;
     assert_eq!(c[0].nll.to_bits(), want.to_bits());
-    assert_eq!((c[0].halted, c[0].epoch_nll, c[0].epoch_correct), (0, want, 4.0));
+    assert_eq!(
+        (c[0].halted, c[0].epoch_nll, c[0].epoch_correct),
+        (0, want, 4.0)
+    );
     assert!(c[1].nll.is_nan());
-    assert_eq!((c[1].halted, c[1].epoch_nll, c[1].epoch_correct), (1, 0.0, 0.0));
+    assert_eq!(
+        (c[1].halted, c[1].epoch_nll, c[1].epoch_correct),
+        (1, 0.0, 0.0)
+    );
 }
 
 /// A plan of the fused update and its finish over tensors of `sizes`, K chains.
@@ -369,7 +423,12 @@ fn the_fused_update_is_each_tensors_update() {
                 _ => StepConsts::new(1e-3, 0.1, 0.03),
             };
             for (i, c) in blocks.iter_mut().enumerate() {
-                c.consts = [consts.step_size, consts.decay, consts.post, consts.noise_scale];
+                c.consts = [
+                    consts.step_size,
+                    consts.decay,
+                    consts.post,
+                    consts.noise_scale,
+                ];
                 c.prior = [0.5 + i as f32; MAX_TENSORS];
                 c.eta = 1e-3;
                 c.n_params = p as f64;
@@ -389,14 +448,32 @@ fn the_fused_update_is_each_tensors_update() {
                         .zip(&t0[r.clone()])
                         .map(|(&g, &x)| g + blocks[chain].prior[i] * x)
                         .collect();
-                    let key = NoiseKey { seed: blocks[chain].seed, step: blocks[chain].step, param: i as u32 };
-                    let sums = crate::host::update(update, &mut t[r.clone()], &mut vv[r.clone()], &mut ss[r.clone()], &g, key, consts);
+                    let key = NoiseKey {
+                        seed: blocks[chain].seed,
+                        step: blocks[chain].step,
+                        param: i as u32,
+                    };
+                    let sums = crate::host::update(
+                        update,
+                        &mut t[r.clone()],
+                        &mut vv[r.clone()],
+                        &mut ss[r.clone()],
+                        &g,
+                        key,
+                        consts,
+                    );
                     if halted {
                         continue;
                     }
                     let got = after[chain].sums[i];
-                    for (j, want) in [sums.sum_sq, sums.sum_thermostat, sums.virial].iter().enumerate() {
-                        assert!((got[j] - want).abs() <= 1e-12 * want.abs().max(1e-300), "{update:?} sums {i} {j}");
+                    for (j, want) in [sums.sum_sq, sums.sum_thermostat, sums.virial]
+                        .iter()
+                        .enumerate()
+                    {
+                        assert!(
+                            (got[j] - want).abs() <= 1e-12 * want.abs().max(1e-300),
+                            "{update:?} sums {i} {j}"
+                        );
                     }
                 }
                 let span = chain * p..(chain + 1) * p;
@@ -405,9 +482,21 @@ fn the_fused_update_is_each_tensors_update() {
                     false => (&t, &vv, &ss),
                 };
                 let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&ws.f32(theta)[span.clone()]), bits(&want_t[span.clone()]), "{update:?} θ k={chain}");
-                assert_eq!(bits(&ws.f32(v)[span.clone()]), bits(&want_v[span.clone()]), "{update:?} v");
-                assert_eq!(bits(&ws.f32(s1)[span.clone()]), bits(&want_s[span.clone()]), "{update:?} s");
+                assert_eq!(
+                    bits(&ws.f32(theta)[span.clone()]),
+                    bits(&want_t[span.clone()]),
+                    "{update:?} θ k={chain}"
+                );
+                assert_eq!(
+                    bits(&ws.f32(v)[span.clone()]),
+                    bits(&want_v[span.clone()]),
+                    "{update:?} v"
+                );
+                assert_eq!(
+                    bits(&ws.f32(s1)[span.clone()]),
+                    bits(&want_s[span.clone()]),
+                    "{update:?} s"
+                );
                 assert_eq!(after[chain].step, blocks[chain].step + (!halted) as u64);
             }
         }
@@ -420,7 +509,8 @@ fn the_fused_update_is_each_tensors_update() {
 fn finish_moves_the_thermostat_and_forms_the_next_constants() {
     let sizes = [1030usize, 7];
     for splitting in [false, true] {
-        let (plan, [theta, grad, tab, _, ctl, v, _], table) = update_plan(&sizes, Update::Momentum, 1);
+        let (plan, [theta, grad, tab, _, ctl, v, _], table) =
+            update_plan(&sizes, Update::Momentum, 1);
         let p = table.p as usize;
         let mut ws = HostWorkspace::new(&plan);
         *ws.table(tab) = table;
@@ -448,6 +538,9 @@ fn finish_moves_the_thermostat_and_forms_the_next_constants() {
             false => StepConsts::new(2e-3, alpha, sigma),
             true => StepConsts::splitting(2e-3, alpha, sigma),
         };
-        assert_eq!(got.consts, [want.step_size, want.decay, want.post, want.noise_scale]);
+        assert_eq!(
+            got.consts,
+            [want.step_size, want.decay, want.post, want.noise_scale]
+        );
     }
 }

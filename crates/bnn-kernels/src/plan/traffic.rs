@@ -15,13 +15,24 @@ impl Op {
                 let c = g.m * g.n * if g.accumulate { 2 } else { 1 };
                 F * g.batch * (g.m * g.k + g.k * g.n + c)
             }
-            Op::Gather { dims: [_, b, d, k], .. } => k * b * (2 * F * d + F) + control(*k),
-            Op::BiasAct { dims: [_, b, w, k], .. } => k * (2 * F * b * w + F * w),
-            Op::SoftmaxXent { dims: [_, _, b, classes, k], .. } => {
-                k * b * (3 * F * classes + 4 * F) + k * F * classes + control(*k)
-            }
-            Op::Gaussian { dims: [_, _, b, k], .. } => k * b * 6 * F + control(*k),
-            Op::BackwardColumns { dims: [_, b, w, k], act, .. } => {
+            Op::Gather {
+                dims: [_, b, d, k], ..
+            } => k * b * (2 * F * d + F) + control(*k),
+            Op::BiasAct {
+                dims: [_, b, w, k], ..
+            } => k * (2 * F * b * w + F * w),
+            Op::SoftmaxXent {
+                dims: [_, _, b, classes, k],
+                ..
+            } => k * b * (3 * F * classes + 4 * F) + k * F * classes + control(*k),
+            Op::Gaussian {
+                dims: [_, _, b, k], ..
+            } => k * b * 6 * F + control(*k),
+            Op::BackwardColumns {
+                dims: [_, b, w, k],
+                act,
+                ..
+            } => {
                 let reads = if *act == super::Act::Identity { 1 } else { 2 };
                 k * (F * b * w * (reads + 1) + F * w)
             }
@@ -32,12 +43,14 @@ impl Op {
                 dims: [k, chunks],
             } => {
                 let elems = plan.buffers[theta.0].len;
-                let per = 3 * F + 2 * F * (states.0.is_some() as usize + states.1.is_some() as usize);
+                let per =
+                    3 * F + 2 * F * (states.0.is_some() as usize + states.1.is_some() as usize);
                 elems * per + k * chunks * 24 + control(*k)
             }
-            Op::Finish { dims: [_, k], bufs: [_, partials, _] } => {
-                plan.buffers[partials.0].len * 8 + 2 * control(*k)
-            }
+            Op::Finish {
+                dims: [_, k],
+                bufs: [_, partials, _],
+            } => plan.buffers[partials.0].len * 8 + 2 * control(*k),
         }
     }
 }
@@ -82,14 +95,33 @@ impl Plan {
                 g.k,
                 g.batch
             ),
-            Op::Gather { bufs, dims, .. } => format!("{} ← rows of {} ({}×{})", name(bufs[0]), name(bufs[1]), dims[1], dims[2]),
+            Op::Gather { bufs, dims, .. } => format!(
+                "{} ← rows of {} ({}×{})",
+                name(bufs[0]),
+                name(bufs[1]),
+                dims[1],
+                dims[2]
+            ),
             Op::BiasAct { h, act, .. } => format!("{} ← {:?}({} + b)", name(*h), act, name(*h)),
-            Op::SoftmaxXent { bufs, .. } => format!("{}, loss ← softmax-xent({})", name(bufs[1]), name(bufs[0])),
-            Op::Gaussian { bufs, .. } => format!("{}, residual ← Gaussian({})", name(bufs[1]), name(bufs[0])),
-            Op::BackwardColumns { bufs, act, .. } => format!("{} ← {:?}′ ⊙ {}; ∇b = Σ rows", name(bufs[0]), act, name(bufs[0])),
+            Op::SoftmaxXent { bufs, .. } => {
+                format!("{}, loss ← softmax-xent({})", name(bufs[1]), name(bufs[0]))
+            }
+            Op::Gaussian { bufs, .. } => {
+                format!("{}, residual ← Gaussian({})", name(bufs[1]), name(bufs[0]))
+            }
+            Op::BackwardColumns { bufs, act, .. } => format!(
+                "{} ← {:?}′ ⊙ {}; ∇b = Σ rows",
+                name(bufs[0]),
+                act,
+                name(bufs[0])
+            ),
             Op::ReduceLoss { .. } => "NLL, hits → control; not finite → halt".to_string(),
-            Op::Update { .. } => "θ, v, α ← fused update of every tensor (prior λθ/T in)".to_string(),
-            Op::Finish { .. } => "Σv², Σα, Σθ·∇; thermostat; step, offset, next constants".to_string(),
+            Op::Update { .. } => {
+                "θ, v, α ← fused update of every tensor (prior λθ/T in)".to_string()
+            }
+            Op::Finish { .. } => {
+                "Σv², Σα, Σθ·∇; thermostat; step, offset, next constants".to_string()
+            }
         }
     }
 }

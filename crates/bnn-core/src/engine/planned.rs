@@ -1,0 +1,386 @@
+//! K MLP chains stepped by the step plan ([`crate::kernels::plan`]): the binding between
+//! the library's chain state — a [`Network`]'s θ, a sampler's [`SamplerState`], a
+//! [`Potential`]'s λ, T and τ — and the plan's workspace, whose updates then run with no
+//! host read until the state is read back. The executor here is the host one, the test
+//! double of the CUDA executor: every update of the plan is checked on it against the
+//! CPU path (`tests/suite/plan.rs`).
+//!
+//! The gradient is the hand-written pass's: ∇Ũ/T = s·Σᵢ∇(−log p(yᵢ|xᵢ,θ)) + (λ_t/T)·θ with
+//! s = N/(|S|·T) ([`Potential::likelihood_scale`]), the prior's term added in the fused
+//! update. What a chain's control block carries is set from the state once and moved by
+//! the plan's own kernels after each update (the thermostat, the step counter, the next
+//! constants, the minibatch offset), so S updates in a row are one replay.
+
+use candle_core::{Device, Tensor};
+
+use crate::error::{Error, Result};
+use crate::kernels::plan::host::{self, HostWorkspace};
+use crate::kernels::plan::mlp::{MlpPlan, MlpShape};
+use crate::kernels::plan::{Act, Bookkeeping, ChainControl, Plan};
+use crate::kernels::Update;
+use crate::likelihood::HALF_LOG_2PI;
+use crate::model::{Activation, ModelSpec, Network};
+use crate::potential::Potential;
+use crate::sampler::state::{MsgnhtState, PsgldState, SghmcState, SgnhtState};
+use crate::sampler::{Clock, Integrator, SamplerParams, SamplerState};
+
+/// The resident training set: rows of features (N × D, as `Split::gather` writes them),
+/// with class labels or a regression's targets.
+#[derive(Debug, Clone, Copy)]
+pub enum Resident<'a> {
+    /// Classification.
+    Classes {
+        /// N × D features.
+        x: &'a [f32],
+        /// N labels.
+        labels: &'a [u32],
+    },
+    /// A Gaussian likelihood's (standardised) targets.
+    Values {
+        /// N × D features.
+        x: &'a [f32],
+        /// N targets.
+        y: &'a [f32],
+    },
+}
+
+impl Resident<'_> {
+    fn rows(&self) -> usize {
+        match self {
+            Resident::Classes { labels, .. } => labels.len(),
+            Resident::Values { y, .. } => y.len(),
+        }
+    }
+}
+
+/// One chain handed to the plan: its network, its sampler's state and parameters, the
+/// seed of its noise and its potential.
+#[derive(Debug, Clone, Copy)]
+pub struct ChainInput<'a> {
+    /// θ.
+    pub net: &'a Network,
+    /// The sampler's parameters (every chain's the same).
+    pub params: SamplerParams,
+    /// Its state (`Sampler::state`).
+    pub state: &'a SamplerState,
+    /// The Philox key of its noise.
+    pub seed: u64,
+    /// λ per tensor, T, τ and N.
+    pub potential: &'a Potential,
+}
+
+/// K chains of one MLP in one plan's workspace on the host.
+#[derive(Debug)]
+pub struct PlannedChains {
+    mlp: MlpPlan,
+    ws: HostWorkspace,
+    params: SamplerParams,
+    spec: ModelSpec,
+}
+
+/// The plan's element rule and bookkeeping for `params`; an error for a sampler the plan
+/// does not run.
+fn rule_of(params: &SamplerParams) -> Result<(Update, Bookkeeping)> {
+    let splitting = params.integrator() == Integrator::Splitting;
+    Ok(match *params {
+        SamplerParams::Sgld { .. } => (Update::Sgld, Bookkeeping::Sgld),
+        SamplerParams::Psgld { .. } => (Update::Preconditioned, Bookkeeping::Psgld),
+        SamplerParams::Sghmc {
+            noise_estimate: 0.0,
+            ..
+        } => {
+            (Update::Momentum, Bookkeeping::Sghmc)
+        }
+        SamplerParams::Sgnht { .. } => (Update::Momentum, Bookkeeping::Sgnht),
+        SamplerParams::Msgnht { .. } => (Update::Thermostat { splitting }, Bookkeeping::Msgnht),
+        SamplerParams::Sghmc { .. } | SamplerParams::Sgd { .. } | SamplerParams::Momentum { .. } => {
+            return Err(Error::Config(format!(
+                "the step plan runs sgld, psgld, sghmc (without a noise estimate), sgnht and msgnht, not {}",
+                params.kind().name()
+            )))
+        }
+    })
+}
+
+/// The plan's activation of an MLP's.
+fn act_of(a: Activation) -> Result<Act> {
+    match a {
+        Activation::Relu => Ok(Act::Relu),
+        Activation::Sigmoid => Ok(Act::Sigmoid),
+        Activation::Tanh => Ok(Act::Tanh),
+        Activation::Swish => Err(Error::Config(
+            "the step plan's MLPs use relu, sigmoid or tanh".into(),
+        )),
+    }
+}
+
+impl PlannedChains {
+    /// The plan of `chains` (one architecture, one sampler) at minibatches of `batch` rows
+    /// of `data`, an epoch's index holding `epoch_rows` rows per chain, its workspace
+    /// loaded with each chain's θ, state and potential.
+    pub fn new(
+        chains: &[ChainInput<'_>],
+        data: Resident<'_>,
+        batch: usize,
+        epoch_rows: usize,
+    ) -> Result<Self> {
+        let first = chains
+            .first()
+            .ok_or_else(|| Error::Config("step plan: no chain".into()))?;
+        let net = first.net;
+        if !net.convs.is_empty() || net.resnet.is_some() {
+            return Err(Error::Config(
+                "the step plan runs MLPs (a CNN or ResNet keeps candle)".into(),
+            ));
+        }
+        let (update, _) = rule_of(&first.params)?;
+        let shape = MlpShape {
+            widths: net.fc_widths(),
+            act: act_of(net.spec.activation)?,
+            batch,
+            chains: chains.len(),
+            rows: data.rows(),
+            epoch_rows,
+            update,
+            gaussian: matches!(data, Resident::Values { .. }),
+        };
+        let mlp = MlpPlan::new(shape)?;
+        let mut ws = HostWorkspace::new(&mlp.plan);
+        *ws.table(mlp.bufs.table) = mlp.table;
+        let b = &mlp.bufs;
+        match data {
+            Resident::Classes { x, labels } => {
+                ws.f32(b.data).copy_from_slice(x);
+                ws.u32(b.targets).copy_from_slice(labels);
+            }
+            Resident::Values { x, y } => {
+                ws.f32(b.data).copy_from_slice(x);
+                ws.f32(b.targets).copy_from_slice(y);
+            }
+        }
+        let mut planned = PlannedChains {
+            mlp,
+            ws,
+            params: first.params,
+            spec: net.spec.clone(),
+        };
+        for (k, c) in chains.iter().enumerate() {
+            planned.load(k, c)?;
+        }
+        Ok(planned)
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> &Plan {
+        &self.mlp.plan
+    }
+
+    /// P, parameters per chain.
+    fn p(&self) -> usize {
+        self.mlp.table.p as usize
+    }
+
+    /// Chain k's θ, sampler state and potential into the workspace (a restore, or a test
+    /// that steps the plan from another computation's state); where it stands in the open
+    /// epoch (its offset and the epoch's sums) is kept.
+    pub fn load(&mut self, k: usize, c: &ChainInput<'_>) -> Result<()> {
+        if c.net.spec != self.spec || c.params != self.params {
+            return Err(Error::Config(
+                "step plan: chains of different networks or samplers".into(),
+            ));
+        }
+        let p = self.p();
+        let theta: Vec<f32> = flat(c.net.params.iter().map(|q| q.var.as_tensor()))?;
+        if theta.len() != p {
+            return Err(Error::Config(format!(
+                "step plan: {} parameters for {p}",
+                theta.len()
+            )));
+        }
+        let b = self.mlp.bufs.clone();
+        self.ws.f32(b.theta)[k * p..(k + 1) * p].copy_from_slice(&theta);
+        let s = c.state;
+        if let Some(v) = b.momentum {
+            self.ws.f32(v)[k * p..(k + 1) * p].copy_from_slice(&flat(s.momentum().iter())?);
+        }
+        if let Some(e) = b.per_element {
+            let own = match s {
+                SamplerState::Psgld(_) => s.second_moments(),
+                _ => s.thermostats(),
+            };
+            self.ws.f32(e)[k * p..(k + 1) * p].copy_from_slice(&flat(own.iter())?);
+        }
+        let (_, book) = rule_of(&c.params)?;
+        let clock = s.clock();
+        let mut ctl = ChainControl {
+            seed: c.seed,
+            step: clock.step,
+            eta: clock.step_size,
+            thermostat: s.thermostat().unwrap_or(0.0),
+            kinetic: s.kinetic(),
+            n_params: p as f64,
+            sampler: book as u32,
+            splitting: (c.params.integrator() == Integrator::Splitting) as u32,
+            ..ChainControl::default()
+        };
+        match c.params {
+            SamplerParams::Sghmc { friction, .. } => ctl.friction = friction,
+            SamplerParams::Sgnht { diffusion, .. } | SamplerParams::Msgnht { diffusion, .. } => {
+                ctl.diffusion = diffusion
+            }
+            SamplerParams::Psgld { decay, damping, .. } => {
+                (ctl.decay, ctl.damping) = (decay, damping)
+            }
+            _ => {}
+        }
+        let old = self.ws.control(b.control)[k];
+        (ctl.offset, ctl.updates) = (old.offset, old.updates);
+        (ctl.epoch_nll, ctl.epoch_correct, ctl.epoch_sse) =
+            (old.epoch_nll, old.epoch_correct, old.epoch_sse);
+        self.ws.control(b.control)[k] = ctl;
+        self.set_potential(k, c.potential)?;
+        Ok(())
+    }
+
+    /// Chain k's λ/T per tensor, the likelihood's scale and τ from `potential` (after a
+    /// Gibbs step: written between updates, never read back).
+    pub fn set_potential(&mut self, k: usize, potential: &Potential) -> Result<()> {
+        let batch = self.mlp.shape.batch;
+        let tensors = self.mlp.table.tensors as usize;
+        if potential.prior.precisions.len() != tensors {
+            return Err(Error::Config(
+                "step plan: a prior of another network".into(),
+            ));
+        }
+        let c = &mut self.ws.control(self.mlp.bufs.control)[k];
+        for (t, &lambda) in potential.prior.precisions.iter().enumerate() {
+            c.prior[t] = (potential.inverse_temperature() * lambda) as f32;
+        }
+        c.scale = potential.likelihood_scale(batch) as f32;
+        let tau = potential.noise_precision;
+        c.precision = tau as f32;
+        c.nll_const = batch as f64 * (HALF_LOG_2PI - 0.5 * tau.ln());
+        host::next_consts(c);
+        Ok(())
+    }
+
+    /// Opens an epoch: chain k's minibatches are the rows `orders[k][..epoch_rows]`, in
+    /// order; the offsets and the epoch's sums start again.
+    pub fn begin_epoch(&mut self, orders: &[&[usize]]) -> Result<()> {
+        let (k, m) = (self.mlp.shape.chains, self.mlp.shape.epoch_rows);
+        if orders.len() != k || orders.iter().any(|o| o.len() < m) {
+            return Err(Error::Config(format!(
+                "step plan: {k} orders of {m} rows wanted"
+            )));
+        }
+        let index = self.ws.u32(self.mlp.bufs.index);
+        for (row, order) in index.chunks_exact_mut(m).zip(orders) {
+            for (i, &o) in row.iter_mut().zip(order.iter()) {
+                *i = o as u32;
+            }
+        }
+        for c in self.ws.control(self.mlp.bufs.control) {
+            (c.offset, c.updates) = (0, 0);
+            (c.epoch_nll, c.epoch_correct, c.epoch_sse) = (0.0, 0.0, 0.0);
+        }
+        Ok(())
+    }
+
+    /// `updates` updates of every chain, no host read between them.
+    pub fn run(&mut self, updates: usize) -> Result<()> {
+        let per_epoch = self.mlp.shape.epoch_rows / self.mlp.shape.batch;
+        let done = self.ws.control(self.mlp.bufs.control)[0].offset as usize / self.mlp.shape.batch;
+        if done + updates > per_epoch {
+            return Err(Error::Config(format!(
+                "step plan: {updates} updates past the epoch's {per_epoch} minibatches"
+            )));
+        }
+        for _ in 0..updates {
+            host::run(&self.mlp.plan, &mut self.ws)?;
+        }
+        Ok(())
+    }
+
+    /// Chain k's control block (one read of the device, for a progress line or an epoch's
+    /// end).
+    pub fn control(&mut self, k: usize) -> ChainControl {
+        self.ws.control(self.mlp.bufs.control)[k]
+    }
+
+    /// Chain k's θ, in the network's order and shapes, into `net`.
+    pub fn read_theta(&mut self, k: usize, net: &Network) -> Result<()> {
+        let p = self.p();
+        let theta = self.ws.f32(self.mlp.bufs.theta)[k * p..(k + 1) * p].to_vec();
+        let mut at = 0;
+        for q in &net.params {
+            let n = q.var.elem_count();
+            let t = Tensor::from_slice(&theta[at..at + n], q.var.shape(), q.var.device())?;
+            q.var.set(&t)?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Chain k's sampler state as the plan holds it (`Sampler::restore` takes it back).
+    pub fn state(&mut self, k: usize) -> Result<SamplerState> {
+        let (p, b) = (self.p(), self.mlp.bufs.clone());
+        let c = self.control(k);
+        let sizes = self.mlp.shape.tensor_sizes();
+        let mut split = |buf| -> Result<Vec<Tensor>> {
+            let all = self.ws.f32(buf)[k * p..(k + 1) * p].to_vec();
+            let mut at = 0;
+            sizes
+                .iter()
+                .map(|&n| {
+                    at += n;
+                    Ok(Tensor::from_slice(&all[at - n..at], n, &Device::Cpu)?)
+                })
+                .collect()
+        };
+        let clock = Clock {
+            step: c.step,
+            step_size: c.eta,
+        };
+        let momentum = match b.momentum {
+            Some(v) => split(v)?,
+            None => Vec::new(),
+        };
+        Ok(match self.params {
+            SamplerParams::Sgld { .. } => SamplerState::Sgld(clock),
+            SamplerParams::Psgld { .. } => SamplerState::Psgld(PsgldState {
+                clock,
+                second_moment: split(b.per_element.expect("pSGLD's V"))?,
+            }),
+            SamplerParams::Sghmc { .. } => SamplerState::Sghmc(SghmcState {
+                clock,
+                momentum,
+                kinetic: c.kinetic,
+            }),
+            SamplerParams::Sgnht { .. } => SamplerState::Sgnht(SgnhtState {
+                clock,
+                momentum,
+                thermostat: c.thermostat,
+                kinetic: c.kinetic,
+            }),
+            SamplerParams::Msgnht { .. } => SamplerState::Msgnht(MsgnhtState {
+                clock,
+                momentum,
+                thermostats: split(b.per_element.expect("mSGNHT's αᵢ"))?,
+                mean_thermostat: c.thermostat,
+                kinetic: c.kinetic,
+            }),
+            SamplerParams::Sgd { .. } | SamplerParams::Momentum { .. } => {
+                unreachable!("refused by rule_of")
+            }
+        })
+    }
+}
+
+/// The values of `tensors` one after the other, as f32 on the host.
+fn flat<'t>(tensors: impl Iterator<Item = &'t Tensor>) -> Result<Vec<f32>> {
+    let mut out = Vec::new();
+    for t in tensors {
+        out.extend(t.flatten_all()?.to_vec1::<f32>()?);
+    }
+    Ok(out)
+}
