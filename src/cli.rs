@@ -283,6 +283,22 @@ pub enum BenchCommand {
         #[arg(long, value_delimiter = ',')]
         models: Vec<String>,
     },
+    /// The step plan of an MLP's update (the GPU step): launches, the bytes each moves and
+    /// the host reads, for each number of chains. JSON, one object per K.
+    Plan {
+        /// Hidden widths, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = [100usize])]
+        hidden: Vec<usize>,
+        /// Minibatch size.
+        #[arg(long, default_value_t = 100)]
+        batch: usize,
+        /// Chains stepped together.
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 64])]
+        chains: Vec<usize>,
+        /// Sampler.
+        #[arg(long, value_enum, default_value_t = SamplerKind::Sgnht)]
+        sampler: SamplerKind,
+    },
     /// Steps per second of the full training step (gather, forward, backward, update).
     Train {
         /// Hidden widths of each MLP, `;`-separated (e.g. "100;400,400"); "" for none.

@@ -2,7 +2,7 @@
 //! the composed candle-op reference, against a plain parallel copy of the same bytes.
 //! `bnn bench train`: steps per second of the whole training step. `bnn bench gemm`:
 //! every matrix product and direct convolution of the models' steps against the FMA
-//! ceiling (`gemm`).
+//! ceiling (`gemm`). `bnn bench plan`: the step plan of an MLP's update (`plan`).
 
 use std::time::Instant;
 
@@ -19,7 +19,9 @@ use crate::sampler::{self, Integrator, Kernel, SamplerKind, SamplerParams};
 use crate::train::Stepper;
 
 mod gemm;
+mod plan;
 pub use gemm::{gemm, gemm_models, GemmBench, GemmModel, ProductBench};
+pub use plan::{plan, PlanBench};
 
 /// One row of the benchmark.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -21,6 +21,20 @@ pub(super) fn bench_command(command: BenchCommand) -> Result<String> {
             json(&bnn::bench::step(sampler, &sizes, repeats)?)
         }
         BenchCommand::Gemm { repeats, models } => json(&bnn::bench::gemm(repeats, &models)?),
+        BenchCommand::Plan {
+            hidden,
+            batch,
+            chains,
+            sampler,
+        } => {
+            if hidden.contains(&0) || chains.contains(&0) || !(1..=10_000).contains(&batch) {
+                return Err(Error::Config(
+                    "bench plan needs positive widths and chains and a batch in 1..=10000".into(),
+                ));
+            }
+            let params = bnn::sampler::SamplerParams::defaults(sampler)?;
+            json(&bnn::bench::plan(&hidden, batch, &chains, params)?)
+        }
         BenchCommand::Train {
             hidden,
             batch,

@@ -407,3 +407,23 @@ fn plan_with_tanh_stays_within_1e_5_of_the_cpu_path_for_50_free_updates() {
         );
     }
 }
+
+/// `bnn bench plan` prints the plan of 784-100-10 at batch 100: at most 14 launches an
+/// update for 1 chain and for 64 (the bar; 5L + 3 = 13), no host read inside an
+/// epoch, and bytes that grow with K.
+#[test]
+fn bench_plan_prints_thirteen_launches_for_one_chain_and_sixty_four() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = crate::common::bnn(dir.path(), &["bench", "plan", "--chains", "1,64"]);
+    assert!(out.status.success(), "{}", crate::common::stderr(&out));
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for r in rows {
+        assert_eq!(r["launches"], 13, "{r}");
+        assert_eq!(r["ops"].as_array().unwrap().len(), 13);
+        assert_eq!(r["host_reads_per_update"], 0);
+    }
+    let bytes = |i: usize| rows[i]["bytes_per_update"].as_u64().unwrap();
+    assert!(bytes(1) > 60 * bytes(0), "{} vs {}", bytes(1), bytes(0));
+}

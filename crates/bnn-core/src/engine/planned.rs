@@ -78,6 +78,11 @@ pub struct PlannedChains {
     spec: ModelSpec,
 }
 
+/// The plan's element rule for `params`; an error for a sampler the plan does not run.
+pub fn update_of(params: &SamplerParams) -> Result<Update> {
+    Ok(rule_of(params)?.0)
+}
+
 /// The plan's element rule and bookkeeping for `params`; an error for a sampler the plan
 /// does not run.
 fn rule_of(params: &SamplerParams) -> Result<(Update, Bookkeeping)> {
