@@ -544,3 +544,58 @@ fn finish_moves_the_thermostat_and_forms_the_next_constants() {
         );
     }
 }
+
+/// A Gaussian likelihood's rows: f = z + b, the error (s·τ)·(f − y) and the residual as
+/// the CPU's `gaussian_error` forms them (the same f32 operations: bit for bit), then
+/// the loss sums: ½τ·Σr² (in f64, row order) + the constant, over B.
+#[test]
+fn gaussian_rows_and_their_loss() {
+    let (k, n, b, m, p) = (2usize, 10usize, 7usize, 12usize, 20usize);
+    let mut plan = empty();
+    let z = plan.buffer("z", k * b, Elem::F32);
+    let delta = plan.buffer("δ", k * b, Elem::F32);
+    let loss = plan.buffer("loss", k * b, Elem::F32);
+    let hit = plan.buffer("hit", k * b, Elem::F32);
+    let targets = plan.buffer("targets", n, Elem::F32);
+    let index = plan.buffer("index", k * m, Elem::U32);
+    let ctl = plan.buffer("control", k, Elem::Control);
+    let theta = plan.buffer("θ", k * p, Elem::F32);
+    plan.ops.push(Op::Gaussian {
+        bufs: [z, delta, loss, hit, targets, index, ctl],
+        bias: theta.at(p - 1),
+        dims: [p, m, b, k],
+    });
+    plan.ops.push(Op::ReduceLoss {
+        bufs: [loss, hit, ctl],
+        dims: [b, k],
+        gaussian: true,
+    });
+    let mut ws = HostWorkspace::new(&plan);
+    let (zv, tv, yv) = (values(k * b, 19), values(k * p, 20), values(n, 21));
+    let iv: Vec<u32> = (0..k * m).map(|i| ((i * 3 + 2) % n) as u32).collect();
+    ws.f32(z).copy_from_slice(&zv);
+    ws.f32(theta).copy_from_slice(&tv);
+    ws.f32(targets).copy_from_slice(&yv);
+    ws.u32(index).copy_from_slice(&iv);
+    let mut blocks = control(k, 8.0);
+    for c in &mut blocks {
+        c.precision = 2.5;
+        c.nll_const = 0.3;
+    }
+    ws.control(ctl).copy_from_slice(&blocks);
+    host::run(&plan, &mut ws).unwrap();
+    let (dg, after) = (ws.f32(delta).to_vec(), ws.control(ctl).to_vec());
+    for chain in 0..k {
+        let mut sse = 0f64;
+        for r in 0..b {
+            let e = chain * b + r;
+            let y = yv[iv[chain * m + 2 * chain + r] as usize];
+            let res = (zv[e] + tv[chain * p + p - 1]) - y;
+            assert_eq!(dg[e].to_bits(), ((8.0f32 * 2.5f32) * res).to_bits());
+            sse += res as f64 * res as f64;
+        }
+        let want = (0.5 * 2.5 * sse + 0.3) / b as f64;
+        assert_eq!(after[chain].nll.to_bits(), want.to_bits());
+        assert_eq!(after[chain].epoch_sse, sse);
+    }
+}
