@@ -288,6 +288,48 @@ fn run_op(op: &Op, ws: &mut HostWorkspace) {
                     act as i32,
                 )
             }
+            Op::BackwardColumns {
+                bufs: [delta, a],
+                grad_bias,
+                dims: [p, b, w, k],
+                act,
+            } => {
+                let dp = ws.p::<f32>(delta);
+                ffi::bnn_host_plan_backward_columns(
+                    (k * w) as u64,
+                    dp,
+                    dp,
+                    ws.p(a),
+                    ws.ptr(grad_bias),
+                    p as u64,
+                    u(b),
+                    u(w),
+                    act as i32,
+                )
+            }
+            Op::ReduceLoss {
+                bufs: [loss, hit, ctl],
+                dims: [b, k],
+                gaussian,
+            } => ffi::bnn_host_plan_reduce_loss(
+                u(k),
+                ws.p(ctl),
+                ws.p(loss),
+                ws.p(hit),
+                u(b),
+                gaussian as i32,
+            ),
+            Op::SoftmaxXent { .. } | Op::Gaussian { .. } => likelihood(op, ws),
+            Op::Update { .. } | Op::Finish { .. } => update(op, ws),
+        }
+    }
+}
+
+/// The output layer's likelihood kernels of `run_op`.
+fn likelihood(op: &Op, ws: &mut HostWorkspace) {
+    // SAFETY: as in `run_op`.
+    unsafe {
+        match *op {
             Op::SoftmaxXent {
                 bufs: [z, delta, loss, hit, labels, index, ctl],
                 bias,
@@ -325,37 +367,16 @@ fn run_op(op: &Op, ws: &mut HostWorkspace) {
                 u(m),
                 u(b),
             ),
-            Op::BackwardColumns {
-                bufs: [delta, a],
-                grad_bias,
-                dims: [p, b, w, k],
-                act,
-            } => {
-                let dp = ws.p::<f32>(delta);
-                ffi::bnn_host_plan_backward_columns(
-                    (k * w) as u64,
-                    dp,
-                    dp,
-                    ws.p(a),
-                    ws.ptr(grad_bias),
-                    p as u64,
-                    u(b),
-                    u(w),
-                    act as i32,
-                )
-            }
-            Op::ReduceLoss {
-                bufs: [loss, hit, ctl],
-                dims: [b, k],
-                gaussian,
-            } => ffi::bnn_host_plan_reduce_loss(
-                u(k),
-                ws.p(ctl),
-                ws.p(loss),
-                ws.p(hit),
-                u(b),
-                gaussian as i32,
-            ),
+            _ => unreachable!("run_op dispatches only these here"),
+        }
+    }
+}
+
+/// The fused update and its finish of `run_op`.
+fn update(op: &Op, ws: &mut HostWorkspace) {
+    // SAFETY: as in `run_op`.
+    unsafe {
+        match *op {
             Op::Update {
                 bufs: [theta, grad, table, partials, ctl],
                 states: (v, s1),
@@ -377,6 +398,7 @@ fn run_op(op: &Op, ws: &mut HostWorkspace) {
                 bufs: [ctl, partials, table],
                 dims: [b, k],
             } => ffi::bnn_host_plan_finish(u(k), ws.p(ctl), ws.p(partials), ws.p(table), u(b)),
+            _ => unreachable!("run_op dispatches only these here"),
         }
     }
 }
