@@ -37,7 +37,7 @@ RULES = {
         "engine::exchange": KERNELS_FLOOR,
         # The step plan's binding: a chain's θ, sampler state and potential in and out of
         # the plan's workspace.
-        "engine::planned": KERNELS_FLOOR | {"model", "sampler", "potential", "likelihood"},
+        "engine::planned": KERNELS_FLOOR | {"model", "sampler", "potential", "likelihood", "engine::dynamics"},
         "data": KERNELS_FLOOR,
         # The chain driver sees transitions only: no model, sampler or data.
         "driver": KERNELS_FLOOR,

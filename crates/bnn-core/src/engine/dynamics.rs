@@ -416,7 +416,8 @@ fn in_update(pending: &mut Option<Pending>) -> Result<&mut Pending> {
         .ok_or_else(|| Error::Config("sampler: tensor step outside begin/finish".into()))
 }
 
-fn update_of(sampler: &SamplerParams) -> Result<Update> {
+/// The fused element update of `sampler` (also the step plan's, `engine::planned`).
+pub(crate) fn update_of(sampler: &SamplerParams) -> Result<Update> {
     match *sampler {
         SamplerParams::Sgld { .. } => Ok(Update::Sgld),
         SamplerParams::Psgld { .. } => Ok(Update::Preconditioned),

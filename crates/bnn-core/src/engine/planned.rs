@@ -13,6 +13,7 @@
 
 use candle_core::{Device, Tensor};
 
+use crate::engine::dynamics;
 use crate::error::{Error, Result};
 use crate::kernels::plan::host::{self, HostWorkspace};
 use crate::kernels::plan::mlp::{MlpPlan, MlpShape};
@@ -78,33 +79,33 @@ pub struct PlannedChains {
     spec: ModelSpec,
 }
 
-/// The plan's element rule for `params`; an error for a sampler the plan does not run.
+/// The plan's element rule for `params` (the fused kernels' own, `Dynamics`'); an error for
+/// a sampler the plan does not run.
 pub fn update_of(params: &SamplerParams) -> Result<Update> {
     Ok(rule_of(params)?.0)
 }
 
 /// The plan's element rule and bookkeeping for `params`; an error for a sampler the plan
-/// does not run.
+/// does not run (the MAP baselines, which have no fused update, and SGHMC with β̂).
 fn rule_of(params: &SamplerParams) -> Result<(Update, Bookkeeping)> {
-    let splitting = params.integrator() == Integrator::Splitting;
-    Ok(match *params {
-        SamplerParams::Sgld { .. } => (Update::Sgld, Bookkeeping::Sgld),
-        SamplerParams::Psgld { .. } => (Update::Preconditioned, Bookkeeping::Psgld),
-        SamplerParams::Sghmc {
-            noise_estimate: 0.0,
-            ..
-        } => {
-            (Update::Momentum, Bookkeeping::Sghmc)
+    let refused = || {
+        Error::Config(format!(
+            "the step plan runs sgld, psgld, sghmc (without a noise estimate), sgnht and msgnht, not {}",
+            params.kind().name()
+        ))
+    };
+    let book = match *params {
+        SamplerParams::Sgld { .. } => Bookkeeping::Sgld,
+        SamplerParams::Psgld { .. } => Bookkeeping::Psgld,
+        SamplerParams::Sghmc { noise_estimate, .. } if noise_estimate != 0.0 => {
+            return Err(refused())
         }
-        SamplerParams::Sgnht { .. } => (Update::Momentum, Bookkeeping::Sgnht),
-        SamplerParams::Msgnht { .. } => (Update::Thermostat { splitting }, Bookkeeping::Msgnht),
-        SamplerParams::Sghmc { .. } | SamplerParams::Sgd { .. } | SamplerParams::Momentum { .. } => {
-            return Err(Error::Config(format!(
-                "the step plan runs sgld, psgld, sghmc (without a noise estimate), sgnht and msgnht, not {}",
-                params.kind().name()
-            )))
-        }
-    })
+        SamplerParams::Sghmc { .. } => Bookkeeping::Sghmc,
+        SamplerParams::Sgnht { .. } => Bookkeeping::Sgnht,
+        SamplerParams::Msgnht { .. } => Bookkeeping::Msgnht,
+        SamplerParams::Sgd { .. } | SamplerParams::Momentum { .. } => return Err(refused()),
+    };
+    Ok((dynamics::update_of(params)?, book))
 }
 
 /// The plan's activation of an MLP's.
@@ -236,7 +237,10 @@ impl PlannedChains {
             SamplerParams::Psgld { decay, damping, .. } => {
                 (ctl.decay, ctl.damping) = (decay, damping)
             }
-            _ => {}
+            // SGLD has no constant of its own; the MAP baselines are refused by `rule_of`.
+            SamplerParams::Sgld { .. }
+            | SamplerParams::Sgd { .. }
+            | SamplerParams::Momentum { .. } => {}
         }
         let old = self.ws.control(b.control)[k];
         (ctl.offset, ctl.updates) = (old.offset, old.updates);
