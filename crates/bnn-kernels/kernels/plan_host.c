@@ -69,8 +69,9 @@ void bnn_host_plan_update(uint32_t chains, float *theta, float *v, float *s1, co
 }
 
 void bnn_host_plan_finish(uint32_t chains, bnn_plan_chain *ctl, const double *partials,
-                          const bnn_plan_table *tab, uint32_t b) {
-    for (uint32_t k = 0; k < chains; ++k) bnn_plan_finish(k, ctl, partials, tab, b);
+                          const bnn_plan_table *tab, const double *etas, uint32_t b,
+                          uint32_t u) {
+    for (uint32_t k = 0; k < chains; ++k) bnn_plan_finish(k, ctl, partials, tab, etas, b, u);
 }
 
 /* The next constants of one chain (the host sets a chain's state, then asks). */

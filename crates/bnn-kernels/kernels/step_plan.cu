@@ -82,7 +82,8 @@ extern "C" __global__ void bnn_plan_update_kernel(float *theta, float *v, float 
 
 extern "C" __global__ void bnn_plan_finish_kernel(uint32_t chains, bnn_plan_chain *ctl,
                                                   const double *partials,
-                                                  const bnn_plan_table *tab, uint32_t b) {
+                                                  const bnn_plan_table *tab,
+                                                  const double *etas, uint32_t b, uint32_t u) {
     u64 k = BNN_PLAN_ITEM;
-    if (k < chains) bnn_plan_finish((uint32_t)k, ctl, partials, tab, b);
+    if (k < chains) bnn_plan_finish((uint32_t)k, ctl, partials, tab, etas, b, u);
 }

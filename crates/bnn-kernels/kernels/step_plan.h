@@ -47,7 +47,8 @@ typedef struct {
     uint64_t seed;           /* the Philox key */
     uint64_t step;           /* updates done: the counter of the next update's noise */
     uint64_t updates;        /* updates run in this epoch (not skipped) */
-    double eta;              /* the step size in force */
+    double eta;              /* the step size of the next update */
+    double eta_v;            /* the step size v is scaled for (the last update's) */
     double friction;         /* SGHMC's alpha */
     double diffusion;        /* SGNHT's a */
     double decay, damping;   /* pSGLD's beta and lambda */
@@ -58,12 +59,14 @@ typedef struct {
     double nll;              /* the last minibatch's mean NLL */
     double epoch_nll;        /* the epoch's sums of the minibatches' mean NLL, */
     double epoch_correct;    /* arg-max hits, */
-    double epoch_sse;        /* and a regression's squared errors */
+    double epoch_sse;        /* and a regression's squared errors, */
+    double epoch_kinetic;    /* and the kinetic energies after its updates (momentum rules) */
     double sums[BNN_PLAN_MAX_TENSORS][3]; /* last update, per tensor: v.v, sum alpha, theta.grad */
     float consts[4];         /* the next update's bnn_step_consts */
     float prior[BNN_PLAN_MAX_TENSORS]; /* lambda_t / T */
     float scale;             /* N / (B T): the likelihood's factor on its summed gradient */
     float precision;         /* tau, a Gaussian likelihood's noise precision */
+    float rescale;           /* sqrt(eta / eta_v): v's factor before the next update */
     uint32_t offset;         /* where the next minibatch starts in the chain's index row */
     uint32_t halted;         /* a loss was not finite: no update since (the host stops the run) */
     uint32_t sampler;        /* BNN_PLAN_* */
@@ -253,7 +256,7 @@ BNN_HD void bnn_plan_update_thread(uint32_t k, uint32_t chunk, uint32_t t, float
     uint64_t n = tab->n[ti], base = (uint64_t)k * tab->p + tab->offsets[ti];
     if (4 * block >= n) return;
     bnn_step_consts sc = {c->consts[0], c->consts[1], c->consts[2], c->consts[3]};
-    float prior = c->prior[ti];
+    float prior = c->prior[ti], rescale = c->rescale;
     float z[4];
     bnn_normals4(c->seed, c->step, ti, (uint32_t)block, z);
     for (int q = 0; q < 4; ++q) {
@@ -261,6 +264,9 @@ BNN_HD void bnn_plan_update_thread(uint32_t k, uint32_t chunk, uint32_t t, float
         if (i < n) {
             uint64_t at = base + i;
             float g = grad[at] + prior * theta[at];
+            /* A new eta keeps the momentum p = v / sqrt(eta) of the dynamics: v is rescaled
+             * first, in f32, as Dynamics::set_step_size does on the host. */
+            if (v && rescale != 1.0f) v[at] = v[at] * rescale;
             bnn_update_element((int)tab->rule, &theta[at], v ? &v[at] : 0, s1 ? &s1[at] : 0,
                                g, z[q], sc, out);
         }
@@ -268,9 +274,11 @@ BNN_HD void bnn_plan_update_thread(uint32_t k, uint32_t chunk, uint32_t t, float
 }
 
 /* The constants of chain c's next update from its state (Dynamics::step_consts in Rust):
- * f64 arithmetic rounded to f32 once, as StepConsts::{new, splitting, preconditioned}. */
+ * f64 arithmetic rounded to f32 once, as StepConsts::{new, splitting, preconditioned};
+ * and v's factor for a new eta (Dynamics::set_step_size's). */
 BNN_HD void bnn_plan_consts(bnn_plan_chain *c) {
     double eta = c->eta, alpha = 0.0, sigma = sqrt(2.0 * eta);
+    c->rescale = eta == c->eta_v ? 1.0f : (float)sqrt(eta / c->eta_v);
     switch (c->sampler) {
     case BNN_PLAN_PSGLD:
         c->consts[0] = (float)eta;
@@ -304,10 +312,13 @@ BNN_HD void bnn_plan_consts(bnn_plan_chain *c) {
 
 /* The update's end, chain k: each tensor's sums from its chunks' partials (K x chunks x
  * 3, chunk order), the kinetic energy, SGNHT's alpha (Ding et al. Alg. 2) or mSGNHT's
- * mean, the step counter, the next minibatch's offset and the next constants: what
- * Dynamics::close_update does on the host. A halted chain stands still. */
+ * mean, the step counter, the next minibatch's offset, the next update's eta from the
+ * epoch's table (etas: K x u, the schedule's eta of each of the epoch's u updates, written
+ * by the host when the epoch opens) and the next constants: what Dynamics::close_update
+ * and the schedule do on the host. A halted chain stands still. */
 BNN_HD void bnn_plan_finish(uint32_t k, bnn_plan_chain *ctl, const double *partials,
-                            const bnn_plan_table *tab, uint32_t b) {
+                            const bnn_plan_table *tab, const double *etas, uint32_t b,
+                            uint32_t u) {
     bnn_plan_chain *c = &ctl[k];
     if (c->halted) return;
     uint32_t chunks = tab->chunk_start[tab->tensors];
@@ -328,12 +339,17 @@ BNN_HD void bnn_plan_finish(uint32_t k, bnn_plan_chain *ctl, const double *parti
     }
     int momentum = tab->rule == BNN_RULE_MOMENTUM || tab->rule == BNN_RULE_THERMOSTAT_EULER ||
                    tab->rule == BNN_RULE_THERMOSTAT_SPLITTING;
-    if (momentum) c->kinetic = 0.5 * sum_sq / (c->n_params * c->eta);
+    if (momentum) {
+        c->kinetic = 0.5 * sum_sq / (c->n_params * c->eta);
+        c->epoch_kinetic += c->kinetic;
+    }
     if (c->sampler == BNN_PLAN_SGNHT) c->thermostat += sum_sq / c->n_params - c->eta;
     if (c->sampler == BNN_PLAN_MSGNHT) c->thermostat = sum_alpha / c->n_params;
     c->step += 1;
     c->updates += 1;
     c->offset += b;
+    c->eta_v = c->eta;
+    if (c->updates < u) c->eta = etas[(uint64_t)k * u + c->updates];
     bnn_plan_consts(c);
 }
 

@@ -222,6 +222,7 @@ impl PlannedChains {
             seed: c.seed,
             step: clock.step,
             eta: clock.step_size,
+            eta_v: clock.step_size,
             thermostat: s.thermostat().unwrap_or(0.0),
             kinetic: s.kinetic(),
             n_params: p as f64,
@@ -246,6 +247,7 @@ impl PlannedChains {
         (ctl.offset, ctl.updates) = (old.offset, old.updates);
         (ctl.epoch_nll, ctl.epoch_correct, ctl.epoch_sse) =
             (old.epoch_nll, old.epoch_correct, old.epoch_sse);
+        ctl.epoch_kinetic = old.epoch_kinetic;
         self.ws.control(b.control)[k] = ctl;
         self.set_potential(k, c.potential)?;
         Ok(())
@@ -273,8 +275,33 @@ impl PlannedChains {
         Ok(())
     }
 
+    /// Chain k's η for the open epoch's updates from `etas[0]` = η of its next update
+    /// on (at most the epoch's remaining updates; the rest keep their η): the schedule's,
+    /// read by the plan's finish after each update, so that S updates under a moving η
+    /// are still one replay. A host write between updates, as a Gibbs step's.
+    pub fn set_step_sizes(&mut self, k: usize, etas: &[f64]) -> Result<()> {
+        let u = self.mlp.shape.updates_per_epoch();
+        let done = self.ws.control(self.mlp.bufs.control)[k].updates as usize;
+        if etas.len() > u - done.min(u) {
+            return Err(Error::Config(format!(
+                "step plan: {} step sizes for the epoch's {} updates left",
+                etas.len(),
+                u - done.min(u)
+            )));
+        }
+        let row = &mut self.ws.f64(self.mlp.bufs.etas)[k * u..(k + 1) * u];
+        row[done..done + etas.len()].copy_from_slice(etas);
+        if let Some(&next) = etas.first() {
+            let c = &mut self.ws.control(self.mlp.bufs.control)[k];
+            c.eta = next;
+            host::next_consts(c);
+        }
+        Ok(())
+    }
+
     /// Opens an epoch: chain k's minibatches are the rows `orders[k][..epoch_rows]`, in
-    /// order; the offsets and the epoch's sums start again.
+    /// order; the offsets and the epoch's sums start again, and each chain's η table
+    /// holds its η in force for every update until [`PlannedChains::set_step_sizes`].
     pub fn begin_epoch(&mut self, orders: &[&[usize]]) -> Result<()> {
         let (k, m) = (self.mlp.shape.chains, self.mlp.shape.epoch_rows);
         if orders.len() != k || orders.iter().any(|o| o.len() < m) {
@@ -288,9 +315,17 @@ impl PlannedChains {
                 *i = o as u32;
             }
         }
+        let u = self.mlp.shape.updates_per_epoch();
+        let mut etas = Vec::with_capacity(k);
         for c in self.ws.control(self.mlp.bufs.control) {
             (c.offset, c.updates) = (0, 0);
             (c.epoch_nll, c.epoch_correct, c.epoch_sse) = (0.0, 0.0, 0.0);
+            c.epoch_kinetic = 0.0;
+            etas.push(c.eta);
+        }
+        let table = self.ws.f64(self.mlp.bufs.etas);
+        for (row, eta) in table.chunks_exact_mut(u).zip(etas) {
+            row.fill(eta);
         }
         Ok(())
     }

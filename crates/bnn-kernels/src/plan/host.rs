@@ -97,7 +97,9 @@ mod ffi {
             ctl: *mut ChainControl,
             partials: *const f64,
             tab: *const TensorTable,
+            etas: *const f64,
             b: u32,
+            u: u32,
         );
     }
 }
@@ -182,6 +184,14 @@ impl HostWorkspace {
         match &mut self.buffers[b.0] {
             HostBuffer::F32(v) => v,
             other => panic!("plan buffer {} is not f32: {other:?}", b.0),
+        }
+    }
+
+    /// Buffer `b`'s f64 values.
+    pub fn f64(&mut self, b: Buf) -> &mut [f64] {
+        match &mut self.buffers[b.0] {
+            HostBuffer::F64(v) => v,
+            other => panic!("plan buffer {} is not f64: {other:?}", b.0),
         }
     }
 
@@ -395,9 +405,17 @@ fn update(op: &Op, ws: &mut HostWorkspace) {
                 )
             }
             Op::Finish {
-                bufs: [ctl, partials, table],
-                dims: [b, k],
-            } => ffi::bnn_host_plan_finish(u(k), ws.p(ctl), ws.p(partials), ws.p(table), u(b)),
+                bufs: [ctl, partials, table, etas],
+                dims: [b, k, per_epoch],
+            } => ffi::bnn_host_plan_finish(
+                u(k),
+                ws.p(ctl),
+                ws.p(partials),
+                ws.p(table),
+                ws.p(etas),
+                u(b),
+                u(per_epoch),
+            ),
             _ => unreachable!("run_op dispatches only these here"),
         }
     }

@@ -41,6 +41,11 @@ impl MlpShape {
             .collect()
     }
 
+    /// U, the updates of an epoch: M / B.
+    pub fn updates_per_epoch(&self) -> usize {
+        self.epoch_rows / self.batch
+    }
+
     /// Linear layers.
     pub fn layers(&self) -> usize {
         self.widths.len() - 1
@@ -80,6 +85,9 @@ pub struct MlpBuffers {
     pub hit: Buf,
     /// The update's per-chunk sums, K × chunks × 3 (f64).
     pub partials: Buf,
+    /// The schedule's η of each of the epoch's updates, K × U (f64), written when an
+    /// epoch opens: the finish reads the next update's.
+    pub etas: Buf,
 }
 
 /// An MLP's plan with its buffers' roles and its tensor table.
@@ -129,6 +137,7 @@ impl MlpPlan {
             loss: plan.buffer("loss", k * b, Elem::F32),
             hit: plan.buffer("hit", k * b, Elem::F32),
             partials: plan.buffer("partials", k * table.chunks() * 3, Elem::F64),
+            etas: plan.buffer("η", k * shape.updates_per_epoch(), Elem::F64),
         };
         let mut mlp = MlpPlan {
             plan,
@@ -274,8 +283,8 @@ impl MlpPlan {
             dims: [k, chunks],
         });
         self.plan.ops.push(Op::Finish {
-            bufs: [bf.control, bf.partials, bf.table],
-            dims: [self.shape.batch, k],
+            bufs: [bf.control, bf.partials, bf.table, bf.etas],
+            dims: [self.shape.batch, k, self.shape.updates_per_epoch()],
         });
     }
 }

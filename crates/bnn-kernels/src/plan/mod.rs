@@ -64,8 +64,10 @@ pub struct ChainControl {
     pub step: u64,
     /// Updates run in this epoch.
     pub updates: u64,
-    /// η in force.
+    /// η of the next update.
     pub eta: f64,
+    /// The η that v is scaled for (the last update's).
+    pub eta_v: f64,
     /// SGHMC's friction α.
     pub friction: f64,
     /// SGNHT's and mSGNHT's a.
@@ -90,6 +92,8 @@ pub struct ChainControl {
     pub epoch_correct: f64,
     /// The epoch's squared errors (a regression).
     pub epoch_sse: f64,
+    /// The epoch's sum of the kinetic energies after its updates (momentum rules).
+    pub epoch_kinetic: f64,
     /// The last update's Σv², Σα and Σθ·∇ per tensor.
     pub sums: [[f64; 3]; MAX_TENSORS],
     /// The next update's constants (η, decay, post, σ: `bnn_step_consts`).
@@ -100,6 +104,8 @@ pub struct ChainControl {
     pub scale: f32,
     /// τ, a Gaussian likelihood's noise precision.
     pub precision: f32,
+    /// √(η/η_v): v's factor before the next update (1 where η is unchanged).
+    pub rescale: f32,
     /// The next minibatch's first row in the chain's row of the epoch's index.
     pub offset: u32,
     /// 1 once a loss was not finite: no update since.
@@ -319,10 +325,10 @@ pub enum Op {
     },
     /// The update's sums, the samplers' bookkeeping and the next constants (K items).
     Finish {
-        /// control blocks, partial sums, the table.
-        bufs: [Buf; 3],
-        /// B, K.
-        dims: [usize; 2],
+        /// control blocks, partial sums, the table, the epoch's η table (K × U).
+        bufs: [Buf; 4],
+        /// B, K, U (updates per epoch).
+        dims: [usize; 3],
     },
 }
 

@@ -39,6 +39,7 @@ fn control(k: usize, scale: f32) -> Vec<ChainControl> {
             offset: (2 * i) as u32,
             scale,
             precision: 1.0,
+            rescale: 1.0,
             ..ChainControl::default()
         })
         .collect()
@@ -364,8 +365,14 @@ fn loss_sums_and_the_halt() {
     );
 }
 
-/// A plan of the fused update and its finish over tensors of `sizes`, K chains.
-fn update_plan(sizes: &[usize], update: Update, k: usize) -> (Plan, [Buf; 7], TensorTable) {
+/// A plan of the fused update and its finish over tensors of `sizes`, K chains, epochs of
+/// `u` updates (its η table the last buffer).
+fn update_plan(
+    sizes: &[usize],
+    update: Update,
+    k: usize,
+    u: usize,
+) -> (Plan, [Buf; 8], TensorTable) {
     let table = TensorTable::new(sizes, update.rule()).unwrap();
     let p = table.p as usize;
     let mut plan = empty();
@@ -376,6 +383,7 @@ fn update_plan(sizes: &[usize], update: Update, k: usize) -> (Plan, [Buf; 7], Te
     let ctl = plan.buffer("control", k, Elem::Control);
     let v = plan.buffer("v", k * p, Elem::F32);
     let s1 = plan.buffer("s", k * p, Elem::F32);
+    let etas = plan.buffer("η", k * u, Elem::F64);
     let (hv, hs) = update.states();
     plan.ops.push(Op::Update {
         bufs: [theta, grad, tab, partials, ctl],
@@ -383,10 +391,10 @@ fn update_plan(sizes: &[usize], update: Update, k: usize) -> (Plan, [Buf; 7], Te
         dims: [k, table.chunks()],
     });
     plan.ops.push(Op::Finish {
-        bufs: [ctl, partials, tab],
-        dims: [4, k],
+        bufs: [ctl, partials, tab, etas],
+        dims: [4, k, u],
     });
-    (plan, [theta, grad, tab, partials, ctl, v, s1], table)
+    (plan, [theta, grad, tab, partials, ctl, v, s1, etas], table)
 }
 
 /// The fused update of the plan, tensor by tensor, is the header's update of each tensor
@@ -406,7 +414,9 @@ fn the_fused_update_is_each_tensors_update() {
     ];
     for update in rules {
         for k in [1usize, 3] {
-            let (plan, [theta, grad, tab, _, ctl, v, s1], table) = update_plan(&sizes, update, k);
+            // An epoch of one update: the finish keeps η (the table's next is past it).
+            let (plan, [theta, grad, tab, _, ctl, v, s1, _], table) =
+                update_plan(&sizes, update, k, 1);
             let p = table.p as usize;
             let mut ws = HostWorkspace::new(&plan);
             *ws.table(tab) = table;
@@ -509,8 +519,8 @@ fn the_fused_update_is_each_tensors_update() {
 fn finish_moves_the_thermostat_and_forms_the_next_constants() {
     let sizes = [1030usize, 7];
     for splitting in [false, true] {
-        let (plan, [theta, grad, tab, _, ctl, v, _], table) =
-            update_plan(&sizes, Update::Momentum, 1);
+        let (plan, [theta, grad, tab, _, ctl, v, _, _], table) =
+            update_plan(&sizes, Update::Momentum, 1, 1);
         let p = table.p as usize;
         let mut ws = HostWorkspace::new(&plan);
         *ws.table(tab) = table;
@@ -518,7 +528,7 @@ fn finish_moves_the_thermostat_and_forms_the_next_constants() {
         ws.f32(grad).copy_from_slice(&values(p, 17));
         ws.f32(v).copy_from_slice(&values(p, 18));
         let mut c = control(1, 1.0)[0];
-        c.eta = 2e-3;
+        (c.eta, c.eta_v) = (2e-3, 2e-3);
         c.diffusion = 0.05;
         c.thermostat = 0.2;
         c.n_params = p as f64;
@@ -543,6 +553,58 @@ fn finish_moves_the_thermostat_and_forms_the_next_constants() {
             [want.step_size, want.decay, want.post, want.noise_scale]
         );
     }
+}
+
+/// The epoch's η table: after each update the finish takes the next update's η from it
+/// (not past the epoch's end), forms its constants, and √(η/η_v) as v's factor, which the
+/// next update applies before its step as an f32 product: bit for bit the update of v
+/// rescaled on the host first (what `Dynamics::set_step_size` does). A chain whose η
+/// stays keeps the factor 1.
+#[test]
+fn the_eta_table_moves_eta_and_rescales_the_momentum() {
+    let sizes = [1030usize, 7];
+    let (k, u) = (2usize, 3usize);
+    let (plan, [theta, grad, tab, _, ctl, v, _, etas], table) =
+        update_plan(&sizes, Update::Momentum, k, u);
+    let p = table.p as usize;
+    let mut ws = HostWorkspace::new(&plan);
+    *ws.table(tab) = table;
+    ws.f32(theta).copy_from_slice(&values(k * p, 26));
+    ws.f32(grad).copy_from_slice(&values(k * p, 27));
+    ws.f32(v).copy_from_slice(&values(k * p, 28));
+    ws.f64(etas)
+        .copy_from_slice(&[1e-3, 4e-3, 2e-3, 1e-3, 1e-3, 1e-3]);
+    for c in ws.control(ctl).iter_mut() {
+        (c.eta, c.eta_v, c.friction) = (1e-3, 1e-3, 0.1);
+        c.n_params = p as f64;
+        c.sampler = Bookkeeping::Sghmc as u32;
+        host::next_consts(c);
+    }
+    host::run(&plan, &mut ws).unwrap();
+    let [c0, c1] = [ws.control(ctl)[0], ws.control(ctl)[1]];
+    assert_eq!((c0.eta, c0.eta_v, c0.rescale), (4e-3, 1e-3, 2.0));
+    assert_eq!((c1.eta, c1.rescale), (1e-3, 1.0));
+    let want = StepConsts::new(4e-3, 0.1, (2.0 * 0.1 * 4e-3f64).sqrt());
+    assert_eq!(
+        c0.consts,
+        [want.step_size, want.decay, want.post, want.noise_scale]
+    );
+    // The same state with v rescaled on the host and a factor of 1: the same update.
+    let mut host_scaled = ws.clone();
+    for x in &mut host_scaled.f32(v)[..p] {
+        *x *= c0.rescale;
+    }
+    host_scaled.control(ctl)[0].rescale = 1.0;
+    host::run(&plan, &mut ws).unwrap();
+    host::run(&plan, &mut host_scaled).unwrap();
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for b in [theta, v] {
+        assert_eq!(bits(ws.f32(b)), bits(host_scaled.f32(b)));
+    }
+    assert_eq!(ws.control(ctl)[0].eta, 2e-3);
+    // The epoch's last update: η stays (the next epoch's table is the host's to write).
+    host::run(&plan, &mut ws).unwrap();
+    assert_eq!((ws.control(ctl)[0].eta, ws.control(ctl)[0].updates), (2e-3, 3));
 }
 
 /// A Gaussian likelihood's rows: f = z + b, the error (s·τ)·(f − y) and the residual as

@@ -48,9 +48,9 @@ impl Op {
                 elems * per + k * chunks * 24 + control(*k)
             }
             Op::Finish {
-                dims: [_, k],
-                bufs: [_, partials, _],
-            } => plan.buffers[partials.0].len * 8 + 2 * control(*k),
+                dims: [_, k, _],
+                bufs: [_, partials, _, _],
+            } => plan.buffers[partials.0].len * 8 + k * 8 + 2 * control(*k),
         }
     }
 }
@@ -120,7 +120,7 @@ impl Plan {
                 "θ, v, α ← fused update of every tensor (prior λθ/T in)".to_string()
             }
             Op::Finish { .. } => {
-                "Σv², Σα, Σθ·∇; thermostat; step, offset, next constants".to_string()
+                "Σv², Σα, Σθ·∇; thermostat; step, offset, next η and constants".to_string()
             }
         }
     }
