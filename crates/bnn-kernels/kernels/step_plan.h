@@ -57,7 +57,7 @@ typedef struct {
     double n_params;         /* n */
     double nll_const;        /* a Gaussian likelihood's B (log sqrt(2 pi) - log(tau)/2) */
     double nll;              /* the last minibatch's mean NLL */
-    double epoch_nll;        /* the epoch's sums of the minibatches' mean NLL, */
+    double epoch_nll;        /* the epoch's sums of the minibatches' mean NLL times B, */
     double epoch_correct;    /* arg-max hits, */
     double epoch_sse;        /* and a regression's squared errors, */
     double epoch_kinetic;    /* and the kinetic energies after its updates (momentum rules) */
@@ -224,7 +224,7 @@ BNN_HD void bnn_plan_reduce_loss(uint32_t k, bnn_plan_chain *ctl, const float *l
     c->nll = nll;
     if (!(nll - nll == 0.0)) c->halted = 1; /* NaN or infinite */
     if (c->halted) return;
-    c->epoch_nll += nll;
+    c->epoch_nll += nll * (double)b; /* as the host's Position::nll_sum */
     c->epoch_correct += hits;
     c->epoch_sse += sse;
 }

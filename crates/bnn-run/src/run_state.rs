@@ -72,6 +72,18 @@ pub struct Position {
     pub train_seconds: f64,
 }
 
+impl Position {
+    /// An update of the epoch with step size `eta`: its η figures and its count.
+    pub fn note_step_size(&mut self, eta: f64) {
+        if self.updates == 0 {
+            self.eta_first = eta;
+        }
+        self.eta_last = eta;
+        self.eta_sum += eta;
+        self.updates += 1;
+    }
+}
+
 /// The JSON part of the file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Scalars {

@@ -70,6 +70,22 @@ pub struct ChainInput<'a> {
     pub potential: &'a Potential,
 }
 
+/// Where a chain stands in its epoch: updates run, and the sums of their minibatches'
+/// NLL × B, arg-max hits, squared errors and kinetic energies (`Position`'s).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EpochSums {
+    /// Updates run in the epoch.
+    pub updates: u64,
+    /// Σ mean NLL × B.
+    pub nll: f64,
+    /// Σ arg-max hits.
+    pub correct: f64,
+    /// Σ (f − y)² of a regression.
+    pub sse: f64,
+    /// Σ kinetic energy after each update.
+    pub kinetic: f64,
+}
+
 /// K chains of one MLP in one plan's workspace on the host.
 #[derive(Debug)]
 pub struct PlannedChains {
@@ -108,6 +124,19 @@ fn rule_of(params: &SamplerParams) -> Result<(Update, Bookkeeping)> {
     Ok((dynamics::update_of(params)?, book))
 }
 
+/// Whether the plan runs `net` under `params`: an MLP of relu, sigmoid or tanh, and a
+/// sampler with a fused update (not the MAP baselines, not SGHMC with β̂); an error saying
+/// why not.
+pub fn supports(net: &Network, params: &SamplerParams) -> Result<()> {
+    if !net.convs.is_empty() || net.resnet.is_some() {
+        return Err(Error::Config(
+            "the step plan runs MLPs (a CNN or ResNet keeps candle)".into(),
+        ));
+    }
+    act_of(net.spec.activation)?;
+    rule_of(params).map(|_| ())
+}
+
 /// The plan's activation of an MLP's.
 fn act_of(a: Activation) -> Result<Act> {
     match a {
@@ -134,11 +163,7 @@ impl PlannedChains {
             .first()
             .ok_or_else(|| Error::Config("step plan: no chain".into()))?;
         let net = first.net;
-        if !net.convs.is_empty() || net.resnet.is_some() {
-            return Err(Error::Config(
-                "the step plan runs MLPs (a CNN or ResNet keeps candle)".into(),
-            ));
-        }
+        supports(net, &first.params)?;
         let (update, _) = rule_of(&first.params)?;
         let shape = MlpShape {
             widths: net.fc_widths(),
@@ -330,6 +355,48 @@ impl PlannedChains {
         Ok(())
     }
 
+    /// Chain k's place in the open epoch and its sums so far (one read of its control
+    /// block).
+    pub fn epoch_sums(&mut self, k: usize) -> EpochSums {
+        let c = self.control(k);
+        EpochSums {
+            updates: c.updates,
+            nll: c.epoch_nll,
+            correct: c.epoch_correct,
+            sse: c.epoch_sse,
+            kinetic: c.epoch_kinetic,
+        }
+    }
+
+    /// Chain k resumed `sums.updates` updates into the epoch opened by
+    /// [`PlannedChains::begin_epoch`], with the epoch's sums saved then.
+    pub fn resume_epoch(&mut self, k: usize, sums: &EpochSums) -> Result<()> {
+        let (b, u) = (self.mlp.shape.batch, self.mlp.shape.updates_per_epoch());
+        if sums.updates as usize > u {
+            return Err(Error::Checkpoint(format!(
+                "step plan: {} updates into an epoch of {u}",
+                sums.updates
+            )));
+        }
+        let c = &mut self.ws.control(self.mlp.bufs.control)[k];
+        (c.updates, c.offset) = (sums.updates, (sums.updates as usize * b) as u32);
+        (c.epoch_nll, c.epoch_correct) = (sums.nll, sums.correct);
+        (c.epoch_sse, c.epoch_kinetic) = (sums.sse, sums.kinetic);
+        Ok(())
+    }
+
+    /// Whether the rule has a momentum, whose kinetic energy each update reports.
+    pub fn has_momentum(&self) -> bool {
+        self.mlp.bufs.momentum.is_some()
+    }
+
+    /// Chain k's virials Σθ·∇ per tensor in its last update.
+    pub fn virials(&mut self, k: usize) -> Vec<f64> {
+        let tensors = self.mlp.table.tensors as usize;
+        let c = self.control(k);
+        c.sums[..tensors].iter().map(|s| s[2]).collect()
+    }
+
     /// `updates` updates of every chain, no host read between them.
     pub fn run(&mut self, updates: usize) -> Result<()> {
         let per_epoch = self.mlp.shape.epoch_rows / self.mlp.shape.batch;
@@ -381,9 +448,11 @@ impl PlannedChains {
                 })
                 .collect()
         };
+        // The η that v is scaled for, as a sampler's clock holds it (the next update's η
+        // is the schedule's, set again when the chain is loaded).
         let clock = Clock {
             step: c.step,
-            step_size: c.eta,
+            step_size: c.eta_v,
         };
         let momentum = match b.momentum {
             Some(v) => split(v)?,

@@ -28,6 +28,10 @@ pub enum Backward {
     Custom,
     /// candle's autograd: the reference implementation.
     Autograd,
+    /// The step plan ([`crate::engine::planned`]): an MLP's forward, backward and fused
+    /// update of all its chains as one fixed plan of launches over buffers allocated once,
+    /// with no host read between two sync points; on the CPU its host executor.
+    Plan,
 }
 
 impl Backward {
@@ -39,6 +43,11 @@ impl Backward {
             (Backward::Custom, false) => Err(Error::Config(
                 "--backward custom runs on the CPU only; use --backward autograd (or auto) \
                  with --device cuda or metal"
+                    .into(),
+            )),
+            (Backward::Plan, false) => Err(Error::Config(
+                "--backward plan runs on the CPU in this build (its host executor); use \
+                 --backward autograd (or auto) with --device cuda or metal"
                     .into(),
             )),
             (b, _) => Ok(b),

@@ -115,6 +115,9 @@ pub fn pass_for(
     match backward.resolve(device)? {
         Backward::Custom => Ok(Box::new(Backprop::new(model, batch)?)),
         Backward::Autograd | Backward::Auto => Ok(Box::new(Autograd::new(device))),
+        Backward::Plan => Err(crate::error::Error::Config(
+            "--backward plan runs a chain's whole update as the step plan, not as a pass".into(),
+        )),
     }
 }
 

@@ -86,7 +86,7 @@ pub struct ChainControl {
     pub nll_const: f64,
     /// The last minibatch's mean NLL.
     pub nll: f64,
-    /// The epoch's sum of its minibatches' mean NLL.
+    /// The epoch's sum of its minibatches' mean NLL times B (`Position::nll_sum`).
     pub epoch_nll: f64,
     /// The epoch's arg-max hits.
     pub epoch_correct: f64,

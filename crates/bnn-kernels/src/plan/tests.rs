@@ -356,7 +356,7 @@ fn loss_sums_and_the_halt() {
     assert_eq!(c[0].nll.to_bits(), want.to_bits());
     assert_eq!(
         (c[0].halted, c[0].epoch_nll, c[0].epoch_correct),
-        (0, want, 4.0)
+        (0, want * b as f64, 4.0)
     );
     assert!(c[1].nll.is_nan());
     assert_eq!(
@@ -604,7 +604,10 @@ fn the_eta_table_moves_eta_and_rescales_the_momentum() {
     assert_eq!(ws.control(ctl)[0].eta, 2e-3);
     // The epoch's last update: η stays (the next epoch's table is the host's to write).
     host::run(&plan, &mut ws).unwrap();
-    assert_eq!((ws.control(ctl)[0].eta, ws.control(ctl)[0].updates), (2e-3, 3));
+    assert_eq!(
+        (ws.control(ctl)[0].eta, ws.control(ctl)[0].updates),
+        (2e-3, 3)
+    );
 }
 
 /// A Gaussian likelihood's rows: f = z + b, the error (s·τ)·(f − y) and the residual as

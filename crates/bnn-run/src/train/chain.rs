@@ -314,7 +314,7 @@ pub(super) struct Chain<'a, S: ChainSink = RunFolder> {
     /// Watches the sampler: `diagnostics.jsonl` and the warnings.
     pub monitor: super::diagnostics::Monitor,
     /// The mean NLL of the last minibatch.
-    last_nll: f64,
+    pub last_nll: f64,
     /// Times `--on-divergence rollback` went back to the saved state, each halving the
     /// step size; saved with the state.
     pub rollbacks: u32,
@@ -605,7 +605,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
 
     /// Where the chain is no longer finite, for a divergence message: the first
     /// parameter tensor, else the first momentum tensor.
-    fn where_not_finite(&self) -> Result<String> {
+    pub(super) fn where_not_finite(&self) -> Result<String> {
         if let Some(name) = self.model.first_non_finite()? {
             return Ok(format!("first in tensor {name}"));
         }
@@ -786,12 +786,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
     /// Before an update with step size `eta`: the epoch's η figures, and η into the
     /// sampler.
     pub fn begin_update(&mut self, eta: f64, sums: &mut Position) -> Result<()> {
-        if sums.updates == 0 {
-            sums.eta_first = eta;
-        }
-        sums.eta_last = eta;
-        sums.eta_sum += eta;
-        sums.updates += 1;
+        sums.note_step_size(eta);
         if eta != self.stepper.sampler.params().step_size() {
             self.stepper.sampler.set_step_size(eta)?;
         }

@@ -8,6 +8,7 @@ pub mod diagnostics;
 pub mod disk;
 mod hmc;
 pub mod hmc_state;
+mod planned;
 pub use hmc::{FullBatch, HmcRecord};
 mod replicas;
 pub mod sink;
@@ -257,7 +258,12 @@ pub fn train_on(cfg: &TrainConfig, ds: &Dataset, ranks: &Ranks) -> Result<Option
     // How the chains run, decided once: run.json records `stacked` or `apart`.
     let mut resolved = cfg.clone();
     let layout = cfg.settings.chain_layout;
-    resolved.settings.chain_layout = layout.resolve(&cfg.settings, cfg.device.is_cpu())?;
+    let plan = cfg.settings.backward == Backward::Plan;
+    // The step plan steps its chains together, one or several: the stacked layout's files.
+    resolved.settings.chain_layout = match plan {
+        true => ChainLayout::Stacked,
+        false => layout.resolve(&cfg.settings, cfg.device.is_cpu())?,
+    };
     let cfg = &resolved;
     if cfg.settings.chain_layout == ChainLayout::Stacked && ranks.size() > 1 {
         return Err(Error::Config(
@@ -298,8 +304,11 @@ pub fn train_on(cfg: &TrainConfig, ds: &Dataset, ranks: &Ranks) -> Result<Option
         &Device::Cpu,
     )?;
     let num_params = net.num_params();
-    if cfg.settings.chain_layout == ChainLayout::Stacked {
-        // Before the disk is checked or anything allocated for the chains.
+    // Before the disk is checked or anything allocated for the chains.
+    if plan {
+        cfg.settings.backward.resolve(&cfg.device)?;
+        planned::check(cfg, ds, &net)?;
+    } else if cfg.settings.chain_layout == ChainLayout::Stacked {
         stacked::check_memory(cfg, ds, &net)?;
     }
     drop(net);
@@ -339,6 +348,10 @@ fn train_checked(
             return Ok(None);
         };
         return finish(cfg, ds, vec![cold], Some(report)).map(Some);
+    }
+    if cfg.settings.backward == Backward::Plan {
+        let chains = planned::run_planned(cfg, ds)?;
+        return finish(cfg, ds, chains, None).map(Some);
     }
     if cfg.settings.chains <= 1 {
         let chain = match cfg.settings.sampler.method()? {

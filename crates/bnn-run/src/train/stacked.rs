@@ -49,25 +49,25 @@ struct Record {
 }
 
 /// One chain of the stack and what it carries between updates.
-struct Lane<'a> {
-    chain: Chain<'a>,
-    shuffle: rand::rngs::StdRng,
-    order: Vec<usize>,
+pub(super) struct Lane<'a> {
+    pub(super) chain: Chain<'a>,
+    pub(super) shuffle: rand::rngs::StdRng,
+    pub(super) order: Vec<usize>,
     /// The epoch's running sums.
-    sums: Position,
-    epoch_started: Instant,
+    pub(super) sums: Position,
+    pub(super) epoch_started: Instant,
     /// Its minibatch, where it is gathered on the host.
     batch: Batch,
 }
 
 /// The run-wide constants of the loop.
-struct Plan<'a> {
-    cfg: &'a TrainConfig,
-    ds: &'a Dataset,
-    batches: u64,
-    total_steps: u64,
+pub(super) struct Run<'a> {
+    pub(super) cfg: &'a TrainConfig,
+    pub(super) ds: &'a Dataset,
+    pub(super) batches: u64,
+    pub(super) total_steps: u64,
     /// The training set on the run's device, where minibatches need no host work.
-    resident: Option<Resident>,
+    pub(super) resident: Option<Resident>,
 }
 
 /// The training set on the device, each row as [`crate::data::Split::gather`] writes it
@@ -75,14 +75,14 @@ struct Plan<'a> {
 /// indices and gathers its minibatches there (`index_select`), instead of sending K·B
 /// rows (at K = 64, batch 100, MNIST: 20 MB an update). Not used with `--augment`
 /// (images transformed per update on the host) or `--permute-labels` (labels per epoch).
-struct Resident {
+pub(super) struct Resident {
     x: Tensor,
     y: Tensor,
 }
 
 impl Resident {
     /// Whether the run's minibatches can be gathered on the device.
-    fn wanted(cfg: &TrainConfig, ds: &Dataset) -> Result<bool> {
+    pub(super) fn wanted(cfg: &TrainConfig, ds: &Dataset) -> Result<bool> {
         let s = &cfg.settings;
         Ok(s.permute_labels == 0.0 && s.augment.for_dataset(&ds.name)?.is_none())
     }
@@ -110,7 +110,7 @@ impl Resident {
 
 /// Each chain's own settings: its seed, candle's autograd (the stack's pass is candle's),
 /// no bar of its own.
-fn chain_settings(cfg: &TrainConfig) -> Vec<TrainConfig> {
+pub(super) fn chain_settings(cfg: &TrainConfig) -> Vec<TrainConfig> {
     (0..cfg.settings.chains)
         .map(|k| {
             let mut c = cfg.clone();
@@ -126,7 +126,7 @@ fn chain_settings(cfg: &TrainConfig) -> Vec<TrainConfig> {
 pub(super) fn run_stacked(cfg: &TrainConfig, ds: &Dataset) -> Result<Vec<ChainOutcome>> {
     let s = &cfg.settings;
     let batches = (ds.train.len() / s.batch_size) as u64;
-    let plan = Plan {
+    let plan = Run {
         cfg,
         ds,
         batches,
@@ -182,19 +182,19 @@ pub(super) fn run_stacked(cfg: &TrainConfig, ds: &Dataset) -> Result<Vec<ChainOu
 }
 
 /// Training seconds: those of the earlier runs of a resumed run, and this one's.
-struct Clock {
-    seconds_before: f64,
-    started: Instant,
+pub(super) struct Clock {
+    pub(super) seconds_before: f64,
+    pub(super) started: Instant,
 }
 
 impl Clock {
-    fn elapsed(&self) -> f64 {
+    pub(super) fn elapsed(&self) -> f64 {
         self.seconds_before + self.started.elapsed().as_secs_f64()
     }
 }
 
 /// A lane per chain settings in `cfgs`, each with its folder made.
-fn new_lanes<'a>(plan: &Plan<'a>, cfgs: &'a [TrainConfig]) -> Result<Vec<Lane<'a>>> {
+pub(super) fn new_lanes<'a>(plan: &Run<'a>, cfgs: &'a [TrainConfig]) -> Result<Vec<Lane<'a>>> {
     let (cfg, ds) = (plan.cfg, plan.ds);
     let mut lanes = Vec::with_capacity(cfgs.len());
     for (k, c) in cfgs.iter().enumerate() {
@@ -215,7 +215,7 @@ fn new_lanes<'a>(plan: &Plan<'a>, cfgs: &'a [TrainConfig]) -> Result<Vec<Lane<'a
 /// The stacked chains' walk, as the driver runs it: one update of every chain a unit,
 /// each chain's epoch begun (a fresh shuffle, its labels) before its first minibatch.
 struct Walk<'p, 'l> {
-    plan: &'p Plan<'p>,
+    plan: &'p Run<'p>,
     lanes: &'p mut [Lane<'l>],
     stack: &'p Stacked,
     /// Updates done and their seconds, and the states saved so far (which alternate
@@ -290,7 +290,7 @@ impl driver::Transition for Walk<'_, '_> {
 /// updates, at the end and on a signal (then the run stops with an error naming it): the
 /// updates done and the seconds spent in them.
 fn run_updates(
-    plan: &Plan,
+    plan: &Run,
     lanes: &mut [Lane],
     stack: &Stacked,
     (step, saves): (u64, usize),
@@ -382,7 +382,7 @@ fn sync(lanes: &[Lane], stack: &Stacked) -> Result<()> {
 /// The K minibatches at `rows` of the chains' orders, gathered on the host (each chain's
 /// labels and augmentation) and sent to the device: (K, B, D) inputs and (K, B) targets.
 fn gather_on_host(
-    plan: &Plan,
+    plan: &Run,
     lanes: &mut [Lane],
     rows: std::ops::Range<usize>,
     step: u64,
@@ -416,7 +416,7 @@ fn gather_on_host(
 /// augmentation), one forward and backward over the stack, then each chain's sampler
 /// steps its slices. Returns each chain's diagnostics.
 fn update(
-    plan: &Plan,
+    plan: &Run,
     lanes: &mut [Lane],
     stack: &Stacked,
     step: u64,
@@ -499,7 +499,7 @@ fn step_stacked(lanes: &mut [Lane], stack: &Stacked, grads: &[Tensor]) -> Result
 /// metrics line; the networks brought up to date first where any of them is needed.
 #[allow(clippy::too_many_arguments)]
 fn after_update(
-    plan: &Plan,
+    plan: &Run,
     lanes: &mut [Lane],
     stack: &Stacked,
     step: u64,
@@ -540,7 +540,7 @@ fn after_update(
 /// over the stack for all chains ([`ensemble::predict_stacked`]) instead of K passes;
 /// empty where each chain predicts alone (on the CPU, whose own forward pass is faster
 /// than candle's, and for a regression's Gaussians).
-fn predict_stacked(plan: &Plan, lanes: &[Lane], stack: &Stacked) -> Result<Vec<Predicted>> {
+fn predict_stacked(plan: &Run, lanes: &[Lane], stack: &Stacked) -> Result<Vec<Predicted>> {
     let (ds, device) = (plan.ds, &plan.cfg.device);
     if device.is_cpu() || ds.task.is_regression() {
         return Ok(Vec::new());
@@ -563,8 +563,8 @@ fn predict_stacked(plan: &Plan, lanes: &[Lane], stack: &Stacked) -> Result<Vec<P
 
 /// Saves every chain's state at `step`, with the seconds spent in updates and in all,
 /// into the next slot, then the record naming it.
-fn save(
-    plan: &Plan,
+pub(super) fn save(
+    plan: &Run,
     lanes: &[Lane],
     step: u64,
     (step_seconds, train_seconds): (f64, f64),
@@ -602,7 +602,7 @@ fn save(
 /// Continues from `RUN/stacked.json` and its slot: every chain's θ, sampler, prior,
 /// ensembles, epoch sums and minibatch order; drops what was written after it. Returns
 /// the step, the seconds trained before and the saves made.
-fn restore(plan: &Plan, lanes: &mut [Lane]) -> Result<(u64, f64, usize)> {
+pub(super) fn restore(plan: &Run, lanes: &mut [Lane]) -> Result<(u64, f64, usize)> {
     let run_dir = &plan.cfg.run_dir;
     let path = run_dir.join("stacked.json");
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
