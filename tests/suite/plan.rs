@@ -323,7 +323,7 @@ fn agree(
                 "{what}: thermostat {a} vs {b}"
             );
         }
-        let ctl = free.control(c);
+        let ctl = free.control(c).unwrap();
         assert_eq!((ctl.halted, ctl.updates), (0, UPDATES as u64), "{what}");
     }
     eprintln!(

@@ -71,6 +71,7 @@ typedef struct {
     uint32_t halted;         /* a loss was not finite: no update since (the host stops the run) */
     uint32_t sampler;        /* BNN_PLAN_* */
     uint32_t splitting;      /* the splitting integrator's constants */
+    uint32_t pad;            /* no implicit padding: the host copies the block as bytes */
 } bnn_plan_chain;
 
 /* The tensor table of the fused update: tensor t has n[t] elements at offsets[t] of a
@@ -81,6 +82,7 @@ typedef struct {
     uint32_t chunk_start[BNN_PLAN_MAX_TENSORS + 1];
     uint32_t tensors;
     uint32_t rule;           /* BNN_RULE_* of sampler_math.h */
+    uint32_t pad;            /* no implicit padding (p is 8-aligned) */
     uint64_t p;              /* P, parameters per chain */
 } bnn_plan_table;
 

@@ -11,13 +11,13 @@
 //! the plan's own kernels after each update (the thermostat, the step counter, the next
 //! constants, the minibatch offset), so S updates in a row are one replay.
 
-use candle_core::{Device, Tensor};
+use candle_core::{Device, DeviceLocation, Tensor};
 
 use crate::engine::dynamics;
 use crate::error::{Error, Result};
 use crate::kernels::plan::host::{self, HostWorkspace};
 use crate::kernels::plan::mlp::{MlpPlan, MlpShape};
-use crate::kernels::plan::{Act, Bookkeeping, ChainControl, Plan};
+use crate::kernels::plan::{Act, Bookkeeping, ChainControl, Executor, Plan};
 use crate::kernels::Update;
 use crate::likelihood::HALF_LOG_2PI;
 use crate::model::{Activation, ModelSpec, Network};
@@ -86,13 +86,45 @@ pub struct EpochSums {
     pub kinetic: f64,
 }
 
-/// K chains of one MLP in one plan's workspace on the host.
+impl EpochSums {
+    /// The sums a chain's control block holds.
+    pub fn of(c: &ChainControl) -> Self {
+        EpochSums {
+            updates: c.updates,
+            nll: c.epoch_nll,
+            correct: c.epoch_correct,
+            sse: c.epoch_sse,
+            kinetic: c.epoch_kinetic,
+        }
+    }
+}
+
+/// K chains of one MLP in one plan's workspace, on the host or a device.
 #[derive(Debug)]
 pub struct PlannedChains {
     mlp: MlpPlan,
-    ws: HostWorkspace,
+    ws: Box<dyn Executor>,
     params: SamplerParams,
     spec: ModelSpec,
+    /// Updates run in the open epoch (every chain's: they move in step), kept on the host
+    /// so that a run needs no read of the device to know where the epoch stands.
+    epoch_updates: usize,
+}
+
+/// The executor of `plan` for `device`: the host one on the CPU, the CUDA one on a CUDA
+/// device (feature `cuda`).
+fn executor_on(plan: &Plan, device: &Device) -> Result<Box<dyn Executor>> {
+    match device.location() {
+        DeviceLocation::Cpu => Ok(Box::new(HostWorkspace::new(plan))),
+        #[cfg(feature = "cuda")]
+        DeviceLocation::Cuda { gpu_id } => Ok(Box::new(
+            crate::kernels::plan::cuda::CudaWorkspace::new(plan, gpu_id)?,
+        )),
+        other => Err(Error::Config(format!(
+            "the step plan runs on the CPU (its host executor) or on CUDA (a build with \
+             feature cuda), not on {other:?}"
+        ))),
+    }
 }
 
 /// The plan's element rule for `params` (the fused kernels' own, `Dynamics`'); an error for
@@ -151,13 +183,24 @@ fn act_of(a: Activation) -> Result<Act> {
 
 impl PlannedChains {
     /// The plan of `chains` (one architecture, one sampler) at minibatches of `batch` rows
-    /// of `data`, an epoch's index holding `epoch_rows` rows per chain, its workspace
-    /// loaded with each chain's θ, state and potential.
+    /// of `data`, an epoch's index holding `epoch_rows` rows per chain, its workspace on
+    /// the host loaded with each chain's θ, state and potential.
     pub fn new(
         chains: &[ChainInput<'_>],
         data: Resident<'_>,
         batch: usize,
         epoch_rows: usize,
+    ) -> Result<Self> {
+        Self::on(chains, data, (batch, epoch_rows), &Device::Cpu)
+    }
+
+    /// [`PlannedChains::new`] with the workspace on `device` (the CUDA executor on a CUDA
+    /// device); `(batch, epoch_rows)` as `new`'s.
+    pub fn on(
+        chains: &[ChainInput<'_>],
+        data: Resident<'_>,
+        (batch, epoch_rows): (usize, usize),
+        device: &Device,
     ) -> Result<Self> {
         let first = chains
             .first()
@@ -176,17 +219,17 @@ impl PlannedChains {
             gaussian: matches!(data, Resident::Values { .. }),
         };
         let mlp = MlpPlan::new(shape)?;
-        let mut ws = HostWorkspace::new(&mlp.plan);
-        *ws.table(mlp.bufs.table) = mlp.table;
+        let mut ws = executor_on(&mlp.plan, device)?;
         let b = &mlp.bufs;
+        ws.write(b.table, 0, std::slice::from_ref(&mlp.table))?;
         match data {
             Resident::Classes { x, labels } => {
-                ws.f32(b.data).copy_from_slice(x);
-                ws.u32(b.targets).copy_from_slice(labels);
+                ws.write(b.data, 0, x)?;
+                ws.write(b.targets, 0, labels)?;
             }
             Resident::Values { x, y } => {
-                ws.f32(b.data).copy_from_slice(x);
-                ws.f32(b.targets).copy_from_slice(y);
+                ws.write(b.data, 0, x)?;
+                ws.write(b.targets, 0, y)?;
             }
         }
         let mut planned = PlannedChains {
@@ -194,6 +237,7 @@ impl PlannedChains {
             ws,
             params: first.params,
             spec: net.spec.clone(),
+            epoch_updates: 0,
         };
         for (k, c) in chains.iter().enumerate() {
             planned.load(k, c)?;
@@ -229,17 +273,17 @@ impl PlannedChains {
             )));
         }
         let b = self.mlp.bufs.clone();
-        self.ws.f32(b.theta)[k * p..(k + 1) * p].copy_from_slice(&theta);
+        self.ws.write(b.theta, k * p, &theta)?;
         let s = c.state;
         if let Some(v) = b.momentum {
-            self.ws.f32(v)[k * p..(k + 1) * p].copy_from_slice(&flat(s.momentum().iter())?);
+            self.ws.write(v, k * p, &flat(s.momentum().iter())?)?;
         }
         if let Some(e) = b.per_element {
             let own = match s {
                 SamplerState::Psgld(_) => s.second_moments(),
                 _ => s.thermostats(),
             };
-            self.ws.f32(e)[k * p..(k + 1) * p].copy_from_slice(&flat(own.iter())?);
+            self.ws.write(e, k * p, &flat(own.iter())?)?;
         }
         let (_, book) = rule_of(&c.params)?;
         let clock = s.clock();
@@ -268,12 +312,12 @@ impl PlannedChains {
             | SamplerParams::Sgd { .. }
             | SamplerParams::Momentum { .. } => {}
         }
-        let old = self.ws.control(b.control)[k];
+        let old = self.ws.control(b.control, k)?;
         (ctl.offset, ctl.updates) = (old.offset, old.updates);
         (ctl.epoch_nll, ctl.epoch_correct, ctl.epoch_sse) =
             (old.epoch_nll, old.epoch_correct, old.epoch_sse);
         ctl.epoch_kinetic = old.epoch_kinetic;
-        self.ws.control(b.control)[k] = ctl;
+        self.ws.set_control(b.control, k, &ctl)?;
         self.set_potential(k, c.potential)?;
         Ok(())
     }
@@ -288,7 +332,7 @@ impl PlannedChains {
                 "step plan: a prior of another network".into(),
             ));
         }
-        let c = &mut self.ws.control(self.mlp.bufs.control)[k];
+        let mut c = self.ws.control(self.mlp.bufs.control, k)?;
         for (t, &lambda) in potential.prior.precisions.iter().enumerate() {
             c.prior[t] = (potential.inverse_temperature() * lambda) as f32;
         }
@@ -296,8 +340,8 @@ impl PlannedChains {
         let tau = potential.noise_precision;
         c.precision = tau as f32;
         c.nll_const = batch as f64 * (HALF_LOG_2PI - 0.5 * tau.ln());
-        host::next_consts(c);
-        Ok(())
+        host::next_consts(&mut c);
+        self.ws.set_control(self.mlp.bufs.control, k, &c)
     }
 
     /// Chain k's η for the open epoch's updates from `etas[0]` = η of its next update
@@ -305,8 +349,7 @@ impl PlannedChains {
     /// read by the plan's finish after each update, so that S updates under a moving η
     /// are still one replay. A host write between updates, as a Gibbs step's.
     pub fn set_step_sizes(&mut self, k: usize, etas: &[f64]) -> Result<()> {
-        let u = self.mlp.shape.updates_per_epoch();
-        let done = self.ws.control(self.mlp.bufs.control)[k].updates as usize;
+        let (u, done) = (self.mlp.shape.updates_per_epoch(), self.epoch_updates);
         if etas.len() > u - done.min(u) {
             return Err(Error::Config(format!(
                 "step plan: {} step sizes for the epoch's {} updates left",
@@ -314,12 +357,12 @@ impl PlannedChains {
                 u - done.min(u)
             )));
         }
-        let row = &mut self.ws.f64(self.mlp.bufs.etas)[k * u..(k + 1) * u];
-        row[done..done + etas.len()].copy_from_slice(etas);
+        self.ws.write(self.mlp.bufs.etas, k * u + done, etas)?;
         if let Some(&next) = etas.first() {
-            let c = &mut self.ws.control(self.mlp.bufs.control)[k];
+            let mut c = self.ws.control(self.mlp.bufs.control, k)?;
             c.eta = next;
-            host::next_consts(c);
+            host::next_consts(&mut c);
+            self.ws.set_control(self.mlp.bufs.control, k, &c)?;
         }
         Ok(())
     }
@@ -334,38 +377,31 @@ impl PlannedChains {
                 "step plan: {k} orders of {m} rows wanted"
             )));
         }
-        let index = self.ws.u32(self.mlp.bufs.index);
-        for (row, order) in index.chunks_exact_mut(m).zip(orders) {
-            for (i, &o) in row.iter_mut().zip(order.iter()) {
-                *i = o as u32;
-            }
-        }
+        let index: Vec<u32> = orders
+            .iter()
+            .flat_map(|o| o[..m].iter().map(|&i| i as u32))
+            .collect();
+        let b = self.mlp.bufs.clone();
+        self.ws.write(b.index, 0, &index)?;
         let u = self.mlp.shape.updates_per_epoch();
-        let mut etas = Vec::with_capacity(k);
-        for c in self.ws.control(self.mlp.bufs.control) {
+        let mut controls = self.ws.read::<ChainControl>(b.control, 0, k)?;
+        let mut etas = Vec::with_capacity(k * u);
+        for c in &mut controls {
             (c.offset, c.updates) = (0, 0);
             (c.epoch_nll, c.epoch_correct, c.epoch_sse) = (0.0, 0.0, 0.0);
             c.epoch_kinetic = 0.0;
-            etas.push(c.eta);
+            etas.extend(std::iter::repeat_n(c.eta, u));
         }
-        let table = self.ws.f64(self.mlp.bufs.etas);
-        for (row, eta) in table.chunks_exact_mut(u).zip(etas) {
-            row.fill(eta);
-        }
+        self.ws.write(b.control, 0, &controls)?;
+        self.ws.write(b.etas, 0, &etas)?;
+        self.epoch_updates = 0;
         Ok(())
     }
 
     /// Chain k's place in the open epoch and its sums so far (one read of its control
     /// block).
-    pub fn epoch_sums(&mut self, k: usize) -> EpochSums {
-        let c = self.control(k);
-        EpochSums {
-            updates: c.updates,
-            nll: c.epoch_nll,
-            correct: c.epoch_correct,
-            sse: c.epoch_sse,
-            kinetic: c.epoch_kinetic,
-        }
+    pub fn epoch_sums(&mut self, k: usize) -> Result<EpochSums> {
+        Ok(EpochSums::of(&self.control(k)?))
     }
 
     /// Chain k resumed `sums.updates` updates into the epoch opened by
@@ -378,11 +414,13 @@ impl PlannedChains {
                 sums.updates
             )));
         }
-        let c = &mut self.ws.control(self.mlp.bufs.control)[k];
+        let mut c = self.ws.control(self.mlp.bufs.control, k)?;
         (c.updates, c.offset) = (sums.updates, (sums.updates as usize * b) as u32);
         (c.epoch_nll, c.epoch_correct) = (sums.nll, sums.correct);
         (c.epoch_sse, c.epoch_kinetic) = (sums.sse, sums.kinetic);
-        Ok(())
+        // The chains move in step: each resumed at the same place.
+        self.epoch_updates = sums.updates as usize;
+        self.ws.set_control(self.mlp.bufs.control, k, &c)
     }
 
     /// Whether the rule has a momentum, whose kinetic energy each update reports.
@@ -391,37 +429,51 @@ impl PlannedChains {
     }
 
     /// Chain k's virials Σθ·∇ per tensor in its last update.
-    pub fn virials(&mut self, k: usize) -> Vec<f64> {
+    pub fn virials(&mut self, k: usize) -> Result<Vec<f64>> {
+        let c = self.control(k)?;
+        Ok(self.virials_of(&c))
+    }
+
+    /// The virials Σθ·∇ per tensor of the last update in control block `c`.
+    pub fn virials_of(&self, c: &ChainControl) -> Vec<f64> {
         let tensors = self.mlp.table.tensors as usize;
-        let c = self.control(k);
         c.sums[..tensors].iter().map(|s| s[2]).collect()
     }
 
     /// `updates` updates of every chain, no host read between them.
     pub fn run(&mut self, updates: usize) -> Result<()> {
-        let per_epoch = self.mlp.shape.epoch_rows / self.mlp.shape.batch;
-        let done = self.ws.control(self.mlp.bufs.control)[0].offset as usize / self.mlp.shape.batch;
-        if done + updates > per_epoch {
+        let per_epoch = self.mlp.shape.updates_per_epoch();
+        if self.epoch_updates + updates > per_epoch {
             return Err(Error::Config(format!(
                 "step plan: {updates} updates past the epoch's {per_epoch} minibatches"
             )));
         }
-        for _ in 0..updates {
-            host::run(&self.mlp.plan, &mut self.ws)?;
-        }
+        self.ws.run(&self.mlp.plan, updates)?;
+        self.epoch_updates += updates;
         Ok(())
     }
 
     /// Chain k's control block (one read of the device, for a progress line or an epoch's
     /// end).
-    pub fn control(&mut self, k: usize) -> ChainControl {
-        self.ws.control(self.mlp.bufs.control)[k]
+    pub fn control(&mut self, k: usize) -> Result<ChainControl> {
+        Ok(self.ws.control(self.mlp.bufs.control, k)?)
+    }
+
+    /// Every chain's control block, in one read.
+    pub fn controls(&mut self) -> Result<Vec<ChainControl>> {
+        let k = self.mlp.shape.chains;
+        Ok(self.ws.read(self.mlp.bufs.control, 0, k)?)
+    }
+
+    /// Which executor runs the plan (`host`, `cuda graph`, `cuda eager …`).
+    pub fn executor(&self) -> String {
+        self.ws.describe()
     }
 
     /// Chain k's θ, in the network's order and shapes, into `net`.
     pub fn read_theta(&mut self, k: usize, net: &Network) -> Result<()> {
         let p = self.p();
-        let theta = self.ws.f32(self.mlp.bufs.theta)[k * p..(k + 1) * p].to_vec();
+        let theta = self.ws.read::<f32>(self.mlp.bufs.theta, k * p, p)?;
         let mut at = 0;
         for q in &net.params {
             let n = q.var.elem_count();
@@ -435,10 +487,10 @@ impl PlannedChains {
     /// Chain k's sampler state as the plan holds it (`Sampler::restore` takes it back).
     pub fn state(&mut self, k: usize) -> Result<SamplerState> {
         let (p, b) = (self.p(), self.mlp.bufs.clone());
-        let c = self.control(k);
+        let c = self.control(k)?;
         let sizes = self.mlp.shape.tensor_sizes();
         let mut split = |buf| -> Result<Vec<Tensor>> {
-            let all = self.ws.f32(buf)[k * p..(k + 1) * p].to_vec();
+            let all = self.ws.read::<f32>(buf, k * p, p)?;
             let mut at = 0;
             sizes
                 .iter()

@@ -4,7 +4,8 @@
 //! through cuBLAS's conventions ([`gemm`]). It is the test double of the CUDA executor:
 //! every test of a plan runs here.
 
-use super::{At, Buf, ChainControl, Elem, Gemm, Op, Plan, TensorTable};
+use super::executor::span;
+use super::{At, Buf, ChainControl, Elem, Executor, Gemm, Op, Plan, TensorTable};
 use crate::error::{Error, Result};
 use crate::gemm::{product, Mat, Options};
 
@@ -148,6 +149,31 @@ impl HostBuffer {
         }
     }
 
+    /// What it holds, for a message.
+    fn kind(&self) -> &'static str {
+        match self {
+            HostBuffer::F32(_) => "f32",
+            HostBuffer::F64(_) => "f64",
+            HostBuffer::U32(_) => "u32",
+            HostBuffer::Control(_) => "control blocks",
+            HostBuffer::Table(_) => "a table",
+        }
+    }
+
+    /// Its bytes.
+    fn bytes(&mut self) -> &mut [u8] {
+        let size = match self {
+            HostBuffer::F32(_) | HostBuffer::U32(_) => 4,
+            HostBuffer::F64(_) => 8,
+            HostBuffer::Control(_) => std::mem::size_of::<ChainControl>(),
+            HostBuffer::Table(_) => std::mem::size_of::<TensorTable>(),
+        };
+        let (base, len) = self.raw();
+        // SAFETY: the buffer's own allocation of `len` elements of `size` bytes, each a
+        // `Plain` type (no padding: every byte initialised), borrowed mutably with `self`.
+        unsafe { std::slice::from_raw_parts_mut(base, len * size) }
+    }
+
     /// Its first element's address and its length in elements.
     fn raw(&mut self) -> (*mut u8, usize) {
         match self {
@@ -183,7 +209,7 @@ impl HostWorkspace {
     pub fn f32(&mut self, b: Buf) -> &mut [f32] {
         match &mut self.buffers[b.0] {
             HostBuffer::F32(v) => v,
-            other => panic!("plan buffer {} is not f32: {other:?}", b.0),
+            other => panic!("plan buffer {} is not f32 but {}", b.0, other.kind()),
         }
     }
 
@@ -191,7 +217,7 @@ impl HostWorkspace {
     pub fn f64(&mut self, b: Buf) -> &mut [f64] {
         match &mut self.buffers[b.0] {
             HostBuffer::F64(v) => v,
-            other => panic!("plan buffer {} is not f64: {other:?}", b.0),
+            other => panic!("plan buffer {} is not f64 but {}", b.0, other.kind()),
         }
     }
 
@@ -199,7 +225,7 @@ impl HostWorkspace {
     pub fn u32(&mut self, b: Buf) -> &mut [u32] {
         match &mut self.buffers[b.0] {
             HostBuffer::U32(v) => v,
-            other => panic!("plan buffer {} is not u32: {other:?}", b.0),
+            other => panic!("plan buffer {} is not u32 but {}", b.0, other.kind()),
         }
     }
 
@@ -207,7 +233,7 @@ impl HostWorkspace {
     pub fn control(&mut self, b: Buf) -> &mut [ChainControl] {
         match &mut self.buffers[b.0] {
             HostBuffer::Control(v) => v,
-            other => panic!("plan buffer {} is not control blocks: {other:?}", b.0),
+            other => panic!("plan buffer {} is not control blocks but {}", b.0, other.kind()),
         }
     }
 
@@ -215,7 +241,7 @@ impl HostWorkspace {
     pub fn table(&mut self, b: Buf) -> &mut TensorTable {
         match &mut self.buffers[b.0] {
             HostBuffer::Table(t) => t,
-            other => panic!("plan buffer {} is not a table: {other:?}", b.0),
+            other => panic!("plan buffer {} is not a table but {}", b.0, other.kind()),
         }
     }
 
@@ -239,6 +265,33 @@ impl HostWorkspace {
 
     fn opt(&mut self, b: Option<Buf>) -> *mut f32 {
         b.map_or(std::ptr::null_mut(), |b| self.p(b))
+    }
+}
+
+impl Executor for HostWorkspace {
+    fn write_bytes(&mut self, b: Buf, offset: usize, bytes: &[u8]) -> Result<()> {
+        let all = self.buffers[b.0].bytes();
+        let r = span(b, offset, bytes.len(), all.len())?;
+        all[r].copy_from_slice(bytes);
+        Ok(())
+    }
+
+    fn read_bytes(&mut self, b: Buf, offset: usize, out: &mut [u8]) -> Result<()> {
+        let all = self.buffers[b.0].bytes();
+        let r = span(b, offset, out.len(), all.len())?;
+        out.copy_from_slice(&all[r]);
+        Ok(())
+    }
+
+    fn run(&mut self, plan: &Plan, updates: usize) -> Result<()> {
+        for _ in 0..updates {
+            run(plan, self)?;
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        "host".into()
     }
 }
 

@@ -15,8 +15,13 @@
 //! [`mlp`] builds the plan of an MLP (784-100-10 at batch 100: 13 launches an update,
 //! for 1 chain or 64).
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod executor;
 pub mod host;
 pub mod mlp;
+
+pub use executor::{Executor, Plain};
 
 /// An activation of the plan's kernels (`BNN_ACT_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,6 +119,8 @@ pub struct ChainControl {
     pub sampler: u32,
     /// 1 for the splitting integrator's constants.
     pub splitting: u32,
+    /// Explicit padding: the block has no implicit padding, so it is copied as bytes.
+    pub pad: u32,
 }
 
 /// The fused update's tensor table, `bnn_plan_table` of `kernels/step_plan.h`.
@@ -130,6 +137,8 @@ pub struct TensorTable {
     pub tensors: u32,
     /// The element rule, `Update::rule`.
     pub rule: u32,
+    /// Explicit padding before `p`.
+    pub pad: u32,
     /// P, the parameters of one chain.
     pub p: u64,
 }

@@ -303,8 +303,8 @@ impl Walk<'_, '_> {
     fn collect(&mut self, from: u64, epoch: usize, etas: &[Vec<f64>]) -> Result<()> {
         let batch = self.run.cfg.settings.batch_size;
         let momentum = self.chains.has_momentum();
-        for (k, lane) in self.lanes.iter_mut().enumerate() {
-            let c = self.chains.control(k);
+        let controls = self.chains.controls()?;
+        for ((k, lane), c) in self.lanes.iter_mut().enumerate().zip(controls) {
             let base = lane.chain.base_step_size();
             if c.halted != 0 || !c.kinetic.is_finite() {
                 self.chains.read_theta(k, &lane.chain.model)?;
@@ -319,14 +319,14 @@ impl Walk<'_, '_> {
             for &eta in &etas[k][..(self.step - from) as usize] {
                 lane.sums.note_step_size(eta);
             }
-            let e = self.chains.epoch_sums(k);
+            let e = EpochSums::of(&c);
             let p = &mut lane.sums;
             (p.nll_sum, p.correct, p.sq_error) = (e.nll, e.correct as usize, e.sse);
             p.seen = e.updates as usize * batch;
             (p.ke_sum, p.ke_count) = (e.kinetic, if momentum { e.updates as usize } else { 0 });
             lane.chain.last_nll = c.nll;
             if from.is_multiple_of(self.run.batches) {
-                let virials = self.chains.virials(k);
+                let virials = self.chains.virials_of(&c);
                 lane.chain.monitor.add_virials(epoch, &virials);
             }
         }
