@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """`bnn` on one GPU beside the same SGHMC step in PyTorch and JAX, K chains at once, in
 one interleaved run: per round, every row is timed once with each program in turn
-(bnn, PyTorch eager, PyTorch CUDA graph, JAX jit), so that a slow minute of a shared
-machine falls on all of them. Prints one table (chain-steps per second, median over the
+(bnn through the step plan, bnn through candle, PyTorch eager, PyTorch CUDA graph, JAX
+jit), so that a slow minute of a shared machine falls on all of them. `bnn` is
+`--backward auto` (on CUDA an MLP runs through the step plan: its whole update a fixed
+list of launches replayed as CUDA graphs; a ResNet through candle); `bnn-candle` is
+`--backward autograd`, candle's op-by-op path (MLP rows only: for a ResNet it is `bnn`). Prints one table (chain-steps per second, median over the
 rounds, and the spread) and, on the last line, JSON.
 
 The step (bnn's defaults, Euler SGHMC in v-form, as bench/pytorch_reference.py): a
@@ -320,7 +323,7 @@ class JaxRow:
 # bnn
 
 
-def bnn_rate(exe, name, batch, chains, epochs, device, out):
+def bnn_rate(exe, name, batch, chains, epochs, device, out, backward="auto"):
     """Chain-steps per second of the training step of `bnn train` (its summary's
     `steps_per_second`: gather, forward, backward and update, summed over the chains)."""
     model = (["--hidden", ",".join(str(w) for w in widths_of(name)[1:-1])]
@@ -331,7 +334,8 @@ def bnn_rate(exe, name, batch, chains, epochs, device, out):
            "--sampler", "sghmc", "--integrator", "euler", "--step-size", str(STEP_SIZE),
            "--prior", "gaussian", "--prior-std", "1", "--epochs", str(epochs),
            "--burnin", str(epochs - 1), "--thin", "100000000", "--decay-at",
-           "--no-progress", "--out", out, "--run-name", f"{name}-{batch}-{chains}", "-q"]
+           "--backward", backward, "--no-progress", "--out", out,
+           "--run-name", f"{name}-{batch}-{chains}-{backward}", "-q"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"bnn failed ({' '.join(cmd)}): {done.stderr.strip()}")
@@ -365,9 +369,14 @@ def main():
         for row in rows:
             name, batch, chains = row
             if args.bnn:
-                epochs = 3 if name.startswith("mlp-") else 2
+                mlp = name.startswith("mlp-")
+                # The plan's MLP rows run 10 epochs (1,000 updates at batch 100): at
+                # 20,000 updates/s, 3 would time 15 ms.
                 results.setdefault((row, "bnn"), []).append(
-                    bnn_rate(args.bnn, name, batch, chains, epochs, args.device, out))
+                    bnn_rate(args.bnn, name, batch, chains, 10 if mlp else 2, args.device, out))
+                if mlp:
+                    results.setdefault((row, "bnn-candle"), []).append(
+                        bnn_rate(args.bnn, name, batch, chains, 3, args.device, out, "autograd"))
             for peer in peers:
                 if peer.startswith("torch"):
                     if row not in torch_rows:
@@ -391,14 +400,17 @@ def main():
                     sys.exit(f"unknown peer {peer}")
                 results.setdefault((row, peer), []).append(rate)
             print(f"round {r + 1}/{args.rounds}: {name} b{batch} K={chains} done", file=sys.stderr)
-    programs = (["bnn"] if args.bnn else []) + peers
+    programs = (["bnn", "bnn-candle"] if args.bnn else []) + peers
     table = []
     header = "| network | batch | K | " + " | ".join(programs) + " |"
     lines = [header, "|" + " --- |" * (3 + len(programs))]
     for row in rows:
         cells, entry = [], {"network": row[0], "batch": row[1], "chains": row[2]}
         for p in programs:
-            xs = results[(row, p)]
+            xs = results.get((row, p))
+            if xs is None:
+                cells.append("—")
+                continue
             med = statistics.median(xs)
             entry[p] = {"median": med, "min": min(xs), "max": max(xs), "rounds": xs}
             cells.append(f"{med:,.0f} ({min(xs):,.0f}–{max(xs):,.0f})")

@@ -5,6 +5,9 @@
 #![cfg(feature = "cuda")]
 
 mod common;
+// The step plan's CUDA executor against its host executor.
+#[path = "gpu/plan.rs"]
+mod plan;
 
 use bnn::sampler::Integrator::{Euler, Splitting};
 use bnn::sampler::{self, Integrator, Kernel, SamplerConfig, SamplerKind};

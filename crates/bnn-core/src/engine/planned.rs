@@ -109,6 +109,10 @@ pub struct PlannedChains {
     /// Updates run in the open epoch (every chain's: they move in step), kept on the host
     /// so that a run needs no read of the device to know where the epoch stands.
     epoch_updates: usize,
+    /// The device's η table as last written (K × U), and each chain's η of its next
+    /// update as the device holds it: the host writes only what changes.
+    etas: Vec<f64>,
+    next_eta: Vec<f64>,
 }
 
 /// The executor of `plan` for `device`: the host one on the CPU, the CUDA one on a CUDA
@@ -218,6 +222,7 @@ impl PlannedChains {
             update,
             gaussian: matches!(data, Resident::Values { .. }),
         };
+        let shape_u = shape.updates_per_epoch();
         let mlp = MlpPlan::new(shape)?;
         let mut ws = executor_on(&mlp.plan, device)?;
         let b = &mlp.bufs;
@@ -238,10 +243,13 @@ impl PlannedChains {
             params: first.params,
             spec: net.spec.clone(),
             epoch_updates: 0,
+            etas: vec![0.0; chains.len() * shape_u],
+            next_eta: vec![0.0; chains.len()],
         };
         for (k, c) in chains.iter().enumerate() {
             planned.load(k, c)?;
         }
+        planned.ws.prepare(&planned.mlp.plan)?;
         Ok(planned)
     }
 
@@ -318,6 +326,7 @@ impl PlannedChains {
             (old.epoch_nll, old.epoch_correct, old.epoch_sse);
         ctl.epoch_kinetic = old.epoch_kinetic;
         self.ws.set_control(b.control, k, &ctl)?;
+        self.next_eta[k] = ctl.eta;
         self.set_potential(k, c.potential)?;
         Ok(())
     }
@@ -357,12 +366,23 @@ impl PlannedChains {
                 u - done.min(u)
             )));
         }
-        self.ws.write(self.mlp.bufs.etas, k * u + done, etas)?;
+        // Only what changed is written, and the control block only where the next η
+        // itself changed (the device's η is the table's entry there): so where a run stops
+        // to look changes nothing of what the device computes.
+        let row = k * u + done;
+        let mirror = &mut self.etas[row..row + etas.len()];
+        if mirror != etas {
+            mirror.copy_from_slice(etas);
+            self.ws.write(self.mlp.bufs.etas, row, etas)?;
+        }
         if let Some(&next) = etas.first() {
-            let mut c = self.ws.control(self.mlp.bufs.control, k)?;
-            c.eta = next;
-            host::next_consts(&mut c);
-            self.ws.set_control(self.mlp.bufs.control, k, &c)?;
+            if next != self.next_eta[k] {
+                self.next_eta[k] = next;
+                let mut c = self.ws.control(self.mlp.bufs.control, k)?;
+                c.eta = next;
+                host::next_consts(&mut c);
+                self.ws.set_control(self.mlp.bufs.control, k, &c)?;
+            }
         }
         Ok(())
     }
@@ -394,6 +414,8 @@ impl PlannedChains {
         }
         self.ws.write(b.control, 0, &controls)?;
         self.ws.write(b.etas, 0, &etas)?;
+        self.next_eta = controls.iter().map(|c| c.eta).collect();
+        self.etas = etas;
         self.epoch_updates = 0;
         Ok(())
     }
@@ -450,24 +472,37 @@ impl PlannedChains {
         }
         self.ws.run(&self.mlp.plan, updates)?;
         self.epoch_updates += updates;
+        // Each finish took its next η from the table, but the epoch's last.
+        let u = self.mlp.shape.updates_per_epoch();
+        if self.epoch_updates < u {
+            for (k, next) in self.next_eta.iter_mut().enumerate() {
+                *next = self.etas[k * u + self.epoch_updates];
+            }
+        }
         Ok(())
     }
 
     /// Chain k's control block (one read of the device, for a progress line or an epoch's
     /// end).
     pub fn control(&mut self, k: usize) -> Result<ChainControl> {
-        Ok(self.ws.control(self.mlp.bufs.control, k)?)
+        self.ws.control(self.mlp.bufs.control, k)
     }
 
     /// Every chain's control block, in one read.
     pub fn controls(&mut self) -> Result<Vec<ChainControl>> {
         let k = self.mlp.shape.chains;
-        Ok(self.ws.read(self.mlp.bufs.control, 0, k)?)
+        self.ws.read(self.mlp.bufs.control, 0, k)
     }
 
-    /// Which executor runs the plan (`host`, `cuda graph`, `cuda eager …`).
+    /// Which executor runs the plan (`host`, `cuda graphs …`, `cuda eager …`).
     pub fn executor(&self) -> String {
         self.ws.describe()
+    }
+
+    /// The plan's workspace, to copy buffers in and out and run parts of the plan (the GPU
+    /// tests compare the executors operation by operation).
+    pub fn workspace(&mut self) -> &mut dyn Executor {
+        self.ws.as_mut()
     }
 
     /// Chain k's θ, in the network's order and shapes, into `net`.

@@ -45,11 +45,13 @@ impl Backward {
                  with --device cuda or metal"
                     .into(),
             )),
-            (Backward::Plan, false) => Err(Error::Config(
-                "--backward plan runs on the CPU in this build (its host executor); use \
-                 --backward autograd (or auto) with --device cuda or metal"
-                    .into(),
-            )),
+            (Backward::Plan, false) if !(cfg!(feature = "cuda") && device.is_cuda()) => {
+                Err(Error::Config(
+                    "--backward plan runs on the CPU (its host executor) and on CUDA (a build \
+                     with feature cuda); use --backward autograd (or auto) on this device"
+                        .into(),
+                ))
+            }
             (b, _) => Ok(b),
         }
     }

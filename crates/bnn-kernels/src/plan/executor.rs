@@ -37,6 +37,16 @@ pub trait Executor: std::fmt::Debug + Send {
     /// Which executor ran, for the log and the summary: `host`, `cuda graph`, or `cuda
     /// eager` with why capture failed.
     fn describe(&self) -> String;
+    /// Launches the updates one by one from now on, never as a captured graph (what a
+    /// failed capture falls back to; the GPU tests compare the two). The host executor
+    /// has nothing to capture.
+    fn force_eager(&mut self) {}
+    /// Readies `plan`'s updates before the first run (the CUDA executor captures its
+    /// graphs, so that no run's time includes a capture). The host executor has nothing
+    /// to ready.
+    fn prepare(&mut self, _plan: &Plan) -> Result<()> {
+        Ok(())
+    }
 }
 
 impl dyn Executor + '_ {
@@ -44,8 +54,9 @@ impl dyn Executor + '_ {
     pub fn write<T: Plain>(&mut self, b: Buf, at: usize, values: &[T]) -> Result<()> {
         let size = std::mem::size_of::<T>();
         // SAFETY: `T: Plain` has no padding, so each of its bytes is initialised.
-        let bytes =
-            unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), size * values.len()) };
+        let bytes = unsafe {
+            std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
+        };
         self.write_bytes(b, at * size, bytes)
     }
 
@@ -72,7 +83,12 @@ impl dyn Executor + '_ {
 }
 
 /// The byte range `offset..offset + len` of a buffer of `size` bytes, or an error.
-pub(crate) fn span(b: Buf, offset: usize, len: usize, size: usize) -> Result<std::ops::Range<usize>> {
+pub(crate) fn span(
+    b: Buf,
+    offset: usize,
+    len: usize,
+    size: usize,
+) -> Result<std::ops::Range<usize>> {
     match offset.checked_add(len) {
         Some(end) if end <= size => Ok(offset..end),
         _ => Err(Error::Config(format!(

@@ -233,7 +233,11 @@ impl HostWorkspace {
     pub fn control(&mut self, b: Buf) -> &mut [ChainControl] {
         match &mut self.buffers[b.0] {
             HostBuffer::Control(v) => v,
-            other => panic!("plan buffer {} is not control blocks but {}", b.0, other.kind()),
+            other => panic!(
+                "plan buffer {} is not control blocks but {}",
+                b.0,
+                other.kind()
+            ),
         }
     }
 

@@ -51,6 +51,8 @@ pub struct ChainOutcome {
     pub kinetic_trace: Vec<f64>,
     /// The backward pass that ran.
     pub backward: Backward,
+    /// The step plan's executor, where the plan ran (`host`, `cuda graphs …`).
+    pub executor: Option<String>,
     /// Rollbacks after a divergence (`--on-divergence rollback`).
     pub rollbacks: u32,
 }
@@ -206,6 +208,7 @@ impl<'c, 'a, S: ChainSink> Walk<'c, 'a, S> {
             step_seconds: self.step_seconds,
             train_seconds,
             backward: chain.stepper.backward,
+            executor: None,
             test: chain.kept.test.clone(),
             valid: chain.kept.valid.clone(),
             kinetic_trace: std::mem::take(&mut chain.kept.kinetic_trace),

@@ -350,6 +350,7 @@ pub(super) fn run_hmc_chain(
         train_seconds: seconds,
         kinetic_trace: Vec::new(),
         backward: Backward::Custom,
+        executor: None,
         rollbacks: 0,
     })
 }

@@ -136,6 +136,10 @@ pub struct Summary {
     pub isa: String,
     /// The gradient implementation used (`custom` or `autograd`: `auto` resolved).
     pub backward_used: Backward,
+    /// Where `backward_used` is `plan`: which executor ran it (`host`, `cuda graphs (…)`,
+    /// or `cuda eager (…)` with why capture failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executor: Option<String>,
     /// Samples in the ensemble.
     pub samples: usize,
     /// Bayesian model average over the kept samples, on the test set.
@@ -257,12 +261,15 @@ pub fn train_on(cfg: &TrainConfig, ds: &Dataset, ranks: &Ranks) -> Result<Option
     cfg.settings.validate(ds.train.len())?;
     // How the chains run, decided once: run.json records `stacked` or `apart`.
     let mut resolved = cfg.clone();
-    let layout = cfg.settings.chain_layout;
-    let plan = cfg.settings.backward == Backward::Plan;
+    if cfg.settings.backward == Backward::Auto && cfg.device.is_cuda() {
+        // On CUDA an MLP runs through the step plan where it can; otherwise candle.
+        resolved.settings.backward = planned::auto_on_cuda(cfg, ds)?;
+    }
+    let plan = resolved.settings.backward == Backward::Plan;
     // The step plan steps its chains together, one or several: the stacked layout's files.
     resolved.settings.chain_layout = match plan {
         true => ChainLayout::Stacked,
-        false => layout.resolve(&cfg.settings, cfg.device.is_cpu())?,
+        false => (cfg.settings.chain_layout).resolve(&cfg.settings, cfg.device.is_cpu())?,
     };
     let cfg = &resolved;
     if cfg.settings.chain_layout == ChainLayout::Stacked && ranks.size() > 1 {
@@ -563,6 +570,7 @@ fn finish(
         num_params,
         isa: crate::kernels::isa::current().name().to_string(),
         backward_used: chains.first().map_or(cfg.settings.backward, |c| c.backward),
+        executor: chains.first().and_then(|c| c.executor.clone()),
         samples: test.samples(),
         ensemble: classes.and_then(|a| a.metrics()),
         uncertainty: classes.and_then(|a| a.uncertainty()),

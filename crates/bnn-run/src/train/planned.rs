@@ -7,10 +7,10 @@
 //!
 //! The host drives the plan in rounds: the updates between two points where it must look
 //! (a sample kept, a diagnostics line, the epoch's end and its Gibbs step, a checkpoint,
-//! the epoch's first update whose virials the configurational temperature counts, and at
-//! most [`ROUND`] updates, so that a signal and the progress bar are seen) run with no
-//! host read; the schedule's η of each update is in the plan's η table, written when the
-//! round starts. After a round the host reads each chain's control block (its epoch sums,
+//! the epoch's first update whose virials the configurational temperature counts, and
+//! about [`ROUND_SECONDS`] of updates, so that a signal and the progress bar are seen)
+//! run with no host read; the schedule's η of each update is in the plan's η table,
+//! written where it changed when the round starts. After a round the host reads each chain's control block (its epoch sums,
 //! its last loss, whether it halted); where a chain's θ or state is needed, they are read
 //! back into its network and sampler, and a Gibbs step's new prior is written back.
 
@@ -30,8 +30,11 @@ use crate::potential::Backward;
 use crate::sampler::Method;
 use crate::settings::OnDivergence;
 
-/// At most this many updates run between two looks of the host.
-const ROUND: u64 = 100;
+/// A round without a point to look at runs about this long (its length in updates from
+/// the last round's rate): the host reads the device about once a second, to move the bar
+/// and see a signal or a halted chain. Where rounds end changes no result: the device
+/// computes the same updates however they are split (`PlannedChains::set_step_sizes`).
+const ROUND_SECONDS: f64 = 1.0;
 
 /// Refuses, before anything is written, a run that the plan cannot step, saying why.
 pub(super) fn check(cfg: &TrainConfig, ds: &Dataset, net: &Network) -> Result<()> {
@@ -56,6 +59,28 @@ pub(super) fn check(cfg: &TrainConfig, ds: &Dataset, net: &Network) -> Result<()
         return refuse("the plan's update is the fused one (not --kernel composed)");
     }
     planned::supports(net, &s.sampler.params()?)
+}
+
+/// `--backward auto` on CUDA: the plan where it runs the run of `cfg` (then logged),
+/// candle's autograd where it does not (a CNN or ResNet, a sampler or option the plan
+/// lacks: the reason logged at debug level).
+pub(super) fn auto_on_cuda(cfg: &TrainConfig, ds: &Dataset) -> Result<Backward> {
+    let net = Network::new(
+        &cfg.settings.model,
+        ds.train.dim(),
+        ds.task.outputs(),
+        cfg.settings.seed,
+        &candle_core::Device::Cpu,
+    )?;
+    let mut plan = cfg.clone();
+    plan.settings.backward = Backward::Plan;
+    match check(&plan, ds, &net) {
+        Ok(()) => Ok(Backward::Plan),
+        Err(why) => {
+            tracing::debug!("candle's autograd on CUDA, not the step plan: {why}");
+            Ok(Backward::Autograd)
+        }
+    }
 }
 
 /// Runs the K chains of `cfg` on `ds` through the step plan; their outcomes in chain order.
@@ -94,10 +119,11 @@ pub(super) fn run_planned(cfg: &TrainConfig, ds: &Dataset) -> Result<Vec<ChainOu
         params = num_params,
         train = ds.train.len(),
         launches = chains.plan().ops.len(),
-        "training {} chain(s) of {} with {} through the step plan (host executor)",
+        "training {} chain(s) of {} with {} through the step plan on {:?}",
         lanes.len(),
         s.model.label(),
-        s.sampler.kind.name()
+        s.sampler.kind.name(),
+        cfg.device
     );
     let mut checkpoints = driver::Checkpoints::every(s.checkpoint_interval(batches));
     let mut walk = Walk {
@@ -109,10 +135,13 @@ pub(super) fn run_planned(cfg: &TrainConfig, ds: &Dataset) -> Result<Vec<ChainOu
         saves,
         clock: &clock,
         bar: crate::progress::bar(cfg.progress, run.total_steps, "step plan"),
+        round_cap: 1,
     };
     driver::drive(&mut walk, &mut checkpoints)?;
     walk.bar.finish_and_clear();
     let (step, step_seconds) = (walk.step, walk.step_seconds);
+    let executor = chains.executor();
+    tracing::info!("the step plan ran on {executor}");
     Ok(lanes
         .into_iter()
         .map(|mut l| ChainOutcome {
@@ -122,6 +151,7 @@ pub(super) fn run_planned(cfg: &TrainConfig, ds: &Dataset) -> Result<Vec<ChainOu
             step_seconds,
             train_seconds: clock.elapsed(),
             backward: Backward::Plan,
+            executor: Some(executor.clone()),
             test: l.chain.kept.test.clone(),
             valid: l.chain.kept.valid.clone(),
             kinetic_trace: std::mem::take(&mut l.chain.kept.kinetic_trace),
@@ -164,7 +194,7 @@ fn load(run: &Run, lanes: &[Lane]) -> Result<PlannedChains> {
         })
         .collect();
     let epoch_rows = run.batches as usize * s.batch_size;
-    PlannedChains::new(&inputs, data, s.batch_size, epoch_rows)
+    PlannedChains::on(&inputs, data, (s.batch_size, epoch_rows), &run.cfg.device)
 }
 
 /// A run resumed inside an epoch: the epoch reopened with each chain's order, its place
@@ -197,6 +227,8 @@ struct Walk<'p, 'l> {
     saves: usize,
     clock: &'p Clock,
     bar: Box<dyn crate::progress::ProgressBar>,
+    /// The most updates of a round with no point to look at (see [`ROUND_SECONDS`]).
+    round_cap: u64,
 }
 
 impl driver::Transition for Walk<'_, '_> {
@@ -218,7 +250,12 @@ impl driver::Transition for Walk<'_, '_> {
         let etas = self.step_sizes(epoch)?;
         let t0 = Instant::now();
         self.chains.run((end - self.step) as usize)?;
-        self.step_seconds += t0.elapsed().as_secs_f64();
+        let seconds = t0.elapsed().as_secs_f64();
+        self.step_seconds += seconds;
+        // The next round's length: a second at this round's rate, growing at most 8× a
+        // round from the first round's single update.
+        let rate = (end - self.step) as f64 / seconds.max(1e-9);
+        self.round_cap = ((rate * ROUND_SECONDS) as u64).clamp(1, 8 * self.round_cap);
         let from = self.step;
         self.step = end;
         self.collect(from, epoch, &etas)?;
@@ -261,7 +298,7 @@ impl Walk<'_, '_> {
 
     /// Where the round from `self.step` ends: after the epoch's first update alone (the
     /// configurational temperature reads its virials), else at the first update after
-    /// which the host must look, at most [`ROUND`] on.
+    /// which the host must look, at most [`Walk::round_cap`] on.
     fn round_end(&self, epoch: usize) -> u64 {
         let (run, s) = (self.run, &self.run.cfg.settings);
         let epoch_end = ((epoch as u64 + 1) * run.batches).min(run.total_steps);
@@ -269,7 +306,7 @@ impl Walk<'_, '_> {
             return self.step + 1;
         }
         let every = s.checkpoint_interval(run.batches);
-        let last = epoch_end.min(self.step + ROUND);
+        let last = epoch_end.min(self.step + self.round_cap);
         (self.step + 1..last)
             .find(|&t| {
                 t.is_multiple_of(every)

@@ -104,6 +104,7 @@ pub(super) fn gather(
                 train_seconds: s.train_seconds,
                 kinetic_trace: s.kinetic_trace,
                 backward: s.backward,
+                executor: None,
                 rollbacks: s.rollbacks,
             };
             chains.push((s.k, outcome));

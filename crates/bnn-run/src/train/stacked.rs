@@ -173,6 +173,7 @@ pub(super) fn run_stacked(cfg: &TrainConfig, ds: &Dataset) -> Result<Vec<ChainOu
             step_seconds,
             train_seconds: clock.elapsed(),
             backward: Backward::Autograd,
+            executor: None,
             test: l.chain.kept.test.clone(),
             valid: l.chain.kept.valid.clone(),
             kinetic_trace: std::mem::take(&mut l.chain.kept.kinetic_trace),

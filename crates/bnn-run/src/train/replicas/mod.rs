@@ -200,6 +200,7 @@ pub(super) fn run_replicas(
         step_seconds,
         train_seconds: progress.train_seconds(),
         backward,
+        executor: None,
         test: cold.test,
         valid: cold.valid,
         kinetic_trace: cold.kinetic_trace,
