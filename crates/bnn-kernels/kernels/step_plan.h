@@ -62,6 +62,7 @@ typedef struct {
     double epoch_sse;        /* and a regression's squared errors, */
     double epoch_kinetic;    /* and the kinetic energies after its updates (momentum rules) */
     double sums[BNN_PLAN_MAX_TENSORS][3]; /* last update, per tensor: v.v, sum alpha, theta.grad */
+    double first_virials[BNN_PLAN_MAX_TENSORS]; /* the epoch's first update's theta.grad */
     float consts[4];         /* the next update's bnn_step_consts */
     float prior[BNN_PLAN_MAX_TENSORS]; /* lambda_t / T */
     float scale;             /* N / (B T): the likelihood's factor on its summed gradient */
@@ -345,6 +346,10 @@ BNN_HD void bnn_plan_finish(uint32_t k, bnn_plan_chain *ctl, const double *parti
         c->kinetic = 0.5 * sum_sq / (c->n_params * c->eta);
         c->epoch_kinetic += c->kinetic;
     }
+    /* The configurational temperature counts the epoch's first minibatch alone (drawn
+     * independently of theta): kept for the host's read at its next look. */
+    if (c->updates == 0)
+        for (uint32_t t = 0; t < tab->tensors; ++t) c->first_virials[t] = c->sums[t][2];
     if (c->sampler == BNN_PLAN_SGNHT) c->thermostat += sum_sq / c->n_params - c->eta;
     if (c->sampler == BNN_PLAN_MSGNHT) c->thermostat = sum_alpha / c->n_params;
     c->step += 1;

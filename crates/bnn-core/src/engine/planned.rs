@@ -462,6 +462,11 @@ impl PlannedChains {
         c.sums[..tensors].iter().map(|s| s[2]).collect()
     }
 
+    /// The virials per tensor of the open epoch's first update in control block `c`.
+    pub fn first_virials_of(&self, c: &ChainControl) -> Vec<f64> {
+        c.first_virials[..self.mlp.table.tensors as usize].to_vec()
+    }
+
     /// `updates` updates of every chain, no host read between them.
     pub fn run(&mut self, updates: usize) -> Result<()> {
         let per_epoch = self.mlp.shape.updates_per_epoch();

@@ -101,6 +101,8 @@ pub struct ChainControl {
     pub epoch_kinetic: f64,
     /// The last update's Σv², Σα and Σθ·∇ per tensor.
     pub sums: [[f64; 3]; MAX_TENSORS],
+    /// Σθ·∇ per tensor of the epoch's first update (the configurational temperature's).
+    pub first_virials: [f64; MAX_TENSORS],
     /// The next update's constants (η, decay, post, σ: `bnn_step_consts`).
     pub consts: [f32; 4],
     /// λ_t/T per tensor.

@@ -48,10 +48,11 @@ fn control(k: usize, scale: f32) -> Vec<ChainControl> {
 #[test]
 fn the_rust_mirrors_have_the_c_layouts() {
     // No implicit padding (the blocks are copied as bytes): 3 u64, 15 f64, 48 f64 sums,
-    // 4 + 16 + 3 f32 and 5 u32; the table's 32 u64, 17 + 3 u32 and its u64 P.
+    // 16 f64 first virials, 4 + 16 + 3 f32 and 5 u32; the table's 32 u64, 17 + 3 u32 and
+    // its u64 P.
     assert_eq!(
         std::mem::size_of::<ChainControl>(),
-        3 * 8 + 15 * 8 + 48 * 8 + 23 * 4 + 5 * 4
+        3 * 8 + 15 * 8 + 48 * 8 + 16 * 8 + 23 * 4 + 5 * 4
     );
     assert_eq!(std::mem::size_of::<TensorTable>(), 32 * 8 + 20 * 4 + 8);
     assert_eq!(

@@ -7,9 +7,9 @@
 //!
 //! The host drives the plan in rounds: the updates between two points where it must look
 //! (a sample kept, a diagnostics line, the epoch's end and its Gibbs step, a checkpoint,
-//! the epoch's first update whose virials the configurational temperature counts, and
-//! about [`ROUND_SECONDS`] of updates, so that a signal and the progress bar are seen)
-//! run with no host read; the schedule's η of each update is in the plan's η table,
+//! and about [`ROUND_SECONDS`] of updates, so that a signal and the progress bar are
+//! seen) run with no host read (the epoch's first update keeps its virials, which the
+//! configurational temperature counts, in the control block for the next look); the schedule's η of each update is in the plan's η table,
 //! written where it changed when the round starts. After a round the host reads each chain's control block (its epoch sums,
 //! its last loss, whether it halted); where a chain's θ or state is needed, they are read
 //! back into its network and sampler, and a Gibbs step's new prior is written back.
@@ -296,15 +296,11 @@ impl Walk<'_, '_> {
         self.chains.begin_epoch(&orders)
     }
 
-    /// Where the round from `self.step` ends: after the epoch's first update alone (the
-    /// configurational temperature reads its virials), else at the first update after
-    /// which the host must look, at most [`Walk::round_cap`] on.
+    /// Where the round from `self.step` ends: at the first update after which the host
+    /// must look, at most [`Walk::round_cap`] on.
     fn round_end(&self, epoch: usize) -> u64 {
         let (run, s) = (self.run, &self.run.cfg.settings);
         let epoch_end = ((epoch as u64 + 1) * run.batches).min(run.total_steps);
-        if self.step.is_multiple_of(run.batches) {
-            return self.step + 1;
-        }
         let every = s.checkpoint_interval(run.batches);
         let last = epoch_end.min(self.step + self.round_cap);
         (self.step + 1..last)
@@ -363,7 +359,7 @@ impl Walk<'_, '_> {
             (p.ke_sum, p.ke_count) = (e.kinetic, if momentum { e.updates as usize } else { 0 });
             lane.chain.last_nll = c.nll;
             if from.is_multiple_of(self.run.batches) {
-                let virials = self.chains.virials_of(&c);
+                let virials = self.chains.first_virials_of(&c);
                 lane.chain.monitor.add_virials(epoch, &virials);
             }
         }
