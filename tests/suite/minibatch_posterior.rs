@@ -178,17 +178,16 @@ fn msgnht_samples_the_exact_posterior_with_minibatches() {
 
 /// The step plan (`--backward plan`, its host executor: the update of `tests/suite/plan.rs`
 /// with the Gaussian likelihood's kernel) samples the same posterior under the same bars,
-/// with the momentum samplers' two bookkeepings: SGHMC's fixed friction and SGNHT's
-/// thermostat moved on the device. Its one chain is the stacked layout's `chain-0/`.
+/// here SGNHT's, whose thermostat the device moves. Its one chain is the stacked layout's `chain-0/`.
 /// Measured at seed 1 (variance ratios, mean error, run temperature): SGHMC 0.972–1.119,
 /// 0.033 sd, 1.048; SGNHT-S 0.933–1.076, 0.032 sd, 1.006 — the CPU path's figures of the
 /// same seed to 1e-7 after 900,000 updates (a linear model: no ReLU kink to part them).
 #[test]
 fn the_step_plan_samples_the_exact_posterior_with_minibatches() {
-    for (name, sampler) in [("plan-sghmc", "sghmc"), ("plan-sgnht-s", "sgnht")] {
-        let flags = ["--sampler", sampler, "--backward", "plan"];
-        check_default_step_in(name, &flags, 300_000, Some("chain-0"));
-    }
+    // SGNHT-S alone in the default suite (its thermostat is the bookkeeping the device
+    // moves); SGHMC passed too at seed 1 (the figures above), 17 s more of suite time.
+    let flags = ["--sampler", "sgnht", "--backward", "plan"];
+    check_default_step_in("plan-sgnht-s", &flags, 300_000, Some("chain-0"));
 }
 
 /// SGLD has no momentum: it relaxes the softest direction (λ_min = 6.5) in
