@@ -420,12 +420,6 @@ impl PlannedChains {
         Ok(())
     }
 
-    /// Chain k's place in the open epoch and its sums so far (one read of its control
-    /// block).
-    pub fn epoch_sums(&mut self, k: usize) -> Result<EpochSums> {
-        Ok(EpochSums::of(&self.control(k)?))
-    }
-
     /// Chain k resumed `sums.updates` updates into the epoch opened by
     /// [`PlannedChains::begin_epoch`], with the epoch's sums saved then.
     pub fn resume_epoch(&mut self, k: usize, sums: &EpochSums) -> Result<()> {
@@ -448,18 +442,6 @@ impl PlannedChains {
     /// Whether the rule has a momentum, whose kinetic energy each update reports.
     pub fn has_momentum(&self) -> bool {
         self.mlp.bufs.momentum.is_some()
-    }
-
-    /// Chain k's virials Σθ·∇ per tensor in its last update.
-    pub fn virials(&mut self, k: usize) -> Result<Vec<f64>> {
-        let c = self.control(k)?;
-        Ok(self.virials_of(&c))
-    }
-
-    /// The virials Σθ·∇ per tensor of the last update in control block `c`.
-    pub fn virials_of(&self, c: &ChainControl) -> Vec<f64> {
-        let tensors = self.mlp.table.tensors as usize;
-        c.sums[..tensors].iter().map(|s| s[2]).collect()
     }
 
     /// The virials per tensor of the open epoch's first update in control block `c`.
