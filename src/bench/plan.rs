@@ -14,6 +14,8 @@ use crate::sampler::SamplerParams;
 
 /// MNIST's training rows: the resident set the plan's gather reads.
 const TRAIN_ROWS: usize = 60_000;
+/// MNIST's test rows: the held-out set whose probabilities a thinning point computes.
+const TEST_ROWS: usize = 10_000;
 
 /// One plan: a network at a batch and a number of chains.
 #[derive(Debug, Clone, Serialize)]
@@ -36,8 +38,15 @@ pub struct PlanBench {
     pub host_reads_per_epoch: usize,
     /// Bytes every operation reads and writes, each operand once, summed.
     pub bytes_per_update: usize,
-    /// Bytes of the workspace, allocated once (the resident training set included).
+    /// Bytes of the workspace, allocated once (the resident training and test sets
+    /// included).
     pub workspace_bytes: usize,
+    /// Launches of the test set's forward pass at a thinning point, every chain at once
+    /// (chunks of K·R ≤ 8,192 rows), and the host read that follows it: K × N × classes
+    /// probabilities, the ensemble's sample.
+    pub prediction_launches: usize,
+    /// Bytes of that read.
+    pub prediction_read_bytes: usize,
     /// One row per launch.
     pub ops: Vec<Row>,
 }
@@ -65,6 +74,7 @@ pub fn plan(
                 epoch_rows: TRAIN_ROWS / batch * batch,
                 update,
                 gaussian: false,
+                held_out: vec![TEST_ROWS],
             };
             let mlp = MlpPlan::new(shape)?;
             let ops = mlp.plan.rows();
@@ -78,6 +88,8 @@ pub fn plan(
                 host_reads_per_epoch: 1,
                 bytes_per_update: ops.iter().map(|r| r.bytes).sum(),
                 workspace_bytes: mlp.plan.workspace_bytes(),
+                prediction_launches: mlp.held_out[0].ops.len(),
+                prediction_read_bytes: k * TEST_ROWS * NUM_CLASSES * 4,
                 ops,
             })
         })

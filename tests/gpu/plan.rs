@@ -26,6 +26,15 @@ fn resident() -> (Vec<f32>, Vec<u32>) {
     (x, y)
 }
 
+/// The subset's test rows (MNIST's 10,000), the plan's held-out set.
+fn test_rows() -> Vec<f32> {
+    let ds = load_builtin().unwrap();
+    let all: Vec<usize> = (0..ds.test.len()).collect();
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    ds.test.gather(&all, &mut x, &mut y);
+    x
+}
+
 fn order(k: usize) -> Vec<usize> {
     (0..UPDATES * BATCH)
         .map(|i| (i * 7919 + k * 131) % ROWS)
@@ -102,7 +111,9 @@ fn plan_on(
         .collect();
     let (x, y) = resident();
     let data = Resident::Classes { x: &x, labels: &y };
-    let mut plan = PlannedChains::on(&inputs, data, (BATCH, UPDATES * BATCH), device).unwrap();
+    let test = test_rows();
+    let dims = (BATCH, UPDATES * BATCH);
+    let mut plan = PlannedChains::on(&inputs, data, &[&test], dims, device).unwrap();
     let orders: Vec<Vec<usize>> = (0..k).map(order).collect();
     plan.begin_epoch(&orders.iter().map(|o| o.as_slice()).collect::<Vec<_>>())
         .unwrap();
@@ -130,8 +141,64 @@ fn f32s(bytes: &[u8]) -> Vec<f32> {
         .collect()
 }
 
+/// Operation `op` (number i) run alone on CUDA and on the host from the same buffers (the
+/// host's copied to the device first): every buffer bit for bit, but as
+/// [`each_plan_kernel_on_cuda_is_the_host_executors_bit_for_bit`] allows for a GEMM and
+/// the finish's constants; `control` is the control blocks' buffer.
+fn same_op(
+    host: &mut PlannedChains,
+    gpu: &mut PlannedChains,
+    (i, op): (usize, &Op),
+    control: usize,
+) {
+    let plan = host.plan().clone();
+    let before = buffers(&plan, host.workspace());
+    for (b, bytes) in before.iter().enumerate() {
+        gpu.workspace()
+            .write_bytes(bnn::kernels::plan::Buf(b), 0, bytes)
+            .unwrap();
+    }
+    let one = std::slice::from_ref(op);
+    host.workspace().run_ops(&plan, one).unwrap();
+    gpu.workspace().run_ops(&plan, one).unwrap();
+    let (h, g) = (
+        buffers(&plan, host.workspace()),
+        buffers(&plan, gpu.workspace()),
+    );
+    for (b, spec) in plan.buffers.iter().enumerate() {
+        if h[b] == g[b] {
+            continue;
+        }
+        let what = format!("op {i} ({}) buffer {}", op.name(), spec.name);
+        match op {
+            Op::Gemm(_) => {
+                let (x, y) = (f32s(&h[b]), f32s(&g[b]));
+                let scale = x.iter().map(|v| v.abs()).fold(1e-30f32, f32::max);
+                let worst = x
+                    .iter()
+                    .zip(&y)
+                    .map(|(a, c)| (a - c).abs())
+                    .fold(0f32, f32::max);
+                assert!(worst <= 1e-5 * scale, "{what}: {worst} of {scale}");
+            }
+            Op::Finish { .. } if b == control => {
+                let (c, d) = (host.control(0).unwrap(), gpu.control(0).unwrap());
+                assert_eq!(
+                    (c.step, c.thermostat, c.kinetic),
+                    (d.step, d.thermostat, d.kinetic)
+                );
+                for (x, y) in c.consts.iter().zip(&d.consts) {
+                    assert!(x.to_bits().abs_diff(y.to_bits()) <= 1, "{what}: {x} vs {y}");
+                }
+            }
+            _ => panic!("{what} differs between CUDA and the host"),
+        }
+    }
+}
+
 /// Each operation of one update of 784-100-10 (K = 3, SGNHT with the splitting
-/// integrator, so every state buffer is live), run alone on CUDA and on the host from
+/// integrator, so every state buffer is live) and of the test set's forward pass, run
+/// alone on CUDA and on the host from
 /// the same buffers (the host's copied to the device before each): every buffer of every
 /// kernel bit for bit (the same f32 operations, nvcc without FMA contraction, the same
 /// polynomials for exp and log; the update's sums the same fixed trees), except the
@@ -153,55 +220,32 @@ fn each_plan_kernel_on_cuda_is_the_host_executors_bit_for_bit() {
         .position(|b| b.name == "control")
         .unwrap();
     for (i, op) in plan.ops.iter().enumerate() {
-        let before = buffers(&plan, host.workspace());
-        for (b, bytes) in before.iter().enumerate() {
-            gpu.workspace()
-                .write_bytes(bnn::kernels::plan::Buf(b), 0, bytes)
-                .unwrap();
-        }
-        let one = Plan {
-            buffers: plan.buffers.clone(),
-            ops: vec![op.clone()],
-        };
-        host.workspace().run(&one, 1).unwrap();
-        gpu.workspace().run(&one, 1).unwrap();
-        let (h, g) = (
-            buffers(&plan, host.workspace()),
-            buffers(&plan, gpu.workspace()),
-        );
-        for (b, spec) in plan.buffers.iter().enumerate() {
-            if h[b] == g[b] {
-                continue;
-            }
-            let what = format!("op {i} ({}) buffer {}", op.name(), spec.name);
-            match op {
-                Op::Gemm(_) => {
-                    let (x, y) = (f32s(&h[b]), f32s(&g[b]));
-                    let scale = x.iter().map(|v| v.abs()).fold(1e-30f32, f32::max);
-                    let worst = x
-                        .iter()
-                        .zip(&y)
-                        .map(|(a, c)| (a - c).abs())
-                        .fold(0f32, f32::max);
-                    assert!(worst <= 1e-5 * scale, "{what}: {worst} of {scale}");
-                }
-                Op::Finish { .. } if b == control => {
-                    let (c, d) = (host.control(0).unwrap(), gpu.control(0).unwrap());
-                    assert_eq!(
-                        (c.step, c.thermostat, c.kinetic),
-                        (d.step, d.thermostat, d.kinetic)
-                    );
-                    for (x, y) in c.consts.iter().zip(&d.consts) {
-                        assert!(x.to_bits().abs_diff(y.to_bits()) <= 1, "{what}: {x} vs {y}");
-                    }
-                }
-                _ => panic!("{what} differs between CUDA and the host"),
-            }
-        }
+        same_op(&mut host, &mut gpu, (i, op), control);
     }
+    // The test set's forward pass, operation by operation (chunks of 2,730 rows at K = 3).
+    let prediction = host.held_out()[0].ops.clone();
+    for (i, op) in prediction.iter().enumerate() {
+        same_op(&mut host, &mut gpu, (i, op), control);
+    }
+    // The whole prediction from the same θ: only the GEMMs' orders part the two.
+    for (b, bytes) in buffers(&plan, host.workspace()).iter().enumerate() {
+        gpu.workspace()
+            .write_bytes(bnn::kernels::plan::Buf(b), 0, bytes)
+            .unwrap();
+    }
+    let (h, g) = (host.predict(0).unwrap(), gpu.predict(0).unwrap());
+    let worst = h
+        .iter()
+        .flatten()
+        .zip(g.iter().flatten())
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(worst <= 1e-5, "test-set probabilities {worst} apart");
     println!(
-        "gpu-check: plan kernels on CUDA = host executor, {} operations",
-        plan.ops.len()
+        "gpu-check: plan kernels on CUDA = host executor, {} operations of an update \
+         and {} of the test set's prediction",
+        plan.ops.len(),
+        prediction.len()
     );
 }
 

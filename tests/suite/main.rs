@@ -20,6 +20,7 @@ mod kernel_equivalence;
 mod minibatch_posterior;
 mod optimizer;
 mod plan;
+mod plan_ensemble;
 mod plot;
 mod posterior;
 mod potential;

@@ -19,13 +19,13 @@ use bnn::potential::{evaluate_stacked, Potential, Prior, PriorSpec};
 use bnn::sampler::{build_with, Integrator, Kernel, Sampler, SamplerKind, SamplerParams};
 use candle_core::{Device, Tensor};
 
-const UPDATES: usize = 50;
-const BATCH: usize = 100;
+pub(super) const UPDATES: usize = 50;
+pub(super) const BATCH: usize = 100;
 /// Training rows held: 2,000 of the subset (an index row repeats them).
-const ROWS: usize = 2000;
+pub(super) const ROWS: usize = 2000;
 
 /// The subset's first ROWS training images as f32 rows and their labels.
-fn resident() -> (Vec<f32>, Vec<u32>) {
+pub(super) fn resident() -> (Vec<f32>, Vec<u32>) {
     let ds = load_builtin().unwrap();
     let split: &Split = &ds.train;
     let (mut x, mut y) = (Vec::new(), Vec::new());
@@ -34,13 +34,13 @@ fn resident() -> (Vec<f32>, Vec<u32>) {
 }
 
 /// Chain k's minibatch rows: a fixed permutation walk over ROWS, different per chain.
-fn order(k: usize) -> Vec<usize> {
+pub(super) fn order(k: usize) -> Vec<usize> {
     (0..UPDATES * BATCH)
         .map(|i| (i * 7919 + k * 131) % ROWS)
         .collect()
 }
 
-fn params(kind: SamplerKind, integrator: Integrator) -> SamplerParams {
+pub(super) fn params(kind: SamplerKind, integrator: Integrator) -> SamplerParams {
     match SamplerParams::defaults(kind).unwrap() {
         SamplerParams::Sghmc {
             step_size,
@@ -85,13 +85,13 @@ fn potential(tensors: usize, temperature: f64, k: usize) -> Potential {
 
 /// K chains' networks and samplers, built twice from the same seeds: one set for the
 /// reference, one whose state goes into the plan.
-struct Chains {
-    nets: Vec<Network>,
-    samplers: Vec<Box<dyn Sampler>>,
+pub(super) struct Chains {
+    pub(super) nets: Vec<Network>,
+    pub(super) samplers: Vec<Box<dyn Sampler>>,
     potentials: Vec<Potential>,
 }
 
-fn chains(spec: &ModelSpec, k: usize, p: SamplerParams, temperature: f64) -> Chains {
+pub(super) fn chains(spec: &ModelSpec, k: usize, p: SamplerParams, temperature: f64) -> Chains {
     let nets: Vec<Network> = (0..k)
         .map(|c| Network::new(spec, 784, 10, 40 + c as u64, &Device::Cpu).unwrap())
         .collect();
@@ -206,7 +206,7 @@ fn planned(r: &Chains, x: &[f32], y: &[u32], p: SamplerParams) -> PlannedChains 
     plan
 }
 
-fn inputs<'a>(
+pub(super) fn inputs<'a>(
     r: &'a Chains,
     states: &'a [bnn::sampler::SamplerState],
     p: SamplerParams,
@@ -366,7 +366,7 @@ const SAMPLERS: [(SamplerKind, Integrator); 7] = [
     (SamplerKind::Msgnht, Integrator::Splitting),
 ];
 
-fn mlp(hidden: &[usize], activation: Activation) -> ModelSpec {
+pub(super) fn mlp(hidden: &[usize], activation: Activation) -> ModelSpec {
     ModelSpec {
         hidden: hidden.to_vec(),
         activation,
@@ -445,7 +445,7 @@ fn plan_with_tanh_stays_within_1e_5_of_the_cpu_path_for_50_free_updates() {
 
 /// `bnn bench plan` prints the plan of 784-100-10 at batch 100: at most 14 launches an
 /// update for 1 chain and for 64 (the bar; 5L + 3 = 13), no host read inside an
-/// epoch, and bytes that grow with K.
+/// epoch, bytes that grow with K, and the test set's prediction at a thinning point.
 #[test]
 fn bench_plan_prints_thirteen_launches_for_one_chain_and_sixty_four() {
     let dir = tempfile::tempdir().unwrap();
@@ -454,10 +454,15 @@ fn bench_plan_prints_thirteen_launches_for_one_chain_and_sixty_four() {
     let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = rows.as_array().unwrap();
     assert_eq!(rows.len(), 2);
-    for r in rows {
+    for (r, k) in rows.iter().zip([1usize, 64]) {
         assert_eq!(r["launches"], 13, "{r}");
         assert_eq!(r["ops"].as_array().unwrap().len(), 13);
         assert_eq!(r["host_reads_per_update"], 0);
+        // The test set's 10,000 rows in chunks of 8,192/K rows, 4 launches a chunk (2
+        // GEMMs, bias+ReLU, softmax), and one read of K × 10,000 × 10 probabilities.
+        let chunks = 10_000usize.div_ceil(8192 / k);
+        assert_eq!(r["prediction_launches"], 4 * chunks, "{r}");
+        assert_eq!(r["prediction_read_bytes"], k * 10_000 * 10 * 4);
     }
     let bytes = |i: usize| rows[i]["bytes_per_update"].as_u64().unwrap();
     assert!(bytes(1) > 60 * bytes(0), "{} vs {}", bytes(1), bytes(0));

@@ -28,6 +28,13 @@ void bnn_host_plan_softmax_xent(uint64_t items, float *z, float *delta, float *l
         bnn_plan_softmax_xent(e, z, delta, loss, hit, bias, p, labels, index, ctl, m, b, classes);
 }
 
+void bnn_host_plan_softmax_probs(uint64_t items, float *probs, const float *z,
+                                 const float *bias, uint64_t p, uint32_t n, uint32_t r0,
+                                 uint32_t b, uint32_t classes) {
+    for (uint64_t e = 0; e < items; ++e)
+        bnn_plan_softmax_probs(e, probs, z, bias, p, n, r0, b, classes);
+}
+
 void bnn_host_plan_gaussian(uint64_t items, float *z, float *delta, float *loss, float *hit,
                             const float *bias, uint64_t p, const float *targets,
                             const uint32_t *index, const bnn_plan_chain *ctl, uint32_t m,

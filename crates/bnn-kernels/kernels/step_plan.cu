@@ -36,6 +36,14 @@ extern "C" __global__ void bnn_plan_softmax_xent_kernel(
         bnn_plan_softmax_xent(e, z, delta, loss, hit, bias, p, labels, index, ctl, m, b, classes);
 }
 
+extern "C" __global__ void bnn_plan_softmax_probs_kernel(u64 items, float *probs,
+                                                         const float *z, const float *bias,
+                                                         u64 p, uint32_t n, uint32_t r0,
+                                                         uint32_t b, uint32_t classes) {
+    u64 e = BNN_PLAN_ITEM;
+    if (e < items) bnn_plan_softmax_probs(e, probs, z, bias, p, n, r0, b, classes);
+}
+
 extern "C" __global__ void bnn_plan_gaussian_kernel(u64 items, float *z, float *delta,
                                                     float *loss, float *hit, const float *bias,
                                                     u64 p, const float *targets,

@@ -172,6 +172,32 @@ BNN_HD void bnn_plan_softmax_xent(uint64_t e, float *z, float *delta, float *los
     hit[e] = (y < classes && arg == y) ? 1.0f : 0.0f;
 }
 
+/* A held-out row's class probabilities, row e of K x b: the rows r0..r0+b of a held-out
+ * set of n rows, their logits z (K x b x classes, the output layer's product) plus chain
+ * k's bias, their softmax written into probs[k][r0 + r] (K x n x classes). The f32
+ * operations of the CPU's ensemble::predict (the max, e^(v - max), one division by the
+ * sum), exp by the polynomial; no label: the ensemble's sums are the host's. */
+BNN_HD void bnn_plan_softmax_probs(uint64_t e, float *probs, const float *z, const float *bias,
+                                   uint64_t p, uint32_t n, uint32_t r0, uint32_t b,
+                                   uint32_t classes) {
+    uint32_t k = (uint32_t)(e / b), r = (uint32_t)(e % b);
+    const float *zr = z + e * classes, *br = bias + (uint64_t)k * p;
+    float *out = probs + ((uint64_t)k * n + r0 + r) * classes;
+    float max = bnn_bits_to_float(0xff800000u); /* -inf */
+    for (uint32_t j = 0; j < classes; ++j) {
+        float v = zr[j] + br[j];
+        out[j] = v;
+        if (v > max) max = v;
+    }
+    float sum = 0.0f;
+    for (uint32_t j = 0; j < classes; ++j) {
+        float t = bnn_exp(out[j] - max);
+        out[j] = t;
+        sum += t;
+    }
+    for (uint32_t j = 0; j < classes; ++j) out[j] = out[j] / sum;
+}
+
 /* A Gaussian likelihood's output error, row e of K x B (one output): f = z + bias,
  * r = f - y, delta = (scale tau) r, loss[e] = r (squared in the reduction). */
 BNN_HD void bnn_plan_gaussian(uint64_t e, float *z, float *delta, float *loss, float *hit,

@@ -16,7 +16,7 @@ use candle_core::{Device, DeviceLocation, Tensor};
 use crate::engine::dynamics;
 use crate::error::{Error, Result};
 use crate::kernels::plan::host::{self, HostWorkspace};
-use crate::kernels::plan::mlp::{MlpPlan, MlpShape};
+use crate::kernels::plan::mlp::{HeldOut, MlpPlan, MlpShape};
 use crate::kernels::plan::{Act, Bookkeeping, ChainControl, Executor, Plan};
 use crate::kernels::Update;
 use crate::likelihood::HALF_LOG_2PI;
@@ -195,14 +195,17 @@ impl PlannedChains {
         batch: usize,
         epoch_rows: usize,
     ) -> Result<Self> {
-        Self::on(chains, data, (batch, epoch_rows), &Device::Cpu)
+        Self::on(chains, data, &[], (batch, epoch_rows), &Device::Cpu)
     }
 
     /// [`PlannedChains::new`] with the workspace on `device` (the CUDA executor on a CUDA
-    /// device); `(batch, epoch_rows)` as `new`'s.
+    /// device) and `held_out` sets of a classifier (each N × D features, as the training
+    /// set's) resident beside the training set, whose class probabilities
+    /// [`PlannedChains::predict`] computes; `(batch, epoch_rows)` as `new`'s.
     pub fn on(
         chains: &[ChainInput<'_>],
         data: Resident<'_>,
+        held_out: &[&[f32]],
         (batch, epoch_rows): (usize, usize),
         device: &Device,
     ) -> Result<Self> {
@@ -212,7 +215,14 @@ impl PlannedChains {
         let net = first.net;
         supports(net, &first.params)?;
         let (update, _) = rule_of(&first.params)?;
+        let d = net.fc_widths()[0];
+        if held_out.iter().any(|x| x.is_empty() || x.len() % d != 0) {
+            return Err(Error::Config(format!(
+                "step plan: a held-out set that is not rows of {d} features"
+            )));
+        }
         let shape = MlpShape {
+            held_out: held_out.iter().map(|x| x.len() / d).collect(),
             widths: net.fc_widths(),
             act: act_of(net.spec.activation)?,
             batch,
@@ -237,6 +247,9 @@ impl PlannedChains {
                 ws.write(b.targets, 0, y)?;
             }
         }
+        for (set, x) in mlp.held_out.iter().zip(held_out) {
+            ws.write(set.data, 0, x)?;
+        }
         let mut planned = PlannedChains {
             mlp,
             ws,
@@ -256,6 +269,11 @@ impl PlannedChains {
     /// The plan.
     pub fn plan(&self) -> &Plan {
         &self.mlp.plan
+    }
+
+    /// The held-out sets and their forward passes, in `on`'s order.
+    pub fn held_out(&self) -> &[HeldOut] {
+        &self.mlp.held_out
     }
 
     /// P, parameters per chain.
@@ -479,6 +497,23 @@ impl PlannedChains {
     pub fn controls(&mut self) -> Result<Vec<ChainControl>> {
         let k = self.mlp.shape.chains;
         self.ws.read(self.mlp.bufs.control, 0, k)
+    }
+
+    /// Every chain's class probabilities of held-out set `set` (in `on`'s order) at its θ
+    /// now: the set's forward pass on the executor, then one read of K × N × classes;
+    /// chain k's N × classes in `[k]`.
+    pub fn predict(&mut self, set: usize) -> Result<Vec<Vec<f32>>> {
+        let mlp = &self.mlp;
+        let held = mlp
+            .held_out
+            .get(set)
+            .ok_or_else(|| Error::Config(format!("step plan: no held-out set {set}")))?;
+        self.ws.run_ops(&mlp.plan, &held.ops)?;
+        let per_chain = held.rows * mlp.shape.widths[mlp.shape.layers()];
+        let all = self
+            .ws
+            .read::<f32>(held.probs, 0, mlp.shape.chains * per_chain)?;
+        Ok(all.chunks_exact(per_chain).map(<[f32]>::to_vec).collect())
     }
 
     /// Which executor runs the plan (`host`, `cuda graphs …`, `cuda eager …`).

@@ -43,6 +43,7 @@ struct Kernels {
     gather: CudaFunction,
     bias_act: CudaFunction,
     softmax_xent: CudaFunction,
+    softmax_probs: CudaFunction,
     gaussian: CudaFunction,
     backward_columns: CudaFunction,
     reduce_loss: CudaFunction,
@@ -61,6 +62,7 @@ impl Kernels {
             gather: f("gather")?,
             bias_act: f("bias_act")?,
             softmax_xent: f("softmax_xent")?,
+            softmax_probs: f("softmax_probs")?,
             gaussian: f("gaussian")?,
             backward_columns: f("backward_columns")?,
             reduce_loss: f("reduce_loss")?,
@@ -304,6 +306,17 @@ impl CudaWorkspace {
                 args.u32s(&[m, b, classes]);
                 (&self.kernels.softmax_xent, items)
             }
+            Op::SoftmaxProbs {
+                bufs: [probs, z],
+                bias,
+                dims: [p, n, r0, b, classes, k],
+            } => {
+                let items = (k * b) as u64;
+                let at = self.at(bias.buf, bias.offset, 4);
+                args.u64(items).ptrs(&[self.p(probs), self.p(z), at]);
+                args.u64(p as u64).u32s(&[n, r0, b, classes]);
+                (&self.kernels.softmax_probs, items)
+            }
             Op::Gaussian {
                 bufs: [z, delta, loss, hit, targets, index, ctl],
                 bias,
@@ -447,6 +460,18 @@ impl Executor for CudaWorkspace {
             }
         }
         // Done when it returns: the caller times the updates and may read the host next.
+        self.stream
+            .synchronize()
+            .map_err(|e| cuda_err("synchronize", e))
+    }
+
+    fn run_ops(&mut self, plan: &Plan, ops: &[Op]) -> Result<()> {
+        if self.sizes.len() != plan.buffers.len() {
+            return Err(Error::Config("plan: a workspace of another plan".into()));
+        }
+        for op in ops {
+            self.queue(op)?;
+        }
         self.stream
             .synchronize()
             .map_err(|e| cuda_err("synchronize", e))

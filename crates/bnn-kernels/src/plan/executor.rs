@@ -3,7 +3,7 @@
 //! and the CUDA one (`super::cuda::CudaWorkspace`, feature `cuda`) are the two; the
 //! binding of a chain's state to a plan (`bnn_core::engine::planned`) sees only this.
 
-use super::{Buf, ChainControl, Plan, TensorTable};
+use super::{Buf, ChainControl, Op, Plan, TensorTable};
 use crate::error::{Error, Result};
 
 /// Values a plan's buffers hold, copied as their bytes.
@@ -34,6 +34,10 @@ pub trait Executor: std::fmt::Debug + Send {
     /// `updates` updates of `plan`, whose workspace this is, with no host read between
     /// them; returns when they are done.
     fn run(&mut self, plan: &Plan, updates: usize) -> Result<()>;
+    /// `ops`, operations over `plan`'s buffers that are not its update (a held-out set's
+    /// forward pass, `mlp::MlpPlan::predictions`), once each in order, launched one by
+    /// one; returns when they are done.
+    fn run_ops(&mut self, plan: &Plan, ops: &[Op]) -> Result<()>;
     /// Which executor ran, for the log and the summary: `host`, `cuda graph`, or `cuda
     /// eager` with why capture failed.
     fn describe(&self) -> String;

@@ -50,6 +50,17 @@ mod ffi {
             b: u32,
             classes: u32,
         );
+        pub fn bnn_host_plan_softmax_probs(
+            items: u64,
+            probs: *mut f32,
+            z: *const f32,
+            bias: *const f32,
+            p: u64,
+            n: u32,
+            r0: u32,
+            b: u32,
+            classes: u32,
+        );
         pub fn bnn_host_plan_gaussian(
             items: u64,
             z: *mut f32,
@@ -294,6 +305,14 @@ impl Executor for HostWorkspace {
         Ok(())
     }
 
+    fn run_ops(&mut self, plan: &Plan, ops: &[Op]) -> Result<()> {
+        of_plan(plan, self)?;
+        for op in ops {
+            run_op(op, self);
+        }
+        Ok(())
+    }
+
     fn describe(&self) -> String {
         "host".into()
     }
@@ -301,13 +320,19 @@ impl Executor for HostWorkspace {
 
 /// Runs `plan`'s operations once (one update) on `ws`, which must be `plan`'s workspace.
 pub fn run(plan: &Plan, ws: &mut HostWorkspace) -> Result<()> {
-    if ws.buffers.len() != plan.buffers.len() {
-        return Err(Error::Config("plan: a workspace of another plan".into()));
-    }
+    of_plan(plan, ws)?;
     for op in &plan.ops {
         run_op(op, ws);
     }
     Ok(())
+}
+
+/// An error unless `ws` holds `plan`'s buffers.
+fn of_plan(plan: &Plan, ws: &HostWorkspace) -> Result<()> {
+    match ws.buffers.len() == plan.buffers.len() {
+        true => Ok(()),
+        false => Err(Error::Config("plan: a workspace of another plan".into())),
+    }
 }
 
 fn u(x: usize) -> u32 {
@@ -386,13 +411,15 @@ fn run_op(op: &Op, ws: &mut HostWorkspace) {
                 u(b),
                 gaussian as i32,
             ),
-            Op::SoftmaxXent { .. } | Op::Gaussian { .. } => likelihood(op, ws),
+            Op::SoftmaxXent { .. } | Op::Gaussian { .. } | Op::SoftmaxProbs { .. } => {
+                likelihood(op, ws)
+            }
             Op::Update { .. } | Op::Finish { .. } => update(op, ws),
         }
     }
 }
 
-/// The output layer's likelihood kernels of `run_op`.
+/// The output layer's kernels of `run_op`: the likelihoods, and a held-out set's softmax.
 fn likelihood(op: &Op, ws: &mut HostWorkspace) {
     // SAFETY: as in `run_op`.
     unsafe {
@@ -413,6 +440,21 @@ fn likelihood(op: &Op, ws: &mut HostWorkspace) {
                 ws.p(index),
                 ws.p(ctl),
                 u(m),
+                u(b),
+                u(classes),
+            ),
+            Op::SoftmaxProbs {
+                bufs: [probs, z],
+                bias,
+                dims: [p, n, r0, b, classes, k],
+            } => ffi::bnn_host_plan_softmax_probs(
+                (k * b) as u64,
+                ws.p(probs),
+                ws.p(z),
+                ws.ptr(bias),
+                p as u64,
+                u(n),
+                u(r0),
                 u(b),
                 u(classes),
             ),

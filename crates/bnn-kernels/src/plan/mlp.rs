@@ -7,6 +7,10 @@
 //! (the output's bias is in the likelihood's kernel), the likelihood, the loss sums, per
 //! layer the error's column sums and the weight gradient, per layer but the first the
 //! input error, the fused update and its finish: 5L + 3, 13 for one hidden layer.
+//!
+//! A classifier's held-out sets ([`HeldOut`]) get the forward part alone, outside the
+//! update: chunks of R rows, per layer a GEMM (every chain's B the same rows, stride 0)
+//! and a bias+activation, the output's softmax into every chain's probabilities.
 
 use super::{Act, At, Buf, Elem, Gemm, Op, Plan, TensorTable};
 use crate::update::Update;
@@ -30,6 +34,9 @@ pub struct MlpShape {
     pub update: Update,
     /// A Gaussian likelihood (one output) instead of softmax cross-entropy.
     pub gaussian: bool,
+    /// Rows of each held-out set whose class probabilities the plan computes (the test
+    /// set, the validation set): a classifier's ensemble on the device.
+    pub held_out: Vec<usize>,
 }
 
 impl MlpShape {
@@ -90,6 +97,25 @@ pub struct MlpBuffers {
     pub etas: Buf,
 }
 
+/// Rows of all K chains in one chunk of a held-out set's forward pass: its activations
+/// hold K × R rows, R = this / K (at least 16, at most the largest set's rows).
+pub const PREDICT_ROWS: usize = 8192;
+
+/// A held-out set on the device and the forward pass of its rows to every chain's class
+/// probabilities.
+#[derive(Debug, Clone)]
+pub struct HeldOut {
+    /// N, its rows.
+    pub rows: usize,
+    /// Its features, N × D, written once.
+    pub data: Buf,
+    /// Chain k's probabilities of row r at (k·N + r)·classes: K × N × classes.
+    pub probs: Buf,
+    /// Chunk by chunk of R rows: per layer its product (every chain reading the same
+    /// rows: B's stride 0) and bias+activation, the output's softmax into `probs`.
+    pub ops: Vec<Op>,
+}
+
 /// An MLP's plan with its buffers' roles and its tensor table.
 #[derive(Debug, Clone)]
 pub struct MlpPlan {
@@ -101,6 +127,8 @@ pub struct MlpPlan {
     pub table: TensorTable,
     /// The buffers by role.
     pub bufs: MlpBuffers,
+    /// The held-out sets of `shape.held_out`, in its order.
+    pub held_out: Vec<HeldOut>,
 }
 
 impl MlpPlan {
@@ -144,10 +172,12 @@ impl MlpPlan {
             shape,
             table,
             bufs,
+            held_out: Vec::new(),
         };
         mlp.forward();
         mlp.backward();
         mlp.update();
+        mlp.predictions();
         Ok(mlp)
     }
 
@@ -182,18 +212,7 @@ impl MlpPlan {
             let (input, w_in) = self.input(l);
             let w_out = s.widths[l];
             let h = self.bufs.acts[l - 1];
-            ops.push(Op::Gemm(Gemm {
-                transa: true,
-                transb: false,
-                m: w_out,
-                n: b,
-                k: w_in,
-                a: (self.param(2 * (l - 1)), w_in, p),
-                b: (input.at(0), w_in, b * w_in),
-                c: (h.at(0), w_out, b * w_out),
-                batch: k,
-                accumulate: false,
-            }));
+            ops.push(self.product(l, (input.at(0), b * w_in), h, b));
             let bias = self.param(2 * l - 1);
             if l < layers {
                 ops.push(Op::BiasAct {
@@ -226,6 +245,89 @@ impl MlpPlan {
             });
         }
         self.plan.ops.extend(ops);
+    }
+
+    /// Layer l's product of `rows` rows of `input` (its stride between chains) into `h`:
+    /// Z = Wᵀ·X for every chain at once.
+    fn product(&self, l: usize, (input, stride): (At, usize), h: Buf, rows: usize) -> Op {
+        let (w_in, w_out) = (self.shape.widths[l - 1], self.shape.widths[l]);
+        Op::Gemm(Gemm {
+            transa: true,
+            transb: false,
+            m: w_out,
+            n: rows,
+            k: w_in,
+            a: (self.param(2 * (l - 1)), w_in, self.table.p as usize),
+            b: (input, w_in, stride),
+            c: (h.at(0), w_out, rows * w_out),
+            batch: self.shape.chains,
+            accumulate: false,
+        })
+    }
+
+    /// The held-out sets' buffers and forward passes, chunk by chunk; their activations'
+    /// buffers shared (the sets are predicted one after the other).
+    fn predictions(&mut self) {
+        let s = self.shape.clone();
+        let Some(&most) = s.held_out.iter().max() else {
+            return;
+        };
+        let (k, d, classes) = (s.chains, s.widths[0], s.widths[s.layers()]);
+        let r = (PREDICT_ROWS / k).max(16).min(most);
+        let acts: Vec<Buf> = (1..s.widths.len())
+            .map(|l| {
+                self.plan
+                    .buffer(format!("p{l}"), k * r * s.widths[l], Elem::F32)
+            })
+            .collect();
+        for (i, &n) in s.held_out.iter().enumerate() {
+            let data = self.plan.buffer(format!("held-out {i}"), n * d, Elem::F32);
+            let probs = self
+                .plan
+                .buffer(format!("probs {i}"), k * n * classes, Elem::F32);
+            let mut ops = Vec::new();
+            for r0 in (0..n).step_by(r) {
+                let rows = r.min(n - r0);
+                ops.extend(self.forward_rows(data.at(r0 * d), &acts, rows, (probs, n, r0)));
+            }
+            self.held_out.push(HeldOut {
+                rows: n,
+                data,
+                probs,
+                ops,
+            });
+        }
+    }
+
+    /// The forward pass of `rows` held-out rows at `x` (every chain's input) through the
+    /// activations `acts`, their softmax into rows r0.. of `probs` (of a set of n rows).
+    fn forward_rows(&self, x: At, acts: &[Buf], rows: usize, to: (Buf, usize, usize)) -> Vec<Op> {
+        let (s, p) = (&self.shape, self.table.p as usize);
+        let (probs, n, r0) = to;
+        let mut ops = Vec::new();
+        for l in 1..=s.layers() {
+            let w_out = s.widths[l];
+            let input = match l {
+                1 => (x, 0),
+                _ => (acts[l - 2].at(0), rows * s.widths[l - 1]),
+            };
+            ops.push(self.product(l, input, acts[l - 1], rows));
+            let bias = self.param(2 * l - 1);
+            ops.push(match l < s.layers() {
+                true => Op::BiasAct {
+                    h: acts[l - 1],
+                    bias,
+                    dims: [p, rows, w_out, s.chains],
+                    act: s.act,
+                },
+                false => Op::SoftmaxProbs {
+                    bufs: [probs, acts[l - 1]],
+                    bias,
+                    dims: [p, n, r0, rows, w_out, s.chains],
+                },
+            });
+        }
+        ops
     }
 
     fn backward(&mut self) {
@@ -303,7 +405,14 @@ fn check(s: &MlpShape) -> crate::Result<()> {
     if s.gaussian && s.widths.last() != Some(&1) {
         return bad("a Gaussian likelihood has one output".into());
     }
-    if u32::try_from(s.chains * s.epoch_rows).is_err() || u32::try_from(s.rows).is_err() {
+    if s.gaussian && !s.held_out.is_empty() {
+        return bad("a regression's held-out Gaussians are candle's, not the plan's".into());
+    }
+    if s.held_out.contains(&0) {
+        return bad("an empty held-out set".into());
+    }
+    let most = s.held_out.iter().copied().max().unwrap_or(0);
+    if u32::try_from(s.chains * s.epoch_rows).is_err() || u32::try_from(s.rows.max(most)).is_err() {
         return bad("more than 2³² rows".into());
     }
     Ok(())

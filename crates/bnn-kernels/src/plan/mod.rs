@@ -296,6 +296,16 @@ pub enum Op {
         /// P, M, B, classes, K.
         dims: [usize; 5],
     },
+    /// A held-out chunk's class probabilities: softmax(z + bias) into its rows of the
+    /// set's K × N × classes (K × rows items). Not an update's: the ensemble's forward.
+    SoftmaxProbs {
+        /// probs (K × N × classes), z (K × rows × classes).
+        bufs: [Buf; 2],
+        /// The output bias in θ.
+        bias: At,
+        /// P, N (the set's rows), the chunk's first row, its rows, classes, K.
+        dims: [usize; 6],
+    },
     /// A Gaussian likelihood's error and residual (K × B items).
     Gaussian {
         /// z, delta, loss, hit, targets, index, control blocks.
@@ -351,6 +361,7 @@ impl Op {
             Op::Gather { .. } => "gather",
             Op::BiasAct { .. } => "bias+act",
             Op::SoftmaxXent { .. } => "softmax-xent",
+            Op::SoftmaxProbs { .. } => "softmax",
             Op::Gaussian { .. } => "gaussian",
             Op::BackwardColumns { .. } => "act'+bias-sums",
             Op::ReduceLoss { .. } => "loss-sums",

@@ -278,6 +278,64 @@ fn softmax_cross_entropy_rows() {
     }
 }
 
+/// A held-out chunk's softmax: rows r0..r0 + b of a set of n, against f64 softmax within
+/// 1e-6 absolute (the polynomial exp's 2 ulp, an f32 sum of ≤ 10 terms, one division);
+/// rows outside the chunk untouched; a row whose logits overflow gives NaN, as the CPU's
+/// softmax does (e^(∞ − ∞)), which the host then reports as a diverged sample.
+#[test]
+fn softmax_probabilities_of_a_held_out_chunk() {
+    for (k, classes) in [(1usize, 2usize), (3, 10), (2, 10)] {
+        let (n, r0, b, p) = (19usize, 5usize, 7usize, 30usize);
+        let mut plan = empty();
+        let probs = plan.buffer("probs", k * n * classes, Elem::F32);
+        let z = plan.buffer("z", k * b * classes, Elem::F32);
+        let theta = plan.buffer("θ", k * p, Elem::F32);
+        plan.ops.push(Op::SoftmaxProbs {
+            bufs: [probs, z],
+            bias: theta.at(p - classes),
+            dims: [p, n, r0, b, classes, k],
+        });
+        let mut ws = HostWorkspace::new(&plan);
+        let mut zv: Vec<f32> = values(k * b * classes, 9).iter().map(|v| v * 8.0).collect();
+        // The last chain's last row overflows.
+        zv[(k * b - 1) * classes] = f32::MAX;
+        let mut tv = values(k * p, 10);
+        tv[(k - 1) * p + p - classes] = f32::MAX;
+        ws.f32(z).copy_from_slice(&zv);
+        ws.f32(theta).copy_from_slice(&tv);
+        ws.f32(probs).fill(-1.0);
+        host::run(&plan, &mut ws).unwrap();
+        let got = ws.f32(probs).to_vec();
+        for chain in 0..k {
+            for row in 0..n {
+                let out = &got[(chain * n + row) * classes..][..classes];
+                if row < r0 || row >= r0 + b {
+                    assert!(
+                        out.iter().all(|&v| v == -1.0),
+                        "row {row} outside the chunk"
+                    );
+                    continue;
+                }
+                let e = chain * b + row - r0;
+                if chain == k - 1 && row == r0 + b - 1 {
+                    assert!(out[0].is_nan(), "overflowing logits give NaN");
+                    continue;
+                }
+                let logits: Vec<f64> = (0..classes)
+                    .map(|j| (zv[e * classes + j] + tv[chain * p + p - classes + j]) as f64)
+                    .collect();
+                let max = logits.iter().copied().fold(f64::MIN, f64::max);
+                let sum: f64 = logits.iter().map(|v| (v - max).exp()).sum();
+                for j in 0..classes {
+                    let want = (logits[j] - max).exp() / sum;
+                    let diff = (out[j] as f64 - want).abs();
+                    assert!(diff <= 1e-6, "p[{chain}][{row}][{j}] {} vs {want}", out[j]);
+                }
+            }
+        }
+    }
+}
+
 /// The error's column sums and the activation's derivative: the same f32 operations in
 /// the same order as the reference loop, so bit for bit.
 #[test]

@@ -25,6 +25,10 @@ impl Op {
                 dims: [_, _, b, classes, k],
                 ..
             } => k * b * (3 * F * classes + 4 * F) + k * F * classes + control(*k),
+            Op::SoftmaxProbs {
+                dims: [_, _, _, b, classes, k],
+                ..
+            } => k * b * 2 * F * classes + k * F * classes,
             Op::Gaussian {
                 dims: [_, _, b, k], ..
             } => k * b * 6 * F + control(*k),
@@ -106,6 +110,13 @@ impl Plan {
             Op::SoftmaxXent { bufs, .. } => {
                 format!("{}, loss ← softmax-xent({})", name(bufs[1]), name(bufs[0]))
             }
+            Op::SoftmaxProbs { bufs, dims, .. } => format!(
+                "{} rows {}..{} ← softmax({} + b)",
+                name(bufs[0]),
+                dims[2],
+                dims[2] + dims[3],
+                name(bufs[1])
+            ),
             Op::Gaussian { bufs, .. } => {
                 format!("{}, residual ← Gaussian({})", name(bufs[1]), name(bufs[0]))
             }

@@ -9,16 +9,19 @@
 //! (a sample kept, a diagnostics line, the epoch's end and its Gibbs step, a checkpoint,
 //! and about [`ROUND_SECONDS`] of updates, so that a signal and the progress bar are
 //! seen) run with no host read (the epoch's first update keeps its virials, which the
-//! configurational temperature counts, in the control block for the next look); the schedule's η of each update is in the plan's η table,
-//! written where it changed when the round starts. After a round the host reads each chain's control block (its epoch sums,
-//! its last loss, whether it halted); where a chain's θ or state is needed, they are read
-//! back into its network and sampler, and a Gibbs step's new prior is written back.
+//! configurational temperature counts, in the control block for the next look); the
+//! schedule's η of each update is in the plan's η table, written where it changed when
+//! the round starts. After a round the host reads each chain's control block (its epoch
+//! sums, its last loss, whether it halted); where a chain's θ or state is needed, they are
+//! read back into its network and sampler, and a Gibbs step's new prior is written back.
+//! A classifier's kept samples predict the test (and validation) set by the plan's
+//! forward part on its executor, every chain at once, one read each.
 
 use std::time::Instant;
 
 use rand::seq::SliceRandom;
 
-use super::chain::{diverged, ChainOutcome};
+use super::chain::{diverged, ChainOutcome, Predicted};
 use super::stacked::{self, Clock, Lane, Resident as Gathered, Run};
 use super::TrainConfig;
 use crate::data::Dataset;
@@ -194,7 +197,29 @@ fn load(run: &Run, lanes: &[Lane]) -> Result<PlannedChains> {
         })
         .collect();
     let epoch_rows = run.batches as usize * s.batch_size;
-    PlannedChains::on(&inputs, data, (s.batch_size, epoch_rows), &run.cfg.device)
+    let held_out = held_out_features(run);
+    let sets: Vec<&[f32]> = held_out.iter().map(Vec::as_slice).collect();
+    let dims = (s.batch_size, epoch_rows);
+    PlannedChains::on(&inputs, data, &sets, dims, &run.cfg.device)
+}
+
+/// A classifier's held-out features for the plan's ensemble: the test set's, then the
+/// validation set's where there is one; none for a regression (its Gaussians are
+/// candle's).
+fn held_out_features(run: &Run) -> Vec<Vec<f32>> {
+    if run.ds.task.is_regression() {
+        return Vec::new();
+    }
+    let features = |split: &crate::data::Split| {
+        let all: Vec<usize> = (0..split.len()).collect();
+        let (mut x, mut labels) = (Vec::new(), Vec::new());
+        split.gather(&all, &mut x, &mut labels);
+        x
+    };
+    std::iter::once(&run.ds.test)
+        .chain(run.ds.valid.as_ref())
+        .map(features)
+        .collect()
 }
 
 /// A run resumed inside an epoch: the epoch reopened with each chain's order, its place
@@ -366,6 +391,26 @@ impl Walk<'_, '_> {
         Ok(())
     }
 
+    /// A classifier's samples: every chain's probabilities of the test set (and the
+    /// validation set) by the plan's forward pass on its executor, one read each; none
+    /// for a regression, whose chains predict their Gaussians alone.
+    fn predicted(&mut self) -> Result<Vec<Predicted>> {
+        let ds = self.run.ds;
+        if ds.task.is_regression() {
+            return Ok(Vec::new());
+        }
+        let test = self.chains.predict(0)?;
+        let mut valid = match ds.valid {
+            Some(_) => self.chains.predict(1)?.into_iter().map(Some).collect(),
+            None => vec![None; test.len()],
+        };
+        Ok(test
+            .into_iter()
+            .zip(valid.drain(..))
+            .map(|(test, valid)| Predicted { test, valid })
+            .collect())
+    }
+
     /// Each chain's θ and sampler state read back from the plan.
     fn sync(&mut self) -> Result<()> {
         for (k, lane) in self.lanes.iter_mut().enumerate() {
@@ -394,12 +439,17 @@ impl Walk<'_, '_> {
             return Ok(());
         }
         self.sync()?;
+        let mut predicted = match keep {
+            true => self.predicted()?.into_iter(),
+            false => Vec::new().into_iter(),
+        };
         for (k, lane) in self.lanes.iter_mut().enumerate() {
             lane.chain.watch(step, epoch, last_of_epoch, None)?;
             if keep {
                 let sampler = &lane.chain.stepper.sampler;
                 let (eta, diag) = (sampler.params().step_size(), sampler.diagnostics());
-                lane.chain.keep_sample(step, epoch, eta, diag, None)?;
+                lane.chain
+                    .keep_sample(step, epoch, eta, diag, predicted.next())?;
             }
             if last_of_epoch {
                 lane.chain
