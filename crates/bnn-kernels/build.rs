@@ -22,7 +22,12 @@ fn main() {
         "cargo:rerun-if-changed={}",
         k.join("sampler_math.h").display()
     );
-    for f in ["host_shim.c", "plan_host.c", "step_plan.h"] {
+    for f in [
+        "host_shim.c",
+        "plan_host.c",
+        "step_plan.h",
+        "plan_ensemble.h",
+    ] {
         println!("cargo:rerun-if-changed={}", k.join(f).display());
     }
     cc::Build::new()

@@ -9,7 +9,7 @@ use crate::engine::planned::update_of;
 use crate::error::Result;
 use crate::kernels::plan::mlp::{MlpPlan, MlpShape};
 use crate::kernels::plan::traffic::Row;
-use crate::kernels::plan::Act;
+use crate::kernels::plan::{Act, TALLY};
 use crate::sampler::SamplerParams;
 
 /// MNIST's training rows: the resident set the plan's gather reads.
@@ -41,12 +41,15 @@ pub struct PlanBench {
     /// Bytes of the workspace, allocated once (the resident training and test sets
     /// included).
     pub workspace_bytes: usize,
-    /// Launches of the test set's forward pass at a thinning point, every chain at once
-    /// (chunks of K·R ≤ 8,192 rows), and the host read that follows it: K × N × classes
-    /// probabilities, the ensemble's sample.
+    /// Launches of a kept sample on the test set, every chain at once: the forward pass
+    /// (chunks of K·R ≤ 8,192 rows), the fold of the probabilities into each chain's
+    /// ensemble on the device and the tally of the metrics (2 launches).
     pub prediction_launches: usize,
-    /// Bytes of that read.
+    /// Bytes the host reads then: each chain's tallies, its sample's and its ensemble's
+    /// (the probabilities and the sums stay on the device).
     pub prediction_read_bytes: usize,
+    /// Bytes of the ensembles' sums, read before a checkpoint and at the end.
+    pub ensemble_sums_bytes: usize,
     /// One row per launch.
     pub ops: Vec<Row>,
 }
@@ -77,6 +80,7 @@ pub fn plan(
                 held_out: vec![TEST_ROWS],
             };
             let mlp = MlpPlan::new(shape)?;
+            let held = &mlp.held_out[0];
             let ops = mlp.plan.rows();
             Ok(PlanBench {
                 widths: widths.clone(),
@@ -88,8 +92,9 @@ pub fn plan(
                 host_reads_per_epoch: 1,
                 bytes_per_update: ops.iter().map(|r| r.bytes).sum(),
                 workspace_bytes: mlp.plan.workspace_bytes(),
-                prediction_launches: mlp.held_out[0].ops.len(),
-                prediction_read_bytes: k * TEST_ROWS * NUM_CLASSES * 4,
+                prediction_launches: held.ops.len() + held.fold.len(),
+                prediction_read_bytes: k * 2 * TALLY * 8,
+                ensemble_sums_bytes: k * TEST_ROWS * (NUM_CLASSES + 1) * 8,
                 ops,
             })
         })

@@ -4,8 +4,8 @@
 //! through the plan. Tolerances are at each test.
 
 use bnn::data::{load_builtin, Split};
-use bnn::engine::planned::{ChainInput, PlannedChains, Resident};
-use bnn::kernels::plan::{Executor, Op, Plan};
+use bnn::engine::planned::{ChainInput, HeldOutSet, PlannedChains, Resident};
+use bnn::kernels::plan::{Elem, Executor, Op, Plan};
 use bnn::model::{Activation, ModelSpec, Network};
 use bnn::potential::{Potential, Prior, PriorSpec};
 use bnn::sampler::{build_with, Integrator, Kernel, SamplerKind, SamplerParams};
@@ -27,12 +27,13 @@ fn resident() -> (Vec<f32>, Vec<u32>) {
 }
 
 /// The subset's test rows (MNIST's 10,000), the plan's held-out set.
-fn test_rows() -> Vec<f32> {
+/// The built-in test set's features and labels.
+fn test_rows() -> (Vec<f32>, Vec<u32>) {
     let ds = load_builtin().unwrap();
     let all: Vec<usize> = (0..ds.test.len()).collect();
     let (mut x, mut y) = (Vec::new(), Vec::new());
     ds.test.gather(&all, &mut x, &mut y);
-    x
+    (x, y)
 }
 
 fn order(k: usize) -> Vec<usize> {
@@ -111,9 +112,13 @@ fn plan_on(
         .collect();
     let (x, y) = resident();
     let data = Resident::Classes { x: &x, labels: &y };
-    let test = test_rows();
+    let (test, labels) = test_rows();
     let dims = (BATCH, UPDATES * BATCH);
-    let mut plan = PlannedChains::on(&inputs, data, &[&test], dims, device).unwrap();
+    let set = HeldOutSet {
+        x: &test,
+        labels: &labels,
+    };
+    let mut plan = PlannedChains::on(&inputs, data, &[set], dims, device).unwrap();
     let orders: Vec<Vec<usize>> = (0..k).map(order).collect();
     plan.begin_epoch(&orders.iter().map(|o| o.as_slice()).collect::<Vec<_>>())
         .unwrap();
@@ -131,6 +136,13 @@ fn buffers(plan: &Plan, ws: &mut dyn Executor) -> Vec<Vec<u8>> {
                 .unwrap();
             out
         })
+        .collect()
+}
+
+fn f64s(bytes: &[u8]) -> Vec<f64> {
+    bytes
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
         .collect()
 }
 
@@ -191,6 +203,21 @@ fn same_op(
                     assert!(x.to_bits().abs_diff(y.to_bits()) <= 1, "{what}: {x} vs {y}");
                 }
             }
+            // ln in f64: CUDA's log and glibc's may be an ulp apart, so the entropies,
+            // the scores and their row-order sums are, by at most ~1e-16 a row; Σp
+            // (additions alone) must match to the bit.
+            Op::EnsembleFold { .. } | Op::EnsembleTally { .. }
+                if spec.elem == Elem::F64 && !spec.name.starts_with("Σp") =>
+            {
+                let (x, y) = (f64s(&h[b]), f64s(&g[b]));
+                let scale = x.iter().map(|v| v.abs()).fold(1e-300f64, f64::max);
+                let worst = x
+                    .iter()
+                    .zip(&y)
+                    .map(|(a, c)| (a - c).abs())
+                    .fold(0f64, f64::max);
+                assert!(worst <= 1e-12 * scale, "{what}: {worst} of {scale}");
+            }
             _ => panic!("{what} differs between CUDA and the host"),
         }
     }
@@ -222,8 +249,10 @@ fn each_plan_kernel_on_cuda_is_the_host_executors_bit_for_bit() {
     for (i, op) in plan.ops.iter().enumerate() {
         same_op(&mut host, &mut gpu, (i, op), control);
     }
-    // The test set's forward pass, operation by operation (chunks of 2,730 rows at K = 3).
-    let prediction = host.held_out()[0].ops.clone();
+    // The test set's forward pass, operation by operation (chunks of 2,730 rows at K = 3),
+    // then its fold into the ensembles and the tallies.
+    let held = &host.held_out()[0];
+    let prediction: Vec<Op> = held.ops.iter().chain(&held.fold).cloned().collect();
     for (i, op) in prediction.iter().enumerate() {
         same_op(&mut host, &mut gpu, (i, op), control);
     }
@@ -241,6 +270,15 @@ fn each_plan_kernel_on_cuda_is_the_host_executors_bit_for_bit() {
         .map(|(a, b)| (a - b).abs())
         .fold(0f32, f32::max);
     assert!(worst <= 1e-5, "test-set probabilities {worst} apart");
+    // The sample folded on each: probabilities 1e-5 apart move the NLL by about that
+    // (relative) and may flip a near-tie's arg-max (one row is 1e-4 of the accuracy).
+    let (h, g) = (host.fold(0).unwrap(), gpu.fold(0).unwrap());
+    for (a, b) in h.iter().zip(&g) {
+        for (x, y) in [(a.alone, b.alone), (a.ensemble, b.ensemble)] {
+            assert!((x.nll - y.nll).abs() <= 1e-4 * x.nll, "{x:?} vs {y:?}");
+            assert!((x.accuracy - y.accuracy).abs() <= 2e-4, "{x:?} vs {y:?}");
+        }
+    }
     println!(
         "gpu-check: plan kernels on CUDA = host executor, {} operations of an update \
          and {} of the test set's prediction",

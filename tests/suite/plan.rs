@@ -459,10 +459,12 @@ fn bench_plan_prints_thirteen_launches_for_one_chain_and_sixty_four() {
         assert_eq!(r["ops"].as_array().unwrap().len(), 13);
         assert_eq!(r["host_reads_per_update"], 0);
         // The test set's 10,000 rows in chunks of 8,192/K rows, 4 launches a chunk (2
-        // GEMMs, bias+ReLU, softmax), and one read of K × 10,000 × 10 probabilities.
+        // GEMMs, bias+ReLU, softmax), the fold and the tally; one read of K × 2 tallies
+        // of 49 f64; the sums (K × 10,000 × 11 f64) read only to save and at the end.
         let chunks = 10_000usize.div_ceil(8192 / k);
-        assert_eq!(r["prediction_launches"], 4 * chunks, "{r}");
-        assert_eq!(r["prediction_read_bytes"], k * 10_000 * 10 * 4);
+        assert_eq!(r["prediction_launches"], 4 * chunks + 2, "{r}");
+        assert_eq!(r["prediction_read_bytes"], k * 2 * 49 * 8);
+        assert_eq!(r["ensemble_sums_bytes"], k * 10_000 * 11 * 8);
     }
     let bytes = |i: usize| rows[i]["bytes_per_update"].as_u64().unwrap();
     assert!(bytes(1) > 60 * bytes(0), "{} vs {}", bytes(1), bytes(0));

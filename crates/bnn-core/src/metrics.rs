@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Number of equal-width confidence bins of the ECE.
-pub(crate) const ECE_BINS: usize = 15;
+pub const ECE_BINS: usize = 15;
 
 /// Metrics of a predictive distribution on a labelled set.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -50,21 +50,38 @@ pub fn evaluate<L: Label>(probs: &[f64], labels: &[L], classes: usize) -> Metric
         n * classes,
         "probabilities and labels disagree"
     );
-    let mut correct = 0usize;
-    let mut nll = 0f64;
-    let mut brier = 0f64;
-    let mut bin_count = [0usize; ECE_BINS];
-    let mut bin_conf = [0f64; ECE_BINS];
-    let mut bin_correct = [0usize; ECE_BINS];
+    let mut tally = Tally::default();
     for (row, &y) in probs.chunks_exact(classes).zip(labels) {
-        let y = y.class();
+        tally.add_row(row, y.class());
+    }
+    tally.metrics(n)
+}
+
+/// The sums behind [`Metrics`], over rows in order: what `evaluate` adds up, and what the
+/// step plan's ensemble tallies on the device (`kernels/plan_ensemble.h`, the same f64
+/// operations in the same order) and hands back as [`Tally::from_values`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Tally {
+    /// Rows whose first arg-max is the label.
+    pub correct: usize,
+    /// Σ −ln max(p_y, 10⁻¹²).
+    pub nll: f64,
+    /// Σ Σ_k (p_k − 1[y = k])².
+    pub brier: f64,
+    /// Per confidence bin: its rows, their confidences' sum, their hits.
+    pub bins: [(usize, f64, usize); ECE_BINS],
+}
+
+impl Tally {
+    /// Adds the row `row` of label `y`.
+    pub fn add_row(&mut self, row: &[f64], y: usize) {
         // First maximum wins ties, like argmax.
         let pred = crate::uncertainty::predicted(row);
         let conf = row[pred];
         let hit = pred == y;
-        correct += hit as usize;
-        nll -= row[y].max(MIN_PROB).ln();
-        brier += row
+        self.correct += hit as usize;
+        self.nll -= row[y].max(MIN_PROB).ln();
+        self.brier += row
             .iter()
             .enumerate()
             .map(|(k, &p)| {
@@ -73,23 +90,50 @@ pub fn evaluate<L: Label>(probs: &[f64], labels: &[L], classes: usize) -> Metric
             })
             .sum::<f64>();
         let b = ((conf * ECE_BINS as f64).ceil() as usize).clamp(1, ECE_BINS) - 1;
-        bin_count[b] += 1;
-        bin_conf[b] += conf;
-        bin_correct[b] += hit as usize;
+        let bin = &mut self.bins[b];
+        bin.0 += 1;
+        bin.1 += conf;
+        bin.2 += hit as usize;
     }
-    let nf = n as f64;
-    let ece = (0..ECE_BINS)
-        .filter(|&b| bin_count[b] > 0)
-        .map(|b| {
-            let c = bin_count[b] as f64;
-            (c / nf) * (bin_correct[b] as f64 / c - bin_conf[b] / c).abs()
-        })
-        .sum();
-    Metrics {
-        accuracy: correct as f64 / nf,
-        nll: nll / nf,
-        ece,
-        brier: brier / nf,
+
+    /// The tally of the device's `BNN_PLAN_TALLY` values (hits, NLL, Brier, rows not
+    /// finite, then rows, confidences and hits per bin), and its rows not finite.
+    pub fn from_values(v: &[f64; 4 + 3 * ECE_BINS]) -> (Self, usize) {
+        let count = |x: f64| x as usize;
+        let mut t = Tally {
+            correct: count(v[0]),
+            nll: v[1],
+            brier: v[2],
+            ..Tally::default()
+        };
+        for (b, bin) in t.bins.iter_mut().enumerate() {
+            *bin = (
+                count(v[4 + b]),
+                v[4 + ECE_BINS + b],
+                count(v[4 + 2 * ECE_BINS + b]),
+            );
+        }
+        (t, count(v[3]))
+    }
+
+    /// The metrics of `n` rows so tallied.
+    pub fn metrics(&self, n: usize) -> Metrics {
+        let nf = n as f64;
+        let ece = self
+            .bins
+            .iter()
+            .filter(|b| b.0 > 0)
+            .map(|&(rows, conf, hits)| {
+                let c = rows as f64;
+                (c / nf) * (hits as f64 / c - conf / c).abs()
+            })
+            .sum();
+        Metrics {
+            accuracy: self.correct as f64 / nf,
+            nll: self.nll / nf,
+            ece,
+            brier: self.brier / nf,
+        }
     }
 }
 

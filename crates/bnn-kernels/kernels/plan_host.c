@@ -83,3 +83,15 @@ void bnn_host_plan_finish(uint32_t chains, bnn_plan_chain *ctl, const double *pa
 
 /* The next constants of one chain (the host sets a chain's state, then asks). */
 void bnn_host_plan_consts(bnn_plan_chain *c) { bnn_plan_consts(c); }
+
+void bnn_host_plan_ensemble_fold(uint64_t items, double *sum, double *entropy, double *scores,
+                                 const float *probs, const uint32_t *labels,
+                                 const double *samples, uint32_t n, uint32_t classes) {
+    for (uint64_t e = 0; e < items; ++e)
+        bnn_plan_ensemble_fold(e, sum, entropy, scores, probs, labels, samples, n, classes);
+}
+
+void bnn_host_plan_ensemble_tally(uint64_t items, double *totals, double *samples,
+                                  const double *scores, uint32_t n) {
+    for (uint64_t e = 0; e < items; ++e) bnn_plan_ensemble_tally(e, totals, samples, scores, n);
+}

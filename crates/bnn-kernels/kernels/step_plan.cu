@@ -95,3 +95,22 @@ extern "C" __global__ void bnn_plan_finish_kernel(uint32_t chains, bnn_plan_chai
     u64 k = BNN_PLAN_ITEM;
     if (k < chains) bnn_plan_finish((uint32_t)k, ctl, partials, tab, etas, b, u);
 }
+
+extern "C" __global__ void bnn_plan_ensemble_fold_kernel(u64 items, double *sum, double *entropy,
+                                                         double *scores, const float *probs,
+                                                         const uint32_t *labels,
+                                                         const double *samples, uint32_t n,
+                                                         uint32_t classes) {
+    u64 e = BNN_PLAN_ITEM;
+    if (e < items)
+        bnn_plan_ensemble_fold(e, sum, entropy, scores, probs, labels, samples, n, classes);
+}
+
+// One thread per chain and tally (alone, ensemble), each summing the rows in row order:
+// 2K threads at a kept sample, the price of the host's sums' bits.
+extern "C" __global__ void bnn_plan_ensemble_tally_kernel(u64 items, double *totals,
+                                                          double *samples,
+                                                          const double *scores, uint32_t n) {
+    u64 e = BNN_PLAN_ITEM;
+    if (e < items) bnn_plan_ensemble_tally(e, totals, samples, scores, n);
+}

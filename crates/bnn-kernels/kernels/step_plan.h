@@ -386,4 +386,6 @@ BNN_HD void bnn_plan_finish(uint32_t k, bnn_plan_chain *ctl, const double *parti
     bnn_plan_consts(c);
 }
 
+#include "plan_ensemble.h"
+
 #endif

@@ -14,16 +14,21 @@
 use candle_core::{Device, DeviceLocation, Tensor};
 
 use crate::engine::dynamics;
+use crate::ensemble::{Folded, Sums};
 use crate::error::{Error, Result};
 use crate::kernels::plan::host::{self, HostWorkspace};
 use crate::kernels::plan::mlp::{HeldOut, MlpPlan, MlpShape};
-use crate::kernels::plan::{Act, Bookkeeping, ChainControl, Executor, Plan};
+use crate::kernels::plan::{Act, Bookkeeping, ChainControl, Executor, Plan, TALLY};
 use crate::kernels::Update;
 use crate::likelihood::HALF_LOG_2PI;
+use crate::metrics::{Tally, ECE_BINS};
 use crate::model::{Activation, ModelSpec, Network};
 use crate::potential::Potential;
 use crate::sampler::state::{MsgnhtState, PsgldState, SghmcState, SgnhtState};
 use crate::sampler::{Clock, Integrator, SamplerParams, SamplerState};
+
+// The device's tallies are `metrics::Tally`'s values.
+const _: () = assert!(TALLY == 4 + 3 * ECE_BINS);
 
 /// The resident training set: rows of features (N × D, as `Split::gather` writes them),
 /// with class labels or a regression's targets.
@@ -43,6 +48,16 @@ pub enum Resident<'a> {
         /// N targets.
         y: &'a [f32],
     },
+}
+
+/// A classifier's held-out set (the test set, the validation set) resident on the plan's
+/// executor, whose every chain's ensemble the plan keeps there.
+#[derive(Debug, Clone, Copy)]
+pub struct HeldOutSet<'a> {
+    /// N × D features.
+    pub x: &'a [f32],
+    /// N labels, each below the classes.
+    pub labels: &'a [u32],
 }
 
 impl Resident<'_> {
@@ -199,13 +214,14 @@ impl PlannedChains {
     }
 
     /// [`PlannedChains::new`] with the workspace on `device` (the CUDA executor on a CUDA
-    /// device) and `held_out` sets of a classifier (each N × D features, as the training
-    /// set's) resident beside the training set, whose class probabilities
-    /// [`PlannedChains::predict`] computes; `(batch, epoch_rows)` as `new`'s.
+    /// device) and `held_out` sets of a classifier (features as the training set's)
+    /// resident beside the training set, whose class probabilities
+    /// [`PlannedChains::predict`] computes and [`PlannedChains::fold`] folds into every
+    /// chain's ensemble there (empty ones at first); `(batch, epoch_rows)` as `new`'s.
     pub fn on(
         chains: &[ChainInput<'_>],
         data: Resident<'_>,
-        held_out: &[&[f32]],
+        held_out: &[HeldOutSet<'_>],
         (batch, epoch_rows): (usize, usize),
         device: &Device,
     ) -> Result<Self> {
@@ -216,13 +232,21 @@ impl PlannedChains {
         supports(net, &first.params)?;
         let (update, _) = rule_of(&first.params)?;
         let d = net.fc_widths()[0];
-        if held_out.iter().any(|x| x.is_empty() || x.len() % d != 0) {
-            return Err(Error::Config(format!(
-                "step plan: a held-out set that is not rows of {d} features"
-            )));
+        let classes = *net.fc_widths().last().unwrap_or(&0);
+        for set in held_out {
+            if set.x.is_empty() || set.x.len() != set.labels.len() * d {
+                return Err(Error::Config(format!(
+                    "step plan: a held-out set that is not one row of {d} features a label"
+                )));
+            }
+            if let Some(y) = set.labels.iter().find(|&&y| y as usize >= classes) {
+                return Err(Error::Config(format!(
+                    "step plan: held-out label {y} is not one of {classes} classes"
+                )));
+            }
         }
         let shape = MlpShape {
-            held_out: held_out.iter().map(|x| x.len() / d).collect(),
+            held_out: held_out.iter().map(|set| set.labels.len()).collect(),
             widths: net.fc_widths(),
             act: act_of(net.spec.activation)?,
             batch,
@@ -247,8 +271,9 @@ impl PlannedChains {
                 ws.write(b.targets, 0, y)?;
             }
         }
-        for (set, x) in mlp.held_out.iter().zip(held_out) {
-            ws.write(set.data, 0, x)?;
+        for (held, set) in mlp.held_out.iter().zip(held_out) {
+            ws.write(held.data, 0, set.x)?;
+            ws.write(held.labels, 0, set.labels)?;
         }
         let mut planned = PlannedChains {
             mlp,
@@ -504,16 +529,75 @@ impl PlannedChains {
     /// chain k's N × classes in `[k]`.
     pub fn predict(&mut self, set: usize) -> Result<Vec<Vec<f32>>> {
         let mlp = &self.mlp;
-        let held = mlp
-            .held_out
-            .get(set)
-            .ok_or_else(|| Error::Config(format!("step plan: no held-out set {set}")))?;
+        let held = held(mlp, set)?;
         self.ws.run_ops(&mlp.plan, &held.ops)?;
-        let per_chain = held.rows * mlp.shape.widths[mlp.shape.layers()];
+        let per_chain = held.rows * classes_of(mlp);
         let all = self
             .ws
             .read::<f32>(held.probs, 0, mlp.shape.chains * per_chain)?;
         Ok(all.chunks_exact(per_chain).map(<[f32]>::to_vec).collect())
+    }
+
+    /// Every chain's sample at its θ now folded into its ensemble of held-out set `set`
+    /// on the executor (the set's forward pass, the fold, the tallies: no probability
+    /// leaves it), then one read of K × 2 tallies; chain k's sample alone and its
+    /// ensemble after it in `[k]`, as `Accumulator::add` would compute them.
+    pub fn fold(&mut self, set: usize) -> Result<Vec<Folded>> {
+        let mlp = &self.mlp;
+        let held = held(mlp, set)?;
+        self.ws.run_ops(&mlp.plan, &held.ops)?;
+        self.ws.run_ops(&mlp.plan, &held.fold)?;
+        let (k, n) = (mlp.shape.chains, held.rows);
+        let all = self.ws.read::<f64>(held.tallies, 0, k * 2 * TALLY)?;
+        let tally = |v: &[f64]| Tally::from_values(v.try_into().expect("TALLY values"));
+        Ok(all
+            .chunks_exact(2 * TALLY)
+            .map(|chain| {
+                let ((alone, non_finite_rows), (ensemble, _)) =
+                    (tally(&chain[..TALLY]), tally(&chain[TALLY..]));
+                Folded {
+                    alone: alone.metrics(n),
+                    ensemble: ensemble.metrics(n),
+                    non_finite_rows,
+                }
+            })
+            .collect())
+    }
+
+    /// Chain k's ensemble sums of held-out set `set` as they stand on the executor (a
+    /// checkpoint's, the end's read).
+    pub fn ensemble_sums(&mut self, set: usize, k: usize) -> Result<Sums> {
+        let held = held(&self.mlp, set)?;
+        let (n, classes) = (held.rows, classes_of(&self.mlp));
+        let ((sum, entropy), per) = (held.sums, n * classes);
+        Ok(Sums {
+            probability: self.ws.read(sum, k * per, per)?,
+            entropy: self.ws.read(entropy, k * n, n)?,
+        })
+    }
+
+    /// Chain k's ensemble of held-out set `set` set to `sums` over `samples` samples (a
+    /// restored run's; a fresh one's are empty).
+    pub fn restore_ensemble(
+        &mut self,
+        set: usize,
+        k: usize,
+        sums: &Sums,
+        samples: usize,
+    ) -> Result<()> {
+        let held = held(&self.mlp, set)?;
+        let (n, classes) = (held.rows, classes_of(&self.mlp));
+        let ((sum, entropy), count) = (held.sums, held.samples);
+        if sums.probability.len() != n * classes || sums.entropy.len() != n {
+            return Err(Error::Config(format!(
+                "step plan: ensemble sums of {} + {} values for {n} rows of {classes} classes",
+                sums.probability.len(),
+                sums.entropy.len()
+            )));
+        }
+        self.ws.write(sum, k * n * classes, &sums.probability)?;
+        self.ws.write(entropy, k * n, &sums.entropy)?;
+        self.ws.write(count, k, &[samples as f64])
     }
 
     /// Which executor runs the plan (`host`, `cuda graphs …`, `cuda eager …`).
@@ -605,4 +689,16 @@ fn flat<'t>(tensors: impl Iterator<Item = &'t Tensor>) -> Result<Vec<f32>> {
         out.extend(t.flatten_all()?.to_vec1::<f32>()?);
     }
     Ok(out)
+}
+
+/// Held-out set `set` of `mlp`.
+fn held(mlp: &MlpPlan, set: usize) -> Result<&HeldOut> {
+    mlp.held_out
+        .get(set)
+        .ok_or_else(|| Error::Config(format!("step plan: no held-out set {set}")))
+}
+
+/// The classes of `mlp`'s output layer.
+fn classes_of(mlp: &MlpPlan) -> usize {
+    mlp.shape.widths[mlp.shape.layers()]
 }

@@ -218,6 +218,22 @@ pub struct Accumulator {
     pub last_sample: Option<Metrics>,
     /// The test NLL of each sample alone, in order (the chains' convergence diagnostics).
     sample_nll: Vec<f64>,
+    /// Samples were folded in elsewhere ([`Accumulator::add_folded`]) since the sums here
+    /// were last set: until [`Accumulator::set_sums`], nothing is computed from them.
+    sums_behind: bool,
+}
+
+/// One sample folded into an ensemble whose sums live elsewhere (the step plan's, on its
+/// executor), computed there with this module's arithmetic: the sample's own metrics and
+/// the ensemble's after it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Folded {
+    /// The sample alone.
+    pub alone: Metrics,
+    /// The ensemble with it.
+    pub ensemble: Metrics,
+    /// Rows whose probabilities were not all finite (a diverged sample).
+    pub non_finite_rows: usize,
 }
 
 /// What an [`Accumulator`] holds besides its sums, as plain data (a run's saved state).
@@ -328,6 +344,7 @@ impl Accumulator {
             history: Vec::new(),
             last_sample: None,
             sample_nll: Vec::new(),
+            sums_behind: false,
         }
     }
 
@@ -369,12 +386,49 @@ impl Accumulator {
         Ok(())
     }
 
+    /// Counts one sample whose probabilities were folded into this ensemble's sums where
+    /// they live ([`Folded`]): its metrics alone and the ensemble's join the history as
+    /// [`Accumulator::add`] would have computed them; the sums here stand still until
+    /// [`Accumulator::set_sums`] brings them (a checkpoint, the end).
+    pub fn add_folded(&mut self, f: &Folded) {
+        self.samples += 1;
+        self.sample_nll.push(f.alone.nll);
+        self.last_sample = Some(f.alone);
+        self.history.push(f.ensemble);
+        self.sums_behind = true;
+    }
+
+    /// The running sums as they stand where the samples were folded (of the sizes this
+    /// accumulator's examples and classes give).
+    pub fn set_sums(&mut self, sums: Sums) -> Result<()> {
+        if sums.probability.len() != self.sum.len() || sums.entropy.len() != self.entropy_sum.len()
+        {
+            return Err(crate::error::Error::Config(format!(
+                "ensemble sums of {} + {} values for {} examples of {} classes",
+                sums.probability.len(),
+                sums.entropy.len(),
+                self.labels.len(),
+                self.classes
+            )));
+        }
+        self.sum = sums.probability;
+        self.entropy_sum = sums.entropy;
+        self.sums_behind = false;
+        Ok(())
+    }
+
+    /// Samples were folded in elsewhere since the sums were last set.
+    pub fn sums_behind(&self) -> bool {
+        self.sums_behind
+    }
+
     fn mean_now(&self) -> Vec<f64> {
         let k = self.samples as f64;
         self.sum.iter().map(|s| s / k).collect()
     }
 
-    /// The running sums and the rest of the state, to save.
+    /// The running sums and the rest of the state, to save (the sums as they stand here:
+    /// an owner that folds elsewhere sets them first, [`Accumulator::sums_behind`]).
     pub fn state(&self) -> (AccumulatorState, Sums) {
         (
             AccumulatorState {
@@ -418,6 +472,7 @@ impl Accumulator {
             history: state.history,
             last_sample: state.last_sample,
             sample_nll: state.sample_nll,
+            sums_behind: false,
         })
     }
 
@@ -435,7 +490,19 @@ impl Accumulator {
             return Err(crate::error::Error::Config("no chains to pool".into()));
         };
         let mut pooled = first.clone();
+        let behind = || {
+            crate::error::Error::Config(
+                "pooling an ensemble whose sums were not brought back from where they were folded"
+                    .into(),
+            )
+        };
+        if first.sums_behind {
+            return Err(behind());
+        }
         for p in parts {
+            if p.sums_behind {
+                return Err(behind());
+            }
             if p.sum.len() != pooled.sum.len() || p.classes != pooled.classes {
                 return Err(crate::error::Error::Config(
                     "chains evaluated on different sets".into(),
@@ -466,6 +533,10 @@ impl Accumulator {
         if self.samples == 0 {
             return None;
         }
+        if self.sums_behind {
+            // The last sample's fold computed exactly this where the sums live.
+            return self.history.last().copied();
+        }
         Some(metrics::evaluate(
             &self.mean_now(),
             &self.labels,
@@ -473,9 +544,10 @@ impl Accumulator {
         ))
     }
 
-    /// The averaged prediction, row-major n × classes; `None` before the first sample.
+    /// The averaged prediction, row-major n × classes; `None` before the first sample
+    /// (and while the sums are behind: [`Accumulator::sums_behind`]).
     pub fn mean(&self) -> Option<Vec<f64>> {
-        (self.samples > 0).then(|| self.mean_now())
+        (self.samples > 0 && !self.sums_behind).then(|| self.mean_now())
     }
 
     /// Entropies, mutual information, per-class accuracy and accuracy-vs-coverage of the
@@ -526,6 +598,42 @@ impl Accumulator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Samples folded elsewhere: the history grows as `add`'s would, nothing is computed
+    /// from the stale sums (no mean, no pooling) until they are set, and then the
+    /// accumulator is `add`'s.
+    #[test]
+    fn folded_samples_wait_for_their_sums() {
+        let labels = [0u8, 1, 1];
+        let samples = [
+            vec![0.7f32, 0.3, 0.4, 0.6, 0.2, 0.8],
+            vec![0.5f32, 0.5, 0.1, 0.9, 0.6, 0.4],
+        ];
+        let mut added = Accumulator::with_classes(&labels, 2).unwrap();
+        let mut folded = added.clone();
+        for p in &samples {
+            added.add(p).unwrap();
+            folded.add_folded(&Folded {
+                alone: added.last_sample.unwrap(),
+                ensemble: *added.history.last().unwrap(),
+                non_finite_rows: 0,
+            });
+            assert!(folded.sums_behind());
+            assert_eq!(folded.metrics(), added.metrics());
+            assert!(folded.mean().is_none() && folded.uncertainty().is_none());
+            assert!(Accumulator::pooled([&folded, &added]).is_err());
+        }
+        let wrong = Sums {
+            probability: vec![0.0; 4],
+            entropy: vec![0.0; 3],
+        };
+        assert!(folded.set_sums(wrong).is_err());
+        folded.set_sums(added.state().1).unwrap();
+        assert!(!folded.sums_behind());
+        assert_eq!(folded.mean(), added.mean());
+        assert_eq!(folded.sample_nll(), added.sample_nll());
+        assert!(Accumulator::pooled([&folded, &added]).is_ok());
+    }
 
     /// The average of two samples' predictions, element by element, in f64.
     fn average(p1: &[f32], p2: &[f32]) -> Vec<f64> {

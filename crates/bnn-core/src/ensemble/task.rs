@@ -3,7 +3,7 @@
 //! ([`RegressionAccumulator`]), so that a chain, the pooling of chains and the summary
 //! handle a test set's ensemble without asking which task it is.
 
-use super::Accumulator;
+use super::{Accumulator, Folded};
 use crate::error::{Error, Result};
 use crate::regression::RegressionAccumulator;
 
@@ -21,6 +21,8 @@ pub enum Ensemble {
 pub enum Prediction {
     /// Class probabilities, row-major examples × classes.
     Classes(Vec<f32>),
+    /// Class probabilities already folded into the ensemble's sums where they live.
+    Folded(Folded),
     /// A Gaussian per example: its means and variances.
     Gaussian {
         /// μₖ(xᵢ).
@@ -30,11 +32,26 @@ pub enum Prediction {
     },
 }
 
+impl Prediction {
+    /// Some prediction is not finite (a diverged sample's softmax overflowed).
+    pub fn has_non_finite(&self) -> bool {
+        match self {
+            Prediction::Classes(p) => p.iter().any(|v| !v.is_finite()),
+            Prediction::Folded(f) => f.non_finite_rows > 0,
+            Prediction::Gaussian { mean, var } => mean.iter().chain(var).any(|v| !v.is_finite()),
+        }
+    }
+}
+
 impl Ensemble {
     /// Adds one sample's predictions; an error when they are of the other task.
     pub fn add(&mut self, p: &Prediction) -> Result<()> {
         match (self, p) {
             (Ensemble::Classes(a), Prediction::Classes(probs)) => a.add(probs),
+            (Ensemble::Classes(a), Prediction::Folded(f)) => {
+                a.add_folded(f);
+                Ok(())
+            }
             (Ensemble::Gaussian(a), Prediction::Gaussian { mean, var }) => a.add(mean, var),
             _ => Err(Error::Config(
                 "a sample's predictions are of the other task than its ensemble".into(),

@@ -44,6 +44,8 @@ struct Kernels {
     bias_act: CudaFunction,
     softmax_xent: CudaFunction,
     softmax_probs: CudaFunction,
+    ensemble_fold: CudaFunction,
+    ensemble_tally: CudaFunction,
     gaussian: CudaFunction,
     backward_columns: CudaFunction,
     reduce_loss: CudaFunction,
@@ -63,6 +65,8 @@ impl Kernels {
             bias_act: f("bias_act")?,
             softmax_xent: f("softmax_xent")?,
             softmax_probs: f("softmax_probs")?,
+            ensemble_fold: f("ensemble_fold")?,
+            ensemble_tally: f("ensemble_tally")?,
             gaussian: f("gaussian")?,
             backward_columns: f("backward_columns")?,
             reduce_loss: f("reduce_loss")?,
@@ -316,6 +320,32 @@ impl CudaWorkspace {
                 args.u64(items).ptrs(&[self.p(probs), self.p(z), at]);
                 args.u64(p as u64).u32s(&[n, r0, b, classes]);
                 (&self.kernels.softmax_probs, items)
+            }
+            Op::EnsembleFold {
+                bufs: [sum, entropy, scores, probs, labels, samples],
+                dims: [n, classes, k],
+            } => {
+                let items = (k * n) as u64;
+                args.u64(items).ptrs(&[
+                    self.p(sum),
+                    self.p(entropy),
+                    self.p(scores),
+                    self.p(probs),
+                    self.p(labels),
+                    self.p(samples),
+                ]);
+                args.u32s(&[n, classes]);
+                (&self.kernels.ensemble_fold, items)
+            }
+            Op::EnsembleTally {
+                bufs: [totals, samples, scores],
+                dims: [n, k],
+            } => {
+                let items = (2 * k) as u64;
+                args.u64(items)
+                    .ptrs(&[self.p(totals), self.p(samples), self.p(scores)]);
+                args.u32s(&[n]);
+                (&self.kernels.ensemble_tally, items)
             }
             Op::Gaussian {
                 bufs: [z, delta, loss, hit, targets, index, ctl],

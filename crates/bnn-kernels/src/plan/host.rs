@@ -61,6 +61,24 @@ mod ffi {
             b: u32,
             classes: u32,
         );
+        pub fn bnn_host_plan_ensemble_fold(
+            items: u64,
+            sum: *mut f64,
+            entropy: *mut f64,
+            scores: *mut f64,
+            probs: *const f32,
+            labels: *const u32,
+            samples: *const f64,
+            n: u32,
+            classes: u32,
+        );
+        pub fn bnn_host_plan_ensemble_tally(
+            items: u64,
+            totals: *mut f64,
+            samples: *mut f64,
+            scores: *const f64,
+            n: u32,
+        );
         pub fn bnn_host_plan_gaussian(
             items: u64,
             z: *mut f32,
@@ -415,6 +433,7 @@ fn run_op(op: &Op, ws: &mut HostWorkspace) {
                 likelihood(op, ws)
             }
             Op::Update { .. } | Op::Finish { .. } => update(op, ws),
+            Op::EnsembleFold { .. } | Op::EnsembleTally { .. } => ensemble(op, ws),
         }
     }
 }
@@ -475,6 +494,40 @@ fn likelihood(op: &Op, ws: &mut HostWorkspace) {
                 ws.p(ctl),
                 u(m),
                 u(b),
+            ),
+            _ => unreachable!("run_op dispatches only these here"),
+        }
+    }
+}
+
+/// A held-out set's fold into the ensembles and its tallies, of `run_op`.
+fn ensemble(op: &Op, ws: &mut HostWorkspace) {
+    // SAFETY: as in `run_op`.
+    unsafe {
+        match *op {
+            Op::EnsembleFold {
+                bufs: [sum, entropy, scores, probs, labels, samples],
+                dims: [n, classes, k],
+            } => ffi::bnn_host_plan_ensemble_fold(
+                (k * n) as u64,
+                ws.p(sum),
+                ws.p(entropy),
+                ws.p(scores),
+                ws.p(probs),
+                ws.p(labels),
+                ws.p(samples),
+                u(n),
+                u(classes),
+            ),
+            Op::EnsembleTally {
+                bufs: [totals, samples, scores],
+                dims: [n, k],
+            } => ffi::bnn_host_plan_ensemble_tally(
+                (2 * k) as u64,
+                ws.p(totals),
+                ws.p(samples),
+                ws.p(scores),
+                u(n),
             ),
             _ => unreachable!("run_op dispatches only these here"),
         }

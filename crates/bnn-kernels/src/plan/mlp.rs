@@ -10,9 +10,11 @@
 //!
 //! A classifier's held-out sets ([`HeldOut`]) get the forward part alone, outside the
 //! update: chunks of R rows, per layer a GEMM (every chain's B the same rows, stride 0)
-//! and a bias+activation, the output's softmax into every chain's probabilities.
+//! and a bias+activation, the output's softmax into every chain's probabilities; then
+//! the fold of those probabilities into every chain's ensemble sums on the device and the
+//! tally of the sample's metrics alone and the ensemble's (`kernels/plan_ensemble.h`).
 
-use super::{Act, At, Buf, Elem, Gemm, Op, Plan, TensorTable};
+use super::{Act, At, Buf, Elem, Gemm, Op, Plan, TensorTable, SCORE, TALLY};
 use crate::update::Update;
 
 /// What the plan of an MLP is built for.
@@ -101,19 +103,33 @@ pub struct MlpBuffers {
 /// hold K × R rows, R = this / K (at least 16, at most the largest set's rows).
 pub const PREDICT_ROWS: usize = 8192;
 
-/// A held-out set on the device and the forward pass of its rows to every chain's class
-/// probabilities.
+/// A held-out set on the device, the forward pass of its rows to every chain's class
+/// probabilities, and every chain's ensemble of its samples on it.
 #[derive(Debug, Clone)]
 pub struct HeldOut {
     /// N, its rows.
     pub rows: usize,
     /// Its features, N × D, written once.
     pub data: Buf,
+    /// Its labels, N (u32), written once.
+    pub labels: Buf,
     /// Chain k's probabilities of row r at (k·N + r)·classes: K × N × classes.
     pub probs: Buf,
     /// Chunk by chunk of R rows: per layer its product (every chain reading the same
     /// rows: B's stride 0) and bias+activation, the output's softmax into `probs`.
     pub ops: Vec<Op>,
+    /// Chain k's ensemble: Σₖ p per example and class (K × N × classes, f64) and Σₖ H(p)
+    /// per example (K × N, f64), as `ensemble::Sums` holds them.
+    pub sums: (Buf, Buf),
+    /// Samples folded in so far, per chain (K, f64).
+    pub samples: Buf,
+    /// Each row's score alone and in the ensemble (K × 2 × N × [`SCORE`], f64).
+    pub scores: Buf,
+    /// Per chain its sample's tally and its ensemble's (K × 2 × [`TALLY`], f64): what the
+    /// host reads at a kept sample.
+    pub tallies: Buf,
+    /// After `ops`: the fold of `probs` into the sums and the tallies (2 launches).
+    pub fold: Vec<Op>,
 }
 
 /// An MLP's plan with its buffers' roles and its tensor table.
@@ -290,11 +306,37 @@ impl MlpPlan {
                 let rows = r.min(n - r0);
                 ops.extend(self.forward_rows(data.at(r0 * d), &acts, rows, (probs, n, r0)));
             }
+            let mut buf =
+                |what: &str, len, elem| self.plan.buffer(format!("{what} {i}"), len, elem);
+            let labels = buf("held-out labels", n, Elem::U32);
+            let sums = (
+                buf("Σp", k * n * classes, Elem::F64),
+                buf("ΣH", k * n, Elem::F64),
+            );
+            let samples = buf("samples", k, Elem::F64);
+            let scores = buf("scores", k * 2 * n * SCORE, Elem::F64);
+            let tallies = buf("tallies", k * 2 * TALLY, Elem::F64);
+            let fold = vec![
+                Op::EnsembleFold {
+                    bufs: [sums.0, sums.1, scores, probs, labels, samples],
+                    dims: [n, classes, k],
+                },
+                Op::EnsembleTally {
+                    bufs: [tallies, samples, scores],
+                    dims: [n, k],
+                },
+            ];
             self.held_out.push(HeldOut {
                 rows: n,
                 data,
+                labels,
                 probs,
                 ops,
+                sums,
+                samples,
+                scores,
+                tallies,
+                fold,
             });
         }
     }

@@ -55,6 +55,14 @@ pub enum Bookkeeping {
 
 /// The most parameter tensors a plan's fused update takes (`BNN_PLAN_MAX_TENSORS`).
 pub const MAX_TENSORS: usize = 16;
+/// Values of a held-out row's score (`BNN_PLAN_SCORE`): hit, ln max(p_y, 10⁻¹²), the
+/// Brier sum, the confidence, 1 where finite.
+pub const SCORE: usize = 5;
+/// Bins of the calibration error (`BNN_PLAN_ECE_BINS`).
+pub const ECE_BINS: usize = 15;
+/// Values of a tally (`BNN_PLAN_TALLY`): hits, the NLL, the Brier sum, the rows not
+/// finite, then per bin its rows, its confidences and its hits.
+pub const TALLY: usize = 4 + 3 * ECE_BINS;
 /// Threads of an update chunk (`BNN_PLAN_CHUNK`), each one Philox block of 4 elements.
 pub const CHUNK: usize = 256;
 
@@ -306,6 +314,24 @@ pub enum Op {
         /// P, N (the set's rows), the chunk's first row, its rows, classes, K.
         dims: [usize; 6],
     },
+    /// A held-out set's probabilities folded into every chain's ensemble: Σp and ΣH per
+    /// example, and each row's score alone and in the ensemble (K × N items).
+    EnsembleFold {
+        /// Σp (K × N × classes, f64), ΣH (K × N, f64), the scores (K × 2 × N ×
+        /// [`SCORE`], f64), probs (K × N × classes), the labels (N), the samples so far
+        /// (K, f64).
+        bufs: [Buf; 6],
+        /// N, classes, K.
+        dims: [usize; 3],
+    },
+    /// Each chain's scores summed in row order into its two tallies ([`TALLY`] values
+    /// each: the sample alone, the ensemble), its sample counted (K × 2 items).
+    EnsembleTally {
+        /// The tallies (K × 2 × [`TALLY`], f64), the samples (K, f64), the scores.
+        bufs: [Buf; 3],
+        /// N, K.
+        dims: [usize; 2],
+    },
     /// A Gaussian likelihood's error and residual (K × B items).
     Gaussian {
         /// z, delta, loss, hit, targets, index, control blocks.
@@ -362,6 +388,8 @@ impl Op {
             Op::BiasAct { .. } => "bias+act",
             Op::SoftmaxXent { .. } => "softmax-xent",
             Op::SoftmaxProbs { .. } => "softmax",
+            Op::EnsembleFold { .. } => "ensemble-fold",
+            Op::EnsembleTally { .. } => "ensemble-tally",
             Op::Gaussian { .. } => "gaussian",
             Op::BackwardColumns { .. } => "act'+bias-sums",
             Op::ReduceLoss { .. } => "loss-sums",

@@ -336,6 +336,160 @@ fn softmax_probabilities_of_a_held_out_chunk() {
     }
 }
 
+/// A plain reference of a row's score (`bnn_plan_score_row`), the accumulator's
+/// arithmetic written out: first arg-max, ln max(p_y, 10⁻¹²), Brier sum, confidence,
+/// finite.
+fn score(row: &[f64], y: usize) -> [f64; SCORE] {
+    // First maximum that beats every earlier value, -∞ before the first (NaN never wins).
+    let (mut best, mut arg) = (f64::NEG_INFINITY, 0);
+    for (j, &v) in row.iter().enumerate() {
+        if v > best {
+            (best, arg) = (v, j);
+        }
+    }
+    let brier: f64 = row
+        .iter()
+        .enumerate()
+        .map(|(j, &v)| {
+            let d = v - if j == y { 1.0 } else { 0.0 };
+            d * d
+        })
+        .sum();
+    let finite = row.iter().all(|v| v.is_finite());
+    [
+        (arg == y) as u8 as f64,
+        row[y].max(1e-12).ln(),
+        brier,
+        row[arg],
+        finite as u8 as f64,
+    ]
+}
+
+/// The ensemble's fold and tally against a plain reference over three samples: Σp and
+/// ΣH bit for bit (the same f64 additions), each row's scores and the tallies (row order)
+/// bit for bit, the sample count; rows not a multiple of any block, one chain and three,
+/// 2 and 10 classes, labels 0 and classes − 1, a row of NaN (counted not finite, binned
+/// first, as `metrics::evaluate` bins it).
+#[test]
+fn ensemble_fold_and_tally_match_a_plain_reference() {
+    for (k, classes) in [(1usize, 2usize), (3, 10)] {
+        let n = 37usize;
+        let mut plan = empty();
+        let sum = plan.buffer("Σp", k * n * classes, Elem::F64);
+        let entropy = plan.buffer("ΣH", k * n, Elem::F64);
+        let scores = plan.buffer("scores", k * 2 * n * SCORE, Elem::F64);
+        let probs = plan.buffer("probs", k * n * classes, Elem::F32);
+        let labels = plan.buffer("labels", n, Elem::U32);
+        let samples = plan.buffer("samples", k, Elem::F64);
+        let tallies = plan.buffer("tallies", k * 2 * TALLY, Elem::F64);
+        plan.ops.push(Op::EnsembleFold {
+            bufs: [sum, entropy, scores, probs, labels, samples],
+            dims: [n, classes, k],
+        });
+        plan.ops.push(Op::EnsembleTally {
+            bufs: [tallies, samples, scores],
+            dims: [n, k],
+        });
+        let mut ws = HostWorkspace::new(&plan);
+        let y: Vec<u32> = (0..n)
+            .map(|r| match r % 3 {
+                0 => 0,
+                1 => classes as u32 - 1,
+                _ => (r % classes) as u32,
+            })
+            .collect();
+        ws.u32(labels).copy_from_slice(&y);
+        let (mut want_sum, mut want_h) = (vec![0f64; k * n * classes], vec![0f64; k * n]);
+        for sample in 0..3u64 {
+            // Softmax-like rows: positive, normalised in f32; one exactly 1 (p ln p = 0),
+            // and in the second sample chain 0's row 4 all NaN.
+            let mut pv: Vec<f32> = values(k * n * classes, 20 + sample)
+                .iter()
+                .map(|v| (v * 3.0).exp())
+                .collect();
+            for row in pv.chunks_exact_mut(classes) {
+                let s: f32 = row.iter().sum();
+                row.iter_mut().for_each(|v| *v /= s);
+            }
+            pv[5 * classes..6 * classes].fill(0.0);
+            pv[5 * classes + 1] = 1.0;
+            if sample == 1 {
+                pv[4 * classes..5 * classes].fill(f32::NAN);
+            }
+            ws.f32(probs).copy_from_slice(&pv);
+            host::run(&plan, &mut ws).unwrap();
+            for (s, &p) in want_sum.iter_mut().zip(&pv) {
+                *s += p as f64;
+            }
+            for (h, row) in want_h.iter_mut().zip(pv.chunks_exact(classes)) {
+                let e: f64 = row
+                    .iter()
+                    .filter(|&&p| p > 0.0)
+                    .map(|&p| p as f64 * (p as f64).ln())
+                    .sum();
+                *h += -e;
+            }
+            let same = |a: &[f64], b: &[f64]| {
+                a.iter()
+                    .zip(b)
+                    .all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
+            };
+            let count = (sample + 1) as f64;
+            assert_eq!(ws.f64(samples).to_vec(), vec![count; k], "samples counted");
+            assert!(
+                same(ws.f64(sum), &want_sum),
+                "Σp, {k} chains, {classes} classes"
+            );
+            let got_h = ws.f64(entropy).to_vec();
+            assert!(same(&got_h, &want_h), "ΣH");
+            let got_scores = ws.f64(scores).to_vec();
+            let got_tallies = ws.f64(tallies).to_vec();
+            for chain in 0..k {
+                for (which, mean) in [(0, false), (1, true)] {
+                    let mut t = [0f64; TALLY];
+                    for (r, &label) in y.iter().enumerate() {
+                        let e = chain * n + r;
+                        let row: Vec<f64> = match mean {
+                            false => pv[e * classes..][..classes]
+                                .iter()
+                                .map(|&p| p as f64)
+                                .collect(),
+                            true => want_sum[e * classes..][..classes]
+                                .iter()
+                                .map(|s| s / count)
+                                .collect(),
+                        };
+                        let sc = score(&row, label as usize);
+                        let at = ((chain * 2 + which) * n + r) * SCORE;
+                        assert!(
+                            same(&got_scores[at..at + SCORE], &sc),
+                            "score of row {r}: {:?} vs {sc:?}",
+                            &got_scores[at..at + SCORE]
+                        );
+                        t[0] += sc[0];
+                        t[1] -= sc[1];
+                        t[2] += sc[2];
+                        t[3] += 1.0 - sc[4];
+                        let b = ((sc[3] * ECE_BINS as f64).ceil() as usize).clamp(1, ECE_BINS) - 1;
+                        t[4 + b] += 1.0;
+                        t[4 + ECE_BINS + b] += sc[3];
+                        t[4 + 2 * ECE_BINS + b] += sc[0];
+                    }
+                    let at = (chain * 2 + which) * TALLY;
+                    assert!(
+                        same(&got_tallies[at..at + TALLY], &t),
+                        "tally {chain} {which}"
+                    );
+                    // The sample alone has its NaN row in sample 1 only; the ensemble's
+                    // mean keeps it from then on.
+                    let nan_in = chain == 0 && if mean { sample >= 1 } else { sample == 1 };
+                    assert_eq!(t[3], nan_in as u8 as f64, "rows not finite, {which}");
+                }
+            }
+        }
+    }
+}
+
 /// The error's column sums and the activation's derivative: the same f32 operations in
 /// the same order as the reference loop, so bit for bit.
 #[test]

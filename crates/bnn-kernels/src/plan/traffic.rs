@@ -2,7 +2,7 @@
 //! operand read twice from cache counts once), from its dimensions alone, for `bnn bench
 //! plan`'s table.
 
-use super::{Elem, Op, Plan};
+use super::{Elem, Op, Plan, SCORE, TALLY};
 
 const F: usize = 4;
 
@@ -29,6 +29,14 @@ impl Op {
                 dims: [_, _, _, b, classes, k],
                 ..
             } => k * b * 2 * F * classes + k * F * classes,
+            // Σp read and written, probs read, ΣH read and written, the labels, two scores.
+            Op::EnsembleFold {
+                dims: [n, classes, k],
+                ..
+            } => k * n * (2 * 8 * classes + F * classes + 2 * 8 + 2 * 8 * SCORE) + F * n + 8 * k,
+            Op::EnsembleTally { dims: [n, k], .. } => {
+                k * 2 * (8 * n * SCORE + 8 * TALLY) + 2 * 8 * k
+            }
             Op::Gaussian {
                 dims: [_, _, b, k], ..
             } => k * b * 6 * F + control(*k),
@@ -117,6 +125,19 @@ impl Plan {
                 dims[2] + dims[3],
                 name(bufs[1])
             ),
+            Op::EnsembleFold { bufs, .. } => format!(
+                "{}, {} += {}; scores alone and in the ensemble",
+                name(bufs[0]),
+                name(bufs[1]),
+                name(bufs[3])
+            ),
+            Op::EnsembleTally { bufs, .. } => {
+                format!(
+                    "{} ← Σ rows of {}; samples + 1",
+                    name(bufs[0]),
+                    name(bufs[2])
+                )
+            }
             Op::Gaussian { bufs, .. } => {
                 format!("{}, residual ← Gaussian({})", name(bufs[1]), name(bufs[0]))
             }

@@ -390,13 +390,36 @@ impl Kept {
 
     /// The ensembles in the saved state's form: the classes' sums (an empty ensemble's
     /// for a regression), the validation set's, and a regression's mixture.
-    pub fn saved(&self) -> SavedEnsembles {
+    /// Refused where samples were folded elsewhere and their sums not brought back
+    /// ([`Kept::set_sums`]): a state saved then would lose them.
+    pub fn saved(&self) -> Result<SavedEnsembles> {
+        let behind = self.test.classes().is_some_and(Accumulator::sums_behind)
+            || self.valid.as_ref().is_some_and(Accumulator::sums_behind);
+        if behind {
+            return Err(Error::Config(
+                "an ensemble's sums are still where its samples were folded: saving it \
+                 would lose them"
+                    .into(),
+            ));
+        }
         let test = match &self.test {
             Ensemble::Classes(a) => a.state(),
             Ensemble::Gaussian(_) => Accumulator::new(&[]).state(),
         };
         let valid = self.valid.as_ref().map(|a| a.state());
-        (test, valid, self.test.gaussian().cloned())
+        Ok((test, valid, self.test.gaussian().cloned()))
+    }
+
+    /// The sums of a classifier's ensembles as they stand where its samples were folded
+    /// (the step plan's executor): the test set's, then the validation set's.
+    pub fn set_sums(&mut self, test: Sums, valid: Option<Sums>) -> Result<()> {
+        if let Ensemble::Classes(a) = &mut self.test {
+            a.set_sums(test)?;
+        }
+        if let (Some(a), Some(v)) = (self.valid.as_mut(), valid) {
+            a.set_sums(v)?;
+        }
+        Ok(())
     }
 
     /// Samples in the test ensemble.
@@ -410,29 +433,38 @@ impl Kept {
             self.kinetic_trace.push(ke);
         }
         self.test.add(&sample.test)?;
-        if let (Some(acc), Some(v)) = (self.valid.as_mut(), sample.valid.as_ref()) {
-            acc.add(v)?;
+        match (self.valid.as_mut(), sample.valid.as_ref()) {
+            (Some(acc), Some(Prediction::Classes(p))) => acc.add(p)?,
+            (Some(acc), Some(Prediction::Folded(f))) => acc.add_folded(f),
+            (_, Some(Prediction::Gaussian { .. })) => {
+                return Err(Error::Config(
+                    "a validation set's predictions are a classifier's".into(),
+                ))
+            }
+            _ => {}
         }
         Ok(())
     }
 }
 
 /// What a kept sample adds to the ensembles: its predictions on the test set (class
-/// probabilities, or a regression's Gaussians) and the validation set's probabilities,
-/// and the kinetic energy per parameter when it was taken.
+/// probabilities, or a regression's Gaussians, or probabilities folded where they were
+/// computed) and the validation set's, and the kinetic energy per parameter when it was
+/// taken.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct KeptSample {
     pub test: Prediction,
-    pub valid: Option<Vec<f32>>,
+    pub valid: Option<Prediction>,
     pub kinetic_energy: Option<f64>,
 }
 
-/// A classifier's class probabilities on the test set and, with `--valid`, the validation
-/// set, computed ahead (by one pass over K stacked chains) for a sample.
+/// A classifier's predictions on the test set and, with `--valid`, the validation set,
+/// computed ahead for a sample: class probabilities (one pass over K stacked chains), or
+/// already folded into the ensembles where they live (the step plan's).
 #[derive(Debug, Clone)]
 pub(super) struct Predicted {
-    pub test: Vec<f32>,
-    pub valid: Option<Vec<f32>>,
+    pub test: Prediction,
+    pub valid: Option<Prediction>,
 }
 
 /// Hands `model`'s parameters after update `step` to `sink` as a sample; its predictions
@@ -479,16 +511,16 @@ pub(super) fn write_sample(
     let Predicted { test, valid } = match predicted {
         Some(p) => p,
         None => Predicted {
-            test: ensemble::predict(model, &ds.test, device)?,
+            test: Prediction::Classes(ensemble::predict(model, &ds.test, device)?),
             valid: match ds.valid.as_ref() {
-                Some(v) => Some(ensemble::predict(model, v, device)?),
+                Some(v) => Some(Prediction::Classes(ensemble::predict(model, v, device)?)),
                 None => None,
             },
         },
     };
     // Finite weights so large that the softmax overflows: as diverged as a NaN weight, and
     // the sample is not written.
-    if test.iter().any(|p| !p.is_finite()) {
+    if test.has_non_finite() {
         let what = format!(
             "from weights overflowing the softmax, largest in tensor {}",
             largest_tensor(model)?
@@ -503,7 +535,7 @@ pub(super) fn write_sample(
     }
     sink.sample(step, params, meta)?;
     Ok(KeptSample {
-        test: Prediction::Classes(test),
+        test,
         valid,
         kinetic_energy: diag.kinetic_energy,
     })
@@ -1053,7 +1085,7 @@ impl<'a, S: ChainSink> Chain<'a, S> {
 
     /// The chain's state as it stands at `progress`, with `kept`'s ensembles.
     pub fn state_at(&self, progress: Position, kept: &Kept) -> Result<RunState> {
-        let (test, valid, regression) = kept.saved();
+        let (test, valid, regression) = kept.saved()?;
         Ok(RunState {
             progress,
             params: self

@@ -219,7 +219,7 @@ impl HmcChain {
 
     /// Saves the chain's state in `run_dir`.
     fn save(&self, run_dir: &Path, seconds: f64) -> Result<()> {
-        let (test, valid, regression) = self.kept.saved();
+        let (test, valid, regression) = self.kept.saved()?;
         HmcState {
             iteration: self.iteration,
             theta: self.theta.clone(),

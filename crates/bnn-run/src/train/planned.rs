@@ -15,18 +15,22 @@
 //! sums, its last loss, whether it halted); where a chain's θ or state is needed, they are
 //! read back into its network and sampler, and a Gibbs step's new prior is written back.
 //! A classifier's kept samples predict the test (and validation) set by the plan's
-//! forward part on its executor, every chain at once, one read each.
+//! forward part on its executor, every chain at once, and are folded into the chains'
+//! ensembles there: the host reads each sample's metrics and the ensemble's (a few
+//! hundred bytes a chain), and the ensembles' sums only before a state is saved and at
+//! the end.
 
 use std::time::Instant;
 
 use rand::seq::SliceRandom;
 
-use super::chain::{diverged, ChainOutcome, Predicted};
+use super::chain::{diverged, ChainOutcome, Kept, Predicted};
 use super::stacked::{self, Clock, Lane, Resident as Gathered, Run};
 use super::TrainConfig;
 use crate::data::Dataset;
 use crate::driver;
-use crate::engine::planned::{self, ChainInput, EpochSums, PlannedChains, Resident};
+use crate::engine::planned::{self, ChainInput, EpochSums, HeldOutSet, PlannedChains, Resident};
+use crate::ensemble::{Accumulator, Prediction};
 use crate::error::{Error, Result};
 use crate::model::Network;
 use crate::potential::Backward;
@@ -142,6 +146,7 @@ pub(super) fn run_planned(cfg: &TrainConfig, ds: &Dataset) -> Result<Vec<ChainOu
     };
     driver::drive(&mut walk, &mut checkpoints)?;
     walk.bar.finish_and_clear();
+    walk.bring_sums()?;
     let (step, step_seconds) = (walk.step, walk.step_seconds);
     let executor = chains.executor();
     tracing::info!("the step plan ran on {executor}");
@@ -197,28 +202,48 @@ fn load(run: &Run, lanes: &[Lane]) -> Result<PlannedChains> {
         })
         .collect();
     let epoch_rows = run.batches as usize * s.batch_size;
-    let held_out = held_out_features(run);
-    let sets: Vec<&[f32]> = held_out.iter().map(Vec::as_slice).collect();
+    let held_out = held_out_sets(run);
+    let sets: Vec<HeldOutSet> = held_out
+        .iter()
+        .map(|(x, labels)| HeldOutSet { x, labels })
+        .collect();
     let dims = (s.batch_size, epoch_rows);
-    PlannedChains::on(&inputs, data, &sets, dims, &run.cfg.device)
+    let mut chains = PlannedChains::on(&inputs, data, &sets, dims, &run.cfg.device)?;
+    for (k, lane) in lanes.iter().enumerate() {
+        for (set, acc) in class_ensembles(&lane.chain.kept).into_iter().enumerate() {
+            let (state, sums) = acc.state();
+            chains.restore_ensemble(set, k, &sums, state.samples)?;
+        }
+    }
+    Ok(chains)
 }
 
-/// A classifier's held-out features for the plan's ensemble: the test set's, then the
-/// validation set's where there is one; none for a regression (its Gaussians are
-/// candle's).
-fn held_out_features(run: &Run) -> Vec<Vec<f32>> {
+/// A classifier's held-out sets for the plan's ensemble, features and labels: the test
+/// set's, then the validation set's where there is one; none for a regression (its
+/// Gaussians are candle's).
+fn held_out_sets(run: &Run) -> Vec<(Vec<f32>, Vec<u32>)> {
     if run.ds.task.is_regression() {
         return Vec::new();
     }
-    let features = |split: &crate::data::Split| {
+    let rows = |split: &crate::data::Split| {
         let all: Vec<usize> = (0..split.len()).collect();
         let (mut x, mut labels) = (Vec::new(), Vec::new());
         split.gather(&all, &mut x, &mut labels);
-        x
+        (x, labels)
     };
     std::iter::once(&run.ds.test)
         .chain(run.ds.valid.as_ref())
-        .map(features)
+        .map(rows)
+        .collect()
+}
+
+/// A classifier's ensembles in the order of [`held_out_sets`]: the test set's, then the
+/// validation set's.
+fn class_ensembles(kept: &Kept) -> Vec<&Accumulator> {
+    kept.test
+        .classes()
+        .into_iter()
+        .chain(kept.valid.as_ref())
         .collect()
 }
 
@@ -289,9 +314,10 @@ impl driver::Transition for Walk<'_, '_> {
         Ok(true)
     }
 
-    /// Every chain's θ and state read back from the plan, then saved.
+    /// Every chain's θ, state and ensemble sums read back from the plan, then saved.
     fn save(&mut self) -> Result<()> {
         self.sync()?;
+        self.bring_sums()?;
         let seconds = (self.step_seconds, self.clock.elapsed());
         stacked::save(self.run, self.lanes, self.step, seconds, self.saves)?;
         self.saves += 1;
@@ -392,23 +418,44 @@ impl Walk<'_, '_> {
     }
 
     /// A classifier's samples: every chain's probabilities of the test set (and the
-    /// validation set) by the plan's forward pass on its executor, one read each; none
-    /// for a regression, whose chains predict their Gaussians alone.
+    /// validation set) by the plan's forward pass, folded into its ensembles there, one
+    /// read of the tallies each; none for a regression, whose chains predict their
+    /// Gaussians alone.
     fn predicted(&mut self) -> Result<Vec<Predicted>> {
         let ds = self.run.ds;
         if ds.task.is_regression() {
             return Ok(Vec::new());
         }
-        let test = self.chains.predict(0)?;
+        let test = self.chains.fold(0)?;
         let mut valid = match ds.valid {
-            Some(_) => self.chains.predict(1)?.into_iter().map(Some).collect(),
+            Some(_) => self.chains.fold(1)?.into_iter().map(Some).collect(),
             None => vec![None; test.len()],
         };
         Ok(test
             .into_iter()
             .zip(valid.drain(..))
-            .map(|(test, valid)| Predicted { test, valid })
+            .map(|(test, valid)| Predicted {
+                test: Prediction::Folded(test),
+                valid: valid.map(Prediction::Folded),
+            })
             .collect())
+    }
+
+    /// Every chain's ensemble sums brought back from the plan's executor, where its
+    /// samples were folded (before a state is saved, and at the end).
+    fn bring_sums(&mut self) -> Result<()> {
+        for (k, lane) in self.lanes.iter_mut().enumerate() {
+            let kept = &mut lane.chain.kept;
+            let sets = class_ensembles(kept).len();
+            let mut sums = (0..sets)
+                .map(|set| self.chains.ensemble_sums(set, k))
+                .collect::<Result<Vec<_>>>()?
+                .into_iter();
+            if let Some(test) = sums.next() {
+                kept.set_sums(test, sums.next())?;
+            }
+        }
+        Ok(())
     }
 
     /// Each chain's θ and sampler state read back from the plan.

@@ -32,7 +32,7 @@ use crate::backprop::mlp::BatchLoss;
 use crate::checkpoint;
 use crate::data::Dataset;
 use crate::driver;
-use crate::ensemble;
+use crate::ensemble::{self, Prediction};
 use crate::error::{Error, Result};
 use crate::model::stacked::Stacked;
 use crate::model::Network;
@@ -558,7 +558,10 @@ fn predict_stacked(plan: &Run, lanes: &[Lane], stack: &Stacked) -> Result<Vec<Pr
     Ok(test
         .into_iter()
         .zip(valid.drain(..))
-        .map(|(test, valid)| Predicted { test, valid })
+        .map(|(test, valid)| Predicted {
+            test: Prediction::Classes(test),
+            valid: valid.map(Prediction::Classes),
+        })
         .collect())
 }
 

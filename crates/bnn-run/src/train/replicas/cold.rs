@@ -104,11 +104,18 @@ fn encode(events: &[Event]) -> Result<Vec<u8>> {
                         "a regression's predictions do not cross ranks".into(),
                     ));
                 };
+                let valid = match &k.valid {
+                    None => None,
+                    Some(Prediction::Classes(v)) => Some(v.as_slice()),
+                    Some(_) => {
+                        return Err(Error::Config("only class probabilities cross ranks".into()))
+                    }
+                };
                 floats.push(test);
-                floats.extend(k.valid.as_deref());
+                floats.extend(valid);
                 Ok(Sent::Sample {
                     test: test.len(),
-                    valid: k.valid.as_ref().map(Vec::len),
+                    valid: valid.map(<[f32]>::len),
                     kinetic_energy: k.kinetic_energy,
                 })
             }
@@ -156,7 +163,7 @@ fn decode(bytes: &[u8]) -> Result<Vec<Event>> {
                 kinetic_energy,
             } => Event::Sample(KeptSample {
                 test: Prediction::Classes(take(test)?),
-                valid: valid.map(&mut take).transpose()?,
+                valid: valid.map(&mut take).transpose()?.map(Prediction::Classes),
                 kinetic_energy,
             }),
             Sent::Epoch(line) => Event::Epoch(line),
@@ -195,7 +202,7 @@ mod tests {
         }))
         .unwrap();
         let events = vec![
-            sample(Some(vec![0.25, 0.75])),
+            sample(Some(Prediction::Classes(vec![0.25, 0.75]))),
             Event::Epoch(Box::new(line)),
             sample(None),
         ];
