@@ -3,7 +3,6 @@
 //! from the same state, graph replay against eager launches, and `bnn train` on CUDA
 //! through the plan. Tolerances are at each test.
 
-use bnn::data::{load_builtin, Split};
 use bnn::engine::planned::{ChainInput, HeldOutSet, PlannedChains, Resident};
 use bnn::kernels::plan::{Elem, Executor, Op, Plan};
 use bnn::model::{Activation, ModelSpec, Network};
@@ -12,61 +11,7 @@ use bnn::sampler::{build_with, Integrator, Kernel, SamplerKind, SamplerParams};
 use candle_core::Device;
 
 use super::cuda;
-
-const BATCH: usize = 100;
-const ROWS: usize = 2000;
-const UPDATES: usize = 50;
-
-/// The subset's first ROWS training rows and labels.
-fn resident() -> (Vec<f32>, Vec<u32>) {
-    let ds = load_builtin().unwrap();
-    let split: &Split = &ds.train;
-    let (mut x, mut y) = (Vec::new(), Vec::new());
-    split.gather(&(0..ROWS).collect::<Vec<_>>(), &mut x, &mut y);
-    (x, y)
-}
-
-/// The subset's test rows (MNIST's 10,000), the plan's held-out set.
-/// The built-in test set's features and labels.
-fn test_rows() -> (Vec<f32>, Vec<u32>) {
-    let ds = load_builtin().unwrap();
-    let all: Vec<usize> = (0..ds.test.len()).collect();
-    let (mut x, mut y) = (Vec::new(), Vec::new());
-    ds.test.gather(&all, &mut x, &mut y);
-    (x, y)
-}
-
-fn order(k: usize) -> Vec<usize> {
-    (0..UPDATES * BATCH)
-        .map(|i| (i * 7919 + k * 131) % ROWS)
-        .collect()
-}
-
-fn params(kind: SamplerKind, integrator: Integrator) -> SamplerParams {
-    match SamplerParams::defaults(kind).unwrap() {
-        SamplerParams::Sghmc {
-            step_size,
-            friction,
-            noise_estimate,
-            ..
-        } => SamplerParams::Sghmc {
-            step_size,
-            friction,
-            noise_estimate,
-            integrator,
-        },
-        SamplerParams::Sgnht {
-            step_size,
-            diffusion,
-            ..
-        } => SamplerParams::Sgnht {
-            step_size,
-            diffusion,
-            integrator,
-        },
-        other => other,
-    }
-}
+use crate::common::plan::{order, params, resident, test_rows, BATCH, ROWS, UPDATES};
 
 /// K chains of 784-`hidden`-10 (`act`) under `p`, their plan on `device`, its epoch open.
 fn plan_on(

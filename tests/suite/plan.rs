@@ -11,7 +11,6 @@
 //! updates, until a pre-activation falls within rounding of ReLU's kink and the two
 //! trajectories part there: the bars and their figures are at [`all_agree`].
 
-use bnn::data::{load_builtin, Split};
 use bnn::engine::planned::{ChainInput, PlannedChains, Resident};
 use bnn::model::stacked::Stacked;
 use bnn::model::{Activation, ModelSpec, Network};
@@ -19,61 +18,7 @@ use bnn::potential::{evaluate_stacked, Potential, Prior, PriorSpec};
 use bnn::sampler::{build_with, Integrator, Kernel, Sampler, SamplerKind, SamplerParams};
 use candle_core::{Device, Tensor};
 
-pub(super) const UPDATES: usize = 50;
-pub(super) const BATCH: usize = 100;
-/// Training rows held: 2,000 of the subset (an index row repeats them).
-pub(super) const ROWS: usize = 2000;
-
-/// The subset's first ROWS training images as f32 rows and their labels.
-pub(super) fn resident() -> (Vec<f32>, Vec<u32>) {
-    let ds = load_builtin().unwrap();
-    let split: &Split = &ds.train;
-    let (mut x, mut y) = (Vec::new(), Vec::new());
-    split.gather(&(0..ROWS).collect::<Vec<_>>(), &mut x, &mut y);
-    (x, y)
-}
-
-/// Chain k's minibatch rows: a fixed permutation walk over ROWS, different per chain.
-pub(super) fn order(k: usize) -> Vec<usize> {
-    (0..UPDATES * BATCH)
-        .map(|i| (i * 7919 + k * 131) % ROWS)
-        .collect()
-}
-
-pub(super) fn params(kind: SamplerKind, integrator: Integrator) -> SamplerParams {
-    match SamplerParams::defaults(kind).unwrap() {
-        SamplerParams::Sghmc {
-            step_size,
-            friction,
-            noise_estimate,
-            ..
-        } => SamplerParams::Sghmc {
-            step_size,
-            friction,
-            noise_estimate,
-            integrator,
-        },
-        SamplerParams::Sgnht {
-            step_size,
-            diffusion,
-            ..
-        } => SamplerParams::Sgnht {
-            step_size,
-            diffusion,
-            integrator,
-        },
-        SamplerParams::Msgnht {
-            step_size,
-            diffusion,
-            ..
-        } => SamplerParams::Msgnht {
-            step_size,
-            diffusion,
-            integrator,
-        },
-        other => other,
-    }
-}
+pub(super) use crate::common::plan::{order, params, resident, BATCH, ROWS, UPDATES};
 
 fn potential(tensors: usize, temperature: f64, k: usize) -> Potential {
     let mut prior = Prior::new(PriorSpec::DEFAULT, tensors).unwrap();

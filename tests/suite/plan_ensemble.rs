@@ -24,6 +24,7 @@ use bnn::sampler::{Integrator, SamplerKind};
 use candle_core::Device;
 
 use super::plan::{chains, inputs, mlp, order, params, resident, BATCH, UPDATES};
+use crate::common::plan::test_rows;
 
 /// The largest |a − b|.
 fn worst(a: &[f32], b: &[f32]) -> f32 {
@@ -37,9 +38,7 @@ fn worst(a: &[f32], b: &[f32]) -> f32 {
 #[test]
 fn plan_predicts_the_cpu_forward_passs_probabilities_of_held_out_rows() {
     let ds = load_builtin().unwrap();
-    let all: Vec<usize> = (0..ds.test.len()).collect();
-    let (mut test, mut labels) = (Vec::new(), Vec::new());
-    ds.test.gather(&all, &mut test, &mut labels);
+    let (test, labels) = test_rows();
     let (x, y) = resident();
     // A second set: 1,234 training rows as a table split of their features.
     let rows = 1234;
@@ -87,10 +86,7 @@ fn plan_predicts_the_cpu_forward_passs_probabilities_of_held_out_rows() {
 /// sample as the first plan does.
 #[test]
 fn plan_folds_samples_into_ensembles_as_the_accumulator_does() {
-    let ds = load_builtin().unwrap();
-    let all: Vec<usize> = (0..ds.test.len()).collect();
-    let (mut test, mut labels) = (Vec::new(), Vec::new());
-    ds.test.gather(&all, &mut test, &mut labels);
+    let (test, labels) = test_rows();
     let (x, y) = resident();
     let p = params(SamplerKind::Sghmc, Integrator::Euler);
     let k = 2;
