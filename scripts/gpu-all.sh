@@ -17,9 +17,7 @@ fail() {
 }
 . scripts/gpu-common.sh
 
-[ "${1:-}" = "--bundle" ] || fail "usage: scripts/gpu-all.sh --bundle FILE"
-bundle=${2:-}
-[ -f "$bundle" ] || fail "no bundle at '$bundle' (make one with scripts/gpu-bundle.sh)"
+bundle_arg "scripts/gpu-all.sh --bundle FILE" "$@"
 gpu_name >/dev/null || exit 1
 dest=${OUT:-gpu-all}
 mkdir -p "$dest"

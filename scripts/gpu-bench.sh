@@ -22,9 +22,7 @@ fail() {
 }
 . scripts/gpu-common.sh
 
-[ "${1:-}" = "--bundle" ] || fail "usage: scripts/gpu-bench.sh --bundle FILE [gpu_peers.py options]"
-bundle=${2:-}
-[ -f "$bundle" ] || fail "no bundle at '$bundle' (make one with scripts/gpu-bundle.sh)"
+bundle_arg "scripts/gpu-bench.sh --bundle FILE [gpu_peers.py options]" "$@"
 shift 2
 gpu=$(gpu_name) || exit 1
 PYTHON=${PYTHON:-python3}

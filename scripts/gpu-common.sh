@@ -1,5 +1,5 @@
-# Sourced by scripts/gpu-check.sh and scripts/gpu-bench.sh: what both do on a GPU
-# machine. `fail` must be defined by the caller.
+# Sourced by scripts/gpu-check.sh, gpu-bench.sh, gpu-runs.sh and gpu-all.sh: what they do on
+# a GPU machine. `fail` must be defined by the caller.
 
 # The GPU's name and compute capability ("NVIDIA H200, 9.0"), or a failure saying why
 # there is none.
@@ -10,6 +10,16 @@ gpu_name() {
     gpu=$(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>/dev/null | head -1)
     [ -n "$gpu" ] || fail "nvidia-smi lists no GPU"
     echo "$gpu"
+}
+
+# The scripts' `--bundle FILE` as their first two arguments into `bundle`, or a failure
+# saying how to call $1 (the script's name and the rest of its usage).
+bundle_arg() {
+    local usage=$1
+    shift
+    [ "${1:-}" = "--bundle" ] || fail "usage: $usage"
+    bundle=${2:-}
+    [ -f "$bundle" ] || fail "no bundle at '$bundle' (make one with scripts/gpu-bundle.sh)"
 }
 
 # Unpacks the bundle $1 (scripts/gpu-bundle.sh) into a new folder, places `bnn` at the path

@@ -17,9 +17,7 @@ fail() {
 }
 . scripts/gpu-common.sh
 
-[ "${1:-}" = "--bundle" ] || fail "usage: scripts/gpu-runs.sh --bundle FILE [gpu_runs.py options]"
-bundle=${2:-}
-[ -f "$bundle" ] || fail "no bundle at '$bundle' (make one with scripts/gpu-bundle.sh)"
+bundle_arg "scripts/gpu-runs.sh --bundle FILE [gpu_runs.py options]" "$@"
 shift 2
 gpu=$(gpu_name) || exit 1
 export BNN_DATA_DIR="${BNN_DATA_DIR:-$(cd .. && pwd)/shared/data}"
