@@ -4,6 +4,7 @@
 //! through the plan. Tolerances are at each test.
 
 use bnn::engine::planned::{ChainInput, HeldOutSet, PlannedChains, Resident};
+use bnn::ensemble::Folded;
 use bnn::kernels::plan::{Elem, Executor, Op, Plan};
 use bnn::model::{Activation, ModelSpec, Network};
 use bnn::potential::{Potential, Prior, PriorSpec};
@@ -219,6 +220,7 @@ fn each_plan_kernel_on_cuda_is_the_host_executors_bit_for_bit() {
     // (relative) and may flip a near-tie's arg-max (one row is 1e-4 of the accuracy).
     let (h, g) = (host.fold(0).unwrap(), gpu.fold(0).unwrap());
     for (a, b) in h.iter().zip(&g) {
+        let (a, b) = (Folded::of_tallies(a), Folded::of_tallies(b));
         for (x, y) in [(a.alone, b.alone), (a.ensemble, b.ensemble)] {
             assert!((x.nll - y.nll).abs() <= 1e-4 * x.nll, "{x:?} vs {y:?}");
             assert!((x.accuracy - y.accuracy).abs() <= 2e-4, "{x:?} vs {y:?}");

@@ -18,7 +18,7 @@
 
 use bnn::data::{load_builtin, Split};
 use bnn::engine::planned::{HeldOutSet, PlannedChains, Resident};
-use bnn::ensemble::{self, Accumulator};
+use bnn::ensemble::{self, Accumulator, Folded};
 use bnn::model::Activation;
 use bnn::sampler::{Integrator, SamplerKind};
 use candle_core::Device;
@@ -113,7 +113,12 @@ fn plan_folds_samples_into_ensembles_as_the_accumulator_does() {
     for sample in 0..3 {
         plan.run(7).unwrap();
         let probs = plan.predict(0).unwrap();
-        let folded = plan.fold(0).unwrap();
+        let folded: Vec<Folded> = plan
+            .fold(0)
+            .unwrap()
+            .iter()
+            .map(Folded::of_tallies)
+            .collect();
         for c in 0..k {
             accs[c].add(&probs[c]).unwrap();
             let f = &folded[c];
@@ -128,9 +133,10 @@ fn plan_folds_samples_into_ensembles_as_the_accumulator_does() {
                 "sample {sample} chain {c}"
             );
             assert_eq!(f.non_finite_rows, 0);
+            let sums = accs[c].state().1;
             assert_eq!(
                 plan.ensemble_sums(0, c).unwrap(),
-                accs[c].state().1,
+                (sums.probability, sums.entropy),
                 "sums {c}"
             );
         }
@@ -140,7 +146,7 @@ fn plan_folds_samples_into_ensembles_as_the_accumulator_does() {
     for (c, acc) in accs.iter().enumerate() {
         let (state, sums) = acc.state();
         resumed
-            .restore_ensemble(0, c, &sums, state.samples)
+            .restore_ensemble(0, c, (&sums.probability, &sums.entropy), state.samples)
             .unwrap();
         // The same θ: this test compares the ensembles, not the updates.
         plan.read_theta(c, &r.nets[c]).unwrap();
@@ -151,7 +157,8 @@ fn plan_folds_samples_into_ensembles_as_the_accumulator_does() {
     let (a, b) = (plan.fold(0).unwrap(), resumed.fold(0).unwrap());
     assert_eq!(a, b, "the fourth sample, kept on and restored");
     assert_ne!(
-        a[0].ensemble, accs[0].history[2],
+        Folded::of_tallies(&a[0]).ensemble,
+        accs[0].history[2],
         "the fourth sample moved the ensemble"
     );
 }

@@ -14,21 +14,29 @@
 use candle_core::{Device, DeviceLocation, Tensor};
 
 use crate::engine::dynamics;
-use crate::ensemble::{Folded, Sums};
 use crate::error::{Error, Result};
 use crate::kernels::plan::host::{self, HostWorkspace};
 use crate::kernels::plan::mlp::{HeldOut, MlpPlan, MlpShape};
 use crate::kernels::plan::{Act, Bookkeeping, ChainControl, Executor, Plan, TALLY};
 use crate::kernels::Update;
 use crate::likelihood::HALF_LOG_2PI;
-use crate::metrics::{Tally, ECE_BINS};
 use crate::model::{Activation, ModelSpec, Network};
 use crate::potential::Potential;
 use crate::sampler::state::{MsgnhtState, PsgldState, SghmcState, SgnhtState};
 use crate::sampler::{Clock, Integrator, SamplerParams, SamplerState};
 
-// The device's tallies are `metrics::Tally`'s values.
-const _: () = assert!(TALLY == 4 + 3 * ECE_BINS);
+/// One chain's tallies of a held-out set after [`PlannedChains::fold`]: its sample alone
+/// and its ensemble after it, each the `BNN_PLAN_TALLY` values of `metrics::Tally`, over
+/// `rows` rows. Plain data: the ensemble's floor makes them metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FoldTallies {
+    /// The sample alone.
+    pub alone: [f64; TALLY],
+    /// The ensemble with it.
+    pub ensemble: [f64; TALLY],
+    /// The set's rows.
+    pub rows: usize,
+}
 
 /// The resident training set: rows of features (N × D, as `Split::gather` writes them),
 /// with class labels or a regression's targets.
@@ -540,63 +548,60 @@ impl PlannedChains {
 
     /// Every chain's sample at its θ now folded into its ensemble of held-out set `set`
     /// on the executor (the set's forward pass, the fold, the tallies: no probability
-    /// leaves it), then one read of K × 2 tallies; chain k's sample alone and its
-    /// ensemble after it in `[k]`, as `Accumulator::add` would compute them.
-    pub fn fold(&mut self, set: usize) -> Result<Vec<Folded>> {
+    /// leaves it), then one read of K × 2 tallies; chain k's in `[k]`
+    /// (`ensemble::Folded::of_tallies` makes them metrics).
+    pub fn fold(&mut self, set: usize) -> Result<Vec<FoldTallies>> {
         let mlp = &self.mlp;
         let held = held(mlp, set)?;
         self.ws.run_ops(&mlp.plan, &held.ops)?;
         self.ws.run_ops(&mlp.plan, &held.fold)?;
-        let (k, n) = (mlp.shape.chains, held.rows);
+        let (k, rows) = (mlp.shape.chains, held.rows);
         let all = self.ws.read::<f64>(held.tallies, 0, k * 2 * TALLY)?;
-        let tally = |v: &[f64]| Tally::from_values(v.try_into().expect("TALLY values"));
+        let values = |v: &[f64]| -> [f64; TALLY] { v.try_into().expect("TALLY values") };
         Ok(all
             .chunks_exact(2 * TALLY)
-            .map(|chain| {
-                let ((alone, non_finite_rows), (ensemble, _)) =
-                    (tally(&chain[..TALLY]), tally(&chain[TALLY..]));
-                Folded {
-                    alone: alone.metrics(n),
-                    ensemble: ensemble.metrics(n),
-                    non_finite_rows,
-                }
+            .map(|chain| FoldTallies {
+                alone: values(&chain[..TALLY]),
+                ensemble: values(&chain[TALLY..]),
+                rows,
             })
             .collect())
     }
 
     /// Chain k's ensemble sums of held-out set `set` as they stand on the executor (a
-    /// checkpoint's, the end's read).
-    pub fn ensemble_sums(&mut self, set: usize, k: usize) -> Result<Sums> {
+    /// checkpoint's, the end's read): Σₖ p (N × classes) and Σₖ H(p) (N), as
+    /// `ensemble::Sums` holds them.
+    pub fn ensemble_sums(&mut self, set: usize, k: usize) -> Result<(Vec<f64>, Vec<f64>)> {
         let held = held(&self.mlp, set)?;
         let (n, classes) = (held.rows, classes_of(&self.mlp));
         let ((sum, entropy), per) = (held.sums, n * classes);
-        Ok(Sums {
-            probability: self.ws.read(sum, k * per, per)?,
-            entropy: self.ws.read(entropy, k * n, n)?,
-        })
+        Ok((
+            self.ws.read(sum, k * per, per)?,
+            self.ws.read(entropy, k * n, n)?,
+        ))
     }
 
-    /// Chain k's ensemble of held-out set `set` set to `sums` over `samples` samples (a
-    /// restored run's; a fresh one's are empty).
+    /// Chain k's ensemble of held-out set `set` set to the sums `(Σp, ΣH)` of `samples`
+    /// samples (a restored run's; a fresh one's are empty).
     pub fn restore_ensemble(
         &mut self,
         set: usize,
         k: usize,
-        sums: &Sums,
+        (probability, entropy): (&[f64], &[f64]),
         samples: usize,
     ) -> Result<()> {
         let held = held(&self.mlp, set)?;
         let (n, classes) = (held.rows, classes_of(&self.mlp));
-        let ((sum, entropy), count) = (held.sums, held.samples);
-        if sums.probability.len() != n * classes || sums.entropy.len() != n {
+        let ((sum, entropy_buf), count) = (held.sums, held.samples);
+        if probability.len() != n * classes || entropy.len() != n {
             return Err(Error::Config(format!(
                 "step plan: ensemble sums of {} + {} values for {n} rows of {classes} classes",
-                sums.probability.len(),
-                sums.entropy.len()
+                probability.len(),
+                entropy.len()
             )));
         }
-        self.ws.write(sum, k * n * classes, &sums.probability)?;
-        self.ws.write(entropy, k * n, &sums.entropy)?;
+        self.ws.write(sum, k * n * classes, probability)?;
+        self.ws.write(entropy_buf, k * n, entropy)?;
         self.ws.write(count, k, &[samples as f64])
     }
 

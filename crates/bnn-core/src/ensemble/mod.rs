@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::{Split, NUM_CLASSES};
 use crate::engine::backprop::Backprop;
+use crate::engine::planned::FoldTallies;
 use crate::error::Result;
 use crate::metrics::{self, Label, Metrics};
 use crate::model::Network;
@@ -234,6 +235,22 @@ pub struct Folded {
     pub ensemble: Metrics,
     /// Rows whose probabilities were not all finite (a diverged sample).
     pub non_finite_rows: usize,
+}
+
+// The step plan's tallies are `metrics::Tally`'s values.
+const _: () = assert!(crate::kernels::plan::TALLY == 4 + 3 * metrics::ECE_BINS);
+
+impl Folded {
+    /// The sample and its ensemble as the step plan's tallies give them.
+    pub fn of_tallies(t: &FoldTallies) -> Self {
+        let (alone, non_finite_rows) = metrics::Tally::from_values(&t.alone);
+        let (ensemble, _) = metrics::Tally::from_values(&t.ensemble);
+        Folded {
+            alone: alone.metrics(t.rows),
+            ensemble: ensemble.metrics(t.rows),
+            non_finite_rows,
+        }
+    }
 }
 
 /// What an [`Accumulator`] holds besides its sums, as plain data (a run's saved state).

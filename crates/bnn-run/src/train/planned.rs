@@ -29,8 +29,10 @@ use super::stacked::{self, Clock, Lane, Resident as Gathered, Run};
 use super::TrainConfig;
 use crate::data::Dataset;
 use crate::driver;
-use crate::engine::planned::{self, ChainInput, EpochSums, HeldOutSet, PlannedChains, Resident};
-use crate::ensemble::{Accumulator, Prediction};
+use crate::engine::planned::{
+    self, ChainInput, EpochSums, FoldTallies, HeldOutSet, PlannedChains, Resident,
+};
+use crate::ensemble::{Accumulator, Folded, Prediction, Sums};
 use crate::error::{Error, Result};
 use crate::model::Network;
 use crate::potential::Backward;
@@ -209,10 +211,14 @@ fn load(run: &Run, lanes: &[Lane]) -> Result<PlannedChains> {
         .collect();
     let dims = (s.batch_size, epoch_rows);
     let mut chains = PlannedChains::on(&inputs, data, &sets, dims, &run.cfg.device)?;
+    // A restored run's ensembles onto the device; a fresh one's are the workspace's zeros
+    // (both executors allocate it zeroed).
     for (k, lane) in lanes.iter().enumerate() {
-        for (set, acc) in class_ensembles(&lane.chain.kept).into_iter().enumerate() {
+        let kept = class_ensembles(&lane.chain.kept).into_iter().enumerate();
+        for (set, acc) in kept.filter(|(_, acc)| acc.samples() > 0) {
             let (state, sums) = acc.state();
-            chains.restore_ensemble(set, k, &sums, state.samples)?;
+            let both = (sums.probability.as_slice(), sums.entropy.as_slice());
+            chains.restore_ensemble(set, k, both, state.samples)?;
         }
     }
     Ok(chains)
@@ -426,9 +432,10 @@ impl Walk<'_, '_> {
         if ds.task.is_regression() {
             return Ok(Vec::new());
         }
-        let test = self.chains.fold(0)?;
+        let folded = |t: Vec<FoldTallies>| t.iter().map(Folded::of_tallies).collect::<Vec<_>>();
+        let test = folded(self.chains.fold(0)?);
         let mut valid = match ds.valid {
-            Some(_) => self.chains.fold(1)?.into_iter().map(Some).collect(),
+            Some(_) => folded(self.chains.fold(1)?).into_iter().map(Some).collect(),
             None => vec![None; test.len()],
         };
         Ok(test
@@ -448,7 +455,13 @@ impl Walk<'_, '_> {
             let kept = &mut lane.chain.kept;
             let sets = class_ensembles(kept).len();
             let mut sums = (0..sets)
-                .map(|set| self.chains.ensemble_sums(set, k))
+                .map(|set| {
+                    let (probability, entropy) = self.chains.ensemble_sums(set, k)?;
+                    Ok(Sums {
+                        probability,
+                        entropy,
+                    })
+                })
                 .collect::<Result<Vec<_>>>()?
                 .into_iter();
             if let Some(test) = sums.next() {
